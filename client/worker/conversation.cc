@@ -1,0 +1,170 @@
+#include "client/worker/conversation.h"
+
+#include <chrono>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+
+namespace polykv::worker {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Length of the longest prefix of `s` that does not end inside a UTF-8 sequence.
+size_t CompleteUtf8Prefix(std::string_view s) {
+  size_t n = s.size();
+  for (size_t back = 1; back <= 4 && back <= n; ++back) {
+    const unsigned char c = static_cast<unsigned char>(s[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // Continuation byte.
+    const size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+    return back < len ? n - back : n;
+  }
+  return n;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& gguf_path) {
+  auto file = GgufFile::Open(gguf_path);
+  if (!file.ok()) return file.status();
+  auto out = std::make_unique<LoadedModel>();
+  auto model = LlamaModel::Load(**file);
+  if (!model.ok()) return model.status();
+  out->model = std::move(*model);
+  auto tok = Tokenizer::FromGguf(**file);
+  if (!tok.ok()) return tok.status();
+  out->tokenizer = std::move(*tok);
+  auto tmpl = ChatTemplate::FromGguf(**file);
+  if (!tmpl.ok()) return tmpl.status();
+  out->chat_template = *tmpl;
+  if (out->tokenizer->vocab_size() != out->model->config().vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        gguf_path, ": tokenizer has ", out->tokenizer->vocab_size(), " tokens, model ",
+        out->model->config().vocab_size));
+  }
+  if (out->tokenizer->TokenId(out->chat_template.end_of_turn()) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(gguf_path, ": vocabulary has no ", out->chat_template.end_of_turn()));
+  }
+  return out;
+}
+
+std::string DefaultModelPath() {
+  if (const char* p = std::getenv("POLYKV_MODEL_PATH"); p != nullptr && *p != '\0') return p;
+  std::string dir;
+  if (const char* d = std::getenv("POLYKV_MODEL_DIR"); d != nullptr && *d != '\0') {
+    dir = d;
+  } else {
+    const char* home = std::getenv("HOME");
+    dir = absl::StrCat(home != nullptr ? home : "", "/.cache/polykv/models");
+  }
+  return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+absl::StatusOr<Role> ParseRole(std::string_view role) {
+  if (role == "system") return Role::kSystem;
+  if (role == "user") return Role::kUser;
+  if (role == "assistant") return Role::kAssistant;
+  if (role == "tool") return Role::kTool;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown role \"", std::string(role), "\" (expected system, user, tool or assistant)"));
+}
+
+Conversation::Conversation(const LoadedModel* model, KvStore* store,
+                           const ConversationOptions& options)
+    : m_(model), store_(store), options_(options), sampler_(options.sampler) {
+  end_of_turn_id_ = m_->tokenizer->TokenId(m_->chat_template.end_of_turn());
+}
+
+void Conversation::Queue(const std::vector<int32_t>& ids, Role role) {
+  for (int32_t id : ids) {
+    pending_.push_back(TokenMeta{id, next_position_++, turn_, role});
+  }
+}
+
+absl::Status Conversation::AddMessage(Role role, std::string_view content,
+                                      std::string_view intent) {
+  if (absl::Status s = store_->BeginTurn(TurnInfo{turn_, role, std::string(intent)}); !s.ok()) {
+    return s;
+  }
+  const std::string text =
+      m_->chat_template.RenderMessage(RoleName(role), content, next_position_ == 0 && pending_.empty());
+  Queue(m_->tokenizer->Encode(text, /*parse_special=*/true), role);
+  ++turn_;
+  return absl::OkStatus();
+}
+
+absl::Status Conversation::Flush(std::vector<float>* last_logits) {
+  const int chunk = std::max(1, options_.prefill_chunk);
+  for (size_t i = 0; i < pending_.size(); i += chunk) {
+    const size_t n = std::min(pending_.size() - i, static_cast<size_t>(chunk));
+    if (absl::Status s = m_->model->Forward(std::span(pending_).subspan(i, n), store_, last_logits);
+        !s.ok()) {
+      return s;
+    }
+  }
+  pending_.clear();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TurnResult> Conversation::Generate(
+    int max_new_tokens, std::string_view intent,
+    const std::function<void(std::string_view)>& on_text) {
+  if (max_new_tokens <= 0) return absl::InvalidArgumentError("max_new_tokens must be positive");
+  if (absl::Status s = store_->BeginTurn(TurnInfo{turn_, Role::kAssistant, std::string(intent)});
+      !s.ok()) {
+    return s;
+  }
+  const bool first = next_position_ == 0 && pending_.empty();
+  Queue(m_->tokenizer->Encode(m_->chat_template.GenerationPrompt(first), true), Role::kAssistant);
+  TurnResult r;
+  r.prompt_tokens = static_cast<int>(pending_.size());
+  std::vector<float> logits;
+  double t0 = Now();
+  if (absl::Status s = Flush(&logits); !s.ok()) return s;
+  r.prefill_seconds = Now() - t0;
+
+  t0 = Now();
+  size_t printed = 0;
+  r.stop = "length";
+  for (int i = 0; i < max_new_tokens; ++i) {
+    const int32_t id = sampler_.Sample(logits);
+    ++r.completion_tokens;
+    if (id == end_of_turn_id_ || id == m_->tokenizer->eos_id()) {
+      r.stop = "eos";
+      break;
+    }
+    r.tokens.push_back(id);
+    if (on_text) {
+      const std::string text = m_->tokenizer->Decode(r.tokens, /*skip_special=*/true);
+      const size_t ready = CompleteUtf8Prefix(text);
+      if (ready > printed) {
+        on_text(std::string_view(text).substr(printed, ready - printed));
+        printed = ready;
+      }
+    }
+    if (i + 1 == max_new_tokens) break;  // The last token is fed with the next turn.
+    const TokenMeta meta{id, next_position_++, turn_, Role::kAssistant};
+    if (absl::Status s = m_->model->Forward(std::span(&meta, 1), store_, &logits); !s.ok()) {
+      return s;
+    }
+    ++r.decode_steps;
+  }
+  r.decode_seconds = Now() - t0;
+  r.text = m_->tokenizer->Decode(r.tokens, /*skip_special=*/true);
+  if (on_text && r.text.size() > printed) on_text(std::string_view(r.text).substr(printed));
+  // Close the turn as the template would have rendered it; these tokens are
+  // prefilled with the next message.
+  if (r.stop == "length" && !r.tokens.empty()) {
+    pending_.push_back(TokenMeta{r.tokens.back(), next_position_++, turn_, Role::kAssistant});
+  }
+  pending_.push_back(TokenMeta{end_of_turn_id_, next_position_++, turn_, Role::kAssistant});
+  Queue(m_->tokenizer->Encode(m_->chat_template.AfterEndOfTurn(), false), Role::kAssistant);
+  ++turn_;
+  r.cached_tokens = store_->num_slots();
+  return r;
+}
+
+}  // namespace polykv::worker

@@ -1,0 +1,88 @@
+// A multi-turn conversation of one agent over one KvStore: messages are
+// rendered with the chat template, tokenized and queued; Generate() prefills
+// what is queued in chunks and then decodes one token per step. Only the new
+// tokens of each turn go through the model: the cache keeps the rest.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/worker/chat_template.h"
+#include "client/worker/kv_store.h"
+#include "client/worker/model.h"
+#include "client/worker/sampler.h"
+#include "client/worker/tokenizer.h"
+
+namespace polykv::worker {
+
+// Everything loaded from one GGUF file. Immutable; shareable across threads.
+struct LoadedModel {
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  ChatTemplate chat_template;
+};
+absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& gguf_path);
+
+// $POLYKV_MODEL_PATH, else ${POLYKV_MODEL_DIR:-$HOME/.cache/polykv/models}/
+// SmolLM2-135M-Instruct.Q4_1.gguf (where scripts/fetch-model.sh puts it).
+std::string DefaultModelPath();
+
+absl::StatusOr<Role> ParseRole(std::string_view role);
+
+struct ConversationOptions {
+  int prefill_chunk = 64;     // Tokens per prefill step.
+  SamplerOptions sampler;
+};
+
+struct TurnResult {
+  std::string text;               // Generated text, end-of-turn token excluded.
+  std::vector<int32_t> tokens;    // Generated ids, end-of-turn token excluded.
+  int prompt_tokens = 0;          // Tokens prefilled for this turn.
+  int completion_tokens = 0;      // Tokens sampled (including the end token).
+  int64_t cached_tokens = 0;      // Slots in the store after the turn.
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+  int decode_steps = 0;           // Forward steps of one token.
+  std::string stop;               // "eos" or "length".
+};
+
+// Not thread-safe; one thread drives one conversation. The model, tokenizer
+// and template must outlive it; the store is borrowed too.
+class Conversation {
+ public:
+  Conversation(const LoadedModel* model, KvStore* store, const ConversationOptions& options);
+
+  // Queues a message (role "system", "user", "tool" or "assistant" with
+  // content). `intent` is reported to the store with the turn.
+  absl::Status AddMessage(Role role, std::string_view content, std::string_view intent = "");
+
+  // Generates an assistant turn of at most `max_new_tokens` tokens.
+  // `on_text`, when set, receives the text as it is produced (whole UTF-8).
+  absl::StatusOr<TurnResult> Generate(int max_new_tokens, std::string_view intent = "",
+                                      const std::function<void(std::string_view)>& on_text = {});
+
+  // Prefills the queued tokens now; returns the last token's logits.
+  absl::Status Flush(std::vector<float>* last_logits);
+
+  int32_t next_position() const { return next_position_; }
+  int32_t turns() const { return turn_; }
+
+ private:
+  void Queue(const std::vector<int32_t>& ids, Role role);
+
+  const LoadedModel* m_;
+  KvStore* store_;
+  const ConversationOptions options_;
+  Sampler sampler_;
+  std::vector<TokenMeta> pending_;
+  int32_t next_position_ = 0;
+  int32_t turn_ = 0;          // Index of the next message.
+  int32_t end_of_turn_id_ = -1;
+};
+
+}  // namespace polykv::worker

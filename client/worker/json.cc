@@ -1,0 +1,229 @@
+#include "client/worker/json.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+
+namespace polykv::worker {
+namespace {
+
+void AppendUtf8(uint32_t cp, std::string* s) {
+  if (cp < 0x80) {
+    s->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    s->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    s->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    s->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    s->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    s->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    s->push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    s->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    s->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    s->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+class Parser {
+ public:
+  explicit Parser(std::string_view s) : s_(s) {}
+
+  absl::StatusOr<JsonValue> ParseTop() {
+    auto v = Value(0);
+    if (!v.ok()) return v;
+    Ws();
+    if (i_ != s_.size()) return Error("trailing characters");
+    return v;
+  }
+
+ private:
+  absl::Status Error(std::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat("JSON: ", std::string(what), " at column ", i_ + 1));
+  }
+  void Ws() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;
+  }
+  bool Lit(std::string_view w) {
+    if (s_.substr(i_, w.size()) != w) return false;
+    i_ += w.size();
+    return true;
+  }
+  absl::StatusOr<JsonValue> Value(int depth) {
+    if (depth > 64) return Error("nesting too deep");
+    Ws();
+    if (i_ >= s_.size()) return Error("unexpected end");
+    JsonValue out;
+    const char c = s_[i_];
+    if (c == '{') {
+      ++i_;
+      auto obj = std::make_shared<JsonValue::Object>();
+      Ws();
+      if (i_ < s_.size() && s_[i_] == '}') {
+        ++i_;
+      } else {
+        while (true) {
+          Ws();
+          if (i_ >= s_.size() || s_[i_] != '"') return Error("expected a key string");
+          auto key = String();
+          if (!key.ok()) return key.status();
+          Ws();
+          if (i_ >= s_.size() || s_[i_] != ':') return Error("expected ':'");
+          ++i_;
+          auto val = Value(depth + 1);
+          if (!val.ok()) return val;
+          (*obj)[*key] = std::move(*val);
+          Ws();
+          if (i_ < s_.size() && s_[i_] == ',') { ++i_; continue; }
+          if (i_ < s_.size() && s_[i_] == '}') { ++i_; break; }
+          return Error("expected ',' or '}'");
+        }
+      }
+      out.v = std::move(obj);
+    } else if (c == '[') {
+      ++i_;
+      auto arr = std::make_shared<JsonValue::Array>();
+      Ws();
+      if (i_ < s_.size() && s_[i_] == ']') {
+        ++i_;
+      } else {
+        while (true) {
+          auto val = Value(depth + 1);
+          if (!val.ok()) return val;
+          arr->push_back(std::move(*val));
+          Ws();
+          if (i_ < s_.size() && s_[i_] == ',') { ++i_; continue; }
+          if (i_ < s_.size() && s_[i_] == ']') { ++i_; break; }
+          return Error("expected ',' or ']'");
+        }
+      }
+      out.v = std::move(arr);
+    } else if (c == '"') {
+      auto str = String();
+      if (!str.ok()) return str.status();
+      out.v = std::move(*str);
+    } else if (Lit("true")) {
+      out.v = true;
+    } else if (Lit("false")) {
+      out.v = false;
+    } else if (Lit("null")) {
+      out.v = nullptr;
+    } else if (c == '-' || (c >= '0' && c <= '9')) {
+      const size_t start = i_;
+      while (i_ < s_.size() && (std::string_view("+-.eE0123456789").find(s_[i_]) != std::string_view::npos)) ++i_;
+      std::string num(s_.substr(start, i_ - start));
+      char* end = nullptr;
+      const double d = std::strtod(num.c_str(), &end);
+      if (end != num.c_str() + num.size()) return Error("bad number");
+      out.v = d;
+    } else {
+      return Error("unexpected character");
+    }
+    return out;
+  }
+  absl::StatusOr<uint32_t> Hex4() {
+    if (i_ + 4 > s_.size()) return Error("short \\u escape");
+    uint32_t v = 0;
+    for (int k = 0; k < 4; ++k) {
+      const char h = s_[i_++];
+      v <<= 4;
+      if (h >= '0' && h <= '9') v |= h - '0';
+      else if (h >= 'a' && h <= 'f') v |= h - 'a' + 10;
+      else if (h >= 'A' && h <= 'F') v |= h - 'A' + 10;
+      else return Error("bad \\u escape");
+    }
+    return v;
+  }
+  absl::StatusOr<std::string> String() {
+    ++i_;  // Opening quote.
+    std::string out;
+    while (true) {
+      if (i_ >= s_.size()) return Error("unterminated string");
+      const char c = s_[i_++];
+      if (c == '"') break;
+      if (static_cast<unsigned char>(c) < 0x20) return Error("control character in string");
+      if (c != '\\') {
+        out.push_back(c);
+        continue;
+      }
+      if (i_ >= s_.size()) return Error("unterminated escape");
+      const char e = s_[i_++];
+      switch (e) {
+        case '"': out.push_back('"'); break;
+        case '\\': out.push_back('\\'); break;
+        case '/': out.push_back('/'); break;
+        case 'b': out.push_back('\b'); break;
+        case 'f': out.push_back('\f'); break;
+        case 'n': out.push_back('\n'); break;
+        case 'r': out.push_back('\r'); break;
+        case 't': out.push_back('\t'); break;
+        case 'u': {
+          auto hi = Hex4();
+          if (!hi.ok()) return hi.status();
+          uint32_t cp = *hi;
+          if (cp >= 0xD800 && cp <= 0xDBFF && s_.substr(i_, 2) == "\\u") {
+            i_ += 2;
+            auto lo = Hex4();
+            if (!lo.ok()) return lo.status();
+            if (*lo >= 0xDC00 && *lo <= 0xDFFF) {
+              cp = 0x10000 + ((cp - 0xD800) << 10) + (*lo - 0xDC00);
+            } else {
+              return Error("unpaired surrogate");
+            }
+          } else if (cp >= 0xD800 && cp <= 0xDFFF) {
+            return Error("unpaired surrogate");
+          }
+          AppendUtf8(cp, &out);
+          break;
+        }
+        default:
+          return Error("bad escape");
+      }
+    }
+    return out;
+  }
+
+  std::string_view s_;
+  size_t i_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<JsonValue> ParseJson(std::string_view text) { return Parser(text).ParseTop(); }
+
+std::string JsonQuote(std::string_view s) {
+  std::string out = "\"";
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '"') { out += "\\\""; ++i; continue; }
+    if (c == '\\') { out += "\\\\"; ++i; continue; }
+    if (c == '\n') { out += "\\n"; ++i; continue; }
+    if (c == '\r') { out += "\\r"; ++i; continue; }
+    if (c == '\t') { out += "\\t"; ++i; continue; }
+    if (c < 0x20 || c == 0x7F) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+      ++i;
+      continue;
+    }
+    if (c < 0x80) { out.push_back(static_cast<char>(c)); ++i; continue; }
+    // Copy a valid multi-byte sequence; replace anything else with U+FFFD.
+    int len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    bool ok = len > 0 && i + len <= s.size();
+    for (int k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+    if (ok) {
+      out.append(s.substr(i, len));
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  out.push_back('"');
+  return out;
+}
+
+}  // namespace polykv::worker

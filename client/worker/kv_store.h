@@ -1,0 +1,128 @@
+// KvStore: where the worker's KV cache lives, behind one interface, so the
+// forward pass does not know whether the cache is a dense in-process buffer
+// (LocalKvStore, the `--local-cache` baseline) or pages of polykvd's pool
+// (a pool-backed store over libpolykv_client sessions and the kernels' paged
+// attention).
+//
+// Protocol, once per forward step (a prefill chunk or one decode token):
+//   BeginStep(tokens)          // step boundary: a pool store adopts a new
+//                              // block-table epoch here, then reserves room
+//   for layer in 0..L-1:
+//     Append(layer, k, v)      // the step's keys (post-RoPE) and values
+//     Attend(layer, q, out)    // the step's queries over every cached slot
+//   EndStep()                  // commit the tokens, report scores/metadata
+// A step's queries see every slot cached before the step and, causally, the
+// step's own tokens (query i sees new tokens 0..i).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace polykv::worker {
+
+enum class Role : uint8_t { kSystem = 0, kUser = 1, kAssistant = 2, kTool = 3 };
+const char* RoleName(Role role);
+
+// Per-token metadata the worker reports to the daemon with the token.
+struct TokenMeta {
+  int32_t token_id = 0;
+  int32_t position = 0;  // RoPE position (logical; survives eviction).
+  int32_t turn = 0;      // Index of the conversation message the token belongs to.
+  Role role = Role::kUser;
+};
+
+// What the store learns when a message starts (for intent-aware policies).
+struct TurnInfo {
+  int32_t turn = 0;
+  Role role = Role::kUser;
+  std::string intent;  // The agent's current plan step or tool call; may be empty.
+};
+
+struct KvShape {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+};
+
+// Not thread-safe: one store serves one sequence, driven by one thread.
+class KvStore {
+ public:
+  virtual ~KvStore() = default;
+
+  virtual const KvShape& shape() const = 0;
+  // Slots visible to attention (after any eviction by the daemon).
+  virtual int64_t num_slots() const = 0;
+  // Bytes of KV memory this store holds (for summaries).
+  virtual int64_t bytes() const = 0;
+  // "local-f32", "pool", ...
+  virtual std::string name() const = 0;
+
+  // Called when a new message starts. Default: nothing to report.
+  virtual absl::Status BeginTurn(const TurnInfo& turn) { return absl::OkStatus(); }
+
+  // REQUIRES: no step in progress; tokens non-empty.
+  // RESOURCE_EXHAUSTED when the cache has no room for the tokens.
+  virtual absl::Status BeginStep(std::span<const TokenMeta> tokens) = 0;
+  // k, v: [n, num_kv_heads, head_dim] for the step's n tokens.
+  // REQUIRES: inside a step; layers appended in order 0..L-1, each once.
+  virtual absl::Status Append(int layer, const float* k, const float* v) = 0;
+  // q: [n, num_heads, head_dim]; out: [n, num_heads, head_dim]. Query head h
+  // reads KV head h / (num_heads / num_kv_heads). Scale 1/sqrt(head_dim).
+  // REQUIRES: Append(layer, ...) was called in this step.
+  virtual absl::Status Attend(int layer, int num_heads, const float* q, float* out) = 0;
+  // REQUIRES: inside a step, every layer appended.
+  virtual absl::Status EndStep() = 0;
+};
+
+// Dense f32 cache in process memory: [layer][slot][kv_head][head_dim] for K
+// and for V, grown as tokens arrive. Attention is exact f32 (BLAS).
+struct LocalKvStoreOptions {
+  KvShape shape;
+  int64_t max_slots = 8192;  // RESOURCE_EXHAUSTED beyond this.
+  // Accumulate per-slot attention mass (sum over heads and queries, per
+  // layer-averaged) in attention_mass(); costs little, used by tests.
+  bool track_attention_mass = false;
+};
+
+class LocalKvStore : public KvStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalKvStore>> Create(
+      const LocalKvStoreOptions& options);
+
+  const KvShape& shape() const override { return options_.shape; }
+  int64_t num_slots() const override { return num_slots_; }
+  int64_t bytes() const override;
+  std::string name() const override { return "local-f32"; }
+  absl::Status BeginStep(std::span<const TokenMeta> tokens) override;
+  absl::Status Append(int layer, const float* k, const float* v) override;
+  absl::Status Attend(int layer, int num_heads, const float* q, float* out) override;
+  absl::Status EndStep() override;
+
+  // [num_slots] Attention mass each slot received, summed over steps.
+  const std::vector<float>& attention_mass() const { return mass_; }
+  const std::vector<TokenMeta>& metadata() const { return meta_; }
+
+ private:
+  explicit LocalKvStore(const LocalKvStoreOptions& options)
+      : options_(options), row_(int64_t{options.shape.num_kv_heads} * options.shape.head_dim) {}
+
+  // Constant after construction.
+  const LocalKvStoreOptions options_;
+  const int64_t row_;  // num_kv_heads * head_dim
+
+  std::vector<std::vector<float>> k_, v_;  // [layer] -> [slot][kv_head][dim]
+  std::vector<TokenMeta> meta_;
+  std::vector<float> mass_;
+  std::vector<float> scores_;  // Scratch: [n, slots].
+  int64_t num_slots_ = 0;      // Committed slots.
+  int step_tokens_ = 0;        // > 0 inside a step.
+  int next_layer_ = 0;
+};
+
+}  // namespace polykv::worker

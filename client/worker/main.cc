@@ -1,0 +1,242 @@
+// polykv-worker: the reference worker. Runs SmolLM2 (any Llama GGUF with a
+// ChatML template) as one agent whose KV cache lives either in polykvd's
+// pool (--daemon) or in process memory (--local-cache, the baseline).
+//
+//   polykv-worker run SCRIPT.jsonl --local-cache [--max-new-tokens N] [--seed S]
+//   polykv-worker chat --local-cache
+//
+// Script: one JSON object per line, {"role": "system"|"user"|"tool"|"assistant",
+// "content": "..."}; an assistant line without "content" generates that turn
+// (optional "max_new_tokens"); any line may carry "intent" and "id".
+// Output: one JSON line per generated turn on stdout (stable field names;
+// fields are only ever added); progress and errors on stderr.
+#include <cblas.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/worker/conversation.h"
+#include "client/worker/json.h"
+#include "client/worker/kv_store.h"
+
+namespace polykv::worker {
+namespace {
+
+struct Flags {
+  std::string script;
+  std::string model;
+  std::string daemon;
+  std::string agent = "agent-0";
+  bool local_cache = false;
+  int max_new_tokens = 128;
+  uint64_t seed = 0;
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  int prefill_chunk = 64;
+  int threads = 0;
+  int64_t max_context = 8192;
+  bool summary = false;
+};
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "polykv-worker: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const Flags& f, const LoadedModel& m) {
+  if (!f.daemon.empty()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--daemon ", f.daemon,
+        ": the pool-backed KV store is not wired into the worker yet; use --local-cache"));
+  }
+  if (!f.local_cache) {
+    return absl::InvalidArgumentError("choose where the KV cache lives: --daemon SOCKET or --local-cache");
+  }
+  LocalKvStoreOptions o;
+  o.shape = m.model->config().kv_shape();
+  o.max_slots = f.max_context;
+  auto s = LocalKvStore::Create(o);
+  if (!s.ok()) return s.status();
+  return std::unique_ptr<KvStore>(std::move(*s));
+}
+
+std::string TurnJson(const Flags& f, const std::string& id, int turn, const TurnResult& r,
+                     const KvStore& store) {
+  const double pre_tps = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0;
+  const double dec_tps = r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0;
+  return absl::StrFormat(
+      "{\"agent\":%s,\"id\":%s,\"turn\":%d,\"text\":%s,\"prompt_tokens\":%d,"
+      "\"completion_tokens\":%d,\"cached_tokens\":%d,\"prefill_ms\":%.3f,\"decode_ms\":%.3f,"
+      "\"prefill_tokens_per_s\":%.2f,\"decode_tokens_per_s\":%.2f,\"stop\":%s,\"cache\":%s,"
+      "\"kv_bytes\":%d}",
+      JsonQuote(f.agent), JsonQuote(id), turn, JsonQuote(r.text), r.prompt_tokens,
+      r.completion_tokens, r.cached_tokens, r.prefill_seconds * 1e3, r.decode_seconds * 1e3,
+      pre_tps, dec_tps, JsonQuote(r.stop), JsonQuote(store.name()), store.bytes());
+}
+
+int RunScript(const Flags& f) {
+  std::ifstream in(f.script);
+  if (!in) return Fail(absl::NotFoundError(absl::StrCat(f.script, ": cannot open the script")));
+  auto m = LoadModel(f.model);
+  if (!m.ok()) return Fail(m.status());
+  auto store = MakeStore(f, **m);
+  if (!store.ok()) return Fail(store.status());
+  ConversationOptions co;
+  co.prefill_chunk = f.prefill_chunk;
+  co.sampler = {f.temperature, f.top_p, f.seed};
+  Conversation conv(m->get(), store->get(), co);
+
+  std::string line;
+  int line_no = 0, generated = 0;
+  int64_t total_prompt = 0, total_completion = 0, total_steps = 0;
+  double total_prefill = 0, total_decode = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto where = [&](const auto& what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f.script, ":", line_no, ": ", std::string(what)));
+    };
+    auto v = ParseJson(line);
+    if (!v.ok()) return Fail(where(v.status().message()));
+    if (!v->is_object()) return Fail(where("expected a JSON object"));
+    const auto& o = v->obj();
+    auto get_str = [&](const char* key, std::string* out) -> absl::Status {
+      auto it = o.find(key);
+      if (it == o.end()) return absl::NotFoundError(key);
+      if (!it->second.is_string()) return where(absl::StrCat("\"", key, "\" must be a string"));
+      *out = it->second.str();
+      return absl::OkStatus();
+    };
+    std::string role_s, content, intent, id = absl::StrCat(line_no);
+    if (auto s = get_str("role", &role_s); !s.ok()) {
+      return Fail(absl::IsNotFound(s) ? where("missing \"role\"") : s);
+    }
+    auto role = ParseRole(role_s);
+    if (!role.ok()) return Fail(where(role.status().message()));
+    if (auto s = get_str("intent", &intent); !s.ok() && !absl::IsNotFound(s)) return Fail(s);
+    if (auto s = get_str("id", &id); !s.ok() && !absl::IsNotFound(s)) {
+      auto it = o.find("id");  // Numbers are fine as ids too.
+      if (!it->second.is_number()) return Fail(s);
+      id = absl::StrCat(it->second.num());
+    }
+    const absl::Status cs = get_str("content", &content);
+    if (!cs.ok() && !absl::IsNotFound(cs)) return Fail(cs);
+    if (cs.ok()) {
+      if (auto s = conv.AddMessage(*role, content, intent); !s.ok()) return Fail(where(s.message()));
+      continue;
+    }
+    if (*role != Role::kAssistant) return Fail(where("only an assistant line may omit \"content\""));
+    int max_new = f.max_new_tokens;
+    if (auto it = o.find("max_new_tokens"); it != o.end()) {
+      if (!it->second.is_number() || it->second.num() < 1) {
+        return Fail(where("\"max_new_tokens\" must be a positive number"));
+      }
+      max_new = static_cast<int>(it->second.num());
+    }
+    const int turn = conv.turns();
+    auto r = conv.Generate(max_new, intent);
+    if (!r.ok()) return Fail(where(r.status().message()));
+    std::printf("%s\n", TurnJson(f, id, turn, *r, **store).c_str());
+    std::fflush(stdout);
+    ++generated;
+    total_prompt += r->prompt_tokens;
+    total_completion += r->completion_tokens;
+    total_steps += r->decode_steps;
+    total_prefill += r->prefill_seconds;
+    total_decode += r->decode_seconds;
+  }
+  const double pre_tps = total_prefill > 0 ? total_prompt / total_prefill : 0;
+  const double dec_tps = total_decode > 0 ? total_steps / total_decode : 0;
+  std::fprintf(stderr,
+               "polykv-worker: agent %s: %d turns, %lld prompt + %lld generated tokens, "
+               "prefill %.1f tok/s, decode %.1f tok/s, cache %s %lld bytes\n",
+               f.agent.c_str(), generated, static_cast<long long>(total_prompt),
+               static_cast<long long>(total_completion), pre_tps, dec_tps,
+               (*store)->name().c_str(), static_cast<long long>((*store)->bytes()));
+  if (f.summary) {
+    std::printf(
+        "%s\n",
+        absl::StrFormat("{\"agent\":%s,\"summary\":true,\"turns\":%d,\"prompt_tokens\":%d,"
+                        "\"completion_tokens\":%d,\"prefill_tokens_per_s\":%.2f,"
+                        "\"decode_tokens_per_s\":%.2f,\"cached_tokens\":%d,\"cache\":%s,"
+                        "\"kv_bytes\":%d}",
+                        JsonQuote(f.agent), generated, total_prompt, total_completion, pre_tps,
+                        dec_tps, (*store)->num_slots(), JsonQuote((*store)->name()),
+                        (*store)->bytes())
+            .c_str());
+  }
+  return 0;
+}
+
+int Chat(const Flags& f) {
+  auto m = LoadModel(f.model);
+  if (!m.ok()) return Fail(m.status());
+  auto store = MakeStore(f, **m);
+  if (!store.ok()) return Fail(store.status());
+  ConversationOptions co;
+  co.prefill_chunk = f.prefill_chunk;
+  co.sampler = {f.temperature, f.top_p, f.seed};
+  Conversation conv(m->get(), store->get(), co);
+  std::fprintf(stderr, "polykv-worker chat: %s, cache %s. One message per line; Ctrl-D ends.\n",
+               (*m)->model->config().name.c_str(), (*store)->name().c_str());
+  std::string line;
+  while (true) {
+    std::fprintf(stderr, "> ");
+    if (!std::getline(std::cin, line)) break;
+    if (line.empty()) continue;
+    if (auto s = conv.AddMessage(Role::kUser, line); !s.ok()) return Fail(s);
+    auto r = conv.Generate(f.max_new_tokens, "", [](std::string_view t) {
+      std::fwrite(t.data(), 1, t.size(), stdout);
+      std::fflush(stdout);
+    });
+    if (!r.ok()) return Fail(r.status());
+    std::printf("\n");
+    std::fprintf(stderr, "[%d prompt + %d generated tokens, %.1f tok/s, %lld cached]\n",
+                 r->prompt_tokens, r->completion_tokens,
+                 r->decode_seconds > 0 ? r->decode_steps / r->decode_seconds : 0.0,
+                 static_cast<long long>(r->cached_tokens));
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace polykv::worker
+
+int main(int argc, char** argv) {
+  using polykv::worker::Flags;
+  Flags f;
+  f.model = polykv::worker::DefaultModelPath();
+  CLI::App app{"polykv-worker: reference LLM worker whose KV cache lives in polykvd's pool"};
+  app.require_subcommand(1);
+  auto add_common = [&f](CLI::App* c) {
+    c->add_option("--model", f.model, "GGUF model file (default: $POLYKV_MODEL_PATH or the fetch-model.sh cache)");
+    c->add_option("--daemon", f.daemon, "polykvd socket: keep the KV cache in the daemon's pool");
+    c->add_flag("--local-cache", f.local_cache, "keep the KV cache in process memory (dense f32; the baseline)");
+    c->add_option("--agent", f.agent, "agent id reported to the daemon and in the output");
+    c->add_option("--max-new-tokens", f.max_new_tokens, "default cap on generated tokens per turn")
+        ->check(CLI::PositiveNumber);
+    c->add_option("--seed", f.seed, "sampler seed");
+    c->add_option("--temperature", f.temperature, "0 = greedy (default)")->check(CLI::NonNegativeNumber);
+    c->add_option("--top-p", f.top_p, "nucleus sampling mass (with --temperature > 0)")->check(CLI::Range(0.0, 1.0));
+    c->add_option("--prefill-chunk", f.prefill_chunk, "tokens per prefill step")->check(CLI::PositiveNumber);
+    c->add_option("--threads", f.threads, "BLAS threads (0 = OpenBLAS default)")->check(CLI::NonNegativeNumber);
+    c->add_option("--max-context", f.max_context, "KV slots of the local cache")->check(CLI::PositiveNumber);
+  };
+  CLI::App* run = app.add_subcommand("run", "run a JSONL conversation script");
+  run->add_option("script", f.script, "SCRIPT.jsonl")->required();
+  run->add_flag("--summary", f.summary, "print a final summary JSON line");
+  add_common(run);
+  CLI::App* chat = app.add_subcommand("chat", "interactive chat on stdin/stdout");
+  add_common(chat);
+  CLI11_PARSE(app, argc, argv);
+  if (f.threads > 0) openblas_set_num_threads(f.threads);
+  if (run->parsed()) return polykv::worker::RunScript(f);
+  return polykv::worker::Chat(f);
+}
