@@ -47,8 +47,10 @@ bool IsValidFormat(int wire_value);
 int FormatBits(PageFormat format);
 
 // Bytes of one page of `kind` in `format` for `shape`, including scales,
-// rounded up to kPageAlignment. Returns 0 when the shape is invalid
-// (non-positive dimensions, head_dim not a multiple of the format's group).
+// rounded up to kPageAlignment. Returns 0 when the shape is invalid:
+// non-positive dimensions, head_dim not a multiple of 8 for int4/int2, or not
+// a multiple of kValueGroup (32, page_layout.h) for VALUE pages in fp8/int8/
+// int4/int2. The layout itself is in kernels/page_layout.h.
 size_t PageBytes(PageFormat format, KvKind kind, const PageShape& shape);
 
 }  // namespace polykv::kernels

@@ -1,0 +1,29 @@
+// Fast CPU kernels (Backend::kCpu): tile-wise decoding of one page-head at a
+// time into a small f32 scratch (never a dense copy of the cache), AVX2/FMA/
+// F16C inner loops when the CPU has them (chosen once at run time), work split
+// over a shared thread pool. Arguments are validated by kernels/ops.cc.
+#pragma once
+
+#include "kernels/ops.h"
+
+namespace polykv::kernels::cpu {
+
+// Which instruction set the fast path uses on this machine: "avx2" or "baseline".
+const char* SimdLevel();
+// Makes every later call use the portable baseline copy (tests only).
+void ForceBaselineForTesting(bool force);
+
+void QuantizePages(int num_threads, const PageShape& shape, KvKind kind, PageFormat format,
+                   const void* src, SourceType src_type, int num_pages, int rows_per_page,
+                   void* pages);
+void DequantizePages(int num_threads, const PageShape& shape, KvKind kind, PageFormat format,
+                     const void* pages, int num_pages, int rows_per_page, float* dst);
+void Attention(int num_threads, const PagedKvView& kv, int num_q_heads, float sm_scale,
+               int num_queries, const float* q, float* out, float* lse, float* slot_mass);
+void Compact(int num_threads, const PagedKvView& src, const CompactPlan& plan,
+             const PagedKvMut& dst);
+void KeyNorms(int num_threads, const PagedKvView& kv, float* norms);
+void QkScores(int num_threads, const PagedKvView& kv, const float* queries, int num_queries,
+              float scale, float* scores);
+
+}  // namespace polykv::kernels::cpu

@@ -1,0 +1,96 @@
+// Fast CPU kernels: one source (cpu_kernels.inc) compiled for the portable
+// baseline and for AVX2+FMA+F16C; the wider copy is chosen once at run time.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/page_codec.h"
+
+namespace polykv::kernels::cpu {
+namespace {
+
+// fp8-e4m3 code -> f32, shared by both instruction-set copies.
+const float* Fp8Lut() {
+  static const std::vector<float> lut = [] {
+    std::vector<float> t(256);
+    for (int i = 0; i < 256; ++i) t[i] = Fp8E4M3ToF32(uint8_t(i));
+    return t;
+  }();
+  return lut.data();
+}
+
+namespace baseline {
+#include "kernels/cpu/cpu_kernels.inc"
+}  // namespace baseline
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+#define POLYKV_CPU_AVX2 1
+#include "kernels/cpu/cpu_kernels.inc"
+#undef POLYKV_CPU_AVX2
+}  // namespace avx2
+#pragma GCC pop_options
+
+// Tests flip this to exercise the baseline copy on AVX2 machines; relaxed is
+// enough because a kernel call reads it once and either copy is correct.
+std::atomic<bool> force_baseline{false};
+
+bool UseAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
+  return has && !force_baseline.load(std::memory_order_relaxed);
+}
+
+}  // namespace
+
+void ForceBaselineForTesting(bool force) {
+  force_baseline.store(force, std::memory_order_relaxed);
+}
+
+const char* SimdLevel() { return UseAvx2() ? "avx2" : "baseline"; }
+
+#define POLYKV_CPU_DISPATCH(fn, ...) \
+  (UseAvx2() ? avx2::fn(__VA_ARGS__) : baseline::fn(__VA_ARGS__))
+
+void QuantizePages(int num_threads, const PageShape& shape, KvKind kind, PageFormat format,
+                   const void* src, SourceType src_type, int num_pages, int rows_per_page,
+                   void* pages) {
+  POLYKV_CPU_DISPATCH(QuantizePages, num_threads, shape, kind, format, src, src_type, num_pages,
+                      rows_per_page, pages);
+}
+
+void DequantizePages(int num_threads, const PageShape& shape, KvKind kind, PageFormat format,
+                     const void* pages, int num_pages, int rows_per_page, float* dst) {
+  POLYKV_CPU_DISPATCH(DequantizePages, num_threads, shape, kind, format, pages, num_pages,
+                      rows_per_page, dst);
+}
+
+void Attention(int num_threads, const PagedKvView& kv, int num_q_heads, float sm_scale,
+               int num_queries, const float* q, float* out, float* lse, float* slot_mass) {
+  POLYKV_CPU_DISPATCH(Attention, num_threads, kv, num_q_heads, sm_scale, num_queries, q, out,
+                      lse, slot_mass);
+}
+
+void Compact(int num_threads, const PagedKvView& src, const CompactPlan& plan,
+             const PagedKvMut& dst) {
+  POLYKV_CPU_DISPATCH(Compact, num_threads, src, plan, dst);
+}
+
+void KeyNorms(int num_threads, const PagedKvView& kv, float* norms) {
+  POLYKV_CPU_DISPATCH(KeyNorms, num_threads, kv, norms);
+}
+
+void QkScores(int num_threads, const PagedKvView& kv, const float* queries, int num_queries,
+              float scale, float* scores) {
+  POLYKV_CPU_DISPATCH(QkScores, num_threads, kv, queries, num_queries, scale, scores);
+}
+
+}  // namespace polykv::kernels::cpu

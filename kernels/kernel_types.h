@@ -1,0 +1,37 @@
+// Plain argument types of the kernel API (kernels/ops.h), kept free of absl
+// and of CUDA headers so that the CUDA sources (kernels/cuda/) can use them.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/page_format.h"
+#include "kernels/page_layout.h"
+
+namespace polykv::kernels {
+
+// Largest head_dim the kernels accept (CPU tiles keep per-channel params on
+// the stack).
+inline constexpr int kMaxHeadDim = 512;
+
+// Element type of dense token rows handed to QuantizePage(s).
+enum class SourceType : uint8_t { kF32 = 0, kF16 = 1 };
+
+struct AttentionParams {
+  int num_q_heads = 0;   // a positive multiple of shape.num_kv_heads
+  float sm_scale = 0.0f;  // 0 means 1 / sqrt(head_dim)
+};
+
+// Compaction plan; see CompactSlots in kernels/ops.h.
+struct CompactPlan {
+  int num_out = 0;  // output slots; must equal dst.num_tokens
+  // [num_out + 1] CSR offsets into members/weights; null means every group
+  // has exactly one member: output j = members[j] (plain gather).
+  const int32_t* group_offsets = nullptr;
+  // [group_offsets[num_out]] (or [num_out]) source slots, each < src.num_tokens.
+  const int32_t* members = nullptr;
+  // Same length as members, or null for equal weights. Must be >= 0 with a
+  // positive sum in every group.
+  const float* weights = nullptr;
+};
+
+}  // namespace polykv::kernels

@@ -1,0 +1,302 @@
+// Paged decode / prefill attention over compressed pages: every (K format,
+// V format) pair against a dense f32 reference, fast CPU against the scalar
+// reference, attention mass, LSE, GQA shapes, partial and mixed-format pages.
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/device.h"
+#include "kernels/ops.h"
+#include "tests/unit/kernels/kernel_test_util.h"
+
+namespace polykv::kernels {
+namespace {
+
+using testing::kAllFormats;
+
+// Relative L2 error of the attention output vs dense f32 allowed per format
+// when that format holds K or V (errors of K and V add): ~2x the errors these
+// tests measure (docs/formats.md has the study). A sanity bound only; the
+// exact check is against dense attention over the DEQUANTIZED pages. f32
+// includes the f16 partial last page.
+double FormatTolerance(PageFormat f) {
+  switch (f) {
+    case PageFormat::kF32: return 1e-4;
+    case PageFormat::kF16: return 2e-3;
+    case PageFormat::kBF16: return 1.5e-2;
+    case PageFormat::kFP8E4M3: return 8e-2;
+    case PageFormat::kInt8: return 1.5e-2;
+    case PageFormat::kInt4: return 0.25;
+    case PageFormat::kInt2: return 1.0;
+  }
+  return 0;
+}
+
+struct Data {
+  PageShape shape;
+  int num_q_heads;
+  int T;
+  std::vector<float> k, v, q;
+};
+
+Data MakeData(const PageShape& s, int num_q_heads, int T, int num_queries, bool outliers,
+              std::mt19937& rng) {
+  Data d{s, num_q_heads, T, {}, {}, {}};
+  const size_t n = size_t(T) * s.num_kv_heads * s.head_dim;
+  d.k = outliers ? testing::OutlierKeys(T, s.num_kv_heads, s.head_dim, rng)
+                 : testing::RandomNormal(n, rng);
+  d.v = testing::RandomNormal(n, rng);
+  // Scaled queries give peaked (model-like) attention rather than near-uniform.
+  d.q = testing::RandomNormal(size_t(num_queries) * num_q_heads * s.head_dim, rng, 2.0f);
+  return d;
+}
+
+struct Result {
+  std::vector<float> out, lse, mass;
+};
+
+Result Decode(const Exec& exec, const PagedKvView& kv, const Data& d) {
+  Result r;
+  r.out.resize(size_t(d.num_q_heads) * d.shape.head_dim);
+  r.lse.resize(d.num_q_heads);
+  r.mass.resize(size_t(d.shape.num_kv_heads) * kv.num_tokens);
+  const absl::Status st = PagedDecodeAttention(exec, kv, AttentionParams{d.num_q_heads},
+                                               d.q.data(), r.out.data(), r.lse.data(),
+                                               r.mass.data());
+  EXPECT_TRUE(st.ok()) << st;
+  return r;
+}
+
+void ExpectMassSumsToGroupSize(const Result& r, const Data& d, int T) {
+  const int group = d.num_q_heads / d.shape.num_kv_heads;
+  for (int h = 0; h < d.shape.num_kv_heads; ++h) {
+    double sum = 0;
+    for (int s = 0; s < T; ++s) {
+      const float m = r.mass[size_t(h) * T + s];
+      EXPECT_GE(m, 0.0f);
+      sum += m;
+    }
+    EXPECT_NEAR(sum, group, 1e-4 * group) << "kv head " << h;
+  }
+}
+
+// Decodes every page of kv into dense [T][H][D] K and V.
+void DequantizeAll(const testing::PagedKv& kv, float* k, float* v) {
+  const size_t row = size_t(kv.shape.num_kv_heads) * kv.shape.head_dim;
+  for (size_t b = 0; b < kv.blocks.size(); ++b) {
+    const BlockEntry& e = kv.blocks[b];
+    const int t0 = int(b) * kv.shape.block_tokens;
+    const int n = std::min(kv.shape.block_tokens, kv.num_tokens - t0);
+    const PagedKvView view = kv.View();
+    ASSERT_TRUE(DequantizePage(Exec{Backend::kReference}, kv.shape, KvKind::kKey, e.k_format,
+                               PagePtr(view.base, e.k_offset), n, k + t0 * row)
+                    .ok());
+    ASSERT_TRUE(DequantizePage(Exec{Backend::kReference}, kv.shape, KvKind::kValue, e.v_format,
+                               PagePtr(view.base, e.v_offset), n, v + t0 * row)
+                    .ok());
+  }
+}
+
+// The residual rule: full pages in (kf, vf), a partial last page in f16.
+testing::FormatFn FullPagesIn(PageFormat kf, PageFormat vf, int T, int bt) {
+  const int full = T / bt;
+  return [=](int b) {
+    return b < full ? std::make_pair(kf, vf) : std::make_pair(PageFormat::kF16, PageFormat::kF16);
+  };
+}
+
+TEST(PagedDecodeAttentionTest, EveryFormatPairMatchesDenseReference) {
+  std::mt19937 rng(testing::TestSeed(20251130));
+  const PageShape shape{16, 3, 64};  // SmolLM2-like: 9 query heads over 3 KV heads
+  const int T = 16 * 7 + 5;           // 8 pages, the last one partial
+  std::map<std::pair<int, int>, double> worst;
+  for (bool outliers : {false, true}) {
+    const Data d = MakeData(shape, 9, T, 1, outliers, rng);
+    std::vector<float> want, want_lse;
+    testing::DenseAttention(d.k, d.v, T, 3, 64, 9, 1, d.q, &want, &want_lse);
+    for (PageFormat kf : kAllFormats) {
+      for (PageFormat vf : kAllFormats) {
+        SCOPED_TRACE(::testing::Message() << "K=" << FormatShortName(kf) << " V="
+                                        << FormatShortName(vf) << " outliers=" << outliers);
+        const testing::PagedKv kv = testing::BuildPaged(shape, d.k, d.v, T, FullPagesIn(kf, vf, T, 16));
+        const Result ref = Decode(Exec{Backend::kReference}, kv.View(), d);
+        const Result fast = Decode(Exec{Backend::kCpu, 3}, kv.View(), d);
+        // Exact semantics: attention over the pages == dense attention over
+        // what the pages decode to.
+        std::vector<float> kd(d.k.size()), vd(d.v.size()), dq_out, dq_lse;
+        DequantizeAll(kv, kd.data(), vd.data());
+        testing::DenseAttention(kd, vd, T, 3, 64, 9, 1, d.q, &dq_out, &dq_lse);
+        EXPECT_LE(testing::RelL2(ref.out, dq_out), 1e-5);
+        EXPECT_LE(testing::MaxAbsDiff(ref.lse, dq_lse), 1e-4);
+        const double err = testing::RelL2(ref.out, want);
+        worst[{int(kf), int(vf)}] = std::max(worst[{int(kf), int(vf)}], err);
+        EXPECT_LE(err, FormatTolerance(kf) + FormatTolerance(vf));
+        EXPECT_LE(testing::RelL2(fast.out, ref.out), 2e-5);
+        EXPECT_LE(testing::MaxAbsDiff(fast.lse, ref.lse), 1e-4);
+        EXPECT_LE(testing::MaxAbsDiff(fast.mass, ref.mass), 1e-5);
+        if (kf == PageFormat::kF32) {
+          EXPECT_LE(testing::MaxAbsDiff(ref.lse, want_lse), 1e-4);
+        }
+        ExpectMassSumsToGroupSize(ref, d, T);
+        ExpectMassSumsToGroupSize(fast, d, T);
+      }
+    }
+  }
+  for (const auto& [key, err] : worst) {
+    std::printf("K=%-4s V=%-4s rel_l2=%.5f\n",
+                std::string(FormatShortName(PageFormat(key.first))).c_str(),
+                std::string(FormatShortName(PageFormat(key.second))).c_str(), err);
+  }
+}
+
+TEST(PagedDecodeAttentionTest, MassIsPerHeadSoftmaxWithoutGqa) {
+  std::mt19937 rng(testing::TestSeed(5));
+  const PageShape shape{16, 4, 64};
+  const int T = 16 * 3;
+  const Data d = MakeData(shape, 4, T, 1, false, rng);
+  const testing::PagedKv kv = testing::BuildPaged(
+      shape, d.k, d.v, T, [](int) { return std::make_pair(PageFormat::kF32, PageFormat::kF32); });
+  for (Backend b : {Backend::kReference, Backend::kCpu}) {
+    const Result r = Decode(Exec{b}, kv.View(), d);
+    ExpectMassSumsToGroupSize(r, d, T);  // group size 1: every head sums to 1
+    // mass[h][s] == exp(q.k_s * scale - lse_h), recomputed densely.
+    for (int h = 0; h < 4; ++h) {
+      for (int s = 0; s < T; s += 7) {
+        double dot = 0;
+        for (int x = 0; x < 64; ++x) dot += d.q[h * 64 + x] * d.k[(size_t(s) * 4 + h) * 64 + x];
+        EXPECT_NEAR(r.mass[size_t(h) * T + s], std::exp(dot / 8.0 - r.lse[h]), 1e-5);
+      }
+    }
+  }
+}
+
+TEST(PagedDecodeAttentionTest, HeadDim128MixedFormatsPerBlockAndAbsoluteAddresses) {
+  std::mt19937 rng(testing::TestSeed(77));
+  const PageShape shape{16, 2, 128};
+  const int T = 16 * 4 + 9;
+  const Data d = MakeData(shape, 8, T, 1, true, rng);
+  // Every block a different pair, the partial last page quantized too.
+  const testing::FormatFn mixed = [](int b) {
+    const PageFormat k[] = {PageFormat::kInt2, PageFormat::kInt4, PageFormat::kFP8E4M3,
+                            PageFormat::kBF16, PageFormat::kInt8};
+    const PageFormat v[] = {PageFormat::kInt4, PageFormat::kF16, PageFormat::kInt8,
+                            PageFormat::kInt2, PageFormat::kF32};
+    return std::make_pair(k[b % 5], v[b % 5]);
+  };
+  const testing::PagedKv rel = testing::BuildPaged(shape, d.k, d.v, T, mixed, Backend::kCpu);
+  const testing::PagedKv abs =
+      testing::BuildPaged(shape, d.k, d.v, T, mixed, Backend::kCpu, /*absolute=*/true);
+  const Result ref = Decode(Exec{Backend::kReference}, rel.View(), d);
+  for (int threads : {1, 4}) {
+    for (bool baseline : {false, true}) {
+      cpu::ForceBaselineForTesting(baseline);
+      const Result a = Decode(Exec{Backend::kCpu, threads}, rel.View(), d);
+      const Result b = Decode(Exec{Backend::kCpu, threads}, abs.View(), d);
+      EXPECT_LE(testing::RelL2(a.out, ref.out), 2e-5);
+      EXPECT_EQ(a.out, b.out);
+      EXPECT_LE(testing::MaxAbsDiff(a.mass, ref.mass), 1e-5);
+    }
+  }
+  cpu::ForceBaselineForTesting(false);
+  std::vector<float> want, want_lse;
+  testing::DenseAttention(d.k, d.v, T, 2, 128, 8, 1, d.q, &want, &want_lse);
+  EXPECT_LE(testing::RelL2(ref.out, want), 0.9 + 0.25);  // int2 K with int4 V dominates
+}
+
+TEST(PagedDecodeAttentionTest, LongContextSplitsMatchReference) {
+  std::mt19937 rng(testing::TestSeed(31));
+  const PageShape shape{16, 3, 64};
+  const int T = 16 * 40 + 7;
+  const Data d = MakeData(shape, 9, T, 1, true, rng);
+  const testing::PagedKv kv = testing::BuildPaged(
+      shape, d.k, d.v, T, FullPagesIn(PageFormat::kInt4, PageFormat::kInt8, T, 16), Backend::kCpu);
+  const Result ref = Decode(Exec{Backend::kReference}, kv.View(), d);
+  for (int threads : {1, 2, 8}) {
+    const Result fast = Decode(Exec{Backend::kCpu, threads}, kv.View(), d);
+    EXPECT_LE(testing::RelL2(fast.out, ref.out), 2e-5) << threads;
+    EXPECT_LE(testing::MaxAbsDiff(fast.lse, ref.lse), 1e-4);
+    ExpectMassSumsToGroupSize(fast, d, T);
+  }
+}
+
+TEST(PagedPrefillAttentionTest, ChunkIsCausalAndMatchesDecodeAndDense) {
+  std::mt19937 rng(testing::TestSeed(2024));
+  const PageShape shape{16, 3, 64};
+  const int T = 16 * 5 + 3, num_new = 21;
+  const Data d = MakeData(shape, 9, T, num_new, false, rng);
+  // Earlier pages quantized, the chunk's pages f16 (as the worker writes them).
+  const testing::FormatFn formats = [](int b) {
+    return b < 3 ? std::make_pair(PageFormat::kInt8, PageFormat::kInt8)
+                 : std::make_pair(PageFormat::kF16, PageFormat::kF16);
+  };
+  const testing::PagedKv kv = testing::BuildPaged(shape, d.k, d.v, T, formats);
+  const size_t n = size_t(num_new) * 9 * 64;
+  std::vector<float> ref(n), fast(n), ref_lse(num_new * 9), fast_lse(num_new * 9);
+  ASSERT_TRUE(PagedPrefillAttention(Exec{Backend::kReference}, kv.View(), AttentionParams{9},
+                                    num_new, d.q.data(), ref.data(), ref_lse.data())
+                  .ok());
+  ASSERT_TRUE(PagedPrefillAttention(Exec{Backend::kCpu, 3}, kv.View(), AttentionParams{9},
+                                    num_new, d.q.data(), fast.data(), fast_lse.data())
+                  .ok());
+  EXPECT_LE(testing::RelL2(fast, ref), 2e-5);
+  EXPECT_LE(testing::MaxAbsDiff(fast_lse, ref_lse), 1e-4);
+  std::vector<float> want, want_lse;
+  testing::DenseAttention(d.k, d.v, T, 3, 64, 9, num_new, d.q, &want, &want_lse);
+  EXPECT_LE(testing::RelL2(ref, want), 2 * FormatTolerance(PageFormat::kInt8));
+  // Query i equals a decode step over the first T - num_new + i + 1 slots.
+  for (int i : {0, 7, num_new - 1}) {
+    PagedKvView view = kv.View();
+    view.num_tokens = T - num_new + i + 1;
+    view.num_blocks = (view.num_tokens + 15) / 16;
+    std::vector<float> out(9 * 64), lse(9);
+    ASSERT_TRUE(PagedDecodeAttention(Exec{Backend::kCpu}, view, AttentionParams{9},
+                                     d.q.data() + size_t(i) * 9 * 64, out.data(), lse.data(),
+                                     nullptr)
+                    .ok());
+    const std::vector<float> row(fast.begin() + size_t(i) * 9 * 64,
+                                 fast.begin() + size_t(i + 1) * 9 * 64);
+    EXPECT_LE(testing::RelL2(out, row), 2e-5) << "query " << i;
+  }
+}
+
+TEST(PagedAttentionValidationTest, RejectsBadArguments) {
+  std::mt19937 rng(testing::TestSeed(1));
+  const PageShape shape{16, 3, 64};
+  const Data d = MakeData(shape, 9, 20, 1, false, rng);
+  testing::PagedKv kv = testing::BuildPaged(
+      shape, d.k, d.v, 20, [](int) { return std::make_pair(PageFormat::kF16, PageFormat::kF16); });
+  std::vector<float> out(9 * 64);
+  const Exec exec{Backend::kCpu};
+  EXPECT_EQ(PagedDecodeAttention(exec, kv.View(), AttentionParams{8}, d.q.data(), out.data(),
+                                 nullptr, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  PagedKvView bad = kv.View();
+  bad.num_blocks = 1;
+  EXPECT_EQ(PagedDecodeAttention(exec, bad, AttentionParams{9}, d.q.data(), out.data(), nullptr,
+                                 nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  kv.blocks[1].v_format = static_cast<PageFormat>(42);
+  EXPECT_EQ(PagedDecodeAttention(exec, kv.View(), AttentionParams{9}, d.q.data(), out.data(),
+                                 nullptr, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  kv.blocks[1].v_format = PageFormat::kF16;
+  EXPECT_EQ(PagedPrefillAttention(exec, kv.View(), AttentionParams{9}, 21, d.q.data(), out.data(),
+                                  nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  if (CudaDeviceCount() == 0) {
+    EXPECT_EQ(PagedDecodeAttention(Exec{Backend::kCuda}, kv.View(), AttentionParams{9},
+                                   d.q.data(), out.data(), nullptr, nullptr)
+                  .code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+}  // namespace
+}  // namespace polykv::kernels
