@@ -1,0 +1,698 @@
+// The one policy implementation: a composite of components (see policy.h).
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "policies/layer_budget.h"
+#include "policies/merge.h"
+#include "policies/policy.h"
+#include "policies/ranking.h"
+
+namespace polykv::policies {
+namespace {
+
+constexpr uint8_t kTierHard = 3, kTierWindow = 2, kTierAnchor = 1;
+
+// ---------------------------------------------------------------- parameters
+
+struct ParamDef {
+  const char* key;
+  const char* def;
+  const char* component;  // nullptr = composite-level
+  const char* doc;
+};
+
+// Every parameter. Defaults marked "seed" come from the source designs and are
+// not yet tuned by measurement (docs/policies.md).
+constexpr ParamDef kParams[] = {
+    {"mode", "selective", nullptr,
+     "selective (evict lowest) | merge (merge before evicting) | hybrid (keep the top "
+     "(1-merge.share) of the score-ranked budget, merge within blocks below it)"},
+    {"layers", "uniform", nullptr,
+     "layer allocator for a total budget: uniform | pyramid | entropy"},
+    {"layers.skew", "0.5", nullptr, "pyramid: low layers get (1+skew)x, top (1-skew)x"},
+    {"trigger", "1.10", nullptr, "NeedsCompaction when a layer exceeds trigger x budget (seed 001)"},
+    {"pool", "0", nullptr,
+     "G: slots reserved for the score-ranked pool before the window takes its share"},
+    {"fill", "1", nullptr, "1: the score-ranked pool may use all budget left; 0: at most `pool`"},
+    {"merge.threshold", "0.7", nullptr, "min key cosine to merge into a group (seed 000)"},
+    {"merge.probe", "16", nullptr, "groups of the same block compared per candidate"},
+    {"merge.share", "0.3", nullptr, "hybrid mode: share of the score-ranked budget for groups"},
+    {"merge.bias", "1", nullptr, "1: merged slots carry log(count) into the softmax"},
+    {"cold.format", "none", nullptr,
+     "requantize the coldest kept slots to this format (none|int8|int4|int2|fp8)"},
+    {"cold.fraction", "0", nullptr, "fraction of kept slots requantized (coldest first)"},
+    {"cold.kind", "v", nullptr, "which half to requantize: k | v | kv"},
+    {"sinks.count", "4", "sinks", "first positions hard-protected (StreamingLLM)"},
+    {"window.size", "auto", "window",
+     "recent slots protected (tier 2); auto = window.ratio x layer budget; 0 = none"},
+    {"window.ratio", "1.0", "window", "window as a fraction of the layer budget (size=auto)"},
+    {"anchors.system", "1", "anchors", "protect the system prompt (tier above unprotected)"},
+    {"anchors.first_user", "1", "anchors", "protect the first user instruction"},
+    {"h2o.weight", "1", "h2o", "weight of the decayed attention score"},
+    {"snapkv.weight", "1", "snapkv", "weight of the observation-window score"},
+    {"snapkv.kernel", "7", "snapkv", "max-pool width over neighbouring slots (SnapKV)"},
+    {"structural.weight", "1", "structural", "weight of the CodeComp score"},
+    {"structural.alpha", "0.4", "structural", "structural term (seed 000)"},
+    {"structural.beta", "0.4", "structural", "attention term (seed 000)"},
+    {"structural.gamma", "0.2", "structural", "recency term (seed 000)"},
+    {"structural.tau", "1024", "structural", "recency = exp(-(newest - pos) / tau)"},
+    {"structural.boundary", "0.1", "structural", "bonus for block boundary tokens"},
+    {"intent.weight", "1", "intent", "weight of the intent relevance"},
+    {"intent.min_turns", "5", "intent",
+     "below this many turns AND min_tokens tokens, rank by attention instead (seed 003)"},
+    {"intent.min_tokens", "3000", "intent", "see intent.min_turns (seed 003)"},
+};
+
+const char* const kComponents[] = {"sinks", "window", "anchors", "h2o",
+                                   "snapkv", "structural", "intent"};
+
+bool IsScoring(std::string_view c) {
+  return c == "h2o" || c == "snapkv" || c == "structural" || c == "intent";
+}
+
+struct Preset {
+  const char* name;
+  const char* components;  // '+'-joined; empty = full
+  const char* overrides;   // "k=v,..."
+};
+
+constexpr Preset kPresets[] = {
+    {"full", "", ""},
+    {"window", "window", ""},
+    {"streaming", "sinks+window", ""},
+    {"h2o", "window+h2o", "window.ratio=0.5"},
+    {"snapkv", "window+snapkv", "window.size=32"},
+    {"hybrid", "sinks+window+anchors+h2o", "window.size=1024,pool=256"},
+    {"merge", "sinks+window+h2o", "mode=merge,window.size=256"},
+    {"structural", "sinks+structural", "mode=hybrid"},
+    {"intent", "sinks+intent", "layers=entropy"},
+};
+
+enum class Mode { kSelective, kMerge, kHybrid };
+
+// Resolved configuration of one composite.
+struct Config {
+  std::string spec;
+  bool full = false;
+  std::vector<std::string> components;
+  PolicyParams values;  // every applicable key, defaults filled in
+
+  Mode mode = Mode::kSelective;
+  LayerAllocator layers = LayerAllocator::kUniform;
+  double skew = 0.5, trigger = 1.1, merge_share = 0.3, cold_fraction = 0;
+  int64_t pool = 0;
+  bool fill = true, merge_bias = true;
+  MergeOptions merge;
+  std::optional<kernels::PageFormat> cold_format;
+  bool cold_k = false, cold_v = true;
+
+  bool has(std::string_view c) const {
+    return std::find(components.begin(), components.end(), c) != components.end();
+  }
+  double num(std::string_view key) const {
+    auto it = values.find(key);
+    double d = 0;
+    if (it != values.end()) (void)absl::SimpleAtod(it->second, &d);
+    return d;
+  }
+  bool scoring() const {
+    return std::any_of(components.begin(), components.end(),
+                       [](const std::string& c) { return IsScoring(c); });
+  }
+};
+
+absl::StatusOr<Config> Resolve(std::string_view spec, const PolicyParams& overrides) {
+  Config cfg;
+  PolicyParams preset_over;
+  std::string comps(spec);
+  bool is_preset = false;
+  for (const Preset& p : kPresets) {
+    if (spec == p.name) {
+      comps = p.components;
+      auto parsed = ParseParams(p.overrides);
+      if (!parsed.ok()) return parsed.status();
+      preset_over = *parsed;
+      cfg.full = comps.empty();
+      is_preset = true;
+    }
+  }
+  if (!cfg.full) {
+    for (absl::string_view piece : absl::StrSplit(comps, '+')) {
+      const std::string c(absl::StripAsciiWhitespace(piece));
+      if (std::find(std::begin(kComponents), std::end(kComponents), c) == std::end(kComponents)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "unknown policy component '", c, "' in '", std::string(spec), "'; presets: ",
+            absl::StrJoin(PresetNames(), ", "), "; components: ",
+            absl::StrJoin(kComponents, ", ")));
+      }
+      if (cfg.has(c)) {
+        return absl::InvalidArgumentError(absl::StrCat("component '", c, "' named twice"));
+      }
+      cfg.components.push_back(c);
+    }
+  }
+  for (const ParamDef& d : kParams) {
+    if (cfg.full && d.component == nullptr && std::string_view(d.key) != "trigger") continue;
+    if (d.component != nullptr && !cfg.has(d.component)) continue;
+    cfg.values[d.key] = d.def;
+  }
+  for (const auto& [k, v] : preset_over) cfg.values[k] = v;
+  for (const auto& [k, v] : overrides) {
+    if (!cfg.values.count(k)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", k, "' does not apply to policy '", std::string(spec),
+                       "'"));
+    }
+    cfg.values[k] = v;
+  }
+  for (const auto& [k, v] : cfg.values) {
+    if (k == "mode" || k == "layers" || k == "cold.format" || k == "cold.kind") continue;
+    if (k == "window.size" && v == "auto") continue;
+    double d;
+    if (!absl::SimpleAtod(v, &d) || !std::isfinite(d) || d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", k, "' needs a non-negative number, got '", v, "'"));
+    }
+  }
+  if (!cfg.full) {
+    const std::string& mode = cfg.values["mode"];
+    if (mode == "selective") cfg.mode = Mode::kSelective;
+    else if (mode == "merge") cfg.mode = Mode::kMerge;
+    else if (mode == "hybrid") cfg.mode = Mode::kHybrid;
+    else return absl::InvalidArgumentError(absl::StrCat("mode '", mode, "' unknown"));
+    auto alloc = ParseLayerAllocator(cfg.values["layers"]);
+    if (!alloc) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layers '", cfg.values["layers"], "' unknown (uniform|pyramid|entropy)"));
+    }
+    cfg.layers = *alloc;
+    cfg.skew = cfg.num("layers.skew");
+    cfg.pool = static_cast<int64_t>(cfg.num("pool"));
+    cfg.fill = cfg.num("fill") != 0;
+    cfg.merge.threshold = static_cast<float>(cfg.num("merge.threshold"));
+    cfg.merge.probe = std::max(1, static_cast<int>(cfg.num("merge.probe")));
+    cfg.merge_share = std::clamp(cfg.num("merge.share"), 0.0, 1.0);
+    cfg.merge_bias = cfg.num("merge.bias") != 0;
+    cfg.cold_fraction = std::clamp(cfg.num("cold.fraction"), 0.0, 1.0);
+    const std::string& cf = cfg.values["cold.format"];
+    if (cf != "none") {
+      cfg.cold_format = kernels::ParseFormat(cf);
+      if (!cfg.cold_format) {
+        return absl::InvalidArgumentError(absl::StrCat("cold.format '", cf, "' unknown"));
+      }
+    }
+    const std::string& ck = cfg.values["cold.kind"];
+    if (ck != "k" && ck != "v" && ck != "kv") {
+      return absl::InvalidArgumentError("cold.kind must be k, v or kv");
+    }
+    cfg.cold_k = ck != "v";
+    cfg.cold_v = ck != "k";
+  }
+  cfg.trigger = cfg.num("trigger");
+  std::vector<std::string> kv;
+  for (const auto& [k, v] : cfg.values) kv.push_back(absl::StrCat(k, "=", v));
+  cfg.spec = absl::StrCat(cfg.full ? "full" : absl::StrJoin(cfg.components, "+"), "{",
+                          absl::StrJoin(kv, ","), "}");
+  (void)is_preset;
+  return cfg;
+}
+
+// ---------------------------------------------------------------- the work
+
+// Facts about the whole session, computed once per decision.
+struct SessionStats {
+  int32_t first_user_turn = -1;
+  int32_t num_turns = 0;
+  int64_t newest_position = 0;
+};
+
+SessionStats Stats(const SessionView& view) {
+  SessionStats s;
+  int32_t max_turn = view.current_turn;
+  for (const TokenMeta& t : view.tokens) {
+    if (t.role == Role::kUser && (s.first_user_turn < 0 || t.turn < s.first_user_turn)) {
+      s.first_user_turn = t.turn;
+    }
+    max_turn = std::max(max_turn, t.turn);
+    s.newest_position = std::max(s.newest_position, t.position);
+  }
+  s.num_turns = max_turn + 1;
+  return s;
+}
+
+struct LayerWork {
+  std::vector<uint8_t> tier;   // [n]
+  std::vector<uint8_t> cls;    // [n] ProtectClass bits
+  std::vector<float> score;    // [n] combined
+  std::vector<float> raw;      // [n] scratch
+  int64_t hard = 0;
+};
+
+float StructuralPrior(BlockKind k) {
+  switch (k) {
+    case BlockKind::kSignature: return 1.0f;
+    case BlockKind::kImport: return 0.9f;
+    case BlockKind::kError: return 0.9f;
+    case BlockKind::kClass: return 0.85f;
+    case BlockKind::kToolCall: return 0.8f;
+    case BlockKind::kStatement: return 0.6f;
+    case BlockKind::kText: return 0.5f;
+    case BlockKind::kNone: return 0.5f;
+    case BlockKind::kBody: return 0.45f;
+    case BlockKind::kToolOutput: return 0.35f;
+    case BlockKind::kComment: return 0.3f;
+  }
+  return 0.5f;
+}
+
+class CompositePolicy final : public Policy {
+ public:
+  explicit CompositePolicy(Config cfg) : cfg_(std::move(cfg)) {}
+
+  const std::string& spec() const override { return cfg_.spec; }
+
+  absl::StatusOr<std::vector<int64_t>> LayerBudgets(const SessionView& view,
+                                                    const Budget& budget) const override {
+    const int L = view.num_layers();
+    const bool bytes = budget.unit == Budget::Unit::kBytes;
+    std::vector<double> bpt(L, 0.0);  // most expensive slot of each layer
+    if (bytes) {
+      for (int l = 0; l < L; ++l) {
+        bpt[l] = MaxBytesPerToken(view, l);
+        if (bpt[l] <= 0) return absl::InvalidArgumentError("bytes budget needs a valid page shape");
+      }
+    }
+    std::vector<int64_t> out(L, 0);
+    if (!budget.per_layer.empty()) {
+      if (static_cast<int>(budget.per_layer.size()) != L) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "budget has ", budget.per_layer.size(), " layers, view has ", L));
+      }
+      for (int l = 0; l < L; ++l) {
+        if (budget.per_layer[l] < 0) return absl::InvalidArgumentError("negative budget");
+        out[l] = bytes ? static_cast<int64_t>(std::floor(budget.per_layer[l] / bpt[l]))
+                       : budget.per_layer[l];
+      }
+      return out;
+    }
+    if (budget.total < 0) return absl::InvalidArgumentError("negative budget");
+    int64_t total = budget.total;
+    if (bytes) {
+      const double mx = L > 0 ? *std::max_element(bpt.begin(), bpt.end()) : 1.0;
+      total = std::max<int64_t>(0, static_cast<int64_t>(std::floor(total / mx)) - L);
+    }
+    std::vector<int64_t> sizes(L);
+    std::vector<float> ent(L);
+    for (int l = 0; l < L; ++l) {
+      sizes[l] = static_cast<int64_t>(view.layers[l].slots.size());
+      ent[l] = view.layers[l].entropy;
+    }
+    if (cfg_.full) return AllocateLayerBudgets(LayerAllocator::kUniform, total, sizes, ent);
+    return AllocateLayerBudgets(cfg_.layers, total, sizes, ent, cfg_.skew);
+  }
+
+  bool NeedsCompaction(const SessionView& view, const Budget& budget) const override {
+    if (cfg_.full) return false;
+    auto b = LayerBudgets(view, budget);
+    if (!b.ok()) return false;
+    for (int l = 0; l < view.num_layers(); ++l) {
+      if (static_cast<double>(view.layers[l].slots.size()) > cfg_.trigger * (*b)[l]) return true;
+    }
+    return false;
+  }
+
+  std::vector<std::vector<uint8_t>> ProtectClasses(
+      const SessionView& view, const std::vector<int64_t>& layer_budgets) const override {
+    std::vector<std::vector<uint8_t>> out(view.num_layers());
+    const SessionStats stats = Stats(view);
+    LayerWork w;
+    for (int l = 0; l < view.num_layers(); ++l) {
+      const int64_t b = l < static_cast<int>(layer_budgets.size()) ? layer_budgets[l] : 0;
+      MarkTiers(view, stats, l, b, &w);
+      out[l] = w.cls;
+    }
+    return out;
+  }
+
+  absl::StatusOr<Plan> Decide(const SessionView& view, const Budget& budget) const override {
+    if (auto st = ValidateView(view); !st.ok()) return st;
+    auto budgets = LayerBudgets(view, budget);
+    if (!budgets.ok()) return budgets.status();
+    const SessionStats stats = Stats(view);
+    Plan plan;
+    plan.policy = cfg_.spec;
+    plan.log_count_bias = cfg_.full ? true : cfg_.merge_bias;
+    plan.layers.resize(view.num_layers());
+    PlanChecks checks;
+    checks.must_keep.resize(view.num_layers());
+    checks.budget = &budget;
+    LayerWork w;
+    for (int l = 0; l < view.num_layers(); ++l) {
+      LayerPlan& lp = plan.layers[l];
+      lp.budget_tokens = (*budgets)[l];
+      if (budget.unit == Budget::Unit::kBytes) {
+        lp.budget_bytes = budget.per_layer.empty()
+                              ? static_cast<int64_t>(std::ceil(
+                                    lp.budget_tokens *
+                                    MaxBytesPerToken(view, l)))
+                              : budget.per_layer[l];
+      }
+      if (auto st = DecideLayer(view, stats, l, lp.budget_tokens, &w, &lp); !st.ok()) return st;
+      for (size_t i = 0; i < w.tier.size(); ++i) {
+        if (w.tier[i] == kTierHard) checks.must_keep[l].push_back(static_cast<uint32_t>(i));
+      }
+    }
+    if (budget.unit == Budget::Unit::kBytes && budget.per_layer.empty()) {
+      checks.budget = nullptr;  // per-layer byte limits were derived; checked per layer
+    }
+    if (auto st = ValidatePlan(view, plan, checks); !st.ok()) {
+      return absl::InternalError(absl::StrCat("policy ", cfg_.spec, " made an invalid plan: ",
+                                              st.message()));
+    }
+    return plan;
+  }
+
+ private:
+  static double MaxBytesPerToken(const SessionView& view, int l) {
+    double b = 0;
+    for (const Slot& s : view.layers[l].slots) {
+      b = std::max(b, BytesPerToken(view.shape, s.k_format, s.v_format));
+    }
+    // An empty layer plans for the widest common format.
+    return b > 0 ? b
+                 : BytesPerToken(view.shape, kernels::PageFormat::kBF16,
+                                 kernels::PageFormat::kBF16);
+  }
+
+  // Tiers and protect classes of one layer (steps shared by Decide and
+  // ProtectClasses).
+  void MarkTiers(const SessionView& view, const SessionStats& stats, int l, int64_t budget,
+                 LayerWork* w) const {
+    const std::vector<Slot>& slots = view.layers[l].slots;
+    const size_t n = slots.size();
+    w->tier.assign(n, 0);
+    w->cls.assign(n, 0);
+    w->hard = 0;
+    const int64_t sinks = cfg_.has("sinks") ? static_cast<int64_t>(cfg_.num("sinks.count")) : -1;
+    const bool sys = cfg_.has("anchors") && cfg_.num("anchors.system") != 0;
+    const bool first = cfg_.has("anchors") && cfg_.num("anchors.first_user") != 0;
+    for (size_t i = 0; i < n; ++i) {
+      const TokenMeta& t = view.tokens[slots[i].token];
+      if (t.pinned) w->cls[i] |= kProtectPinned;
+      if (t.position < sinks) w->cls[i] |= kProtectSink;
+      if (w->cls[i] != 0) {
+        w->tier[i] = kTierHard;
+        ++w->hard;
+      }
+      if (sys && t.role == Role::kSystem) w->cls[i] |= kProtectSystem;
+      if (first && t.role == Role::kUser && t.turn == stats.first_user_turn) {
+        w->cls[i] |= kProtectFirstUser;
+      }
+      if (w->tier[i] == 0 && (w->cls[i] & (kProtectSystem | kProtectFirstUser))) {
+        w->tier[i] = kTierAnchor;
+      }
+    }
+    if (cfg_.has("window")) {
+      const bool automatic = cfg_.values.at("window.size") == "auto";
+      int64_t win = automatic
+                        ? static_cast<int64_t>(std::floor(cfg_.num("window.ratio") * budget))
+                        : static_cast<int64_t>(cfg_.num("window.size"));
+      const int64_t room = std::max<int64_t>(0, budget - w->hard);
+      const int64_t reserve = std::min(cfg_.pool, room);
+      win = std::clamp<int64_t>(win, 0, room - reserve);
+      for (size_t i = n; i-- > 0 && win > 0;) {
+        if (w->tier[i] == kTierHard) continue;
+        w->tier[i] = kTierWindow;
+        w->cls[i] |= kProtectWindow;
+        --win;
+      }
+    }
+  }
+
+  // Adds the weighted, min-max normalised raw score of one component.
+  static void AddNormalized(std::vector<float>& raw, double weight, std::vector<float>* score) {
+    float lo = INFINITY, hi = -INFINITY;
+    for (float& r : raw) {
+      if (!std::isfinite(r)) r = 0.f;
+      lo = std::min(lo, r);
+      hi = std::max(hi, r);
+    }
+    if (!(hi > lo)) return;
+    const float inv = static_cast<float>(weight / (hi - lo));
+    for (size_t i = 0; i < raw.size(); ++i) (*score)[i] += (raw[i] - lo) * inv;
+  }
+
+  void Score(const SessionView& view, const SessionStats& stats, int l, LayerWork* w) const {
+    const std::vector<Slot>& slots = view.layers[l].slots;
+    const size_t n = slots.size();
+    w->score.assign(n, 0.f);
+    std::vector<float>& raw = w->raw;
+    raw.resize(n);
+    for (const std::string& c : cfg_.components) {
+      if (!IsScoring(c)) continue;
+      const double weight = cfg_.num(c + ".weight");
+      if (c == "h2o") {
+        for (size_t i = 0; i < n; ++i) raw[i] = slots[i].attn;
+      } else if (c == "snapkv") {
+        bool any = false;
+        for (size_t i = 0; i < n; ++i) any |= slots[i].obs != 0.f;
+        // Without observation scores (no user/tool turn ended yet) SnapKV has
+        // nothing to go on; fall back to the decayed attention.
+        std::vector<float> src(n);
+        for (size_t i = 0; i < n; ++i) src[i] = any ? slots[i].obs : slots[i].attn;
+        const int half = std::max(0, static_cast<int>(cfg_.num("snapkv.kernel")) / 2);
+        MaxPool(src, half, &raw);
+      } else if (c == "structural") {
+        const float a = static_cast<float>(cfg_.num("structural.alpha"));
+        const float b = static_cast<float>(cfg_.num("structural.beta"));
+        const float g = static_cast<float>(cfg_.num("structural.gamma"));
+        const double tau = std::max(1.0, cfg_.num("structural.tau"));
+        const float bonus = static_cast<float>(cfg_.num("structural.boundary"));
+        float amax = 0.f;
+        for (const Slot& s : slots) amax = std::max(amax, std::isfinite(s.attn) ? s.attn : 0.f);
+        const float ainv = amax > 0 ? 1.f / amax : 0.f;
+        for (size_t i = 0; i < n; ++i) {
+          const TokenMeta& t = view.tokens[slots[i].token];
+          const float s = std::min(
+              1.f, StructuralPrior(t.tag.kind) + (t.tag.boundary ? bonus : 0.f));
+          const float att = std::isfinite(slots[i].attn) ? slots[i].attn * ainv : 0.f;
+          const float rec = static_cast<float>(
+              std::exp(-static_cast<double>(stats.newest_position - t.position) / tau));
+          raw[i] = a * s + b * att + g * rec;
+        }
+      } else if (c == "intent") {
+        const bool pays = stats.num_turns > cfg_.num("intent.min_turns") ||
+                          static_cast<double>(view.tokens.size()) > cfg_.num("intent.min_tokens");
+        for (size_t i = 0; i < n; ++i) raw[i] = pays ? slots[i].intent : slots[i].attn;
+      }
+      AddNormalized(raw, weight, &w->score);
+    }
+  }
+
+  // out[i] = max(src[i-half .. i+half]) (SnapKV's pooling keeps neighbours of
+  // hot tokens, so kept spans stay readable). O(n * half); half is small.
+  static void MaxPool(const std::vector<float>& src, int half, std::vector<float>* out) {
+    const int n = static_cast<int>(src.size());
+    for (int i = 0; i < n; ++i) {
+      float m = src[i];
+      for (int j = std::max(0, i - half); j <= std::min(n - 1, i + half); ++j) {
+        m = std::max(m, src[j]);
+      }
+      (*out)[i] = m;
+    }
+  }
+
+  absl::Status DecideLayer(const SessionView& view, const SessionStats& stats, int l,
+                           int64_t budget, LayerWork* w, LayerPlan* lp) const {
+    const std::vector<Slot>& slots = view.layers[l].slots;
+    const size_t n = slots.size();
+    MarkTiers(view, stats, l, budget, w);
+    auto keep_all = [&] {
+      lp->keep.resize(n);
+      for (size_t i = 0; i < n; ++i) lp->keep[i] = static_cast<uint32_t>(i);
+    };
+    if (cfg_.full) {
+      if (static_cast<int64_t>(n) > budget) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "policy full keeps every slot: layer ", l, " holds ", n, " > budget ", budget));
+      }
+      keep_all();
+      return absl::OkStatus();
+    }
+    if (w->hard > budget) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "layer ", l, ": ", w->hard, " hard-protected slots (sinks, pinned) exceed budget ",
+          budget));
+    }
+    if (static_cast<int64_t>(n) <= budget) {
+      keep_all();
+      return absl::OkStatus();
+    }
+    Score(view, stats, l, w);
+    std::vector<uint8_t> fate(n, 0);  // 0 evict, 1 keep
+    std::vector<Ranked> cand;
+    int64_t fixed = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (w->tier[i] >= kTierWindow) {
+        fate[i] = 1;
+        ++fixed;
+      } else if (cfg_.scoring() || w->tier[i] > 0) {
+        cand.push_back(Ranked{w->tier[i], w->score[i], view.tokens[slots[i].token].position,
+                              static_cast<uint32_t>(i)});
+      }
+    }
+    int64_t room = budget - fixed;
+    if (!cfg_.fill) room = std::min(room, cfg_.pool);
+    room = std::max<int64_t>(0, room);
+    std::vector<std::vector<uint32_t>> merged;  // groups of source indices
+    if (cfg_.mode == Mode::kSelective || !cfg_.scoring()) {
+      GlobalPool pool(static_cast<size_t>(room));
+      for (const Ranked& r : cand) pool.Offer(r);
+      for (uint32_t i : pool.SortedIndices()) fate[i] = 1;
+    } else {
+      std::sort(cand.begin(), cand.end(), Better);
+      int64_t anchors = 0;
+      for (const Ranked& r : cand) anchors += r.tier > 0;
+      int64_t direct = std::min(anchors, room);
+      if (cfg_.mode == Mode::kHybrid) {
+        direct = std::max(direct, static_cast<int64_t>(
+                                      std::floor(static_cast<double>(room) *
+                                                 (1.0 - cfg_.merge_share))));
+      }
+      direct = std::min<int64_t>(direct, static_cast<int64_t>(cand.size()));
+      for (int64_t c = 0; c < direct; ++c) fate[cand[c].index] = 1;
+      const absl::Span<const Ranked> rest = absl::MakeConstSpan(cand).subspan(direct);
+      int64_t slots_left = room - direct;
+      auto groups = ClusterByKey(view, l, rest, cfg_.merge);
+      if (static_cast<int64_t>(groups.size()) > slots_left) groups.resize(slots_left);
+      // Spare slots un-merge the best non-leader members: merge only as much
+      // as the budget requires.
+      int64_t spare = slots_left - static_cast<int64_t>(groups.size());
+      std::vector<uint8_t> detached(rest.size(), 0);
+      if (spare > 0) {
+        std::vector<uint8_t> in_group(rest.size(), 0);
+        for (const auto& g : groups) {
+          for (size_t m = 1; m < g.size(); ++m) in_group[g[m]] = 1;
+        }
+        for (size_t c = 0; c < rest.size() && spare > 0; ++c) {
+          if (in_group[c]) {
+            detached[c] = 1;
+            --spare;
+          }
+        }
+      }
+      for (const auto& g : groups) {
+        std::vector<uint32_t> members;
+        for (uint32_t c : g) {
+          if (detached[c]) {
+            fate[rest[c].index] = 1;
+          } else {
+            members.push_back(rest[c].index);
+          }
+        }
+        if (members.size() == 1) {
+          fate[members[0]] = 1;
+        } else if (members.size() > 1) {
+          for (uint32_t m : members) fate[m] = 2;
+          merged.push_back(std::move(members));
+        }
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (fate[i] == 1) lp->keep.push_back(static_cast<uint32_t>(i));
+      if (fate[i] == 0) lp->evict.push_back(static_cast<uint32_t>(i));
+    }
+    for (auto& g : merged) lp->merges.push_back(MakeMergeGroup(view, l, std::move(g), w->score));
+    std::sort(lp->merges.begin(), lp->merges.end(),
+              [](const MergeGroup& a, const MergeGroup& b) {
+                return a.representative < b.representative;
+              });
+    Requantize(view, l, *w, lp);
+    return absl::OkStatus();
+  }
+
+  // Coldest kept unprotected slots go to cold.format.
+  void Requantize(const SessionView& view, int l, const LayerWork& w, LayerPlan* lp) const {
+    if (!cfg_.cold_format || cfg_.cold_fraction <= 0) return;
+    const std::vector<Slot>& slots = view.layers[l].slots;
+    std::vector<Ranked> cold;
+    for (uint32_t i : lp->keep) {
+      if (w.tier[i] == 0) {
+        cold.push_back(Ranked{0, w.score[i], view.tokens[slots[i].token].position, i});
+      }
+    }
+    std::sort(cold.begin(), cold.end(), [](const Ranked& a, const Ranked& b) { return Better(b, a); });
+    const size_t take = std::min(
+        cold.size(), static_cast<size_t>(std::floor(cfg_.cold_fraction * lp->keep.size())));
+    const int bits = kernels::FormatBits(*cfg_.cold_format);
+    for (size_t c = 0; c < take; ++c) {
+      const Slot& s = slots[cold[c].index];
+      if (cfg_.cold_k && kernels::FormatBits(s.k_format) > bits) {
+        lp->requant.push_back({cold[c].index, kernels::KvKind::kKey, *cfg_.cold_format});
+      }
+      if (cfg_.cold_v && kernels::FormatBits(s.v_format) > bits) {
+        lp->requant.push_back({cold[c].index, kernels::KvKind::kValue, *cfg_.cold_format});
+      }
+    }
+    std::sort(lp->requant.begin(), lp->requant.end(),
+              [](const RequantTarget& a, const RequantTarget& b) {
+                return std::make_pair(a.slot, a.kind) < std::make_pair(b.slot, b.kind);
+              });
+  }
+
+  const Config cfg_;  // constant after construction
+};
+
+}  // namespace
+
+absl::StatusOr<PolicyParams> ParseParams(std::string_view text) {
+  PolicyParams out;
+  for (absl::string_view item :
+       absl::StrSplit(absl::string_view(text.data(), text.size()), ',', absl::SkipWhitespace())) {
+    item = absl::StripAsciiWhitespace(item);
+    const size_t eq = item.find('=');
+    if (eq == absl::string_view::npos || eq == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", item, "' is not key=value"));
+    }
+    out[std::string(absl::StripAsciiWhitespace(item.substr(0, eq)))] =
+        std::string(absl::StripAsciiWhitespace(item.substr(eq + 1)));
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec,
+                                                   const PolicyParams& params) {
+  auto cfg = Resolve(spec, params);
+  if (!cfg.ok()) return cfg.status();
+  return std::unique_ptr<Policy>(new CompositePolicy(*std::move(cfg)));
+}
+
+std::vector<std::string> PresetNames() {
+  std::vector<std::string> out;
+  for (const Preset& p : kPresets) out.emplace_back(p.name);
+  return out;
+}
+
+absl::StatusOr<std::vector<ParamDoc>> DescribeParams(std::string_view spec) {
+  auto cfg = Resolve(spec, {});
+  if (!cfg.ok()) return cfg.status();
+  std::vector<ParamDoc> out;
+  for (const ParamDef& d : kParams) {
+    auto it = cfg->values.find(d.key);
+    if (it != cfg->values.end()) out.push_back({d.key, it->second, d.doc});
+  }
+  return out;
+}
+
+}  // namespace polykv::policies

@@ -1,0 +1,203 @@
+#include "policies/plan.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace polykv::policies {
+
+bool Plan::changes() const {
+  for (const LayerPlan& l : layers) {
+    if (!l.evict.empty() || !l.merges.empty() || !l.requant.empty()) return true;
+  }
+  return false;
+}
+
+namespace {
+
+absl::Status Bad(int layer, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("plan layer ", layer, ": ", what));
+}
+
+bool Ascending(const std::vector<uint32_t>& v) {
+  for (size_t i = 1; i < v.size(); ++i) {
+    if (v[i - 1] >= v[i]) return false;
+  }
+  return true;
+}
+
+// Byte cost of one source slot of a layer in the given formats.
+double SlotBytes(const SessionView& view, kernels::PageFormat k, kernels::PageFormat v) {
+  return BytesPerToken(view.shape, k, v);
+}
+
+}  // namespace
+
+double OutputBytes(const SessionView& view, int layer, const LayerPlan& plan) {
+  const std::vector<Slot>& slots = view.layers[layer].slots;
+  double bytes = 0;
+  size_t r = 0;  // requant is ordered by (slot, kind)
+  for (uint32_t i : plan.keep) {
+    kernels::PageFormat k = slots[i].k_format, v = slots[i].v_format;
+    while (r < plan.requant.size() && plan.requant[r].slot < i) ++r;
+    for (size_t j = r; j < plan.requant.size() && plan.requant[j].slot == i; ++j) {
+      (plan.requant[j].kind == kernels::KvKind::kKey ? k : v) = plan.requant[j].format;
+    }
+    bytes += SlotBytes(view, k, v);
+  }
+  for (const MergeGroup& g : plan.merges) {
+    const Slot& s = slots[g.representative];
+    bytes += SlotBytes(view, s.k_format, s.v_format);
+  }
+  return bytes;
+}
+
+absl::Status ValidatePlan(const SessionView& view, const Plan& plan, const PlanChecks& checks) {
+  if (static_cast<int>(plan.layers.size()) != view.num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("plan has ", plan.layers.size(),
+                                                   " layers, view ", view.num_layers()));
+  }
+  int64_t total_tokens = 0, total_bytes = 0;
+  std::vector<uint8_t> state;  // 0 unseen, 1 keep, 2 evict, 3 merged
+  for (int l = 0; l < view.num_layers(); ++l) {
+    const LayerPlan& lp = plan.layers[l];
+    const std::vector<Slot>& slots = view.layers[l].slots;
+    const size_t n = slots.size();
+    state.assign(n, 0);
+    if (!Ascending(lp.keep)) return Bad(l, "keep not strictly ascending");
+    if (!Ascending(lp.evict)) return Bad(l, "evict not strictly ascending");
+    auto mark = [&](uint32_t i, uint8_t s) -> absl::Status {
+      if (i >= n) return Bad(l, absl::StrCat("slot ", i, " out of range (", n, " slots)"));
+      if (state[i] != 0) return Bad(l, absl::StrCat("slot ", i, " appears twice"));
+      state[i] = s;
+      return absl::OkStatus();
+    };
+    for (uint32_t i : lp.keep) {
+      if (auto st = mark(i, 1); !st.ok()) return st;
+    }
+    for (uint32_t i : lp.evict) {
+      if (auto st = mark(i, 2); !st.ok()) return st;
+    }
+    uint32_t prev_rep = 0;
+    for (size_t gi = 0; gi < lp.merges.size(); ++gi) {
+      const MergeGroup& g = lp.merges[gi];
+      if (g.members.size() < 2) return Bad(l, absl::StrCat("merge group ", gi, " has < 2 members"));
+      if (!Ascending(g.members)) return Bad(l, absl::StrCat("merge group ", gi, " not ascending"));
+      if (g.weights.size() != g.members.size()) {
+        return Bad(l, absl::StrCat("merge group ", gi, " weights size"));
+      }
+      if (gi > 0 && g.representative <= prev_rep) {
+        return Bad(l, "merge groups not ordered by representative");
+      }
+      prev_rep = g.representative;
+      if (!std::binary_search(g.members.begin(), g.members.end(), g.representative)) {
+        return Bad(l, absl::StrCat("merge group ", gi, " representative not a member"));
+      }
+      double wsum = 0;
+      uint64_t count = 0;
+      for (size_t m = 0; m < g.members.size(); ++m) {
+        if (auto st = mark(g.members[m], 3); !st.ok()) return st;
+        if (!(g.weights[m] >= 0.f) || !std::isfinite(g.weights[m])) {
+          return Bad(l, absl::StrCat("merge group ", gi, " bad weight"));
+        }
+        wsum += g.weights[m];
+        count += slots[g.members[m]].count;
+      }
+      if (std::abs(wsum - 1.0) > 1e-3) {
+        return Bad(l, absl::StrCat("merge group ", gi, " weights sum to ", wsum));
+      }
+      if (count != g.count) return Bad(l, absl::StrCat("merge group ", gi, " count mismatch"));
+      const uint32_t block = view.meta(l, g.members[0]).tag.block_id;
+      for (uint32_t m : g.members) {
+        if (view.meta(l, m).tag.block_id != block) {
+          return Bad(l, absl::StrCat("merge group ", gi, " crosses blocks"));
+        }
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (state[i] == 0) return Bad(l, absl::StrCat("slot ", i, " in no set"));
+    }
+    for (size_t r = 0; r < lp.requant.size(); ++r) {
+      const RequantTarget& t = lp.requant[r];
+      if (t.slot >= n || state[t.slot] != 1) {
+        return Bad(l, absl::StrCat("requant target ", t.slot, " is not a kept slot"));
+      }
+      if (!kernels::IsValidFormat(static_cast<int>(t.format))) return Bad(l, "requant format");
+      if (r > 0) {
+        const RequantTarget& p = lp.requant[r - 1];
+        if (std::make_pair(p.slot, p.kind) >= std::make_pair(t.slot, t.kind)) {
+          return Bad(l, "requant targets not ordered by (slot, kind)");
+        }
+      }
+    }
+    if (static_cast<int64_t>(lp.output_slots()) > lp.budget_tokens) {
+      return Bad(l, absl::StrCat(lp.output_slots(), " slots exceed budget ", lp.budget_tokens));
+    }
+    if (lp.budget_bytes > 0) {
+      const double bytes = OutputBytes(view, l, lp);
+      if (bytes > static_cast<double>(lp.budget_bytes) + 1e-6) {
+        return Bad(l, absl::StrCat(bytes, " bytes exceed budget ", lp.budget_bytes));
+      }
+    }
+    if (l < static_cast<int>(checks.must_keep.size())) {
+      for (uint32_t i : checks.must_keep[l]) {
+        if (i >= n || state[i] != 1) {
+          return Bad(l, absl::StrCat("protected slot ", i, " not kept"));
+        }
+      }
+    }
+    total_tokens += lp.budget_tokens;
+    total_bytes += lp.budget_bytes;
+  }
+  if (checks.budget != nullptr) {
+    const Budget& b = *checks.budget;
+    const bool bytes = b.unit == Budget::Unit::kBytes;
+    if (!b.per_layer.empty()) {
+      for (int l = 0; l < view.num_layers(); ++l) {
+        const int64_t planned = bytes ? plan.layers[l].budget_bytes : plan.layers[l].budget_tokens;
+        if (l >= static_cast<int>(b.per_layer.size()) || planned > b.per_layer[l]) {
+          return Bad(l, "planned budget exceeds the given per-layer budget");
+        }
+      }
+    } else if ((bytes ? total_bytes : total_tokens) > b.total) {
+      return absl::InvalidArgumentError("plan: layer budgets exceed the given total");
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<uint32_t> OutputOrder(const LayerPlan& layer) {
+  std::vector<uint32_t> out;
+  out.reserve(layer.output_slots());
+  size_t k = 0, g = 0;
+  while (k < layer.keep.size() || g < layer.merges.size()) {
+    if (g == layer.merges.size() ||
+        (k < layer.keep.size() && layer.keep[k] < layer.merges[g].representative)) {
+      out.push_back(layer.keep[k++]);
+    } else {
+      out.push_back(layer.merges[g++].representative);
+    }
+  }
+  return out;
+}
+
+std::vector<float> RemapScores(const LayerPlan& plan, absl::Span<const float> scores) {
+  std::vector<float> out;
+  out.reserve(plan.output_slots());
+  size_t k = 0, g = 0;
+  while (k < plan.keep.size() || g < plan.merges.size()) {
+    if (g == plan.merges.size() ||
+        (k < plan.keep.size() && plan.keep[k] < plan.merges[g].representative)) {
+      out.push_back(scores[plan.keep[k++]]);
+    } else {
+      float sum = 0;
+      for (uint32_t m : plan.merges[g].members) sum += scores[m];
+      out.push_back(sum);
+      ++g;
+    }
+  }
+  return out;
+}
+
+}  // namespace polykv::policies

@@ -1,0 +1,106 @@
+// Policy: scores + budget in, plan out. Pure decision code.
+//
+// Every policy is a Composite of components joined by '+' in a spec string,
+// e.g. "sinks+structural+intent". Components contribute in one declared way:
+//
+//   * protection tiers — sinks and pinned tokens are hard-protected (tier 3:
+//     never evicted; a budget too small for them is RESOURCE_EXHAUSTED), the
+//     recent window is tier 2, anchors (system prompt, first user instruction;
+//     the "protected base scores" of the compaction study) tier 1;
+//   * scores — each scoring component writes a raw score per slot, min-max
+//     normalised per layer to [0, 1] and added with weight `<name>.weight`.
+//
+// Slots are ranked by (tier desc, score desc, position desc, index asc) — a
+// strict total order, so every decision is deterministic. The selection mode
+// (selective / merge / hybrid) then keeps, merges and evicts. A composite with
+// no scoring component (window, sinks+window) keeps only protected slots.
+//
+// Named presets expand to a composite plus parameter defaults:
+//   full, window, streaming, h2o, snapkv, hybrid, merge, structural, intent.
+// See docs/policies.md for every parameter and where its default comes from.
+//
+// Thread-safety: a Policy is immutable after MakePolicy; all methods are const
+// and may be called concurrently. Online state (H2O decay accumulation) lives
+// with the caller (policies/decay.h).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "policies/plan.h"
+#include "policies/session_view.h"
+
+namespace polykv::policies {
+
+// "key" -> "value", e.g. {"window.size", "1024"}, {"mode", "hybrid"}.
+using PolicyParams = std::map<std::string, std::string, std::less<>>;
+
+// Parses "a=1,b=x" (whitespace around items ignored). Empty text = no params.
+absl::StatusOr<PolicyParams> ParseParams(std::string_view text);
+
+// Protection classes, for checks and reports (bit flags).
+enum ProtectClass : uint8_t {
+  kProtectSink = 1,
+  kProtectPinned = 2,
+  kProtectWindow = 4,
+  kProtectSystem = 8,     // anchors: system prompt
+  kProtectFirstUser = 16,  // anchors: first user instruction
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+
+  // Canonical spec: components and every parameter value, e.g.
+  // "sinks+window+h2o{mode=selective,sinks.count=4,...}". Two policies with
+  // the same spec make the same plans.
+  virtual const std::string& spec() const = 0;
+
+  // Plans one compaction of `view` down to `budget`.
+  // REQUIRES: nothing; bad input returns InvalidArgument.
+  // Returns ResourceExhausted when hard-protected slots alone exceed a layer's
+  // budget (or, for "full", when the view exceeds it). The plan is checked by
+  // ValidatePlan (with HardProtected as must_keep) before it is returned;
+  // a violation there is Internal (a bug).
+  virtual absl::StatusOr<Plan> Decide(const SessionView& view, const Budget& budget) const = 0;
+
+  // True when some layer holds more than trigger x its budget (parameter
+  // `trigger`, default 1.10 — compact at 110% of budget, then down to 100%),
+  // so compaction runs in batches rather than on every token.
+  virtual bool NeedsCompaction(const SessionView& view, const Budget& budget) const = 0;
+
+  // Per-layer token budgets this policy plans for (its layer allocator applied
+  // to a total budget; bytes converted to tokens).
+  virtual absl::StatusOr<std::vector<int64_t>> LayerBudgets(const SessionView& view,
+                                                            const Budget& budget) const = 0;
+
+  // Per layer, per slot: the ProtectClass bits this policy gives the slot for
+  // the given layer budgets. Hard classes (sink, pinned) are never evicted;
+  // the others win ties against unprotected slots (see file comment).
+  virtual std::vector<std::vector<uint8_t>> ProtectClasses(
+      const SessionView& view, const std::vector<int64_t>& layer_budgets) const = 0;
+};
+
+// Builds a policy from a preset name or a '+'-joined component list, with
+// parameter overrides. Unknown names or parameters are InvalidArgument.
+absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec,
+                                                   const PolicyParams& params = {});
+
+// Preset names, in documentation order.
+std::vector<std::string> PresetNames();
+
+// Documentation of one parameter (for --help output and docs/policies.md).
+struct ParamDoc {
+  std::string key;
+  std::string default_value;
+  std::string doc;
+};
+// Every parameter a composite may take (component parameters appear only when
+// the component is named). For a preset, defaults include its overrides.
+absl::StatusOr<std::vector<ParamDoc>> DescribeParams(std::string_view spec);
+
+}  // namespace polykv::policies

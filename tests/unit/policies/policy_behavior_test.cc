@@ -1,0 +1,384 @@
+// What each policy keeps, on small hand-built views.
+#include <algorithm>
+#include <set>
+#include <cmath>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "policies/layer_budget.h"
+#include "policies/merge.h"
+#include "policies/policy.h"
+#include "policies/synthetic.h"
+
+namespace polykv::policies {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+
+// One layer, n tokens, one turn each of `roles` cycling, no keys.
+SessionView MakeView(int n, int layers = 1) {
+  SessionView v;
+  v.shape = kernels::PageShape{16, 8, 128};
+  v.tokens.resize(n);
+  for (int i = 0; i < n; ++i) {
+    v.tokens[i].position = i;
+    v.tokens[i].turn = 2;
+    v.tokens[i].role = Role::kAssistant;
+    v.tokens[i].tag = StructTag{BlockKind::kBody, static_cast<uint32_t>(1 + i / 8), 1, false};
+  }
+  v.layers.resize(layers);
+  for (LayerView& l : v.layers) {
+    for (int i = 0; i < n; ++i) l.slots.push_back(Slot{static_cast<uint32_t>(i)});
+  }
+  v.current_turn = 2;
+  return v;
+}
+
+std::unique_ptr<Policy> Make(std::string_view spec, PolicyParams params = {}) {
+  auto p = MakePolicy(spec, params);
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.ok() ? *std::move(p) : nullptr;
+}
+
+LayerPlan Decide1(const Policy& p, const SessionView& v, int64_t budget) {
+  auto plan = p.Decide(v, Budget::TokensPerLayer(v.num_layers(), budget));
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return plan.ok() ? plan->layers[0] : LayerPlan{};
+}
+
+TEST(WindowPolicyTest, KeepsMostRecent) {
+  auto p = Make("window");
+  LayerPlan lp = Decide1(*p, MakeView(10), 4);
+  EXPECT_THAT(lp.keep, ElementsAre(6, 7, 8, 9));
+  EXPECT_THAT(lp.evict, ElementsAre(0, 1, 2, 3, 4, 5));
+}
+
+TEST(WindowPolicyTest, UnderBudgetKeepsAll) {
+  auto p = Make("h2o");
+  LayerPlan lp = Decide1(*p, MakeView(10), 10);
+  EXPECT_EQ(lp.keep.size(), 10u);
+  EXPECT_TRUE(lp.evict.empty());
+}
+
+TEST(StreamingPolicyTest, SinksPlusWindow) {
+  auto p = Make("streaming", {{"sinks.count", "2"}});
+  LayerPlan lp = Decide1(*p, MakeView(10), 5);
+  EXPECT_THAT(lp.keep, ElementsAre(0, 1, 7, 8, 9));
+  // An explicit smaller window leaves the rest of the budget unused.
+  auto q = Make("streaming", {{"sinks.count", "2"}, {"window.size", "1"}});
+  EXPECT_THAT(Decide1(*q, MakeView(10), 5).keep, ElementsAre(0, 1, 9));
+}
+
+TEST(H2OPolicyTest, KeepsHeavyHittersAndRecentHalf) {
+  SessionView v = MakeView(10);
+  const float attn[10] = {0.1f, 0.9f, 0.2f, 0.8f, 0.05f, 0.3f, 0.0f, 0.0f, 0.0f, 0.0f};
+  for (int i = 0; i < 10; ++i) v.layers[0].slots[i].attn = attn[i];
+  auto p = Make("h2o");  // window.ratio = 0.5
+  EXPECT_THAT(Decide1(*p, v, 4).keep, ElementsAre(1, 3, 8, 9));
+}
+
+TEST(H2OPolicyTest, TiesBreakTowardRecentDeterministically) {
+  SessionView v = MakeView(10);  // all scores equal
+  auto p = Make("h2o", {{"window.ratio", "0"}});
+  EXPECT_THAT(Decide1(*p, v, 3).keep, ElementsAre(7, 8, 9));
+}
+
+TEST(SnapKVPolicyTest, PoolsObservationScoresOverNeighbours) {
+  SessionView v = MakeView(40);
+  v.layers[0].slots[10].obs = 1.f;  // one hot token: its neighbours survive with it
+  auto p = Make("snapkv", {{"window.size", "2"}, {"snapkv.kernel", "3"}});
+  EXPECT_THAT(Decide1(*p, v, 5).keep, ElementsAre(9, 10, 11, 38, 39));
+}
+
+TEST(SnapKVPolicyTest, FallsBackToAttentionWithoutObservation) {
+  SessionView v = MakeView(40);
+  v.layers[0].slots[20].attn = 1.f;
+  auto p = Make("snapkv", {{"window.size", "0"}, {"snapkv.kernel", "1"}});  // no window
+  EXPECT_THAT(Decide1(*p, v, 1).keep, ElementsAre(20));
+}
+
+TEST(HybridPolicyTest, WindowPoolAndProtectedBaseScores) {
+  SessionView v = MakeView(100);
+  for (int i = 0; i < 5; ++i) v.tokens[i].role = Role::kSystem;
+  for (int i = 5; i < 10; ++i) {
+    v.tokens[i].role = Role::kUser;
+    v.tokens[i].turn = 1;
+  }
+  for (int i = 0; i < 10; ++i) v.tokens[i].turn = i < 5 ? 0 : 1;
+  v.layers[0].slots[50].attn = 1.f;  // one heavy hitter
+  v.layers[0].slots[60].attn = 0.5f;
+  // Budget 30: sinks 2 + window 10 + pool (fills 18: 8 anchors left + 50, 60, then recency).
+  auto p = Make("hybrid", {{"sinks.count", "2"}, {"window.size", "10"}, {"pool", "4"}});
+  LayerPlan lp = Decide1(*p, v, 30);
+  EXPECT_EQ(lp.keep.size(), 30u);
+  for (uint32_t i : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 50, 60, 90, 99}) {
+    EXPECT_TRUE(std::binary_search(lp.keep.begin(), lp.keep.end(), i)) << i;
+  }
+  // fill=0: exactly sinks + window + G.
+  auto q = Make("hybrid", {{"sinks.count", "2"}, {"window.size", "10"}, {"pool", "4"}, {"fill", "0"}});
+  LayerPlan lq = Decide1(*q, v, 30);
+  EXPECT_EQ(lq.keep.size(), 16u);
+  // The pool holds the 4 best anchors (all tie on score; most recent win).
+  EXPECT_THAT(lq.keep, ElementsAre(0, 1, 6, 7, 8, 9, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99));
+}
+
+TEST(HybridPolicyTest, WindowShrinksToLeavePoolReserve) {
+  SessionView v = MakeView(100);
+  v.layers[0].slots[3].attn = 1.f;
+  auto p = Make("hybrid", {{"sinks.count", "0"}, {"window.size", "1024"}, {"pool", "2"}});
+  LayerPlan lp = Decide1(*p, v, 10);
+  EXPECT_THAT(lp.keep, ElementsAre(3, 91, 92, 93, 94, 95, 96, 97, 98, 99));
+}
+
+// Keys: every 8-token block has one direction; all blocks orthogonal-ish.
+SessionView ViewWithKeys(int n, int d = 8) {
+  SessionView v = MakeView(n);
+  v.key_dim = d;
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < d; ++j) {
+      v.layers[0].keys.push_back(j == (i / 8) % d ? 1.f : 0.01f * ((i + j) % 3));
+    }
+  }
+  return v;
+}
+
+TEST(MergePolicyTest, MergesOnlyAsMuchAsTheBudgetNeeds) {
+  SessionView v = ViewWithKeys(32);
+  auto p = Make("merge", {{"sinks.count", "0"}, {"window.size", "0"}});
+  LayerPlan lp = Decide1(*p, v, 31);  // one slot too many: one merge of two
+  ASSERT_EQ(lp.merges.size(), 1u);
+  EXPECT_EQ(lp.merges[0].members.size(), 2u);
+  EXPECT_TRUE(lp.evict.empty());
+  EXPECT_EQ(lp.keep.size(), 30u);
+  // Budget 4 = one slot per block: every block merges into one slot.
+  LayerPlan all = Decide1(*p, v, 4);
+  ASSERT_EQ(all.merges.size(), 4u);
+  for (const MergeGroup& g : all.merges) {
+    EXPECT_EQ(g.members.size(), 8u);
+    EXPECT_EQ(g.count, 8u);
+    const uint32_t block = v.tokens[g.members[0]].tag.block_id;
+    for (uint32_t m : g.members) EXPECT_EQ(v.tokens[m].tag.block_id, block);
+  }
+  // Budget 2: two blocks merged, two evicted (merging alone cannot reach it).
+  LayerPlan two = Decide1(*p, v, 2);
+  EXPECT_EQ(two.merges.size(), 2u);
+  EXPECT_EQ(two.evict.size(), 16u);
+}
+
+TEST(MergePolicyTest, NeverMergesAcrossBlocksOrDissimilarKeys) {
+  SessionView v = ViewWithKeys(32);
+  // Same keys everywhere, but block ids differ per token: nothing may merge.
+  for (int i = 0; i < 32; ++i) v.tokens[i].tag.block_id = 100 + i;
+  auto p = Make("merge", {{"sinks.count", "0"}, {"window.size", "0"}});
+  LayerPlan lp = Decide1(*p, v, 8);
+  EXPECT_TRUE(lp.merges.empty());
+  EXPECT_EQ(lp.evict.size(), 24u);
+  // Threshold above any similarity: nothing merges either.
+  SessionView w = ViewWithKeys(32);
+  auto q = Make("merge", {{"sinks.count", "0"}, {"window.size", "0"}, {"merge.threshold", "1.5"}});
+  EXPECT_TRUE(Decide1(*q, w, 8).merges.empty());
+}
+
+TEST(MergePolicyTest, WeightsFollowScoreTimesCount) {
+  SessionView v = ViewWithKeys(8);
+  v.layers[0].slots[0].attn = 3.f;
+  v.layers[0].slots[1].attn = 1.f;
+  v.layers[0].slots[1].count = 3;
+  for (int i = 2; i < 8; ++i) v.layers[0].slots[i].attn = 0.f;
+  auto p = Make("merge", {{"sinks.count", "0"}, {"window.size", "0"}});
+  LayerPlan lp = Decide1(*p, v, 1);
+  ASSERT_EQ(lp.merges.size(), 1u);
+  const MergeGroup& g = lp.merges[0];
+  EXPECT_EQ(g.count, 10u);
+  // normalised scores: 1.0 and 1/3; weights (s + 1e-3) * count.
+  EXPECT_NEAR(g.weights[0] / g.weights[1], (1.0 + 1e-3) / ((1.0 / 3 + 1e-3) * 3), 1e-4);
+  // 1.001 vs (0.3333 + 0.001) x 3 = 1.003: the merged 3-token slot weighs more.
+  EXPECT_EQ(g.representative, 1u);
+}
+
+TEST(MergeBiasTest, LogCountBiasMakesMergingIdenticalKeysExact) {
+  // 5 copies of key a (value va) and one key b (value vb), merged to 2 slots.
+  const int d = 4;
+  const std::vector<float> q = {1.f, 0.5f, -0.2f, 0.3f};
+  const std::vector<float> a = {0.3f, 0.1f, 0.4f, -0.2f}, b = {-0.5f, 0.2f, 0.1f, 0.6f};
+  const std::vector<float> va = {1, 2, 3, 4}, vb = {-1, 0, 1, 0};
+  std::vector<float> keys, values;
+  for (int i = 0; i < 5; ++i) {
+    keys.insert(keys.end(), a.begin(), a.end());
+    values.insert(values.end(), va.begin(), va.end());
+  }
+  keys.insert(keys.end(), b.begin(), b.end());
+  values.insert(values.end(), vb.begin(), vb.end());
+  std::vector<float> full(d), with(d), without(d);
+  const std::vector<uint32_t> ones(6, 1), counts = {5, 1};
+  AttendRef(q, keys, values, ones, d, true, absl::MakeSpan(full));
+  std::vector<float> mk = a, mv = va;
+  mk.insert(mk.end(), b.begin(), b.end());
+  mv.insert(mv.end(), vb.begin(), vb.end());
+  AttendRef(q, mk, mv, counts, d, true, absl::MakeSpan(with));
+  AttendRef(q, mk, mv, counts, d, false, absl::MakeSpan(without));
+  double err_with = 0, err_without = 0;
+  for (int j = 0; j < d; ++j) {
+    err_with = std::max(err_with, double(std::abs(with[j] - full[j])));
+    err_without = std::max(err_without, double(std::abs(without[j] - full[j])));
+  }
+  EXPECT_LT(err_with, 1e-5);
+  EXPECT_GT(err_without, 0.1);
+}
+
+TEST(StructuralPolicyTest, SignaturesOutliveCommentsAtEqualAttention) {
+  SessionView v = MakeView(40);
+  for (int i = 0; i < 40; ++i) {
+    v.tokens[i].tag.kind = (i % 2 == 0) ? BlockKind::kSignature : BlockKind::kComment;
+    v.tokens[i].tag.block_id = 1 + i;
+  }
+  auto p = Make("structural", {{"sinks.count", "0"}, {"mode", "selective"}});
+  LayerPlan lp = Decide1(*p, v, 20);
+  for (uint32_t i : lp.keep) EXPECT_EQ(i % 2, 0u) << i;
+}
+
+TEST(StructuralPolicyTest, ErrorsOutliveVerboseToolOutput) {
+  SessionView v = MakeView(40);
+  for (int i = 0; i < 40; ++i) {
+    v.tokens[i].tag.kind = i < 20 ? BlockKind::kError : BlockKind::kToolOutput;
+  }
+  auto p = Make("structural", {{"sinks.count", "0"}, {"mode", "selective"}});
+  LayerPlan lp = Decide1(*p, v, 20);
+  // gamma * recency favours the tail, but alpha * structure dominates.
+  EXPECT_THAT(lp.keep, ElementsAreArray({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+                                         16, 17, 18, 19}));
+}
+
+TEST(IntentPolicyTest, FollowsRelevanceOncePruningPays) {
+  SessionView v = MakeView(40);
+  for (int i = 0; i < 40; ++i) v.layers[0].slots[i].intent = (i % 4 == 0) ? 0.9f : -0.3f;
+  for (int i = 0; i < 40; ++i) v.layers[0].slots[i].attn = static_cast<float>(i);
+  v.current_turn = 6;  // > 5 turns: intent relevance decides
+  auto p = Make("intent", {{"sinks.count", "0"}});
+  LayerPlan lp = Decide1(*p, v, 10);
+  for (uint32_t i : lp.keep) EXPECT_EQ(i % 4, 0u) << i;
+  // Short session (3 turns, 40 tokens): falls back to attention.
+  v.current_turn = 2;
+  EXPECT_THAT(Decide1(*p, v, 3).keep, ElementsAre(37, 38, 39));
+}
+
+TEST(CompositeTest, WeightsCombineComponents) {
+  SessionView v = MakeView(10);
+  v.current_turn = 9;
+  for (int i = 0; i < 10; ++i) {
+    v.layers[0].slots[i].attn = i == 2 ? 1.f : 0.f;
+    v.layers[0].slots[i].intent = i == 7 ? 1.f : 0.f;
+  }
+  auto attn_heavy = Make("h2o+intent", {{"h2o.weight", "2"}});
+  EXPECT_THAT(Decide1(*attn_heavy, v, 1).keep, ElementsAre(2));
+  auto intent_heavy = Make("h2o+intent", {{"intent.weight", "2"}});
+  EXPECT_THAT(Decide1(*intent_heavy, v, 1).keep, ElementsAre(7));
+}
+
+TEST(CompositeTest, RejectsUnknownNamesAndParameters) {
+  EXPECT_EQ(MakePolicy("h2o+bogus").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakePolicy("h2o", {{"snapkv.kernel", "3"}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakePolicy("h2o", {{"mode", "fancy"}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakePolicy("h2o", {{"trigger", "-1"}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakePolicy("h2o+h2o").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(ParseParams("a=1,b").ok());
+}
+
+TEST(CompositeTest, SpecIsCanonical) {
+  auto a = Make("hybrid");
+  auto b = Make("sinks+window+anchors+h2o", {{"window.size", "1024"}, {"pool", "256"}});
+  EXPECT_EQ(a->spec(), b->spec());
+  EXPECT_THAT(a->spec(), ::testing::HasSubstr("window.size=1024"));
+}
+
+TEST(CompositeTest, NeedsCompactionAt110Percent) {
+  auto p = Make("h2o");
+  const Budget b = Budget::TokensPerLayer(1, 100);
+  EXPECT_FALSE(p->NeedsCompaction(MakeView(110), b));
+  EXPECT_TRUE(p->NeedsCompaction(MakeView(111), b));
+}
+
+TEST(CompositeTest, ColdRequantizationTargetsOnlyKeptUnprotectedSlots) {
+  SessionView v = MakeView(100);
+  for (int i = 0; i < 100; ++i) v.layers[0].slots[i].attn = static_cast<float>(i % 10);
+  auto p = Make("h2o", {{"cold.format", "int4"}, {"cold.fraction", "0.5"}, {"cold.kind", "kv"}});
+  auto plan = p->Decide(v, Budget::TokensPerLayer(1, 40));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const LayerPlan& lp = plan->layers[0];
+  EXPECT_EQ(lp.requant.size(), 2u * 20);  // half of 40 kept, K and V each
+  for (const RequantTarget& t : lp.requant) {
+    EXPECT_TRUE(std::binary_search(lp.keep.begin(), lp.keep.end(), t.slot));
+    EXPECT_LT(t.slot, 80u);  // never the protected recent window (80..99)
+  }
+}
+
+TEST(CompositeTest, BytesBudgetCountsFormats) {
+  SessionView v = MakeView(100);
+  const double bf16 = BytesPerToken(v.shape, kernels::PageFormat::kBF16, kernels::PageFormat::kBF16);
+  auto p = Make("window");
+  auto plan = p->Decide(v, Budget::BytesPerLayer(1, static_cast<int64_t>(bf16 * 30.5)));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->layers[0].keep.size(), 30u);
+  // Cheaper slots: int8 keys/values, but the most expensive slot sets the rate.
+  for (Slot& s : v.layers[0].slots) s.k_format = s.v_format = kernels::PageFormat::kInt8;
+  auto cheap = p->Decide(v, Budget::BytesPerLayer(1, static_cast<int64_t>(bf16 * 30.5)));
+  ASSERT_TRUE(cheap.ok());
+  const double int8 = BytesPerToken(v.shape, kernels::PageFormat::kInt8, kernels::PageFormat::kInt8);
+  ASSERT_LT(int8, bf16);
+  EXPECT_EQ(cheap->layers[0].keep.size(),
+            static_cast<size_t>(static_cast<int64_t>(bf16 * 30.5) / int8));
+}
+
+TEST(LayerBudgetTest, AllocatorsRespectTotalAndCaps) {
+  const std::vector<int64_t> sizes = {1000, 1000, 1000, 1000, 1000, 1000};
+  const std::vector<float> ent = {3.0f, 2.5f, 2.0f, 1.5f, 1.0f, 0.5f};
+  for (LayerAllocator a : {LayerAllocator::kUniform, LayerAllocator::kPyramid,
+                           LayerAllocator::kEntropy}) {
+    const auto b = AllocateLayerBudgets(a, 2400, sizes, ent, 0.5);
+    int64_t sum = 0;
+    for (int64_t x : b) sum += x;
+    EXPECT_EQ(sum, 2400) << LayerAllocatorName(a);
+  }
+  EXPECT_THAT(AllocateLayerBudgets(LayerAllocator::kUniform, 2400, sizes, ent),
+              ElementsAre(400, 400, 400, 400, 400, 400));
+  const auto pyr = AllocateLayerBudgets(LayerAllocator::kPyramid, 2400, sizes, ent, 0.5);
+  EXPECT_TRUE(std::is_sorted(pyr.rbegin(), pyr.rend()));
+  EXPECT_EQ(pyr.front(), 600);
+  // Entropy: most diffuse third 0.6, middle 0.8, most focused 1.2 (x 2400 / 2.6*2).
+  const auto e = AllocateLayerBudgets(LayerAllocator::kEntropy, 2600, sizes, ent);
+  EXPECT_THAT(e, ElementsAre(300, 300, 400, 400, 600, 600));
+  // Unknown entropy: depth order, top layers focused.
+  const std::vector<float> unknown(6, -1.f);
+  EXPECT_THAT(AllocateLayerBudgets(LayerAllocator::kEntropy, 2600, sizes, unknown),
+              ElementsAre(300, 300, 400, 400, 600, 600));
+  // Caps: a small layer gives its surplus to the others.
+  const std::vector<int64_t> small = {10, 1000, 1000};
+  const auto c = AllocateLayerBudgets(LayerAllocator::kUniform, 900, small, {});
+  EXPECT_THAT(c, ElementsAre(10, 445, 445));
+}
+
+TEST(LayerBudgetTest, PolicyAppliesAllocatorToTotals) {
+  SyntheticOptions o;
+  o.num_layers = 6;
+  o.num_tokens = 500;
+  SessionView v = MakeSyntheticView(o);
+  auto p = Make("intent");
+  auto b = p->LayerBudgets(v, Budget::TotalTokens(1300));
+  ASSERT_TRUE(b.ok());
+  int64_t sum = 0;
+  for (int64_t x : *b) sum += x;
+  EXPECT_EQ(sum, 1300);
+  EXPECT_GT(std::set<int64_t>(b->begin(), b->end()).size(), 1u);  // not uniform
+  // Explicit per-layer budgets are caps, used as given.
+  auto e = p->LayerBudgets(v, Budget::TokensPerLayer(6, 77));
+  ASSERT_TRUE(e.ok());
+  EXPECT_THAT(*e, ::testing::Each(77));
+}
+
+}  // namespace
+}  // namespace polykv::policies

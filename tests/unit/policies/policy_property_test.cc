@@ -1,0 +1,203 @@
+// Property tests: every policy over seeded random session views.
+#include <algorithm>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "policies/plan.h"
+#include "policies/policy.h"
+#include "policies/synthetic.h"
+
+namespace polykv::policies {
+namespace {
+
+struct Case {
+  std::string spec;
+  std::string params;
+};
+
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  for (const std::string& p : PresetNames()) {
+    if (p != "full") cases.push_back({p, ""});
+  }
+  cases.push_back({"sinks+structural+intent", ""});
+  cases.push_back({"sinks+structural+intent", "mode=merge"});
+  cases.push_back({"sinks+window+anchors+h2o+snapkv", "mode=hybrid,window.size=64,pool=32"});
+  cases.push_back({"structural", "mode=selective,layers=pyramid"});
+  cases.push_back({"hybrid", "fill=0,cold.format=int4,cold.fraction=0.5,cold.kind=kv"});
+  cases.push_back({"h2o", "layers=entropy,cold.format=int8,cold.fraction=0.3"});
+  cases.push_back({"merge", "merge.threshold=0.2"});
+  return cases;
+}
+
+std::string Name(const Case& c) { return c.spec + (c.params.empty() ? "" : "{" + c.params + "}"); }
+
+std::unique_ptr<Policy> Make(const Case& c) {
+  auto params = ParseParams(c.params);
+  EXPECT_TRUE(params.ok()) << params.status();
+  auto p = MakePolicy(c.spec, *params);
+  EXPECT_TRUE(p.ok()) << p.status();
+  return *std::move(p);
+}
+
+bool SamePlan(const Plan& a, const Plan& b) {
+  if (a.policy != b.policy || a.layers.size() != b.layers.size()) return false;
+  for (size_t l = 0; l < a.layers.size(); ++l) {
+    const LayerPlan &x = a.layers[l], &y = b.layers[l];
+    if (x.keep != y.keep || x.evict != y.evict || x.merges.size() != y.merges.size() ||
+        x.requant.size() != y.requant.size()) {
+      return false;
+    }
+    for (size_t g = 0; g < x.merges.size(); ++g) {
+      if (x.merges[g].members != y.merges[g].members ||
+          x.merges[g].weights != y.merges[g].weights ||
+          x.merges[g].representative != y.merges[g].representative) {
+        return false;
+      }
+    }
+    for (size_t r = 0; r < x.requant.size(); ++r) {
+      if (x.requant[r].slot != y.requant[r].slot || x.requant[r].kind != y.requant[r].kind) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// Budget respected, plan valid, hard-protected (sinks, pinned) kept, window
+// and anchors kept when the policy protects them and they fit, deterministic.
+TEST(PolicyPropertyTest, EveryPolicyOverRandomViews) {
+  const uint64_t base_seed = 20261130;
+  std::printf("base seed %llu\n", static_cast<unsigned long long>(base_seed));
+  int checked = 0, changed = 0;
+  for (const Case& c : AllCases()) {
+    const std::unique_ptr<Policy> policy = Make(c);
+    ASSERT_NE(policy, nullptr);
+    for (int trial = 0; trial < 12; ++trial) {
+      const uint64_t seed = base_seed + 1000 * trial + std::hash<std::string>{}(Name(c)) % 997;
+      SplitMix rng(seed);
+      SyntheticOptions o;
+      o.seed = seed;
+      o.num_layers = rng.Int(1, 4);
+      o.num_tokens = rng.Int(16, 1500);
+      o.key_dim = rng.Uniform() < 0.8 ? rng.Int(4, 16) : 0;
+      o.pre_evicted = rng.Uniform() < 0.5 ? 0.3 * rng.Uniform() : 0.0;
+      o.pinned_fraction = rng.Uniform() < 0.3 ? 0.01 : 0.0;
+      o.entropy = rng.Uniform() < 0.7;
+      const SessionView view = MakeSyntheticView(o);
+      Budget budget;
+      const int64_t n = static_cast<int64_t>(view.layers[0].slots.size());
+      const int kind = rng.Int(0, 2);
+      if (kind == 0) {
+        budget = Budget::TokensPerLayer(o.num_layers, rng.Int(8, static_cast<int>(n + 8)));
+      } else if (kind == 1) {
+        budget = Budget::TotalTokens(rng.Int(8 * o.num_layers, static_cast<int>(n) * o.num_layers));
+      } else {
+        const double bpt = BytesPerToken(view.shape, kernels::PageFormat::kBF16,
+                                         kernels::PageFormat::kBF16);
+        budget = Budget::BytesPerLayer(o.num_layers,
+                                       static_cast<int64_t>(bpt * rng.Int(8, static_cast<int>(n))));
+      }
+      SCOPED_TRACE(Name(c) + " seed " + std::to_string(seed) + " tokens " +
+                   std::to_string(o.num_tokens) + " budget kind " + std::to_string(kind));
+      auto budgets = policy->LayerBudgets(view, budget);
+      ASSERT_TRUE(budgets.ok()) << budgets.status();
+      auto plan = policy->Decide(view, budget);
+      const auto classes = policy->ProtectClasses(view, *budgets);
+      int64_t hard_max = 0;
+      bool hard_over = false;
+      for (int l = 0; l < view.num_layers(); ++l) {
+        int64_t hard = 0;
+        for (uint8_t cl : classes[l]) hard += (cl & (kProtectSink | kProtectPinned)) != 0;
+        hard_max = std::max(hard_max, hard);
+        hard_over |= hard > (*budgets)[l];
+      }
+      if (hard_over) {
+        EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+        continue;
+      }
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      PlanChecks checks;
+      checks.budget = budget.unit == Budget::Unit::kBytes && budget.per_layer.empty() ? nullptr
+                                                                                       : &budget;
+      checks.must_keep.resize(view.num_layers());
+      for (int l = 0; l < view.num_layers(); ++l) {
+        for (size_t i = 0; i < classes[l].size(); ++i) {
+          if (classes[l][i] & (kProtectSink | kProtectPinned)) {
+            checks.must_keep[l].push_back(static_cast<uint32_t>(i));
+          }
+        }
+      }
+      EXPECT_TRUE(ValidatePlan(view, *plan, checks).ok()) << ValidatePlan(view, *plan, checks);
+      for (int l = 0; l < view.num_layers(); ++l) {
+        const LayerPlan& lp = plan->layers[l];
+        EXPECT_LE(static_cast<int64_t>(lp.output_slots()), (*budgets)[l]);
+        if (budget.unit == Budget::Unit::kTokens && !budget.per_layer.empty()) {
+          EXPECT_LE(static_cast<int64_t>(lp.output_slots()), budget.per_layer[l]);
+        }
+        if (budget.unit == Budget::Unit::kBytes) {
+          EXPECT_LE(OutputBytes(view, l, lp), static_cast<double>(budget.per_layer[l]));
+        }
+        // The window is always kept whole (it is sized to fit the budget).
+        const std::set<uint32_t> kept(lp.keep.begin(), lp.keep.end());
+        for (size_t i = 0; i < classes[l].size(); ++i) {
+          if (classes[l][i] & kProtectWindow) {
+            EXPECT_TRUE(kept.count(static_cast<uint32_t>(i))) << "window slot " << i << " layer " << l;
+          }
+        }
+        // Anchors survive whenever hard + window + anchors fit the budget.
+        int64_t prot = 0;
+        for (uint8_t cl : classes[l]) prot += cl != 0;
+        if (prot <= (*budgets)[l]) {
+          for (size_t i = 0; i < classes[l].size(); ++i) {
+            if (classes[l][i] != 0) {
+              EXPECT_TRUE(kept.count(static_cast<uint32_t>(i))) << "protected slot " << i;
+            }
+          }
+        }
+      }
+      // Deterministic: same input (and a copy of it) gives the same plan.
+      const SessionView copy = view;
+      auto again = policy->Decide(copy, budget);
+      ASSERT_TRUE(again.ok());
+      EXPECT_TRUE(SamePlan(*plan, *again));
+      ++checked;
+      changed += plan->changes();
+    }
+  }
+  // The cases must actually exercise compaction, not keep everything.
+  EXPECT_GT(checked, 100);
+  EXPECT_GT(changed, checked / 2);
+}
+
+TEST(PolicyPropertyTest, FullKeepsEverythingOrRefuses) {
+  SyntheticOptions o;
+  o.num_tokens = 300;
+  const SessionView view = MakeSyntheticView(o);
+  auto full = MakePolicy("full");
+  ASSERT_TRUE(full.ok());
+  auto plan = (*full)->Decide(view, Budget::TokensPerLayer(o.num_layers, 300));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->changes());
+  for (const LayerPlan& lp : plan->layers) EXPECT_EQ(lp.keep.size(), 300u);
+  EXPECT_EQ((*full)->Decide(view, Budget::TokensPerLayer(o.num_layers, 299)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE((*full)->NeedsCompaction(view, Budget::TokensPerLayer(o.num_layers, 10)));
+}
+
+TEST(PolicyPropertyTest, HardProtectedOverBudgetIsResourceExhausted) {
+  SyntheticOptions o;
+  o.num_tokens = 200;
+  const SessionView view = MakeSyntheticView(o);
+  auto p = MakePolicy("streaming", {{"sinks.count", "16"}});
+  ASSERT_TRUE(p.ok());
+  auto plan = (*p)->Decide(view, Budget::TokensPerLayer(o.num_layers, 15));
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
+  EXPECT_TRUE((*p)->Decide(view, Budget::TokensPerLayer(o.num_layers, 16)).ok());
+}
+
+}  // namespace
+}  // namespace polykv::policies
