@@ -48,6 +48,8 @@ constexpr ParamDef kParams[] = {
     {"merge.threshold", "0.7", nullptr, "min key cosine to merge into a group (seed 000)"},
     {"merge.probe", "16", nullptr, "groups of the same block compared per candidate"},
     {"merge.share", "0.3", nullptr, "hybrid mode: share of the score-ranked budget for groups"},
+    {"merge.span", "4", nullptr,
+     "only the lowest-ranked span x excess candidates are clustered (low-score slots merge)"},
     {"merge.bias", "1", nullptr, "1: merged slots carry log(count) into the softmax"},
     {"cold.format", "none", nullptr,
      "requantize the coldest kept slots to this format (none|int8|int4|int2|fp8)"},
@@ -110,7 +112,7 @@ struct Config {
 
   Mode mode = Mode::kSelective;
   LayerAllocator layers = LayerAllocator::kUniform;
-  double skew = 0.5, trigger = 1.1, merge_share = 0.3, cold_fraction = 0;
+  double skew = 0.5, trigger = 1.1, merge_share = 0.3, merge_span = 4, cold_fraction = 0;
   int64_t pool = 0;
   bool fill = true, merge_bias = true;
   MergeOptions merge;
@@ -204,6 +206,7 @@ absl::StatusOr<Config> Resolve(std::string_view spec, const PolicyParams& overri
     cfg.merge.probe = std::max(1, static_cast<int>(cfg.num("merge.probe")));
     cfg.merge_share = std::clamp(cfg.num("merge.share"), 0.0, 1.0);
     cfg.merge_bias = cfg.num("merge.bias") != 0;
+    cfg.merge_span = std::max(1.0, cfg.num("merge.span"));
     cfg.cold_fraction = std::clamp(cfg.num("cold.fraction"), 0.0, 1.0);
     const std::string& cf = cfg.values["cold.format"];
     if (cf != "none") {
@@ -542,6 +545,7 @@ class CompositePolicy final : public Policy {
     Score(view, stats, l, w);
     std::vector<uint8_t> fate(n, 0);  // 0 evict, 1 keep
     std::vector<Ranked> cand;
+    cand.reserve(n);
     int64_t fixed = 0;
     for (size_t i = 0; i < n; ++i) {
       if (w->tier[i] >= kTierWindow) {
@@ -561,7 +565,7 @@ class CompositePolicy final : public Policy {
       for (const Ranked& r : cand) pool.Offer(r);
       for (uint32_t i : pool.SortedIndices()) fate[i] = 1;
     } else {
-      std::sort(cand.begin(), cand.end(), Better);
+      std::sort(cand.begin(), cand.end(), BetterOrder{});
       int64_t anchors = 0;
       for (const Ranked& r : cand) anchors += r.tier > 0;
       int64_t direct = std::min(anchors, room);
@@ -571,6 +575,13 @@ class CompositePolicy final : public Policy {
                                                  (1.0 - cfg_.merge_share))));
       }
       direct = std::min<int64_t>(direct, static_cast<int64_t>(cand.size()));
+      // Only low-score slots merge: cluster the lowest-ranked span x excess
+      // candidates, keep the ones above them as they are.
+      const int64_t excess = static_cast<int64_t>(cand.size()) - room;
+      const int64_t pool_size = static_cast<int64_t>(
+          std::ceil(cfg_.merge_span * static_cast<double>(std::max<int64_t>(excess, 0))));
+      direct = std::max(direct, static_cast<int64_t>(cand.size()) - pool_size);
+      direct = std::min(direct, room);
       for (int64_t c = 0; c < direct; ++c) fate[cand[c].index] = 1;
       const absl::Span<const Ranked> rest = absl::MakeConstSpan(cand).subspan(direct);
       int64_t slots_left = room - direct;

@@ -200,4 +200,53 @@ std::vector<float> RemapScores(const LayerPlan& plan, absl::Span<const float> sc
   return out;
 }
 
+SessionView ApplyPlan(const SessionView& view, const Plan& plan) {
+  SessionView out;
+  out.tokens = view.tokens;
+  out.key_dim = view.key_dim;
+  out.shape = view.shape;
+  out.current_turn = view.current_turn;
+  out.layers.resize(view.layers.size());
+  const size_t d = static_cast<size_t>(view.key_dim);
+  for (size_t l = 0; l < view.layers.size(); ++l) {
+    const LayerView& in = view.layers[l];
+    const LayerPlan& lp = plan.layers[l];
+    LayerView& o = out.layers[l];
+    o.entropy = in.entropy;
+    const bool keys = d > 0 && !in.keys.empty();
+    size_t k = 0, g = 0, r = 0;
+    while (k < lp.keep.size() || g < lp.merges.size()) {
+      if (g == lp.merges.size() || (k < lp.keep.size() && lp.keep[k] < lp.merges[g].representative)) {
+        const uint32_t i = lp.keep[k++];
+        Slot s = in.slots[i];
+        while (r < lp.requant.size() && lp.requant[r].slot < i) ++r;
+        for (size_t j = r; j < lp.requant.size() && lp.requant[j].slot == i; ++j) {
+          (lp.requant[j].kind == kernels::KvKind::kKey ? s.k_format : s.v_format) =
+              lp.requant[j].format;
+        }
+        o.slots.push_back(s);
+        if (keys) o.keys.insert(o.keys.end(), in.keys.begin() + i * d, in.keys.begin() + (i + 1) * d);
+      } else {
+        const MergeGroup& mg = lp.merges[g++];
+        Slot s = in.slots[mg.representative];
+        s.count = mg.count;
+        s.attn = s.obs = s.intent = 0.f;
+        std::vector<float> key(keys ? d : 0, 0.f);
+        for (size_t m = 0; m < mg.members.size(); ++m) {
+          const Slot& src = in.slots[mg.members[m]];
+          s.attn += src.attn;
+          s.obs += src.obs;
+          s.intent += mg.weights[m] * src.intent;
+          for (size_t j = 0; j < key.size(); ++j) {
+            key[j] += mg.weights[m] * in.keys[mg.members[m] * d + j];
+          }
+        }
+        o.slots.push_back(s);
+        o.keys.insert(o.keys.end(), key.begin(), key.end());
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace polykv::policies

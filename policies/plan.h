@@ -83,6 +83,14 @@ std::vector<uint32_t> OutputOrder(const LayerPlan& layer);
 // requantized) formats plus merged slots in their representative's formats.
 double OutputBytes(const SessionView& view, int layer, const LayerPlan& plan);
 
+// The view after the plan ran (what the next decision sees): kept slots as
+// they were (requantized formats applied), each merge group as one slot at its
+// representative with count = group count, attn and obs summed (attention mass
+// adds up), intent and key summary weight-averaged. Pure; used by offline
+// replay and usable by the daemon to keep its metadata in step.
+// REQUIRES: ValidatePlan(view, plan).ok().
+SessionView ApplyPlan(const SessionView& view, const Plan& plan);
+
 // Applies a layer plan to a per-slot score vector (e.g. a DecayAccumulator's
 // state): kept slots carry their score, a merged slot the sum of its members'.
 // REQUIRES: scores.size() == number of source slots in the layer.

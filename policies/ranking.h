@@ -24,6 +24,11 @@ inline bool Better(const Ranked& a, const Ranked& b) {
   return a.index < b.index;
 }
 
+// Better as a function object, so std algorithms inline it.
+struct BetterOrder {
+  bool operator()(const Ranked& a, const Ranked& b) const { return Better(a, b); }
+};
+
 // The global important-token pool of the compaction study: the best
 // `capacity` candidates offered so far, in a min-heap whose top is the worst
 // member, so an offer costs O(log capacity). Used by the selector for every
