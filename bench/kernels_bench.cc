@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -51,20 +52,30 @@ struct Options {
 
 using Clock = std::chrono::steady_clock;
 
-// Median seconds of fn() over repetitions (at least min_reps, ~budget_s total).
-template <typename Fn>
-double TimeIt(Fn&& fn, int min_reps = 5, double budget_s = 0.3) {
-  fn();  // warm-up
-  std::vector<double> t;
+// Median seconds of each fn, measured round-robin (fn0, fn1, ..., fn0, ...) so
+// that ratios between them are side by side even on a noisy machine.
+std::vector<double> TimeInterleaved(const std::vector<std::function<void()>>& fns,
+                                    int min_reps = 7, double budget_s = 0.5) {
+  for (const auto& f : fns) f();  // warm-up
+  std::vector<std::vector<double>> t(fns.size());
   const auto start = Clock::now();
-  while (int(t.size()) < min_reps ||
-         (std::chrono::duration<double>(Clock::now() - start).count() < budget_s && t.size() < 200)) {
-    const auto a = Clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(Clock::now() - a).count());
+  for (int rep = 0;; ++rep) {
+    if (rep >= min_reps &&
+        (std::chrono::duration<double>(Clock::now() - start).count() >= budget_s || rep >= 200)) {
+      break;
+    }
+    for (size_t i = 0; i < fns.size(); ++i) {
+      const auto a = Clock::now();
+      fns[i]();
+      t[i].push_back(std::chrono::duration<double>(Clock::now() - a).count());
+    }
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  std::vector<double> med;
+  for (auto& v : t) {
+    std::sort(v.begin(), v.end());
+    med.push_back(v[v.size() / 2]);
+  }
+  return med;
 }
 
 struct AlignedFree {
@@ -181,30 +192,41 @@ std::string QuantizeSection(const Options& o) {
   std::vector<float> out(elems), copy(elems);
   kernels::cpu::ThreadPool& pool = kernels::cpu::ThreadPool::Shared();
   const int chunks = 64;
-  const double t_memcpy = TimeIt([&] {
+  // The same bytes, copied with the same threads.
+  const auto memcpy_fn = [&] {
     pool.ParallelFor(chunks, o.threads, [&](int c) {
       const size_t n = elems / chunks;
       std::memcpy(copy.data() + c * n, src.data() + c * n, n * sizeof(float));
     });
-  });
+  };
+  double memcpy_sum = 0;
+  int memcpy_n = 0;
   const double bytes = double(elems) * sizeof(float);
   std::ostringstream js;
   js << "{\"shape\":{\"block_tokens\":16,\"num_kv_heads\":8,\"head_dim\":128},\"pages\":" << pages
-     << ",\"f32_bytes\":" << size_t(bytes) << ",\"memcpy_gbps\":" << bytes / t_memcpy / 1e9
-     << ",\"formats\":{";
+     << ",\"f32_bytes\":" << size_t(bytes)
+     << ",\"ratio\":\"memcpy seconds / kernel seconds for the same f32 bytes, same threads, "
+        "interleaved\",\"formats\":{";
   bool first = true;
   for (PageFormat f : kQuantFormats) {
     for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
       const size_t pb = kernels::PageBytes(f, kind, s);
       Buffer pg = Alloc(pb * pages);
       const Exec exec{Backend::kCpu, o.threads};
-      const double tq = TimeIt([&] {
-        Check(kernels::QuantizePages(exec, s, kind, f, src.data(), SourceType::kF32, pages, pg.get()),
-              "quantize");
-      });
-      const double td = TimeIt([&] {
-        Check(kernels::DequantizePages(exec, s, kind, f, pg.get(), pages, out.data()), "dequantize");
-      });
+      const std::vector<double> t = TimeInterleaved(
+          {memcpy_fn,
+           [&] {
+             Check(kernels::QuantizePages(exec, s, kind, f, src.data(), SourceType::kF32, pages,
+                                          pg.get()),
+                   "quantize");
+           },
+           [&] {
+             Check(kernels::DequantizePages(exec, s, kind, f, pg.get(), pages, out.data()),
+                   "dequantize");
+           }});
+      const double t_memcpy = t[0], tq = t[1], td = t[2];
+      memcpy_sum += t_memcpy;
+      ++memcpy_n;
       const std::string key = Name(f) + (kind == KvKind::kKey ? "_k" : "_v");
       std::fprintf(stderr, "quantize %-7s q %.2f GB/s (%.2fx memcpy)  dq %.2f GB/s (%.2fx)\n",
                    key.c_str(), bytes / tq / 1e9, t_memcpy / tq, bytes / td / 1e9, t_memcpy / td);
@@ -215,7 +237,7 @@ std::string QuantizeSection(const Options& o) {
       first = false;
     }
   }
-  js << "}}";
+  js << "},\"memcpy_gbps\":" << bytes / (memcpy_sum / memcpy_n) / 1e9 << "}";
   return js.str();
 }
 
@@ -236,30 +258,31 @@ std::string DecodeSection(const Options& o) {
     std::vector<float> k = Normal(n, rng), v = Normal(n, rng), q = Normal(Hq * 128, rng, 2.0f);
     std::vector<float> out(Hq * 128), lse(Hq), mass(size_t(8) * T);
     const Exec exec{Backend::kCpu, o.threads};
-    auto run = [&](const Paged& p, bool with_mass) {
-      return TimeIt([&] {
+    auto run = [&](const Paged& p, bool with_mass) -> std::function<void()> {
+      return [&, with_mass] {
         Check(kernels::PagedDecodeAttention(exec, p.view, AttentionParams{Hq}, q.data(), out.data(),
                                             lse.data(), with_mass ? mass.data() : nullptr),
               "decode");
-      });
+      };
     };
-    const Paged dense = BuildPaged(s, k, v, T, PageFormat::kF32, PageFormat::kF32, true, o.threads, rng);
-    const double t_dense = run(dense, false);
+    std::vector<Paged> paged;
+    paged.push_back(BuildPaged(s, k, v, T, PageFormat::kF32, PageFormat::kF32, true, o.threads, rng));
+    for (PageFormat f : formats) paged.push_back(BuildPaged(s, k, v, T, f, f, false, o.threads, rng));
+    std::vector<std::function<void()>> fns;
+    for (const Paged& p : paged) fns.push_back(run(p, false));
+    fns.push_back(run(paged[3], true));  // int4 with the attention-mass output
+    const std::vector<double> t = TimeInterleaved(fns, 5, o.quick ? 0.5 : 2.0);
+    const double t_dense = t[0];
     js << (li ? "," : "") << "\"" << T << "\":{\"f32_dense_ms\":" << t_dense * 1e3;
     std::fprintf(stderr, "decode T=%-6d f32 dense %.3f ms\n", T, t_dense * 1e3);
-    for (PageFormat f : formats) {
-      const Paged p = BuildPaged(s, k, v, T, f, f, false, o.threads, rng);
-      const double t = run(p, false);
+    for (size_t i = 0; i < std::size(formats); ++i) {
+      const PageFormat f = formats[i];
       std::fprintf(stderr, "decode T=%-6d %-5s paged %.3f ms (%.2fx dense f32)\n", T,
-                   Name(f).c_str(), t * 1e3, t / t_dense);
-      js << ",\"" << Name(f) << "_ms\":" << t * 1e3 << ",\"" << Name(f)
-         << "_vs_f32_dense\":" << t / t_dense;
-      if (f == PageFormat::kInt4) {
-        const double tm = run(p, true);
-        js << ",\"int4_with_mass_ms\":" << tm * 1e3;
-      }
+                   Name(f).c_str(), t[i + 1] * 1e3, t[i + 1] / t_dense);
+      js << ",\"" << Name(f) << "_ms\":" << t[i + 1] * 1e3 << ",\"" << Name(f)
+         << "_vs_f32_dense\":" << t[i + 1] / t_dense;
     }
-    js << "}";
+    js << ",\"int4_with_mass_ms\":" << t.back() * 1e3 << "}";
   }
   js << "}}";
   return js.str();

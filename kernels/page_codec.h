@@ -21,6 +21,17 @@ namespace polykv::kernels {
 
 inline constexpr float kF16Max = 65504.0f;
 
+// min / max / running |max| that skip NaN, written as plain comparisons so the
+// vectorizer keeps them inline (fminf/fmaxf become library calls without
+// -ffinite-math-only) and every implementation gets the same answer.
+POLYKV_HD float MinSkipNan(float acc, float x) { return x < acc ? x : acc; }
+POLYKV_HD float MaxSkipNan(float acc, float x) { return x > acc ? x : acc; }
+POLYKV_HD float AbsMaxSkipNan(float acc, float x) {
+  const float ax = x < 0.0f ? -x : x;
+  return ax > acc ? ax : acc;
+}
+inline constexpr float kPosInf = __builtin_huge_valf();
+
 struct QuantParams {
   float scale;
   float zero;
@@ -43,6 +54,7 @@ POLYKV_HD float ClampF16Range(float x) {
 // Params of an int format for values in [lo, hi]: zero rounded down and scale
 // rounded up to f16, so every value in [lo, hi] encodes within scale/2.
 POLYKV_HD void IntParams(float lo, float hi, int qmax, uint16_t* scale16, uint16_t* zero16) {
+  if (!(lo <= hi)) lo = hi = 0.0f;  // no comparable values (all NaN)
   lo = ClampF16Range(lo);
   hi = ClampF16Range(hi);
   const uint16_t z = F32ToF16Down(lo);
@@ -66,7 +78,8 @@ POLYKV_HD void Fp8Params(float amax, uint16_t* scale16, uint16_t* zero16) {
 POLYKV_HD uint32_t EncodeInt(float x, float scale, float zero, int qmax) {
   if (!(scale > 0.0f)) return 0;
   float q = rintf((x - zero) / scale);
-  q = fminf(fmaxf(q, 0.0f), float(qmax));  // NaN -> 0
+  q = q > 0.0f ? q : 0.0f;  // NaN -> 0
+  q = q < float(qmax) ? q : float(qmax);
   return uint32_t(q);
 }
 
@@ -192,12 +205,12 @@ POLYKV_HD void QuantizeUnit(const Src& src, int rows, const PageGeom& g, PageFor
     const int n = g.head_dim - d0 < kKeyUnitChannels ? g.head_dim - d0 : kKeyUnitChannels;
     float scale[kKeyUnitChannels], zero[kKeyUnitChannels];
     for (int c = 0; c < n; ++c) {
-      float lo = 0.0f, hi = 0.0f, amax = 0.0f;
+      float lo = kPosInf, hi = -kPosInf, amax = 0.0f;
       for (int t = 0; t < rows; ++t) {
         const float x = src(t, h, d0 + c);
-        if (t == 0 || x < lo) lo = x;
-        if (t == 0 || x > hi) hi = x;
-        amax = fmaxf(amax, fabsf(x));
+        lo = MinSkipNan(lo, x);
+        hi = MaxSkipNan(hi, x);
+        amax = AbsMaxSkipNan(amax, x);
       }
       uint16_t* p = params + 2 * g.ParamIndex(kind, 0, h, d0 + c);
       if (fp8) {
@@ -226,12 +239,12 @@ POLYKV_HD void QuantizeUnit(const Src& src, int rows, const PageGeom& g, PageFor
     StoreCodes(page, g, f, t, h, d0, kValueGroup, [](int) -> uint32_t { return 0u; });
     return;
   }
-  float lo = src(t, h, d0), hi = lo, amax = 0.0f;
+  float lo = kPosInf, hi = -kPosInf, amax = 0.0f;
   for (int d = d0; d < d0 + kValueGroup; ++d) {
     const float x = src(t, h, d);
-    lo = fminf(lo, x);
-    hi = fmaxf(hi, x);
-    amax = fmaxf(amax, fabsf(x));
+    lo = MinSkipNan(lo, x);
+    hi = MaxSkipNan(hi, x);
+    amax = AbsMaxSkipNan(amax, x);
   }
   if (fp8) {
     Fp8Params(amax, &p[0], &p[1]);

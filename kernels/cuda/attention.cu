@@ -52,9 +52,9 @@ __global__ void SplitKernel(AttnArgs a) {
     q_s[e] = a.q[(size_t(i) * a.num_q_heads + h * G) * D + e];
     acc[e] = 0.0f;
   }
-  if (tid < G) {
-    m_s[tid] = -INFINITY;
-    l_s[tid] = 0.0f;
+  for (int hh = tid; hh < G; hh += blockDim.x) {
+    m_s[hh] = -INFINITY;
+    l_s[hh] = 0.0f;
   }
   const int visible = a.kv.num_tokens - a.num_queries + i + 1;
   const int s_begin = sp * a.blocks_per_split * bt;
@@ -81,20 +81,20 @@ __global__ void SplitKernel(AttnArgs a) {
       if (a.scores) a.scores[size_t(h * G + hh) * a.kv.num_tokens + b * bt + r0 + r] = s;
     }
     __syncthreads();
-    if (tid < G) {
+    for (int hh = tid; hh < G; hh += blockDim.x) {
       float mt = -INFINITY;
-      for (int r = 0; r < n; ++r) mt = fmaxf(mt, p_s[tid * bt + r]);
-      const float m_new = fmaxf(m_s[tid], mt);
-      const float alpha = m_s[tid] == -INFINITY ? 0.0f : expf(m_s[tid] - m_new);
-      float l = l_s[tid] * alpha;
+      for (int r = 0; r < n; ++r) mt = fmaxf(mt, p_s[hh * bt + r]);
+      const float m_new = fmaxf(m_s[hh], mt);
+      const float alpha = m_s[hh] == -INFINITY ? 0.0f : expf(m_s[hh] - m_new);
+      float l = l_s[hh] * alpha;
       for (int r = 0; r < n; ++r) {
-        const float p = expf(p_s[tid * bt + r] - m_new);
-        p_s[tid * bt + r] = p;
+        const float p = expf(p_s[hh * bt + r] - m_new);
+        p_s[hh * bt + r] = p;
         l += p;
       }
-      m_s[tid] = m_new;
-      l_s[tid] = l;
-      alpha_s[tid] = alpha;
+      m_s[hh] = m_new;
+      l_s[hh] = l;
+      alpha_s[hh] = alpha;
     }
     __syncthreads();
     for (int x = tid; x < G * D; x += blockDim.x) {
@@ -107,9 +107,9 @@ __global__ void SplitKernel(AttnArgs a) {
   }
   float* out = a.partial + ((size_t(i) * a.g.num_kv_heads + h) * a.splits + sp) * G * (2 + D);
   for (int x = tid; x < G * D; x += blockDim.x) out[(x / D) * (2 + D) + 2 + x % D] = acc[x];
-  if (tid < G) {
-    out[tid * (2 + D)] = m_s[tid];
-    out[tid * (2 + D) + 1] = l_s[tid];
+  for (int hh = tid; hh < G; hh += blockDim.x) {
+    out[hh * (2 + D)] = m_s[hh];
+    out[hh * (2 + D) + 1] = l_s[hh];
   }
 }
 

@@ -57,11 +57,16 @@ TEST_P(QuantizeTest, RoundTripWithinBoundAndBackendsAgree) {
       ASSERT_TRUE(QuantizePage(Exec{Backend::kReference}, c.shape, kind, f, src.data(),
                                SourceType::kF32, c.rows, page_ref.data())
                       .ok());
-      ASSERT_TRUE(QuantizePage(Exec{Backend::kCpu}, c.shape, kind, f, src.data(),
-                               SourceType::kF32, c.rows, page_cpu.data())
-                      .ok());
-      // Codes, params and padding are bit-identical (padding is zeroed).
-      EXPECT_EQ(std::memcmp(page_ref.data(), page_cpu.data(), bytes), 0);
+      for (bool baseline : {false, true}) {
+        cpu::ForceBaselineForTesting(baseline);
+        std::fill(page_cpu.begin(), page_cpu.end(), 0x5A);
+        ASSERT_TRUE(QuantizePage(Exec{Backend::kCpu}, c.shape, kind, f, src.data(),
+                                 SourceType::kF32, c.rows, page_cpu.data())
+                        .ok());
+        // Codes, params and padding are bit-identical (padding is zeroed).
+        EXPECT_EQ(std::memcmp(page_ref.data(), page_cpu.data(), bytes), 0) << "baseline=" << baseline;
+      }
+      cpu::ForceBaselineForTesting(false);
 
       std::vector<float> out_ref(src.size()), out_cpu(src.size());
       ASSERT_TRUE(DequantizePage(Exec{Backend::kReference}, c.shape, kind, f, page_ref.data(),
@@ -147,6 +152,51 @@ TEST_P(QuantizeTest, BatchedPagesEqualSinglePages) {
                                 b.data())
                     .ok());
     EXPECT_LE(testing::MaxAbsDiff(a, b), 1e-6);
+  }
+}
+
+TEST_P(QuantizeTest, EdgeValuesEncodeIdenticallyOnAllBackends) {
+  const PageFormat f = GetParam();
+  const PageShape s{16, 1, 64};
+  std::vector<float> src(16 * 64);
+  for (int t = 0; t < 16; ++t) {
+    for (int d = 0; d < 64; ++d) {
+      float x = 0.0f;
+      switch (d % 8) {
+        case 0: x = 3.0f; break;                      // constant channel: scale 0
+        case 1: x = t % 2 ? 1e5f : -1e5f; break;      // beyond the f16 range
+        case 2: x = 1e-8f * t; break;                 // below f16 subnormals
+        case 3: x = 70000.0f; break;                  // constant, beyond f16
+        case 4: x = -0.0f; break;
+        case 5: x = t == 3 ? std::nanf("") : float(t); break;  // NaN skipped by params
+        default: x = float(t - d) * 0.37f; break;
+      }
+      src[t * 64 + d] = x;
+    }
+  }
+  for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+    const size_t bytes = PageBytes(f, kind, s);
+    std::vector<uint8_t> a(bytes), b(bytes);
+    ASSERT_TRUE(QuantizePage(Exec{Backend::kReference}, s, kind, f, src.data(), SourceType::kF32,
+                             16, a.data())
+                    .ok());
+    for (bool baseline : {false, true}) {
+      cpu::ForceBaselineForTesting(baseline);
+      ASSERT_TRUE(QuantizePage(Exec{Backend::kCpu}, s, kind, f, src.data(), SourceType::kF32, 16,
+                               b.data())
+                      .ok());
+      EXPECT_EQ(a, b) << "baseline=" << baseline << " kind=" << int(kind);
+    }
+    cpu::ForceBaselineForTesting(false);
+    std::vector<float> out(src.size());
+    ASSERT_TRUE(DequantizePage(Exec{Backend::kCpu}, s, kind, f, a.data(), 16, out.data()).ok());
+    for (int i = 0; i < 16 * 64; i += 8) {
+      if (f != PageFormat::kF32 && f != PageFormat::kBF16) continue;
+      EXPECT_EQ(out[i], 3.0f);  // exact formats keep constants exactly
+    }
+    if (IsIntFormat(f)) {
+      for (float x : out) EXPECT_FALSE(std::isnan(x));  // NaN input encodes as code 0
+    }
   }
 }
 
