@@ -1,0 +1,125 @@
+// polykv-worker as a process: the output format of `run` (one JSON line per
+// generated turn, stable field names), reproducibility with --seed, and
+// clear errors for bad scripts and flags.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/unit/worker/test_util.h"
+
+namespace polykv::worker {
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr together when merge_stderr.
+};
+
+Result RunWorker(const std::string& args, bool merge_stderr = false) {
+  const std::string cmd = std::string(POLYKV_WORKER_BIN) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string WriteScript(const std::string& name, const std::string& body) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << body;
+  return path;
+}
+
+std::vector<JsonValue> Lines(const std::string& out) {
+  std::vector<JsonValue> v;
+  size_t start = 0;
+  while (start < out.size()) {
+    size_t end = out.find('\n', start);
+    if (end == std::string::npos) end = out.size();
+    if (end > start) {
+      auto j = ParseJson(out.substr(start, end - start));
+      EXPECT_TRUE(j.ok()) << out.substr(start, end - start);
+      if (j.ok()) v.push_back(*j);
+    }
+    start = end + 1;
+  }
+  return v;
+}
+
+TEST(WorkerCliTest, RunPrintsOneLinePerGeneratedTurn) {
+  POLYKV_REQUIRE_MODEL();
+  const std::string script = WriteScript("cli_run.jsonl",
+      "{\"role\": \"system\", \"content\": \"You are terse.\"}\n"
+      "{\"role\": \"user\", \"content\": \"Say hi.\", \"intent\": \"greet\"}\n"
+      "{\"role\": \"assistant\", \"id\": \"t1\", \"max_new_tokens\": 6}\n"
+      "\n"
+      "{\"role\": \"tool\", \"content\": \"ok\"}\n"
+      "{\"role\": \"assistant\", \"id\": 7}\n");
+  const Result a = RunWorker("run " + script + " --local-cache --max-new-tokens 5 --seed 3 --temperature 0.8 --top-p 0.9");
+  ASSERT_EQ(a.code, 0) << a.out;
+  const auto lines = Lines(a.out);
+  ASSERT_EQ(lines.size(), 2u) << a.out;
+  for (const char* key : {"id", "text", "prompt_tokens", "completion_tokens", "cached_tokens",
+                          "prefill_ms", "decode_ms", "prefill_tokens_per_s",
+                          "decode_tokens_per_s", "stop", "agent", "turn", "cache", "kv_bytes"}) {
+    EXPECT_EQ(lines[0].obj().count(key), 1u) << key;
+  }
+  EXPECT_EQ(testing::Field(lines[0], "id").str(), "t1");
+  EXPECT_EQ(testing::Field(lines[1], "id").str(), "7");
+  EXPECT_LE(testing::Field(lines[0], "completion_tokens").num(), 6);
+  EXPECT_LE(testing::Field(lines[1], "completion_tokens").num(), 5);
+  EXPECT_EQ(testing::Field(lines[0], "cache").str(), "local-f32");
+  // Same seed, same output text.
+  const Result b = RunWorker("run " + script + " --local-cache --max-new-tokens 5 --seed 3 --temperature 0.8 --top-p 0.9");
+  const auto lines_b = Lines(b.out);
+  ASSERT_EQ(lines_b.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(testing::Field(lines[i], "text").str(), testing::Field(lines_b[i], "text").str());
+  }
+}
+
+TEST(WorkerCliTest, BadScriptsAreClearErrors) {
+  POLYKV_REQUIRE_MODEL();
+  struct Case {
+    const char* body;
+    const char* message;
+  } cases[] = {
+      {"{\"role\": \"user\"}\n", ":1: only an assistant line may omit \"content\""},
+      {"{\"content\": \"x\"}\n", ":1: missing \"role\""},
+      {"{\"role\": \"robot\", \"content\": \"x\"}\n", "unknown role \"robot\""},
+      {"{\"role\": \"user\", \"content\": \"x\"}\nnot json\n", ":2: JSON:"},
+      {"{\"role\": \"assistant\", \"max_new_tokens\": 0}\n", "must be a positive number"},
+  };
+  for (const Case& c : cases) {
+    const Result r = RunWorker("run " + WriteScript("bad.jsonl", c.body) + " --local-cache", true);
+    EXPECT_EQ(r.code, 1) << c.body;
+    EXPECT_NE(r.out.find(c.message), std::string::npos) << c.body << " -> " << r.out;
+  }
+}
+
+TEST(WorkerCliTest, FlagErrors) {
+  const std::string script = WriteScript("ok.jsonl", "{\"role\": \"user\", \"content\": \"x\"}\n");
+  Result r = RunWorker("run " + script + " --model /nonexistent/m.gguf --local-cache", true);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("fetch-model.sh"), std::string::npos) << r.out;
+  r = RunWorker("run /nonexistent/script.jsonl --local-cache", true);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("cannot open the script"), std::string::npos) << r.out;
+  if (testing::SharedModel() != nullptr) {
+    r = RunWorker("run " + script, true);
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.out.find("--daemon SOCKET or --local-cache"), std::string::npos) << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace polykv::worker

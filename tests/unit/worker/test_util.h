@@ -1,0 +1,76 @@
+// Shared helpers for the worker tests: the model (loaded once per test
+// binary) and the fixture files.
+#pragma once
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "client/worker/conversation.h"
+#include "client/worker/json.h"
+#include "gtest/gtest.h"
+
+namespace polykv::worker::testing {
+
+// The model from scripts/fetch-model.sh ($POLYKV_MODEL_PATH or the default
+// cache), loaded once; nullptr when the file is absent.
+inline const LoadedModel* SharedModel() {
+  static const LoadedModel* model = [] () -> const LoadedModel* {
+    const std::string path = DefaultModelPath();
+    if (!std::ifstream(path).good()) return nullptr;
+    auto m = LoadModel(path);
+    if (!m.ok()) {
+      ADD_FAILURE() << "loading " << path << ": " << m.status();
+      return nullptr;
+    }
+    return m->release();
+  }();
+  return model;
+}
+
+#define POLYKV_REQUIRE_MODEL()                                                     \
+  const ::polykv::worker::LoadedModel* model =                                     \
+      ::polykv::worker::testing::SharedModel();                                    \
+  if (model == nullptr) {                                                          \
+    GTEST_SKIP() << "model file " << ::polykv::worker::DefaultModelPath()          \
+                 << " is absent: run scripts/fetch-model.sh (or set POLYKV_MODEL_PATH)"; \
+  }
+
+// Rows of a JSONL fixture in tests/fixtures/worker/.
+inline std::vector<JsonValue> ReadFixture(const std::string& name) {
+  std::vector<JsonValue> rows;
+  std::ifstream in(std::string(POLYKV_WORKER_FIXTURES) + "/" + name);
+  EXPECT_TRUE(in.good()) << "missing fixture " << name;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    auto v = ParseJson(line);
+    EXPECT_TRUE(v.ok()) << name << ": " << v.status();
+    if (v.ok()) rows.push_back(std::move(*v));
+  }
+  return rows;
+}
+
+inline const JsonValue& Field(const JsonValue& row, const std::string& key) {
+  static const JsonValue kNull;
+  auto it = row.obj().find(key);
+  return it == row.obj().end() ? kNull : it->second;
+}
+
+inline std::vector<int32_t> IntArray(const JsonValue& v) {
+  std::vector<int32_t> out;
+  for (const JsonValue& e : *std::get<std::shared_ptr<JsonValue::Array>>(v.v)) {
+    out.push_back(static_cast<int32_t>(e.num()));
+  }
+  return out;
+}
+
+inline std::vector<double> NumArray(const JsonValue& v) {
+  std::vector<double> out;
+  for (const JsonValue& e : *std::get<std::shared_ptr<JsonValue::Array>>(v.v)) {
+    out.push_back(e.num());
+  }
+  return out;
+}
+
+}  // namespace polykv::worker::testing
