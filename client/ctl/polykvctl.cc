@@ -1,0 +1,259 @@
+// polykvctl: operate a running polykvd — pool status, sessions, per-agent QoS,
+// eviction, drain. Human tables by default, --json for machines.
+#include <google/protobuf/util/json_util.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "polykv/admin.h"
+
+namespace {
+
+std::string Human(uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = double(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+std::string Json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.always_print_primitive_fields = true;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+const char* FormatName(int f) {
+  static const char* kNames[] = {"-", "f32", "f16", "bf16", "fp8", "int8", "int4", "int2"};
+  return f >= 0 && f <= 7 ? kNames[f] : "?";
+}
+
+const char* PriorityName(int p) {
+  static const char* kNames[] = {"-", "best_effort", "low", "normal", "high", "critical"};
+  return p >= 0 && p <= 5 ? kNames[p] : "?";
+}
+
+int ParseFormat(const std::string& s) {
+  for (int f = 1; f <= 7; ++f) {
+    if (s == FormatName(f)) return f;
+  }
+  return -1;
+}
+
+int ParsePriority(const std::string& s) {
+  for (int p = 1; p <= 5; ++p) {
+    if (s == PriorityName(p)) return p;
+  }
+  return -1;
+}
+
+bool ParseBytes(const std::string& s, uint64_t* out) {
+  size_t pos = 0;
+  unsigned long long n = 0;
+  try {
+    n = std::stoull(s, &pos);
+  } catch (...) {
+    return false;
+  }
+  std::string suffix = s.substr(pos);
+  uint64_t mult = 1;
+  if (suffix == "KiB" || suffix == "K") mult = 1ull << 10;
+  else if (suffix == "MiB" || suffix == "M") mult = 1ull << 20;
+  else if (suffix == "GiB" || suffix == "G") mult = 1ull << 30;
+  else if (!suffix.empty() && suffix != "B") return false;
+  *out = n * mult;
+  return true;
+}
+
+int Fail(const absl::Status& s) {
+  std::cerr << "polykvctl: " << absl::StatusCodeToString(s.code()) << ": " << s.message() << "\n";
+  return s.code() == absl::StatusCode::kUnavailable ? 3 : 1;
+}
+
+void PrintQos(const polykv::v1::QosRecord& q) {
+  std::printf("agent               %s\n", q.agent_id().c_str());
+  std::printf("priority            %s\n", PriorityName(q.priority()));
+  std::printf("guaranteed_bytes    %s\n", q.guaranteed_bytes() ? Human(q.guaranteed_bytes()).c_str() : "0");
+  std::printf("max_bytes           %s\n", q.max_bytes() ? Human(q.max_bytes()).c_str() : "unlimited");
+  std::printf("key_floor           %s\n", FormatName(q.key_precision_floor()));
+  std::printf("value_floor         %s\n", FormatName(q.value_precision_floor()));
+  std::printf("policy              %s\n", q.policy().c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"polykvctl — operate a running polykvd"};
+  app.require_subcommand(1);
+  std::string socket = "/run/polykv/polykvd.sock";
+  bool json = false;
+  app.add_option("--socket", socket, "polykvd's Unix socket")->capture_default_str();
+  app.add_flag("--json", json, "Print JSON instead of a table");
+
+  auto* status = app.add_subcommand("status", "Pool usage, tenants and daemon state");
+  status->add_flag("--json", json, "Print JSON");
+  auto* sessions = app.add_subcommand("sessions", "List open sessions");
+  sessions->add_flag("--json", json, "Print JSON");
+  std::string tenant, agent_filter;
+  sessions->add_option("--tenant", tenant, "Only this tenant");
+  sessions->add_option("--agent", agent_filter, "Only this agent");
+
+  auto* qos = app.add_subcommand("qos", "Show or change an agent's QoS");
+  qos->require_subcommand(1);
+  auto* qos_get = qos->add_subcommand("get", "Show an agent's QoS");
+  auto* qos_set = qos->add_subcommand("set", "Change an agent's QoS (unset fields keep their value)");
+  std::string agent;
+  qos_get->add_option("agent", agent, "Agent id")->required();
+  qos_get->add_flag("--json", json, "Print JSON");
+  qos_set->add_option("agent", agent, "Agent id")->required();
+  qos_set->add_flag("--json", json, "Print JSON");
+  std::string priority, max_bytes, guaranteed_bytes, key_floor, value_floor, policy;
+  qos_set->add_option("--priority", priority, "best_effort|low|normal|high|critical");
+  qos_set->add_option("--max-bytes", max_bytes, "Cap on the agent's page bytes (0 = none), e.g. 256MiB");
+  qos_set->add_option("--guaranteed-bytes", guaranteed_bytes, "Bytes kept available for the agent");
+  qos_set->add_option("--key-floor", key_floor, "Lowest key precision: f32 f16 bf16 fp8 int8 int4 int2");
+  qos_set->add_option("--value-floor", value_floor, "Lowest value precision");
+  qos_set->add_option("--policy", policy, "Compression policy name, e.g. full, h2o");
+
+  auto* evict = app.add_subcommand("evict", "Evict a session and free its pages");
+  uint64_t session_id = 0;
+  evict->add_option("session_id", session_id, "Session id (see 'sessions')")->required();
+  evict->add_flag("--json", json, "Print JSON");
+  auto* drain = app.add_subcommand("drain", "Stop admitting sessions; optionally evict the rest later");
+  uint32_t evict_after_ms = 0;
+  drain->add_option("--evict-after-ms", evict_after_ms, "Evict sessions still open after this (0 = never)");
+  drain->add_flag("--json", json, "Print JSON");
+
+  CLI11_PARSE(app, argc, argv);
+
+  auto client = polykv::AdminClient::Connect(socket);
+  if (!client.ok()) return Fail(client.status());
+  auto& c = **client;
+
+  if (status->parsed()) {
+    auto s = c.GetStats();
+    if (!s.ok()) return Fail(s.status());
+    if (json) {
+      // One object: the stats plus the session list, so a script needs one call.
+      auto l = c.ListSessions();
+      if (!l.ok()) return Fail(l.status());
+      std::string stats = Json(*s), list = Json(*l);
+      // Merge {"pool":...} and {"sessions":[...]} into one JSON object.
+      stats.erase(stats.find_last_of('}'));
+      while (!stats.empty() && (stats.back() == '\n' || stats.back() == ' ')) stats.pop_back();
+      const size_t open = list.find('{');
+      std::cout << stats << ",\n" << list.substr(open + 1) << "\n";
+      return 0;
+    }
+    const auto& p = s->pool();
+    std::printf("polykvd %s, up %.0f s%s\n", s->version().c_str(), s->uptime_seconds(),
+                s->draining() ? ", DRAINING" : "");
+    std::printf("pool     %s tier: %s used of %s (%.1f%%), %s mapped in %llu arenas\n",
+                p.tier().c_str(), Human(p.used_bytes()).c_str(), Human(p.pool_bytes()).c_str(),
+                p.pool_bytes() ? 100.0 * double(p.used_bytes()) / double(p.pool_bytes()) : 0.0,
+                Human(p.arena_bytes()).c_str(), (unsigned long long)p.num_arenas());
+    std::printf("pages    %llu in %llu superblocks of %s\n", (unsigned long long)p.num_pages(),
+                (unsigned long long)p.num_superblocks_used(), Human(p.superblock_bytes()).c_str());
+    std::printf("sessions %u, lease expiries %llu, refused reservations %llu\n", s->num_sessions(),
+                (unsigned long long)s->lease_expiries(), (unsigned long long)s->refused_reservations());
+    std::printf("metrics  %s\n\n", s->metrics_address().empty() ? "off" : s->metrics_address().c_str());
+    std::printf("%-20s %12s %12s %9s\n", "TENANT", "USED", "MAPPED", "SESSIONS");
+    for (const auto& t : s->tenants()) {
+      std::printf("%-20s %12s %12s %9u\n", t.tenant().c_str(), Human(t.used_bytes()).c_str(),
+                  Human(t.arena_bytes()).c_str(), t.num_sessions());
+    }
+    return 0;
+  }
+  if (sessions->parsed()) {
+    auto l = c.ListSessions(tenant, agent_filter);
+    if (!l.ok()) return Fail(l.status());
+    if (json) {
+      std::cout << Json(*l) << "\n";
+      return 0;
+    }
+    std::printf("%-8s %-20s %-12s %-11s %9s %9s %11s %5s %-9s %7s\n", "ID", "AGENT", "TENANT",
+                "PRIORITY", "RESERVED", "COMMITTED", "BYTES", "EPOCH", "K/V", "PID");
+    for (const auto& x : l->sessions()) {
+      std::printf("%-8llu %-20s %-12s %-11s %9llu %9llu %11s %5llu %4s/%-4s %7u\n",
+                  (unsigned long long)x.session_id(), x.agent_id().c_str(), x.tenant().c_str(),
+                  PriorityName(x.priority()), (unsigned long long)x.reserved_tokens(),
+                  (unsigned long long)x.committed_tokens(), Human(x.bytes()).c_str(),
+                  (unsigned long long)x.epoch(), FormatName(x.key_format()),
+                  FormatName(x.value_format()), x.peer_pid());
+    }
+    return 0;
+  }
+  if (qos_get->parsed()) {
+    auto q = c.GetQos(agent);
+    if (!q.ok()) return Fail(q.status());
+    if (json) std::cout << Json(*q) << "\n";
+    else PrintQos(*q);
+    return 0;
+  }
+  if (qos_set->parsed()) {
+    auto cur = c.GetQos(agent);
+    if (!cur.ok()) return Fail(cur.status());
+    polykv::v1::QosRecord q = *cur;
+    q.set_agent_id(agent);
+    auto bad = [](const std::string& what) {
+      std::cerr << "polykvctl: " << what << "\n";
+      return 2;
+    };
+    if (!priority.empty()) {
+      int p = ParsePriority(priority);
+      if (p < 0) return bad("--priority must be one of best_effort, low, normal, high, critical");
+      q.set_priority(static_cast<polykv::v1::PriorityClass>(p));
+    }
+    uint64_t b = 0;
+    if (!max_bytes.empty()) {
+      if (!ParseBytes(max_bytes, &b)) return bad("--max-bytes: not a byte size (e.g. 1048576, 256MiB)");
+      q.set_max_bytes(b);
+    }
+    if (!guaranteed_bytes.empty()) {
+      if (!ParseBytes(guaranteed_bytes, &b)) return bad("--guaranteed-bytes: not a byte size");
+      q.set_guaranteed_bytes(b);
+    }
+    if (!key_floor.empty()) {
+      int f = ParseFormat(key_floor);
+      if (f < 0) return bad("--key-floor must be one of f32 f16 bf16 fp8 int8 int4 int2");
+      q.set_key_precision_floor(static_cast<polykv::v1::PageFormat>(f));
+    }
+    if (!value_floor.empty()) {
+      int f = ParseFormat(value_floor);
+      if (f < 0) return bad("--value-floor must be one of f32 f16 bf16 fp8 int8 int4 int2");
+      q.set_value_precision_floor(static_cast<polykv::v1::PageFormat>(f));
+    }
+    if (!policy.empty()) q.set_policy(policy);
+    auto out = c.SetQos(q);
+    if (!out.ok()) return Fail(out.status());
+    if (json) std::cout << Json(*out) << "\n";
+    else PrintQos(*out);
+    return 0;
+  }
+  if (evict->parsed()) {
+    auto freed = c.EvictSession(session_id);
+    if (!freed.ok()) return Fail(freed.status());
+    if (json) std::cout << "{\"session_id\": " << session_id << ", \"freed_bytes\": " << *freed << "}\n";
+    else std::printf("evicted session %llu, freed %s\n", (unsigned long long)session_id, Human(*freed).c_str());
+    return 0;
+  }
+  if (drain->parsed()) {
+    auto n = c.Drain(evict_after_ms);
+    if (!n.ok()) return Fail(n.status());
+    if (json) std::cout << "{\"draining\": true, \"num_sessions\": " << *n << "}\n";
+    else std::printf("draining; %u sessions open\n", *n);
+    return 0;
+  }
+  return 0;
+}

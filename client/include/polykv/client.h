@@ -1,0 +1,129 @@
+// libpolykv_client: how an inference worker gets its KV cache from polykvd.
+//
+//   auto client = polykv::Client::Connect("/run/polykv/polykvd.sock");
+//   polykv::SessionOptions o;
+//   o.agent_id = "coder-1"; o.tenant = "team-a";
+//   o.profile = {30, 3, 64, polykv::DType::kF32};
+//   auto session = (*client)->OpenSession(o);          // maps the arenas
+//   auto blocks = (*session)->Reserve(256);            // ahead, in batches
+//   ... write K/V into blocks[i].pages[2*layer(+1)].addr ...
+//   (*session)->Commit(n);                             // batched, not per token
+//   // ~Session closes the session and unmaps.
+//
+// Nothing here is on the per-token path: reserve ahead, write pages in place
+// (shared memory), commit in batches. A background thread renews the lease.
+//
+// Errors are absl::Status with the daemon's message; codes follow gRPC
+// (RESOURCE_EXHAUSTED over quota, PERMISSION_DENIED bad token, ...).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace polykv {
+
+enum class DType { kF32 = 1, kF16 = 2, kBF16 = 3 };
+// Wire values equal kernels::PageFormat and proto PageFormat; 0 = daemon's choice.
+enum class Format : uint8_t { kDefault = 0, kF32 = 1, kF16, kBF16, kFP8E4M3, kInt8, kInt4, kInt2 };
+
+struct ModelProfile {
+  uint32_t num_layers = 0;
+  uint32_t num_kv_heads = 0;
+  uint32_t head_dim = 0;
+  DType dtype = DType::kF16;
+  std::string model_id;
+};
+
+struct SessionOptions {
+  std::string agent_id;
+  std::string tenant = "default";
+  ModelProfile profile;
+  Format key_format = Format::kDefault;
+  Format value_format = Format::kDefault;
+  uint32_t block_tokens = 0;  // 0 = daemon default (16)
+  uint32_t lease_ms = 0;      // 0 = daemon default
+  bool heartbeat = true;      // Renew the lease from a background thread.
+};
+
+// One page a worker may read and write, already mapped into this process.
+struct Page {
+  uint64_t page_id = 0;
+  uint32_t arena_id = 0;
+  uint64_t offset = 0;
+  uint32_t size_bytes = 0;
+  uint32_t layer = 0;
+  bool is_value = false;
+  Format format = Format::kDefault;
+  void* addr = nullptr;  // Host address (host arenas); nullptr for device arenas.
+};
+
+// pages[2 * layer] holds keys, pages[2 * layer + 1] values.
+struct Block {
+  uint32_t block_index = 0;
+  std::vector<Page> pages;
+};
+
+struct SessionInfo {
+  uint64_t session_id = 0;
+  uint32_t block_tokens = 0;
+  uint32_t lease_ms = 0;
+  Format key_format = Format::kDefault;
+  Format value_format = Format::kDefault;
+  uint32_t key_page_bytes = 0;
+  uint32_t value_page_bytes = 0;
+};
+
+class Client;
+
+// An open session. Thread-safety: calls may come from any one thread at a
+// time; the heartbeat thread is internal. Destruction closes the session
+// (best effort) and unmaps its arenas.
+class Session {
+ public:
+  virtual ~Session() = default;
+  virtual const SessionInfo& info() const = 0;
+  // Pages for num_tokens more tokens; returns the new blocks only.
+  virtual absl::StatusOr<std::vector<Block>> Reserve(uint64_t num_tokens) = 0;
+  virtual absl::Status Commit(uint64_t committed_tokens) = 0;
+  // Adopts new block tables if the epoch moved; then acknowledges them.
+  // Returns true when the tables changed (blocks() is then new).
+  virtual absl::StatusOr<bool> Sync() = 0;
+  virtual absl::Status Release(uint64_t keep_tokens) = 0;
+  virtual absl::Status Close() = 0;
+  // All blocks of the session in order, as last reserved or synced.
+  virtual const std::vector<Block>& blocks() const = 0;
+  virtual uint64_t reserved_tokens() const = 0;
+  virtual uint64_t epoch() const = 0;
+  // The raw capability token (for tests of token checks; keep it secret).
+  virtual const std::string& token() const = 0;
+};
+
+struct AdminStats;  // client/include/polykv/admin.h
+
+class Client {
+ public:
+  // Connects to polykvd's Unix socket. Fails fast (UNAVAILABLE) when no daemon
+  // answers within `timeout_ms`.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& socket_path,
+                                                         int timeout_ms = 5000);
+  virtual ~Client() = default;
+  virtual absl::StatusOr<std::unique_ptr<Session>> OpenSession(const SessionOptions& options) = 0;
+};
+
+// Raw access for tests and tools: acts on a session by id and token without
+// owning it (e.g. to check that a wrong token is refused).
+struct SessionRef {
+  uint64_t session_id = 0;
+  std::string token;
+};
+absl::StatusOr<uint64_t> ReserveRaw(const std::string& socket_path, const SessionRef& ref,
+                                    uint64_t num_tokens);
+// Fetches an arena fd over the fd socket; the caller owns the fd.
+absl::StatusOr<int> FetchArenaFd(const std::string& fd_socket_path, const SessionRef& ref,
+                                 uint32_t arena_id);
+
+}  // namespace polykv

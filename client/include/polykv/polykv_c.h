@@ -1,0 +1,69 @@
+/* C ABI of libpolykv_client, for workers written in other languages.
+ *
+ * Every function returns 0 on success or a gRPC status code (3 invalid
+ * argument, 5 not found, 7 permission denied, 8 resource exhausted, 14
+ * unavailable, ...); pkv_last_error() then gives the message for this thread.
+ * Objects are owned by the caller and freed with the matching _free/_close. */
+#ifndef POLYKV_POLYKV_C_H_
+#define POLYKV_POLYKV_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pkv_client pkv_client;
+typedef struct pkv_session pkv_session;
+
+typedef struct {
+  uint64_t page_id;
+  uint32_t arena_id;
+  uint32_t layer;
+  uint32_t is_value; /* 0 keys, 1 values */
+  uint32_t format;   /* PageFormat wire value */
+  uint32_t size_bytes;
+  uint32_t block_index;
+  void* addr; /* mapped host address; NULL for device arenas */
+} pkv_page;
+
+/* dtype: 1 f32, 2 f16, 3 bf16. */
+typedef struct {
+  const char* agent_id;
+  const char* tenant;
+  uint32_t num_layers;
+  uint32_t num_kv_heads;
+  uint32_t head_dim;
+  uint32_t dtype;
+  uint32_t key_format;   /* 0 = daemon default */
+  uint32_t value_format; /* 0 = daemon default */
+  uint32_t block_tokens; /* 0 = daemon default */
+} pkv_session_options;
+
+int pkv_connect(const char* socket_path, pkv_client** out);
+void pkv_client_free(pkv_client* client);
+
+int pkv_session_open(pkv_client* client, const pkv_session_options* options, pkv_session** out);
+/* Closes the session on the daemon and frees it. Safe on NULL. */
+int pkv_session_close(pkv_session* session);
+
+uint64_t pkv_session_id(const pkv_session* session);
+uint32_t pkv_block_tokens(const pkv_session* session);
+/* Reserves pages for num_tokens more tokens. */
+int pkv_reserve(pkv_session* session, uint64_t num_tokens);
+int pkv_commit(pkv_session* session, uint64_t committed_tokens);
+int pkv_release(pkv_session* session, uint64_t keep_tokens);
+size_t pkv_num_blocks(const pkv_session* session);
+/* Copies the pages of block `block` (2 * num_layers of them) into pages[0..capacity). */
+int pkv_block_pages(const pkv_session* session, size_t block, pkv_page* pages, size_t capacity,
+                    size_t* num_pages);
+
+/* Message of this thread's last failed call ("" if none). */
+const char* pkv_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* POLYKV_POLYKV_C_H_ */

@@ -1,0 +1,107 @@
+#include "client/lib/arena_mapper.h"
+
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "proto/polykv/v1/fd_socket.h"
+
+namespace polykv {
+
+absl::StatusOr<int> FetchArenaFd(const std::string& path, const SessionRef& ref,
+                                 uint32_t arena_id) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) return absl::InvalidArgumentError("fd socket path too long");
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  auto fail = [&](absl::Status s) {
+    close(fd);
+    return s;
+  };
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return fail(absl::UnavailableError(absl::StrCat("cannot reach the fd socket ", path, ": ",
+                                                    std::strerror(errno))));
+  }
+  v1::FdRequest req;
+  req.session_id = ref.session_id;
+  std::memcpy(req.token, ref.token.data(), std::min(ref.token.size(), sizeof(req.token)));
+  req.arena_id = arena_id;
+  if (send(fd, &req, sizeof(req), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(req))) {
+    return fail(absl::UnavailableError("fd socket closed the connection (peer refused?)"));
+  }
+  v1::FdReply reply;
+  iovec iov{&reply, sizeof(reply)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n = recvmsg(fd, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+  close(fd);
+  if (n != static_cast<ssize_t>(sizeof(reply))) {
+    return absl::UnavailableError("fd socket closed the connection (peer not allowed?)");
+  }
+  int arena_fd = -1;
+  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+      std::memcpy(&arena_fd, CMSG_DATA(cm), sizeof(int));
+    }
+  }
+  if (reply.status != 0) {
+    if (arena_fd >= 0) close(arena_fd);
+    reply.message[sizeof(reply.message) - 1] = '\0';
+    return absl::Status(static_cast<absl::StatusCode>(reply.status), reply.message);
+  }
+  if (arena_fd < 0) return absl::InternalError("fd socket replied OK without a descriptor");
+  return arena_fd;
+}
+
+namespace internal {
+
+ArenaMapper::~ArenaMapper() {
+  for (auto& [id, m] : mappings_) {
+    if (m.base) munmap(m.base, m.size);
+  }
+}
+
+absl::Status ArenaMapper::Add(const v1::ArenaHandle& h) {
+  if (mappings_.contains(h.arena_id())) return absl::OkStatus();
+  if (h.kind() == v1::ArenaHandle::KIND_CUDA_IPC) {
+    mappings_[h.arena_id()] = Mapping{nullptr, h.size_bytes(), true};
+    return absl::OkStatus();
+  }
+  auto fd = FetchArenaFd(fd_socket_path_, ref_, h.arena_id());
+  if (!fd.ok()) return fd.status();
+  void* base = mmap(nullptr, h.size_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+  close(*fd);
+  if (base == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("mmap of arena ", h.arena_id(), ": ", std::strerror(errno)));
+  }
+  mappings_[h.arena_id()] = Mapping{base, h.size_bytes(), false};
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> ArenaMapper::Address(uint32_t arena_id, uint64_t offset,
+                                           uint64_t size) const {
+  auto it = mappings_.find(arena_id);
+  if (it == mappings_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("page names unknown arena ", arena_id));
+  }
+  if (offset + size > it->second.size || offset + size < offset) {
+    return absl::InvalidArgumentError(absl::StrCat("page at ", offset, "+", size,
+                                                   " lies outside arena ", arena_id));
+  }
+  if (it->second.device) return static_cast<void*>(nullptr);
+  return static_cast<char*>(it->second.base) + offset;
+}
+
+}  // namespace internal
+}  // namespace polykv

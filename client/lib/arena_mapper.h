@@ -1,0 +1,46 @@
+// ArenaMapper: maps the daemon's arenas into this process, once each.
+//
+// Host arenas arrive as memfds over the fd socket (proto/polykv/v1/fd_socket.h);
+// the mapping lives until the mapper is destroyed (RAII), so page addresses
+// handed out stay valid for the session's lifetime.
+//
+// Thread-safety: not thread-safe; owned by one Session.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "polykv/client.h"
+#include "polykv/v1/common.pb.h"
+
+namespace polykv::internal {
+
+class ArenaMapper {
+ public:
+  ArenaMapper(std::string fd_socket_path, SessionRef ref)
+      : fd_socket_path_(std::move(fd_socket_path)), ref_(std::move(ref)) {}
+  ~ArenaMapper();
+  ArenaMapper(const ArenaMapper&) = delete;
+  ArenaMapper& operator=(const ArenaMapper&) = delete;
+
+  // Maps the arena if not yet mapped. Device (CUDA IPC) arenas are recorded
+  // but not mapped: their pages get addr == nullptr.
+  absl::Status Add(const v1::ArenaHandle& handle);
+  // Host address of `offset` in arena `arena_id`; nullptr for device arenas.
+  // INVALID_ARGUMENT when the range is outside the mapping.
+  absl::StatusOr<void*> Address(uint32_t arena_id, uint64_t offset, uint64_t size) const;
+
+ private:
+  struct Mapping {
+    void* base = nullptr;
+    uint64_t size = 0;
+    bool device = false;
+  };
+  const std::string fd_socket_path_;
+  const SessionRef ref_;
+  std::map<uint32_t, Mapping> mappings_;
+};
+
+}  // namespace polykv::internal

@@ -1,0 +1,100 @@
+#include "polykv/polykv_c.h"
+
+#include <string>
+
+#include "polykv/client.h"
+
+struct pkv_client {
+  std::unique_ptr<polykv::Client> impl;
+};
+struct pkv_session {
+  std::unique_ptr<polykv::Session> impl;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+int Report(const absl::Status& s) {
+  last_error = s.ok() ? "" : std::string(s.message());
+  return static_cast<int>(s.code());
+}
+
+}  // namespace
+
+extern "C" {
+
+int pkv_connect(const char* socket_path, pkv_client** out) {
+  if (!socket_path || !out) return Report(absl::InvalidArgumentError("null argument"));
+  auto c = polykv::Client::Connect(socket_path);
+  if (!c.ok()) return Report(c.status());
+  *out = new pkv_client{*std::move(c)};
+  return Report(absl::OkStatus());
+}
+
+void pkv_client_free(pkv_client* client) { delete client; }
+
+int pkv_session_open(pkv_client* client, const pkv_session_options* o, pkv_session** out) {
+  if (!client || !o || !out || !o->agent_id) {
+    return Report(absl::InvalidArgumentError("null argument"));
+  }
+  polykv::SessionOptions so;
+  so.agent_id = o->agent_id;
+  if (o->tenant) so.tenant = o->tenant;
+  so.profile = {o->num_layers, o->num_kv_heads, o->head_dim,
+                static_cast<polykv::DType>(o->dtype ? o->dtype : 2), ""};
+  so.key_format = static_cast<polykv::Format>(o->key_format);
+  so.value_format = static_cast<polykv::Format>(o->value_format);
+  so.block_tokens = o->block_tokens;
+  auto s = client->impl->OpenSession(so);
+  if (!s.ok()) return Report(s.status());
+  *out = new pkv_session{*std::move(s)};
+  return Report(absl::OkStatus());
+}
+
+int pkv_session_close(pkv_session* session) {
+  if (!session) return 0;
+  absl::Status s = session->impl->Close();
+  delete session;
+  return Report(s);
+}
+
+uint64_t pkv_session_id(const pkv_session* s) { return s ? s->impl->info().session_id : 0; }
+uint32_t pkv_block_tokens(const pkv_session* s) { return s ? s->impl->info().block_tokens : 0; }
+
+int pkv_reserve(pkv_session* s, uint64_t n) {
+  if (!s) return Report(absl::InvalidArgumentError("null session"));
+  return Report(s->impl->Reserve(n).status());
+}
+
+int pkv_commit(pkv_session* s, uint64_t n) {
+  if (!s) return Report(absl::InvalidArgumentError("null session"));
+  return Report(s->impl->Commit(n));
+}
+
+int pkv_release(pkv_session* s, uint64_t keep) {
+  if (!s) return Report(absl::InvalidArgumentError("null session"));
+  return Report(s->impl->Release(keep));
+}
+
+size_t pkv_num_blocks(const pkv_session* s) { return s ? s->impl->blocks().size() : 0; }
+
+int pkv_block_pages(const pkv_session* s, size_t block, pkv_page* pages, size_t capacity,
+                    size_t* num_pages) {
+  if (!s || !num_pages || (!pages && capacity)) return Report(absl::InvalidArgumentError("null argument"));
+  const auto& blocks = s->impl->blocks();
+  if (block >= blocks.size()) return Report(absl::OutOfRangeError("no such block"));
+  const auto& src = blocks[block].pages;
+  *num_pages = src.size();
+  for (size_t i = 0; i < src.size() && i < capacity; ++i) {
+    const auto& p = src[i];
+    pages[i] = pkv_page{p.page_id, p.arena_id, p.layer, p.is_value ? 1u : 0u,
+                        static_cast<uint32_t>(p.format), p.size_bytes, blocks[block].block_index,
+                        p.addr};
+  }
+  return Report(absl::OkStatus());
+}
+
+const char* pkv_last_error(void) { return last_error.c_str(); }
+
+}  // extern "C"

@@ -1,0 +1,256 @@
+#include "polykv/client.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/lib/arena_mapper.h"
+#include "client/lib/channel.h"
+#include "polykv/v1/session.grpc.pb.h"
+
+namespace polykv {
+namespace {
+
+using internal::FromGrpc;
+using internal::SetDeadline;
+
+void FillRef(const SessionRef& r, v1::SessionRef* out) {
+  out->set_session_id(r.session_id);
+  out->set_token(r.token);
+}
+
+class SessionImpl final : public Session {
+ public:
+  SessionImpl(std::shared_ptr<v1::Session::Stub> stub, SessionInfo info, SessionRef ref,
+              const std::string& fd_socket_path)
+      : stub_(std::move(stub)),
+        info_(info),
+        ref_(std::move(ref)),
+        mapper_(fd_socket_path, ref_) {}
+
+  ~SessionImpl() override { (void)Close(); }
+
+  absl::Status Init(const v1::OpenSessionResponse& resp, bool heartbeat) {
+    for (const auto& a : resp.arenas()) {
+      if (auto s = mapper_.Add(a); !s.ok()) return s;
+    }
+    epoch_ = resp.epoch();
+    if (heartbeat) heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    return absl::OkStatus();
+  }
+
+  const SessionInfo& info() const override { return info_; }
+  const std::vector<Block>& blocks() const override { return blocks_; }
+  uint64_t reserved_tokens() const override { return blocks_.size() * info_.block_tokens; }
+  uint64_t epoch() const override { return epoch_; }
+  const std::string& token() const override { return ref_.token; }
+
+  absl::StatusOr<std::vector<Block>> Reserve(uint64_t num_tokens) override {
+    if (closed_) return absl::FailedPreconditionError("session is closed");
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::ReserveRequest req;
+    FillRef(ref_, req.mutable_session());
+    req.set_num_tokens(num_tokens);
+    v1::ReserveResponse resp;
+    if (auto s = FromGrpc(stub_->Reserve(&ctx, req, &resp)); !s.ok()) return s;
+    for (const auto& a : resp.new_arenas()) {
+      if (auto s = mapper_.Add(a); !s.ok()) return s;
+    }
+    std::vector<Block> out;
+    for (const auto& b : resp.blocks()) {
+      auto block = Convert(b);
+      if (!block.ok()) return block.status();
+      out.push_back(*block);
+      blocks_.push_back(*std::move(block));
+    }
+    return out;
+  }
+
+  absl::Status Commit(uint64_t committed_tokens) override {
+    if (closed_) return absl::FailedPreconditionError("session is closed");
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::CommitRequest req;
+    FillRef(ref_, req.mutable_session());
+    req.set_committed_tokens(committed_tokens);
+    v1::CommitResponse resp;
+    return FromGrpc(stub_->Commit(&ctx, req, &resp));
+  }
+
+  absl::StatusOr<bool> Sync() override {
+    if (closed_) return absl::FailedPreconditionError("session is closed");
+    v1::SyncResponse resp;
+    {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx);
+      v1::SyncRequest req;
+      FillRef(ref_, req.mutable_session());
+      req.set_known_epoch(epoch_);
+      if (auto s = FromGrpc(stub_->Sync(&ctx, req, &resp)); !s.ok()) return s;
+    }
+    for (const auto& a : resp.new_arenas()) {
+      if (auto s = mapper_.Add(a); !s.ok()) return s;
+    }
+    if (!resp.changed()) return false;
+    std::vector<Block> blocks;
+    for (const auto& b : resp.blocks()) {
+      auto block = Convert(b);
+      if (!block.ok()) return block.status();
+      blocks.push_back(*std::move(block));
+    }
+    blocks_ = std::move(blocks);
+    epoch_ = resp.epoch();
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::AckRequest ack;
+    FillRef(ref_, ack.mutable_session());
+    ack.set_epoch(epoch_);
+    v1::AckResponse ack_resp;
+    if (auto s = FromGrpc(stub_->Ack(&ctx, ack, &ack_resp)); !s.ok()) return s;
+    return true;
+  }
+
+  absl::Status Release(uint64_t keep_tokens) override {
+    if (closed_) return absl::FailedPreconditionError("session is closed");
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::ReleaseRequest req;
+    FillRef(ref_, req.mutable_session());
+    req.set_keep_tokens(keep_tokens);
+    v1::ReleaseResponse resp;
+    if (auto s = FromGrpc(stub_->Release(&ctx, req, &resp)); !s.ok()) return s;
+    const uint64_t keep_blocks = resp.reserved_tokens() / info_.block_tokens;
+    if (blocks_.size() > keep_blocks) blocks_.resize(keep_blocks);
+    return absl::OkStatus();
+  }
+
+  absl::Status Close() override {
+    if (closed_) return absl::OkStatus();
+    closed_ = true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (heartbeat_.joinable()) heartbeat_.join();
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, 5000);
+    v1::CloseSessionRequest req;
+    FillRef(ref_, req.mutable_session());
+    v1::CloseSessionResponse resp;
+    return FromGrpc(stub_->CloseSession(&ctx, req, &resp));
+  }
+
+ private:
+  absl::StatusOr<Block> Convert(const v1::Block& b) const {
+    Block out;
+    out.block_index = b.block_index();
+    out.pages.reserve(b.pages_size());
+    for (const auto& p : b.pages()) {
+      auto addr = mapper_.Address(p.arena_id(), p.offset(), p.size_bytes());
+      if (!addr.ok()) return addr.status();
+      out.pages.push_back(Page{p.page_id(), p.arena_id(), p.offset(), p.size_bytes(), p.layer(),
+                               p.is_value(), static_cast<Format>(p.format()), *addr});
+    }
+    return out;
+  }
+
+  void HeartbeatLoop() {
+    // Three beats per lease: one lost or slow beat does not cost the session.
+    const auto period = std::chrono::milliseconds(std::max<uint32_t>(info_.lease_ms / 3, 10));
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, period, [this] { return stop_; })) {
+      lock.unlock();
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx, static_cast<int>(info_.lease_ms));
+      v1::HeartbeatRequest req;
+      FillRef(ref_, req.mutable_session());
+      v1::HeartbeatResponse resp;
+      grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+      lock.lock();
+      if (s.error_code() == grpc::StatusCode::NOT_FOUND) break;  // session is gone
+    }
+  }
+
+  const std::shared_ptr<v1::Session::Stub> stub_;
+  const SessionInfo info_;
+  const SessionRef ref_;
+  internal::ArenaMapper mapper_;
+  std::vector<Block> blocks_;
+  uint64_t epoch_ = 0;
+  bool closed_ = false;
+
+  std::mutex mu_;  // guards stop_
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread heartbeat_;
+};
+
+class ClientImpl final : public Client {
+ public:
+  explicit ClientImpl(std::shared_ptr<grpc::Channel> channel)
+      : stub_(v1::Session::NewStub(channel)) {}
+
+  absl::StatusOr<std::unique_ptr<Session>> OpenSession(const SessionOptions& o) override {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::OpenSessionRequest req;
+    req.set_agent_id(o.agent_id);
+    req.set_tenant(o.tenant);
+    auto* p = req.mutable_profile();
+    p->set_num_layers(o.profile.num_layers);
+    p->set_num_kv_heads(o.profile.num_kv_heads);
+    p->set_head_dim(o.profile.head_dim);
+    p->set_dtype(static_cast<v1::DType>(o.profile.dtype));
+    p->set_model_id(o.profile.model_id);
+    req.set_key_format(static_cast<v1::PageFormat>(o.key_format));
+    req.set_value_format(static_cast<v1::PageFormat>(o.value_format));
+    req.set_block_tokens(o.block_tokens);
+    req.set_lease_ms(o.lease_ms);
+    v1::OpenSessionResponse resp;
+    if (auto s = FromGrpc(stub_->OpenSession(&ctx, req, &resp)); !s.ok()) return s;
+    SessionInfo info;
+    info.session_id = resp.session_id();
+    info.block_tokens = resp.block_tokens();
+    info.lease_ms = resp.lease_ms();
+    info.key_format = static_cast<Format>(resp.key_format());
+    info.value_format = static_cast<Format>(resp.value_format());
+    info.key_page_bytes = resp.key_page_bytes();
+    info.value_page_bytes = resp.value_page_bytes();
+    auto session = std::make_unique<SessionImpl>(
+        stub_, info, SessionRef{resp.session_id(), resp.token()}, resp.fd_socket_path());
+    if (auto s = session->Init(resp, o.heartbeat); !s.ok()) return s;
+    return std::unique_ptr<Session>(std::move(session));
+  }
+
+ private:
+  std::shared_ptr<v1::Session::Stub> stub_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path,
+                                                        int timeout_ms) {
+  auto channel = internal::Dial(socket_path, timeout_ms);
+  if (!channel.ok()) return channel.status();
+  return std::unique_ptr<Client>(new ClientImpl(*channel));
+}
+
+absl::StatusOr<uint64_t> ReserveRaw(const std::string& socket_path, const SessionRef& ref,
+                                    uint64_t num_tokens) {
+  auto channel = internal::Dial(socket_path, 5000);
+  if (!channel.ok()) return channel.status();
+  auto stub = v1::Session::NewStub(*channel);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::ReserveRequest req;
+  FillRef(ref, req.mutable_session());
+  req.set_num_tokens(num_tokens);
+  v1::ReserveResponse resp;
+  if (auto s = FromGrpc(stub->Reserve(&ctx, req, &resp)); !s.ok()) return s;
+  return resp.reserved_tokens();
+}
+
+}  // namespace polykv

@@ -1,0 +1,165 @@
+#include "daemon/config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace polykv::daemon {
+
+absl::StatusOr<uint64_t> ParseBytes(absl::string_view text) {
+  std::string t(absl::StripAsciiWhitespace(text));
+  struct Suffix {
+    const char* s;
+    uint64_t mult;
+  };
+  static const Suffix kSuffixes[] = {{"GiB", 1ull << 30}, {"MiB", 1ull << 20}, {"KiB", 1ull << 10},
+                                     {"G", 1ull << 30},   {"M", 1ull << 20},   {"K", 1ull << 10},
+                                     {"B", 1}};
+  uint64_t mult = 1;
+  for (const auto& s : kSuffixes) {
+    const std::string sv(s.s);
+    if (t.size() > sv.size() && t.compare(t.size() - sv.size(), sv.size(), sv) == 0) {
+      mult = s.mult;
+      t.resize(t.size() - sv.size());
+      break;
+    }
+  }
+  uint64_t n = 0;
+  if (!absl::SimpleAtoi(t, &n)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "' is not a byte size (examples: 1073741824, 1GiB, 512MiB)"));
+  }
+  if (n > UINT64_MAX / mult) return absl::InvalidArgumentError(absl::StrCat("'", text, "' is too large"));
+  return n * mult;
+}
+
+namespace {
+
+absl::Status KeyError(const std::string& key, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("config key '", key, "': ", what));
+}
+
+absl::StatusOr<QosRecord> ParseQos(const YAML::Node& n, QosRecord base, const std::string& where) {
+  static const std::set<std::string> kKeys = {"agent_id", "priority", "guaranteed_bytes",
+                                              "max_bytes", "key_precision_floor",
+                                              "value_precision_floor", "policy"};
+  for (const auto& kv : n) {
+    const std::string k = kv.first.as<std::string>();
+    if (!kKeys.contains(k)) return KeyError(absl::StrCat(where, ".", k), "unknown key");
+  }
+  if (n["agent_id"]) base.agent_id = n["agent_id"].as<std::string>();
+  if (n["priority"]) {
+    auto p = ParsePriority(n["priority"].as<std::string>());
+    if (!p) return KeyError(where + ".priority", "one of best_effort, low, normal, high, critical");
+    base.priority = *p;
+  }
+  for (const char* key : {"guaranteed_bytes", "max_bytes"}) {
+    if (!n[key]) continue;
+    auto b = ParseBytes(n[key].as<std::string>());
+    if (!b.ok()) return KeyError(absl::StrCat(where, ".", key), std::string(b.status().message()));
+    (absl::string_view(key) == "max_bytes" ? base.max_bytes : base.guaranteed_bytes) = *b;
+  }
+  for (const char* key : {"key_precision_floor", "value_precision_floor"}) {
+    if (!n[key]) continue;
+    auto f = kernels::ParseFormat(n[key].as<std::string>());
+    if (!f) return KeyError(absl::StrCat(where, ".", key), "one of f32 f16 bf16 fp8 int8 int4 int2");
+    (absl::string_view(key) == "key_precision_floor" ? base.key_floor : base.value_floor) = *f;
+  }
+  if (n["policy"]) base.policy = n["policy"].as<std::string>();
+  return base;
+}
+
+}  // namespace
+
+absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfig c) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot read config ", path, ": ", e.what()));
+  }
+  if (root.IsNull()) return c;
+  if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": expected a mapping"));
+  static const std::set<std::string> kKeys = {
+      "socket", "socket_mode", "metrics_address", "tier", "cuda_device", "pool_bytes",
+      "arena_bytes", "superblock_bytes", "block_tokens", "lease_ms", "max_sessions",
+      "drain_timeout_ms", "allowed_uids", "allowed_gids", "admin_uids", "default_qos", "agents",
+      "log_level"};
+  try {
+    for (const auto& kv : root) {
+      const std::string k = kv.first.as<std::string>();
+      if (!kKeys.contains(k)) {
+        return KeyError(k, absl::StrCat("unknown key; known keys: ", absl::StrJoin(kKeys, ", ")));
+      }
+    }
+    if (root["socket"]) c.socket = root["socket"].as<std::string>();
+    if (root["socket_mode"]) {
+      c.socket_mode = static_cast<mode_t>(std::stoul(root["socket_mode"].as<std::string>(), nullptr, 8));
+    }
+    if (root["metrics_address"]) c.metrics_address = root["metrics_address"].as<std::string>();
+    if (root["tier"]) c.tier = root["tier"].as<std::string>();
+    if (root["cuda_device"]) c.cuda_device = root["cuda_device"].as<int>();
+    for (auto [key, field] : {std::pair{"pool_bytes", &c.pool_bytes},
+                              std::pair{"arena_bytes", &c.arena_bytes},
+                              std::pair{"superblock_bytes", &c.superblock_bytes}}) {
+      if (!root[key]) continue;
+      auto b = ParseBytes(root[key].as<std::string>());
+      if (!b.ok()) return KeyError(key, std::string(b.status().message()));
+      *field = *b;
+    }
+    if (root["block_tokens"]) c.block_tokens = root["block_tokens"].as<uint32_t>();
+    if (root["lease_ms"]) c.lease_ms = root["lease_ms"].as<uint32_t>();
+    if (root["max_sessions"]) c.max_sessions = root["max_sessions"].as<uint32_t>();
+    if (root["drain_timeout_ms"]) c.drain_timeout_ms = root["drain_timeout_ms"].as<uint32_t>();
+    if (root["allowed_uids"]) c.allowed_uids = root["allowed_uids"].as<std::vector<uid_t>>();
+    if (root["allowed_gids"]) c.allowed_gids = root["allowed_gids"].as<std::vector<gid_t>>();
+    if (root["admin_uids"]) c.admin_uids = root["admin_uids"].as<std::vector<uid_t>>();
+    if (root["log_level"]) c.log_level = root["log_level"].as<std::string>();
+    if (root["default_qos"]) {
+      auto q = ParseQos(root["default_qos"], c.default_qos, "default_qos");
+      if (!q.ok()) return q.status();
+      c.default_qos = *q;
+    }
+    if (root["agents"]) {
+      int i = 0;
+      for (const auto& n : root["agents"]) {
+        auto q = ParseQos(n, c.default_qos, absl::StrCat("agents[", i++, "]"));
+        if (!q.ok()) return q.status();
+        if (q->agent_id.empty()) return KeyError(absl::StrCat("agents[", i - 1, "]"), "agent_id is required");
+        c.agents.push_back(*q);
+      }
+    }
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
+  }
+  return c;
+}
+
+absl::Status ValidateConfig(const DaemonConfig& c) {
+  if (c.tier != "host" && c.tier != "cuda") return KeyError("tier", "must be 'host' or 'cuda'");
+  if (c.superblock_bytes == 0 || c.superblock_bytes % 256 != 0) {
+    return KeyError("superblock_bytes", "must be a positive multiple of 256");
+  }
+  if (c.pool_bytes < c.superblock_bytes) {
+    return KeyError("pool_bytes", absl::StrCat("must be at least one superblock (",
+                                               c.superblock_bytes, " bytes)"));
+  }
+  if (c.arena_bytes < c.superblock_bytes) {
+    return KeyError("arena_bytes", "must be at least one superblock");
+  }
+  if (c.lease_ms < 200 || c.lease_ms > 600000) return KeyError("lease_ms", "must be in 200..600000");
+  if (c.block_tokens == 0 || c.block_tokens > 256 || (c.block_tokens & (c.block_tokens - 1))) {
+    return KeyError("block_tokens", "must be a power of two in 1..256");
+  }
+  if ((c.socket_mode & 0007) != 0) {
+    return KeyError("socket_mode", "must not grant access to others (use 0600 or 0660)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace polykv::daemon

@@ -1,0 +1,45 @@
+// DaemonConfig: everything polykvd can be told, from a YAML file and flags
+// (flags win). docs/configuration.md and deploy/polykvd.yaml show each key.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/pool/types.h"
+
+namespace polykv::daemon {
+
+struct DaemonConfig {
+  std::string socket = "/run/polykv/polykvd.sock";  // gRPC Unix socket
+  mode_t socket_mode = 0660;
+  std::string metrics_address = "127.0.0.1:9464";   // "off" disables the exposer
+  std::string tier = "host";                        // "host" | "cuda"
+  int cuda_device = 0;
+  uint64_t pool_bytes = 1ull << 30;
+  uint64_t arena_bytes = 64ull << 20;
+  uint64_t superblock_bytes = 2ull << 20;
+  uint32_t block_tokens = 16;
+  uint32_t lease_ms = 5000;
+  uint32_t max_sessions = 4096;
+  uint32_t drain_timeout_ms = 10000;  // SIGTERM: evict what is left after this
+  // Empty lists mean: the daemon's own uid and root.
+  std::vector<uid_t> allowed_uids;
+  std::vector<gid_t> allowed_gids;
+  std::vector<uid_t> admin_uids;
+  QosRecord default_qos;
+  std::vector<QosRecord> agents;  // Initial per-agent QoS.
+  std::string log_level = "info";
+};
+
+// "1073741824", "1GiB", "512MiB", "64KiB", "2G", "10M".
+absl::StatusOr<uint64_t> ParseBytes(absl::string_view text);
+// Reads `path` over `base`; unknown keys are an error (typos must not pass).
+absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfig base);
+// Cross-field checks (sizes, tier, address) with messages naming the key.
+absl::Status ValidateConfig(const DaemonConfig& config);
+
+}  // namespace polykv::daemon

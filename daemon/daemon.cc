@@ -1,0 +1,200 @@
+#include "daemon/daemon.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
+#include <prometheus/exposer.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "daemon/metrics/metrics.h"
+#include "daemon/rpc/admin_service.h"
+#include "daemon/rpc/fd_broker.h"
+#include "daemon/rpc/peer_registry.h"
+#include "daemon/rpc/session_service.h"
+#include "daemon/rpc/uds_listener.h"
+
+namespace polykv::daemon {
+namespace {
+
+// Big enough for a Reserve of 65536 tokens of a 128-layer model.
+constexpr int kMaxMessageBytes = 64 << 20;
+
+std::set<uid_t> OrDefaultUids(const std::vector<uid_t>& v) {
+  if (!v.empty()) return {v.begin(), v.end()};
+  return {0, geteuid()};
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonConfig& config) {
+  if (auto s = ValidateConfig(config); !s.ok()) return s;
+  std::unique_ptr<Daemon> d(new Daemon(config));
+  KvPoolOptions po;
+  po.tier = config.tier;
+  po.pool_bytes = config.pool_bytes;
+  po.arena_bytes = config.arena_bytes;
+  po.superblock_bytes = config.superblock_bytes;
+  po.default_block_tokens = config.block_tokens;
+  po.default_lease_ms = config.lease_ms;
+  po.max_sessions = config.max_sessions;
+  po.default_qos = config.default_qos;
+  if (config.tier == "cuda") {
+    const int device = config.cuda_device;
+    po.arena_factory = [device](const ArenaOptions& o) {
+      ArenaOptions with_device = o;
+      with_device.cuda_device = device;
+      return CreateCudaIpcArena(with_device);
+    };
+  } else {
+    po.arena_factory = CreateHostShmArena;
+  }
+  auto pool = KvPool::Create(po);
+  if (!pool.ok()) return pool.status();
+  d->pool_ = *std::move(pool);
+  for (const QosRecord& q : config.agents) {
+    if (auto s = d->pool_->SetQos(q); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("agent '", q.agent_id, "' in config: ", s.status().message()));
+    }
+  }
+  return d;
+}
+
+Daemon::Daemon(const DaemonConfig& config)
+    : config_(config), fd_socket_path_(config.socket + ".fds") {}
+
+Daemon::~Daemon() { Shutdown(); }
+
+absl::Status Daemon::Start() {
+  registry_ = std::make_shared<prometheus::Registry>();
+  metrics_ = std::make_unique<Metrics>(registry_);
+  if (config_.metrics_address != "off" && !config_.metrics_address.empty()) {
+    try {
+      exposer_ = std::make_unique<prometheus::Exposer>(config_.metrics_address, 2);
+    } catch (const std::exception& e) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot serve metrics on ", config_.metrics_address, ": ", e.what(),
+          " (is another polykvd running? use --metrics-address HOST:PORT or 'off')"));
+    }
+    collector_ = std::make_shared<PoolCollector>(pool_.get());
+    exposer_->RegisterCollectable(registry_);
+    exposer_->RegisterCollectable(collector_);
+    std::vector<std::string> host_port = absl::StrSplit(config_.metrics_address, ':');
+    const auto ports = exposer_->GetListeningPorts();
+    metrics_address_ = absl::StrCat(host_port.empty() ? "127.0.0.1" : host_port[0], ":",
+                                    ports.empty() ? 0 : ports[0]);
+  }
+
+  peers_ = std::make_unique<PeerRegistry>();
+  ServiceContext ctx;
+  ctx.pool = pool_.get();
+  ctx.peers = peers_.get();
+  ctx.metrics = metrics_.get();
+  ctx.admin_uids = OrDefaultUids(config_.admin_uids);
+  ctx.fd_socket_path = fd_socket_path_;
+  ctx.metrics_address = metrics_address_;
+  session_service_ = std::make_unique<SessionService>(ctx);
+  admin_service_ = std::make_unique<AdminService>(ctx);
+
+  grpc::ServerBuilder builder;
+  builder.RegisterService(session_service_.get());
+  builder.RegisterService(admin_service_.get());
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.SetMaxReceiveMessageSize(1 << 20);
+  server_ = builder.BuildAndStart();
+  if (!server_) return absl::InternalError("gRPC server failed to start");
+
+  PeerPolicy policy;
+  const std::set<uid_t> uids = OrDefaultUids(config_.allowed_uids);
+  policy.allowed_uids = uids;
+  policy.allowed_gids = {config_.allowed_gids.begin(), config_.allowed_gids.end()};
+
+  if (auto dir = config_.socket.substr(0, config_.socket.rfind('/')); !dir.empty() &&
+      config_.socket.find('/') != std::string::npos) {
+    // The socket's folder: created if missing, never loosened if present.
+    if (access(dir.c_str(), F_OK) != 0 && mkdir(dir.c_str(), 0750) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot create socket folder ", dir));
+    }
+  }
+  FdBrokerOptions bo;
+  bo.path = fd_socket_path_;
+  bo.mode = config_.socket_mode;
+  bo.policy = policy;
+  bo.pool = pool_.get();
+  bo.on_reject = [this](const PeerCreds& p) {
+    spdlog::warn("fd socket: refused peer pid={} uid={} gid={}", p.pid, p.uid, p.gid);
+    metrics_->PeerRejected("fd");
+  };
+  auto broker = FdBroker::Create(bo);
+  if (!broker.ok()) return broker.status();
+  fd_broker_ = *std::move(broker);
+
+  UdsListenerOptions lo;
+  lo.path = config_.socket;
+  lo.mode = config_.socket_mode;
+  lo.policy = policy;
+  lo.on_accept = [this](int fd, const PeerCreds& peer) {
+    peers_->Set(fd, peer);
+    grpc::AddInsecureChannelFromFd(server_.get(), fd);
+  };
+  lo.on_reject = [this](const PeerCreds& p) {
+    spdlog::warn("socket: refused peer pid={} uid={} gid={} (not in allowed_uids/allowed_gids)",
+                 p.pid, p.uid, p.gid);
+    metrics_->PeerRejected("grpc");
+  };
+  auto listener = UdsListener::Create(lo);
+  if (!listener.ok()) return listener.status();
+  listener_ = *std::move(listener);
+
+  fd_broker_->Start();
+  listener_->Start();
+  reaper_ = std::thread([this] { ReaperLoop(); });
+  spdlog::info("polykvd {} listening on {} (fds {}), tier {}, pool {} bytes, lease {} ms, metrics {}",
+               POLYKV_VERSION, config_.socket, fd_socket_path_, config_.tier, config_.pool_bytes,
+               config_.lease_ms, metrics_address_.empty() ? "off" : metrics_address_);
+  return absl::OkStatus();
+}
+
+void Daemon::ReaperLoop() {
+  // A quarter lease between sweeps: a dead worker's pages are back within
+  // 1.25 lease periods of its last heartbeat.
+  const absl::Duration period = absl::Milliseconds(std::max<uint32_t>(config_.lease_ms / 4, 20));
+  while (!stop_reaper_.WaitForNotificationWithTimeout(period)) {
+    for (uint64_t id : pool_->ReclaimExpired()) {
+      spdlog::info("reclaimed session {} (lease expired or drain deadline passed)", id);
+      metrics_->SessionReclaimed("lease");
+    }
+  }
+}
+
+void Daemon::Drain(absl::Duration timeout) {
+  const uint32_t open = pool_->Drain(timeout);
+  spdlog::info("draining: {} sessions open; evicting what is left after {} ms", open,
+               absl::ToInt64Milliseconds(timeout));
+  const absl::Time deadline = absl::Now() + timeout + absl::Seconds(1);
+  while (pool_->num_sessions() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  spdlog::info("drained: {} sessions left, {} bytes in use", pool_->num_sessions(),
+               pool_->used_bytes());
+}
+
+void Daemon::Shutdown() {
+  if (shut_down_.exchange(true)) return;
+  if (listener_) listener_->Stop();
+  if (fd_broker_) fd_broker_->Stop();
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (reaper_.joinable()) {
+    stop_reaper_.Notify();
+    reaper_.join();
+  }
+  listener_.reset();
+  fd_broker_.reset();
+  server_.reset();
+  exposer_.reset();
+}
+
+}  // namespace polykv::daemon

@@ -1,0 +1,79 @@
+// Daemon: wires the rooms together — pool, arenas, sockets, gRPC services,
+// metrics exposer, lease reaper — and owns their lifetimes.
+//
+//   auto d = Daemon::Create(config);   // validates, binds nothing yet
+//   d->Start();                        // sockets, gRPC, metrics, reaper
+//   d->Drain(timeout);                 // stop admitting, wait, evict the rest
+//   d->Shutdown();                     // idempotent; the destructor calls it
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "daemon/config/config.h"
+#include "daemon/pool/kv_pool.h"
+
+namespace grpc {
+class Server;
+}
+namespace prometheus {
+class Exposer;
+class Registry;
+}
+
+namespace polykv::daemon {
+
+class Metrics;
+class PoolCollector;
+class PeerRegistry;
+class UdsListener;
+class FdBroker;
+class SessionService;
+class AdminService;
+
+class Daemon {
+ public:
+  static absl::StatusOr<std::unique_ptr<Daemon>> Create(const DaemonConfig& config);
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  absl::Status Start();
+  // Stops admitting sessions and reservations, waits up to `timeout` for
+  // sessions to close, then evicts what is left.
+  void Drain(absl::Duration timeout);
+  void Shutdown();
+
+  KvPool* pool() { return pool_.get(); }
+  // host:port the metrics exposer is bound to ("" when disabled).
+  const std::string& metrics_address() const { return metrics_address_; }
+  const std::string& fd_socket_path() const { return fd_socket_path_; }
+
+ private:
+  explicit Daemon(const DaemonConfig& config);
+  void ReaperLoop();
+
+  const DaemonConfig config_;
+  const std::string fd_socket_path_;
+  std::string metrics_address_;
+  std::unique_ptr<KvPool> pool_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<Metrics> metrics_;
+  std::shared_ptr<PoolCollector> collector_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<PeerRegistry> peers_;
+  std::unique_ptr<SessionService> session_service_;
+  std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<UdsListener> listener_;
+  std::unique_ptr<FdBroker> fd_broker_;
+  absl::Notification stop_reaper_;
+  std::thread reaper_;
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace polykv::daemon

@@ -1,0 +1,82 @@
+// polykvd: the KV-cache daemon. Flags override the YAML config file.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/prctl.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "daemon/config/config.h"
+#include "daemon/daemon.h"
+
+namespace {
+
+int Fail(const std::string& what) {
+  spdlog::error("{}", what);
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using polykv::daemon::DaemonConfig;
+  CLI::App app{"polykvd — shared KV-cache pool for LLM agents (one per node)"};
+  std::string config_file, socket, metrics_address, pool_bytes, arena_bytes, tier, log_level;
+  uint32_t lease_ms = 0;
+  app.add_option("--config", config_file, "YAML config file (see deploy/polykvd.yaml)");
+  app.add_option("--socket", socket, "Unix socket for the gRPC API [/run/polykv/polykvd.sock]");
+  app.add_option("--metrics-address", metrics_address,
+                 "Prometheus exposer HOST:PORT, or 'off' [127.0.0.1:9464]");
+  app.add_option("--pool-bytes", pool_bytes, "Pool budget, e.g. 1GiB [1GiB]");
+  app.add_option("--arena-bytes", arena_bytes, "Size of each arena, e.g. 64MiB [64MiB]");
+  app.add_option("--tier", tier, "Memory tier: host (shared memory) or cuda [host]");
+  app.add_option("--lease-ms", lease_ms, "Session lease in milliseconds [5000]");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error [info]");
+  CLI11_PARSE(app, argc, argv);
+
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ polykvd: %v");
+  DaemonConfig config;
+  if (!config_file.empty()) {
+    auto loaded = polykv::daemon::LoadConfigFile(config_file, config);
+    if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
+    config = *loaded;
+  }
+  if (!socket.empty()) config.socket = socket;
+  if (!metrics_address.empty()) config.metrics_address = metrics_address;
+  if (!tier.empty()) config.tier = tier;
+  if (lease_ms) config.lease_ms = lease_ms;
+  if (!log_level.empty()) config.log_level = log_level;
+  for (auto [flag, text, field] : {std::tuple{"--pool-bytes", &pool_bytes, &config.pool_bytes},
+                                   std::tuple{"--arena-bytes", &arena_bytes, &config.arena_bytes}}) {
+    if (text->empty()) continue;
+    auto b = polykv::daemon::ParseBytes(*text);
+    if (!b.ok()) return Fail(std::string(flag) + ": " + std::string(b.status().message()));
+    *field = *b;
+  }
+  spdlog::set_level(spdlog::level::from_str(config.log_level));
+
+  // Same-uid processes could otherwise open the arena memfds through
+  // /proc/<pid>/fd and bypass the token check of the fd socket.
+  prctl(PR_SET_DUMPABLE, 0);
+
+  // Signals are taken synchronously by main; every other thread blocks them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto daemon = polykv::daemon::Daemon::Create(config);
+  if (!daemon.ok()) return Fail(std::string(daemon.status().message()));
+  if (auto s = (*daemon)->Start(); !s.ok()) return Fail(std::string(s.message()));
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("{} received; draining for up to {} ms", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+               config.drain_timeout_ms);
+  (*daemon)->Drain(absl::Milliseconds(config.drain_timeout_ms));
+  (*daemon)->Shutdown();
+  spdlog::info("stopped");
+  return 0;
+}

@@ -1,0 +1,59 @@
+// Arenas: the large allocations KV pages live in, and how workers map them.
+//
+// An arena handle exposes the whole arena, so the pool gives each tenant its
+// own arenas (see pool/kv_pool.h); an arena is never shared across tenants.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace polykv::daemon {
+
+enum class ArenaKind { kHostShm, kCudaIpc };
+
+absl::string_view ArenaKindName(ArenaKind kind);  // "host" / "cuda"
+
+// Everything a worker needs to map an arena (besides, for host arenas, the
+// file descriptor it fetches over the fd socket).
+struct ArenaExport {
+  uint32_t arena_id = 0;
+  ArenaKind kind = ArenaKind::kHostShm;
+  uint64_t size_bytes = 0;
+  std::string cuda_ipc_handle;  // kCudaIpc: raw cudaIpcMemHandle_t bytes.
+  int cuda_device = -1;
+};
+
+// Thread-safety: immutable after creation; safe to read from any thread.
+class Arena {
+ public:
+  virtual ~Arena() = default;
+  virtual uint32_t id() const = 0;
+  virtual ArenaKind kind() const = 0;
+  virtual uint64_t size_bytes() const = 0;
+  // Host-addressable base (host arenas); nullptr for device arenas.
+  virtual void* host_base() const = 0;
+  // File descriptor to hand to workers (host arenas), or -1. Owned by the arena.
+  virtual int fd() const = 0;
+  virtual ArenaExport Export() const = 0;
+};
+
+struct ArenaOptions {
+  uint32_t id = 0;
+  uint64_t size_bytes = 0;  // > 0; rounded up to the system page size.
+  int cuda_device = 0;      // kCudaIpc only.
+};
+
+// memfd-backed host shared memory, mode 0600, no name in any namespace.
+absl::StatusOr<std::unique_ptr<Arena>> CreateHostShmArena(const ArenaOptions& options);
+
+// cudaMalloc + cudaIpcGetMemHandle. UNIMPLEMENTED in builds without CUDA,
+// FAILED_PRECONDITION when no GPU is present.
+absl::StatusOr<std::unique_ptr<Arena>> CreateCudaIpcArena(const ArenaOptions& options);
+
+// True when this build has the CUDA backend compiled in.
+bool CudaArenaCompiledIn();
+
+}  // namespace polykv::daemon

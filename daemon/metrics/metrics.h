@@ -1,0 +1,67 @@
+// Metrics: every polykv_* metric family, in one place, on an injected registry.
+//
+// Event metrics (RPCs, rejections) are counters and histograms updated as
+// things happen. State metrics (pool bytes, pages, sessions, bytes per agent)
+// are read from the pool when Prometheus scrapes (PoolCollector), so they can
+// never drift from the pool's own accounting.
+//
+// Thread-safety: all methods are thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/pool/kv_pool.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace polykv::daemon {
+
+// Agents shown by name in polykv_agent_bytes; the rest are summed as "_other",
+// keeping label cardinality bounded however many agents connect.
+inline constexpr size_t kMaxAgentLabels = 32;
+
+class Metrics {
+ public:
+  explicit Metrics(std::shared_ptr<prometheus::Registry> registry);
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // rpc: method name ("Reserve"); code: gRPC code name ("OK", "NOT_FOUND").
+  void ObserveRpc(const std::string& rpc, const std::string& code, double seconds);
+  void PeerRejected(const std::string& socket);  // socket: "grpc" | "fd"
+  void SessionReclaimed(const std::string& reason);
+
+  const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+
+ private:
+  const std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& rpc_total_;
+  prometheus::Family<prometheus::Histogram>& rpc_seconds_;
+  prometheus::Family<prometheus::Counter>& peer_rejections_;
+  prometheus::Family<prometheus::Counter>& reclaimed_;
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::pair<prometheus::Counter*, prometheus::Histogram*>>
+      rpc_cache_ ABSL_GUARDED_BY(mu_);
+};
+
+// Produces the state metrics from KvPool::Stats() at scrape time.
+class PoolCollector : public prometheus::Collectable {
+ public:
+  explicit PoolCollector(const KvPool* pool) : pool_(pool) {}
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  const KvPool* const pool_;  // Not owned; outlives the collector's registration.
+};
+
+// gRPC status code name, e.g. "RESOURCE_EXHAUSTED".
+std::string GrpcCodeName(int code);
+
+}  // namespace polykv::daemon

@@ -1,0 +1,180 @@
+// KvPool: the daemon's state — tenants, their arenas and page allocators,
+// sessions with leases and block tables, per-agent QoS — and every operation
+// the Session and Admin services expose, in internal types.
+//
+// Invariants (checked by CheckInvariants, asserted in tests):
+//  - used bytes of the pool == sum over tenants == sum over sessions == sum
+//    over agents;
+//  - every page id in a block table is allocated, exactly once;
+//  - a session's pages live only in its tenant's arenas;
+//  - a failed call changes no state (allocations of a failed Reserve are
+//    rolled back, arenas it created are removed again).
+//
+// Thread-safety: all public methods are thread-safe (one mutex; shard only
+// after measuring contention).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/memory/arena.h"
+#include "daemon/pool/event_channel.h"
+#include "daemon/pool/page_allocator.h"
+#include "daemon/pool/types.h"
+
+namespace polykv::daemon {
+
+using ArenaFactory = std::function<absl::StatusOr<std::unique_ptr<Arena>>(const ArenaOptions&)>;
+using Clock = std::function<absl::Time()>;
+
+struct KvPoolOptions {
+  std::string tier = "host";               // For stats and metrics labels.
+  uint64_t pool_bytes = 1ull << 30;        // Budget for all arenas together.
+  uint64_t arena_bytes = 64ull << 20;      // Size of each new arena (last one may be smaller).
+  uint64_t superblock_bytes = 2ull << 20;  // Slab unit inside arenas.
+  uint32_t default_block_tokens = 16;
+  uint32_t default_lease_ms = 5000;
+  uint32_t min_lease_ms = 200;
+  uint32_t max_lease_ms = 600000;
+  uint32_t max_sessions = 4096;
+  QosRecord default_qos;  // For agents without a record (agent_id ignored).
+  ArenaFactory arena_factory;  // Required.
+  Clock clock;                 // Defaults to absl::Now.
+};
+
+class KvPool {
+ public:
+  static absl::StatusOr<std::unique_ptr<KvPool>> Create(const KvPoolOptions& options);
+  ~KvPool();
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
+
+  // --- Session service ---
+  absl::StatusOr<OpenResult> Open(const OpenRequest& request);
+  absl::StatusOr<ReserveResult> Reserve(uint64_t session_id, absl::string_view token,
+                                        const PeerCreds& peer, uint64_t num_tokens);
+  absl::StatusOr<uint64_t> Commit(uint64_t session_id, absl::string_view token,
+                                  const PeerCreds& peer, uint64_t committed_tokens);
+  absl::StatusOr<SyncResult> Sync(uint64_t session_id, absl::string_view token,
+                                  const PeerCreds& peer, uint64_t known_epoch);
+  absl::Status Ack(uint64_t session_id, absl::string_view token, const PeerCreds& peer,
+                   uint64_t epoch);
+  absl::StatusOr<ReleaseResult> Release(uint64_t session_id, absl::string_view token,
+                                        const PeerCreds& peer, uint64_t keep_tokens);
+  // Returns the bytes freed.
+  absl::StatusOr<uint64_t> Close(uint64_t session_id, absl::string_view token,
+                                 const PeerCreds& peer);
+  absl::StatusOr<HeartbeatResult> Heartbeat(uint64_t session_id, absl::string_view token,
+                                            const PeerCreds& peer);
+  absl::StatusOr<std::shared_ptr<EventChannel>> Watch(uint64_t session_id,
+                                                      absl::string_view token,
+                                                      const PeerCreds& peer);
+  // A duplicate of the arena's fd for the fd socket; the caller owns it.
+  // PERMISSION_DENIED unless the arena belongs to the session's tenant.
+  absl::StatusOr<int> DupArenaFd(uint64_t session_id, absl::string_view token,
+                                 const PeerCreds& peer, uint32_t arena_id);
+
+  // --- Admin service ---
+  PoolSummary Stats() const;
+  std::vector<SessionSummary> ListSessions(absl::string_view tenant,
+                                           absl::string_view agent_id) const;
+  QosRecord GetQos(absl::string_view agent_id) const;
+  absl::StatusOr<QosRecord> SetQos(const QosRecord& qos);
+  absl::StatusOr<uint64_t> Evict(uint64_t session_id, absl::string_view reason);
+  // Stops admitting sessions and reservations. With evict_after > 0, sessions
+  // still open after it are evicted by ReclaimExpired.
+  uint32_t Drain(absl::Duration evict_after);
+  bool draining() const;
+
+  // Reclaims sessions whose lease ran out (and, after a drain deadline, all
+  // sessions). Returns the ids reclaimed. Called periodically by the daemon.
+  std::vector<uint64_t> ReclaimExpired();
+
+  uint64_t used_bytes() const;
+  uint32_t num_sessions() const;
+  absl::Status CheckInvariants() const;
+
+ private:
+  struct Tenant {
+    explicit Tenant(const PageAllocatorOptions& o) : allocator(o) {}
+    PageAllocator allocator;
+    std::map<uint32_t, std::unique_ptr<Arena>> arenas;
+    uint32_t num_sessions = 0;
+  };
+  struct Session {
+    uint64_t id = 0;
+    std::string token;
+    std::string agent_id;
+    std::string tenant;
+    ModelProfile profile;
+    Priority priority = Priority::kNormal;
+    PageFormat key_format = PageFormat::kF16;
+    PageFormat value_format = PageFormat::kF16;
+    uint32_t block_tokens = 16;
+    uint32_t key_page_bytes = 0;    // size class
+    uint32_t value_page_bytes = 0;  // size class
+    std::vector<std::vector<PageId>> blocks;  // [block][2 * num_layers]
+    uint64_t committed_tokens = 0;
+    uint64_t epoch = 0;
+    uint64_t acked_epoch = 0;
+    uint64_t bytes = 0;
+    uint32_t lease_ms = 0;
+    absl::Time deadline;
+    absl::Time last_seen;
+    PeerCreds peer;
+    std::vector<uint32_t> known_arenas;  // sorted
+    std::shared_ptr<EventChannel> events;
+    uint64_t reserved_tokens() const { return uint64_t(blocks.size()) * block_tokens; }
+    uint64_t block_bytes() const {
+      return uint64_t(profile.num_layers) * (key_page_bytes + value_page_bytes);
+    }
+  };
+
+  explicit KvPool(const KvPoolOptions& options);
+  absl::StatusOr<Session*> Authorize(uint64_t session_id, absl::string_view token,
+                                     const PeerCreds& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const QosRecord& QosFor(const std::string& agent_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Adds one arena to `tenant` if the budget allows (after reclaiming empty
+  // arenas of tenants without sessions). Returns the new arena id.
+  absl::StatusOr<uint32_t> GrowTenant(Tenant& tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<uint32_t> NextArenaId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeBlock(Session& s, std::vector<PageId>& pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  BlockDesc Describe(const Session& s, uint32_t block_index) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  std::vector<ArenaExport> NewArenasFor(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees everything the session holds and forgets it. Returns bytes freed.
+  uint64_t DestroySession(uint64_t session_id, SessionEventMsg last_event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseEmptyArenas(Tenant& tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t TotalArenaBytes() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
+  const KvPoolOptions options_;
+  const absl::Time start_time_;
+
+  mutable absl::Mutex mu_;
+  // State below is protected by mu_.
+  std::map<std::string, std::unique_ptr<Tenant>> tenants_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, QosRecord> qos_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> agent_bytes_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<PageFormat, bool>, uint64_t> pages_by_format_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint32_t next_arena_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time drain_evict_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  uint64_t lease_expiries_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t refused_reservations_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace polykv::daemon

@@ -1,0 +1,173 @@
+// Internal vocabulary of the pool room. The rpc room translates these to and
+// from proto messages; nothing below rpc/ knows about protobuf.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/memory/arena.h"
+#include "daemon/pool/page_allocator.h"
+#include "kernels/page_format.h"
+
+namespace polykv::daemon {
+
+using kernels::PageFormat;
+
+enum class DType { kF32 = 1, kF16 = 2, kBF16 = 3 };
+
+// Wire values equal proto PriorityClass.
+enum class Priority { kBestEffort = 1, kLow = 2, kNormal = 3, kHigh = 4, kCritical = 5 };
+absl::string_view PriorityName(Priority p);  // "best_effort", "low", ...
+std::optional<Priority> ParsePriority(absl::string_view name);
+
+struct ModelProfile {
+  uint32_t num_layers = 0;
+  uint32_t num_kv_heads = 0;
+  uint32_t head_dim = 0;
+  DType dtype = DType::kF16;
+  std::string model_id;
+};
+
+struct QosRecord {
+  std::string agent_id;
+  Priority priority = Priority::kNormal;
+  uint64_t guaranteed_bytes = 0;
+  uint64_t max_bytes = 0;  // 0 = no cap
+  std::optional<PageFormat> key_floor;
+  std::optional<PageFormat> value_floor;
+  std::string policy = "full";
+};
+
+// Who is on the other end of a connection (SO_PEERCRED at accept time).
+struct PeerCreds {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+struct OpenRequest {
+  std::string agent_id;
+  std::string tenant;
+  ModelProfile profile;
+  std::optional<PageFormat> key_format;    // nullopt: follow dtype
+  std::optional<PageFormat> value_format;  // nullopt: follow dtype
+  uint32_t block_tokens = 0;               // 0 = default
+  std::optional<Priority> priority_hint;
+  uint32_t lease_ms = 0;  // 0 = default
+  PeerCreds peer;
+};
+
+struct PageDesc {
+  PageId page_id = kNoPage;
+  uint32_t arena_id = 0;
+  uint64_t offset = 0;
+  uint32_t size_bytes = 0;
+  uint32_t layer = 0;
+  bool is_value = false;
+  PageFormat format = PageFormat::kF16;
+  uint32_t block_index = 0;
+};
+
+// pages[2 * layer] is K, pages[2 * layer + 1] is V.
+struct BlockDesc {
+  uint32_t block_index = 0;
+  std::vector<PageDesc> pages;
+};
+
+struct OpenResult {
+  uint64_t session_id = 0;
+  std::string token;
+  uint32_t lease_ms = 0;
+  uint32_t block_tokens = 0;
+  PageFormat key_format = PageFormat::kF16;
+  PageFormat value_format = PageFormat::kF16;
+  uint32_t key_page_bytes = 0;
+  uint32_t value_page_bytes = 0;
+  std::vector<ArenaExport> arenas;
+  uint64_t epoch = 0;
+  QosRecord qos;
+};
+
+struct ReserveResult {
+  std::vector<BlockDesc> blocks;
+  uint64_t reserved_tokens = 0;
+  uint64_t session_bytes = 0;
+  std::vector<ArenaExport> new_arenas;
+};
+
+struct SyncResult {
+  uint64_t epoch = 0;
+  bool changed = false;
+  std::vector<BlockDesc> blocks;
+  uint64_t committed_tokens = 0;
+  std::vector<ArenaExport> new_arenas;
+};
+
+struct ReleaseResult {
+  uint64_t reserved_tokens = 0;
+  uint64_t committed_tokens = 0;
+  uint64_t session_bytes = 0;
+};
+
+struct HeartbeatResult {
+  uint32_t lease_ms = 0;
+  uint64_t epoch = 0;
+  bool draining = false;
+};
+
+struct SessionSummary {
+  uint64_t session_id = 0;
+  std::string agent_id;
+  std::string tenant;
+  Priority priority = Priority::kNormal;
+  uint64_t reserved_tokens = 0;
+  uint64_t committed_tokens = 0;
+  uint64_t bytes = 0;
+  uint64_t epoch = 0;
+  PageFormat key_format = PageFormat::kF16;
+  PageFormat value_format = PageFormat::kF16;
+  PeerCreds peer;
+  double idle_seconds = 0;
+  ModelProfile profile;
+};
+
+struct TenantSummary {
+  std::string tenant;
+  uint64_t used_bytes = 0;
+  uint64_t arena_bytes = 0;
+  uint32_t num_sessions = 0;
+};
+
+struct PoolSummary {
+  std::string tier;
+  uint64_t pool_bytes = 0;
+  uint64_t arena_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t num_arenas = 0;
+  uint64_t num_pages = 0;
+  uint64_t superblock_bytes = 0;
+  uint64_t num_superblocks_used = 0;
+  std::vector<TenantSummary> tenants;
+  uint32_t num_sessions = 0;
+  bool draining = false;
+  uint64_t lease_expiries = 0;
+  uint64_t refused_reservations = 0;
+  // For metrics: pages by (format, kind), sessions by priority, bytes by agent.
+  std::vector<std::pair<std::pair<PageFormat, bool>, uint64_t>> pages_by_format;
+  std::vector<std::pair<Priority, uint32_t>> sessions_by_priority;
+  std::vector<std::pair<std::string, uint64_t>> bytes_by_agent;  // descending
+};
+
+// Daemon events delivered to a session's watchers.
+struct SessionEventMsg {
+  enum class Type { kEpoch = 1, kQos = 2, kDrain = 3, kEvicted = 4 };
+  Type type = Type::kEpoch;
+  uint64_t epoch = 0;
+  std::string message;
+};
+
+}  // namespace polykv::daemon

@@ -1,0 +1,48 @@
+#include "daemon/pool/validation.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace polykv::daemon {
+
+absl::Status ValidateName(absl::string_view what, absl::string_view value, size_t max_len) {
+  if (value.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is required"));
+  if (value.size() > max_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is ", value.size(), " characters; at most ", max_len, " allowed"));
+  }
+  for (char c : value) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '.' || c == ':' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " may contain only letters, digits and _.:- (got '",
+                       std::string(1, c), "')"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateProfile(const ModelProfile& p) {
+  auto range = [](absl::string_view field, uint32_t v) -> absl::Status {
+    if (v < 1 || v > 1024) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("profile.", field, " must be in 1..1024 (got ", v, ")"));
+    }
+    return absl::OkStatus();
+  };
+  if (auto s = range("num_layers", p.num_layers); !s.ok()) return s;
+  if (auto s = range("num_kv_heads", p.num_kv_heads); !s.ok()) return s;
+  if (auto s = range("head_dim", p.head_dim); !s.ok()) return s;
+  if (p.model_id.size() > 256) return absl::InvalidArgumentError("profile.model_id over 256 chars");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateBlockTokens(uint32_t b) {
+  if (b < 1 || b > 256 || (b & (b - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_tokens must be a power of two in 1..256 (got ", b, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace polykv::daemon

@@ -1,0 +1,18 @@
+// Input checks shared by the pool's entry points. Each returns
+// INVALID_ARGUMENT with a message that tells the caller what to change.
+#pragma once
+
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "daemon/pool/types.h"
+
+namespace polykv::daemon {
+
+// 1..max_len characters of [A-Za-z0-9_.:-].
+absl::Status ValidateName(absl::string_view what, absl::string_view value, size_t max_len);
+absl::Status ValidateProfile(const ModelProfile& profile);
+// Power of two in [1, 256].
+absl::Status ValidateBlockTokens(uint32_t block_tokens);
+
+}  // namespace polykv::daemon

@@ -1,0 +1,82 @@
+#include "daemon/rpc/admin_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "daemon/rpc/convert.h"
+
+namespace polykv::daemon {
+
+template <typename Fn>
+grpc::Status AdminService::AdminHandle(grpc::ServerContext* c, const std::string& rpc, Fn&& fn) {
+  return Handle(ctx_, c, rpc, [&](const PeerCreds& peer) -> absl::Status {
+    if (!ctx_.admin_uids.contains(peer.uid)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("uid ", peer.uid, " may not use the Admin service (see admin_uids)"));
+    }
+    return fn();
+  });
+}
+
+grpc::Status AdminService::GetStats(grpc::ServerContext* c, const v1::GetStatsRequest*,
+                                    v1::Stats* resp) {
+  return AdminHandle(c, "GetStats", [&]() {
+    ToProto(ctx_.pool->Stats(), resp);
+    resp->set_metrics_address(ctx_.metrics_address);
+    resp->set_version(POLYKV_VERSION);
+    resp->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - ctx_.start_time));
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status AdminService::ListSessions(grpc::ServerContext* c,
+                                        const v1::ListSessionsRequest* req,
+                                        v1::ListSessionsResponse* resp) {
+  return AdminHandle(c, "ListSessions", [&]() {
+    for (const auto& s : ctx_.pool->ListSessions(req->tenant(), req->agent_id())) {
+      ToProto(s, resp->add_sessions());
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status AdminService::GetQos(grpc::ServerContext* c, const v1::GetQosRequest* req,
+                                  v1::QosRecord* resp) {
+  return AdminHandle(c, "GetQos", [&]() -> absl::Status {
+    if (req->agent_id().empty()) return absl::InvalidArgumentError("agent_id is required");
+    ToProto(ctx_.pool->GetQos(req->agent_id()), resp);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status AdminService::SetQos(grpc::ServerContext* c, const v1::SetQosRequest* req,
+                                  v1::QosRecord* resp) {
+  return AdminHandle(c, "SetQos", [&]() -> absl::Status {
+    auto q = FromProto(req->qos());
+    if (!q.ok()) return q.status();
+    auto out = ctx_.pool->SetQos(*q);
+    if (!out.ok()) return out.status();
+    ToProto(*out, resp);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status AdminService::EvictSession(grpc::ServerContext* c,
+                                        const v1::EvictSessionRequest* req,
+                                        v1::EvictSessionResponse* resp) {
+  return AdminHandle(c, "EvictSession", [&]() -> absl::Status {
+    auto out = ctx_.pool->Evict(req->session_id(), "by operator");
+    if (!out.ok()) return out.status();
+    if (ctx_.metrics) ctx_.metrics->SessionReclaimed("operator");
+    resp->set_freed_bytes(*out);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status AdminService::Drain(grpc::ServerContext* c, const v1::DrainRequest* req,
+                                 v1::DrainResponse* resp) {
+  return AdminHandle(c, "Drain", [&]() {
+    resp->set_num_sessions(ctx_.pool->Drain(absl::Milliseconds(req->evict_after_ms())));
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace polykv::daemon

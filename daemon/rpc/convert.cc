@@ -1,0 +1,174 @@
+#include "daemon/rpc/convert.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace polykv::daemon {
+
+absl::StatusOr<std::optional<PageFormat>> FormatFromProto(int value, absl::string_view field) {
+  if (value == v1::PAGE_FORMAT_UNSPECIFIED) return std::optional<PageFormat>();
+  if (!kernels::IsValidFormat(value)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": unknown page format ", value));
+  }
+  return std::optional<PageFormat>(static_cast<PageFormat>(value));
+}
+
+v1::PageFormat FormatToProto(PageFormat f) { return static_cast<v1::PageFormat>(f); }
+
+absl::StatusOr<OpenRequest> FromProto(const v1::OpenSessionRequest& r, const PeerCreds& peer) {
+  OpenRequest o;
+  o.agent_id = r.agent_id();
+  o.tenant = r.tenant();
+  o.profile.num_layers = r.profile().num_layers();
+  o.profile.num_kv_heads = r.profile().num_kv_heads();
+  o.profile.head_dim = r.profile().head_dim();
+  o.profile.model_id = r.profile().model_id();
+  switch (r.profile().dtype()) {
+    case v1::DTYPE_UNSPECIFIED:
+    case v1::DTYPE_F16: o.profile.dtype = DType::kF16; break;
+    case v1::DTYPE_F32: o.profile.dtype = DType::kF32; break;
+    case v1::DTYPE_BF16: o.profile.dtype = DType::kBF16; break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("profile.dtype: unknown dtype ", r.profile().dtype()));
+  }
+  auto kf = FormatFromProto(r.key_format(), "key_format");
+  if (!kf.ok()) return kf.status();
+  auto vf = FormatFromProto(r.value_format(), "value_format");
+  if (!vf.ok()) return vf.status();
+  o.key_format = *kf;
+  o.value_format = *vf;
+  o.block_tokens = r.block_tokens();
+  if (r.priority_hint() != v1::PRIORITY_UNSPECIFIED) {
+    if (r.priority_hint() < v1::PRIORITY_BEST_EFFORT || r.priority_hint() > v1::PRIORITY_CRITICAL) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("priority_hint: unknown class ", r.priority_hint()));
+    }
+    o.priority_hint = static_cast<Priority>(r.priority_hint());
+  }
+  o.lease_ms = r.lease_ms();
+  o.peer = peer;
+  return o;
+}
+
+absl::StatusOr<QosRecord> FromProto(const v1::QosRecord& q) {
+  QosRecord o;
+  o.agent_id = q.agent_id();
+  if (q.priority() == v1::PRIORITY_UNSPECIFIED) {
+    o.priority = Priority::kNormal;
+  } else if (q.priority() >= v1::PRIORITY_BEST_EFFORT && q.priority() <= v1::PRIORITY_CRITICAL) {
+    o.priority = static_cast<Priority>(q.priority());
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("qos.priority: unknown class ", q.priority()));
+  }
+  o.guaranteed_bytes = q.guaranteed_bytes();
+  o.max_bytes = q.max_bytes();
+  auto kf = FormatFromProto(q.key_precision_floor(), "qos.key_precision_floor");
+  if (!kf.ok()) return kf.status();
+  auto vf = FormatFromProto(q.value_precision_floor(), "qos.value_precision_floor");
+  if (!vf.ok()) return vf.status();
+  o.key_floor = *kf;
+  o.value_floor = *vf;
+  o.policy = q.policy().empty() ? "full" : q.policy();
+  return o;
+}
+
+void ToProto(const QosRecord& in, v1::QosRecord* out) {
+  out->set_agent_id(in.agent_id);
+  out->set_priority(static_cast<v1::PriorityClass>(in.priority));
+  out->set_guaranteed_bytes(in.guaranteed_bytes);
+  out->set_max_bytes(in.max_bytes);
+  out->set_key_precision_floor(in.key_floor ? FormatToProto(*in.key_floor)
+                                            : v1::PAGE_FORMAT_UNSPECIFIED);
+  out->set_value_precision_floor(in.value_floor ? FormatToProto(*in.value_floor)
+                                                : v1::PAGE_FORMAT_UNSPECIFIED);
+  out->set_policy(in.policy);
+}
+
+void ToProto(const ArenaExport& in, v1::ArenaHandle* out) {
+  out->set_arena_id(in.arena_id);
+  out->set_kind(in.kind == ArenaKind::kHostShm ? v1::ArenaHandle::KIND_HOST_SHM
+                                               : v1::ArenaHandle::KIND_CUDA_IPC);
+  out->set_size_bytes(in.size_bytes);
+  if (!in.cuda_ipc_handle.empty()) out->set_cuda_ipc_handle(in.cuda_ipc_handle);
+  out->set_cuda_device(in.cuda_device);
+}
+
+void ToProto(const BlockDesc& in, v1::Block* out) {
+  out->set_block_index(in.block_index);
+  for (const PageDesc& p : in.pages) {
+    v1::PageDescriptor* d = out->add_pages();
+    d->set_page_id(p.page_id);
+    d->set_arena_id(p.arena_id);
+    d->set_offset(p.offset);
+    d->set_size_bytes(p.size_bytes);
+    d->set_layer(p.layer);
+    d->set_is_value(p.is_value);
+    d->set_format(FormatToProto(p.format));
+    d->set_block_index(p.block_index);
+  }
+}
+
+void ToProto(const OpenResult& in, v1::OpenSessionResponse* out) {
+  out->set_session_id(in.session_id);
+  out->set_token(in.token);
+  out->set_lease_ms(in.lease_ms);
+  out->set_block_tokens(in.block_tokens);
+  out->set_key_format(FormatToProto(in.key_format));
+  out->set_value_format(FormatToProto(in.value_format));
+  out->set_key_page_bytes(in.key_page_bytes);
+  out->set_value_page_bytes(in.value_page_bytes);
+  for (const auto& a : in.arenas) ToProto(a, out->add_arenas());
+  out->set_epoch(in.epoch);
+  ToProto(in.qos, out->mutable_qos());
+}
+
+void ToProto(const ModelProfile& in, v1::ModelProfile* out) {
+  out->set_num_layers(in.num_layers);
+  out->set_num_kv_heads(in.num_kv_heads);
+  out->set_head_dim(in.head_dim);
+  out->set_dtype(static_cast<v1::DType>(in.dtype));
+  out->set_model_id(in.model_id);
+}
+
+void ToProto(const SessionSummary& in, v1::SessionInfo* out) {
+  out->set_session_id(in.session_id);
+  out->set_agent_id(in.agent_id);
+  out->set_tenant(in.tenant);
+  out->set_priority(static_cast<v1::PriorityClass>(in.priority));
+  out->set_reserved_tokens(in.reserved_tokens);
+  out->set_committed_tokens(in.committed_tokens);
+  out->set_bytes(in.bytes);
+  out->set_epoch(in.epoch);
+  out->set_key_format(FormatToProto(in.key_format));
+  out->set_value_format(FormatToProto(in.value_format));
+  out->set_peer_pid(static_cast<uint32_t>(in.peer.pid));
+  out->set_peer_uid(in.peer.uid);
+  out->set_idle_seconds(in.idle_seconds);
+  ToProto(in.profile, out->mutable_profile());
+}
+
+void ToProto(const PoolSummary& in, v1::Stats* out) {
+  v1::PoolStats* p = out->mutable_pool();
+  p->set_tier(in.tier);
+  p->set_pool_bytes(in.pool_bytes);
+  p->set_arena_bytes(in.arena_bytes);
+  p->set_used_bytes(in.used_bytes);
+  p->set_free_bytes(in.pool_bytes - std::min(in.pool_bytes, in.used_bytes));
+  p->set_num_arenas(in.num_arenas);
+  p->set_num_pages(in.num_pages);
+  p->set_superblock_bytes(in.superblock_bytes);
+  p->set_num_superblocks_used(in.num_superblocks_used);
+  for (const auto& t : in.tenants) {
+    v1::TenantStats* ts = out->add_tenants();
+    ts->set_tenant(t.tenant);
+    ts->set_used_bytes(t.used_bytes);
+    ts->set_arena_bytes(t.arena_bytes);
+    ts->set_num_sessions(t.num_sessions);
+  }
+  out->set_num_sessions(in.num_sessions);
+  out->set_draining(in.draining);
+  out->set_lease_expiries(in.lease_expiries);
+  out->set_refused_reservations(in.refused_reservations);
+}
+
+}  // namespace polykv::daemon

@@ -1,0 +1,26 @@
+// Proto <-> internal translation, in one place. Parsing functions validate
+// enum values and return INVALID_ARGUMENT naming the field.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "daemon/pool/types.h"
+#include "polykv/v1/admin.pb.h"
+#include "polykv/v1/session.pb.h"
+
+namespace polykv::daemon {
+
+absl::StatusOr<OpenRequest> FromProto(const v1::OpenSessionRequest& r, const PeerCreds& peer);
+absl::StatusOr<QosRecord> FromProto(const v1::QosRecord& q);
+// nullopt for UNSPECIFIED.
+absl::StatusOr<std::optional<PageFormat>> FormatFromProto(int value, absl::string_view field);
+
+void ToProto(const OpenResult& in, v1::OpenSessionResponse* out);
+void ToProto(const QosRecord& in, v1::QosRecord* out);
+void ToProto(const ArenaExport& in, v1::ArenaHandle* out);
+void ToProto(const BlockDesc& in, v1::Block* out);
+void ToProto(const SessionSummary& in, v1::SessionInfo* out);
+void ToProto(const PoolSummary& in, v1::Stats* out);
+void ToProto(const ModelProfile& in, v1::ModelProfile* out);
+v1::PageFormat FormatToProto(PageFormat f);
+
+}  // namespace polykv::daemon

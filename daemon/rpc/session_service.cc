@@ -1,0 +1,132 @@
+#include "daemon/rpc/session_service.h"
+
+#include "daemon/rpc/convert.h"
+
+namespace polykv::daemon {
+
+grpc::Status SessionService::OpenSession(grpc::ServerContext* c,
+                                         const v1::OpenSessionRequest* req,
+                                         v1::OpenSessionResponse* resp) {
+  return Handle(ctx_, c, "OpenSession", [&](const PeerCreds& peer) -> absl::Status {
+    auto r = FromProto(*req, peer);
+    if (!r.ok()) return r.status();
+    auto out = ctx_.pool->Open(*r);
+    if (!out.ok()) return out.status();
+    ToProto(*out, resp);
+    resp->set_fd_socket_path(ctx_.fd_socket_path);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status SessionService::Reserve(grpc::ServerContext* c, const v1::ReserveRequest* req,
+                                     v1::ReserveResponse* resp) {
+  return Handle(ctx_, c, "Reserve", [&](const PeerCreds& peer) -> absl::Status {
+    auto out = ctx_.pool->Reserve(req->session().session_id(), req->session().token(), peer,
+                                  req->num_tokens());
+    if (!out.ok()) return out.status();
+    for (const auto& b : out->blocks) ToProto(b, resp->add_blocks());
+    resp->set_reserved_tokens(out->reserved_tokens);
+    resp->set_session_bytes(out->session_bytes);
+    for (const auto& a : out->new_arenas) ToProto(a, resp->add_new_arenas());
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status SessionService::Commit(grpc::ServerContext* c, const v1::CommitRequest* req,
+                                    v1::CommitResponse* resp) {
+  return Handle(ctx_, c, "Commit", [&](const PeerCreds& peer) -> absl::Status {
+    auto out = ctx_.pool->Commit(req->session().session_id(), req->session().token(), peer,
+                                 req->committed_tokens());
+    if (!out.ok()) return out.status();
+    resp->set_committed_tokens(*out);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status SessionService::Sync(grpc::ServerContext* c, const v1::SyncRequest* req,
+                                  v1::SyncResponse* resp) {
+  return Handle(ctx_, c, "Sync", [&](const PeerCreds& peer) -> absl::Status {
+    auto out = ctx_.pool->Sync(req->session().session_id(), req->session().token(), peer,
+                               req->known_epoch());
+    if (!out.ok()) return out.status();
+    resp->set_epoch(out->epoch);
+    resp->set_changed(out->changed);
+    for (const auto& b : out->blocks) ToProto(b, resp->add_blocks());
+    resp->set_committed_tokens(out->committed_tokens);
+    for (const auto& a : out->new_arenas) ToProto(a, resp->add_new_arenas());
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status SessionService::Ack(grpc::ServerContext* c, const v1::AckRequest* req,
+                                 v1::AckResponse*) {
+  return Handle(ctx_, c, "Ack", [&](const PeerCreds& peer) {
+    return ctx_.pool->Ack(req->session().session_id(), req->session().token(), peer,
+                          req->epoch());
+  });
+}
+
+grpc::Status SessionService::Release(grpc::ServerContext* c, const v1::ReleaseRequest* req,
+                                     v1::ReleaseResponse* resp) {
+  return Handle(ctx_, c, "Release", [&](const PeerCreds& peer) -> absl::Status {
+    auto out = ctx_.pool->Release(req->session().session_id(), req->session().token(), peer,
+                                  req->keep_tokens());
+    if (!out.ok()) return out.status();
+    resp->set_reserved_tokens(out->reserved_tokens);
+    resp->set_committed_tokens(out->committed_tokens);
+    resp->set_session_bytes(out->session_bytes);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status SessionService::CloseSession(grpc::ServerContext* c,
+                                          const v1::CloseSessionRequest* req,
+                                          v1::CloseSessionResponse* resp) {
+  return Handle(ctx_, c, "CloseSession", [&](const PeerCreds& peer) -> absl::Status {
+    auto out = ctx_.pool->Close(req->session().session_id(), req->session().token(), peer);
+    if (!out.ok()) return out.status();
+    resp->set_freed_bytes(*out);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status SessionService::Heartbeat(grpc::ServerContext* c, const v1::HeartbeatRequest* req,
+                                       v1::HeartbeatResponse* resp) {
+  return Handle(ctx_, c, "Heartbeat", [&](const PeerCreds& peer) -> absl::Status {
+    auto out = ctx_.pool->Heartbeat(req->session().session_id(), req->session().token(), peer);
+    if (!out.ok()) return out.status();
+    resp->set_lease_ms(out->lease_ms);
+    resp->set_epoch(out->epoch);
+    resp->set_draining(out->draining);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status SessionService::Watch(grpc::ServerContext* c, const v1::WatchRequest* req,
+                                   grpc::ServerWriter<v1::SessionEvent>* writer) {
+  std::shared_ptr<EventChannel> channel;
+  grpc::Status opened = Handle(ctx_, c, "Watch", [&](const PeerCreds& peer) -> absl::Status {
+    auto ch = ctx_.pool->Watch(req->session().session_id(), req->session().token(), peer);
+    if (!ch.ok()) return ch.status();
+    channel = *std::move(ch);
+    return absl::OkStatus();
+  });
+  if (!opened.ok()) return opened;
+  // Poll for cancellation between waits: a sync stream handler has no other
+  // way to notice that the worker went away.
+  while (!c->IsCancelled()) {
+    auto event = channel->Next(absl::Milliseconds(200));
+    if (event) {
+      v1::SessionEvent e;
+      e.set_type(static_cast<v1::SessionEvent::Type>(event->type));
+      e.set_epoch(event->epoch);
+      e.set_message(event->message);
+      if (!writer->Write(e)) break;
+    } else if (channel->Closed()) {
+      break;
+    }
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace polykv::daemon

@@ -1,0 +1,64 @@
+#include "daemon/config/config.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+namespace polykv::daemon {
+namespace {
+
+std::string WriteTemp(const std::string& text) {
+  std::string path = ::testing::TempDir() + "/polykvd_config_test.yaml";
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(ConfigTest, ParsesByteSizes) {
+  EXPECT_EQ(*ParseBytes("1024"), 1024u);
+  EXPECT_EQ(*ParseBytes("1GiB"), 1ull << 30);
+  EXPECT_EQ(*ParseBytes("64MiB"), 64ull << 20);
+  EXPECT_EQ(*ParseBytes("2G"), 2ull << 30);
+  EXPECT_FALSE(ParseBytes("lots").ok());
+  EXPECT_FALSE(ParseBytes("12XB").ok());
+}
+
+TEST(ConfigTest, LoadsAFileWithAgents) {
+  auto c = LoadConfigFile(WriteTemp(R"(
+socket: /tmp/x.sock
+pool_bytes: 256MiB
+lease_ms: 2000
+allowed_uids: [0, 1000]
+default_qos: {priority: low}
+agents:
+  - {agent_id: coder, priority: high, max_bytes: 64MiB, key_precision_floor: int8}
+)"),
+                          DaemonConfig());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->socket, "/tmp/x.sock");
+  EXPECT_EQ(c->pool_bytes, 256ull << 20);
+  EXPECT_EQ(c->allowed_uids, (std::vector<uid_t>{0, 1000}));
+  EXPECT_EQ(c->default_qos.priority, Priority::kLow);
+  ASSERT_EQ(c->agents.size(), 1u);
+  EXPECT_EQ(c->agents[0].priority, Priority::kHigh);
+  EXPECT_EQ(c->agents[0].max_bytes, 64ull << 20);
+  EXPECT_EQ(c->agents[0].key_floor, PageFormat::kInt8);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+}
+
+TEST(ConfigTest, UnknownKeysAndBadValuesNameTheKey) {
+  auto c = LoadConfigFile(WriteTemp("pool_byte: 1GiB\n"), DaemonConfig());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("pool_byte"), absl::string_view::npos);
+  c = LoadConfigFile(WriteTemp("agents: [{agent_id: a, priority: urgent}]\n"), DaemonConfig());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("priority"), absl::string_view::npos);
+  DaemonConfig d;
+  d.socket_mode = 0666;
+  EXPECT_FALSE(ValidateConfig(d).ok());
+  d = DaemonConfig();
+  d.tier = "disk";
+  EXPECT_FALSE(ValidateConfig(d).ok());
+}
+
+}  // namespace
+}  // namespace polykv::daemon
