@@ -561,9 +561,18 @@ class CompositePolicy final : public Policy {
     room = std::max<int64_t>(0, room);
     std::vector<std::vector<uint32_t>> merged;  // groups of source indices
     if (cfg_.mode == Mode::kSelective || !cfg_.scoring()) {
-      GlobalPool pool(static_cast<size_t>(room));
-      for (const Ranked& r : cand) pool.Offer(r);
-      for (uint32_t i : pool.SortedIndices()) fate[i] = 1;
+      // The best `room` candidates. A small pool is the compaction study's
+      // min-heap (O(n log G), most offers rejected by one comparison); a large
+      // one is a selection (O(n)). Both give the same set: the order is total.
+      if (static_cast<size_t>(room) * 8 < cand.size()) {
+        GlobalPool pool(static_cast<size_t>(room));
+        for (const Ranked& r : cand) pool.Offer(r);
+        for (uint32_t i : pool.SortedIndices()) fate[i] = 1;
+      } else if (!cand.empty()) {
+        const size_t k = std::min(cand.size(), static_cast<size_t>(room));
+        std::nth_element(cand.begin(), cand.begin() + k, cand.end(), BetterOrder{});
+        for (size_t c = 0; c < k; ++c) fate[cand[c].index] = 1;
+      }
     } else {
       std::sort(cand.begin(), cand.end(), BetterOrder{});
       int64_t anchors = 0;

@@ -3,41 +3,49 @@
 #include <algorithm>
 #include <cmath>
 
-#include "absl/container/flat_hash_map.h"
 
 namespace polykv::policies {
 
 std::vector<std::vector<uint32_t>> ClusterByKey(const SessionView& view, int layer,
                                                 absl::Span<const Ranked> candidates,
                                                 const MergeOptions& options) {
-  std::vector<std::vector<uint32_t>> groups;
+  const size_t R = candidates.size();
   const int d = view.key_dim;
   const bool have_keys = d > 0 && !view.layers[layer].keys.empty();
-  if (!have_keys) {
-    groups.reserve(candidates.size());
-    for (uint32_t c = 0; c < candidates.size(); ++c) groups.push_back({c});
-    return groups;
-  }
-  // Unit-normalised leader keys, one row per group.
-  std::vector<float> leaders;
-  absl::flat_hash_map<uint32_t, std::vector<uint32_t>> by_block;  // block -> group ids
-  std::vector<float> unit(d);
-  for (uint32_t c = 0; c < candidates.size(); ++c) {
-    const uint32_t slot = candidates[c].index;
-    const float* k = view.key(layer, slot);
-    double norm = 0;
-    for (int j = 0; j < d; ++j) norm += double(k[j]) * k[j];
-    const float inv = norm > 0 ? static_cast<float>(1.0 / std::sqrt(norm)) : 0.f;
-    for (int j = 0; j < d; ++j) unit[j] = k[j] * inv;
-    const uint32_t block = view.meta(layer, slot).tag.block_id;
-    int best = -1;
-    float best_cos = options.threshold;
-    if (block != 0 && inv > 0) {
-      std::vector<uint32_t>& open = by_block[block];
-      const size_t start =
-          open.size() > static_cast<size_t>(options.probe) ? open.size() - options.probe : 0;
-      for (size_t g = start; g < open.size(); ++g) {
-        const float* lk = leaders.data() + size_t(open[g]) * d;
+  std::vector<uint32_t> block(R);
+  for (size_t c = 0; c < R; ++c) block[c] = view.meta(layer, candidates[c].index).tag.block_id;
+  // Blocks never interact, so cluster block by block (keys of one block sit
+  // together in memory; rank order is kept within each block). Same result
+  // as one pass in rank order, without the cache misses of random key reads.
+  std::vector<uint32_t> order(R);
+  for (uint32_t c = 0; c < R; ++c) order[c] = c;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return block[a] < block[b]; });
+  std::vector<uint32_t> leader_of(R);  // candidate -> its group's leader candidate
+  std::vector<float> leaders;          // unit keys of the open groups of this block
+  std::vector<uint32_t> leader_ids;    // their leader candidates
+  std::vector<float> unit(std::max(d, 0));
+  for (size_t b = 0; b < R;) {
+    size_t e = b;
+    while (e < R && block[order[e]] == block[order[b]]) ++e;
+    leaders.clear();
+    leader_ids.clear();
+    for (size_t k = b; k < e; ++k) {
+      const uint32_t c = order[k];
+      leader_of[c] = c;
+      if (!have_keys || block[c] == 0) continue;
+      const float* key = view.key(layer, candidates[c].index);
+      float norm = 0.f;
+      for (int j = 0; j < d; ++j) norm += key[j] * key[j];
+      if (!(norm > 0.f)) continue;
+      const float inv = 1.f / std::sqrt(norm);
+      for (int j = 0; j < d; ++j) unit[j] = key[j] * inv;
+      const size_t groups = leader_ids.size();
+      const size_t start = groups > static_cast<size_t>(options.probe) ? groups - options.probe : 0;
+      int best = -1;
+      float best_cos = options.threshold;
+      for (size_t g = start; g < groups; ++g) {
+        const float* lk = leaders.data() + g * d;
         // Four partial sums: lets the compiler vectorise without -ffast-math.
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         int j = 0;
@@ -47,18 +55,28 @@ std::vector<std::vector<uint32_t>> ClusterByKey(const SessionView& view, int lay
         for (; j < d; ++j) acc[0] += unit[j] * lk[j];
         const float dot = (acc[0] + acc[1]) + (acc[2] + acc[3]);
         if (dot >= best_cos && (best < 0 || dot > best_cos)) {
-          best = static_cast<int>(open[g]);
+          best = static_cast<int>(g);
           best_cos = dot;
         }
       }
+      if (best >= 0) {
+        leader_of[c] = leader_ids[best];
+      } else {
+        leader_ids.push_back(c);
+        leaders.insert(leaders.end(), unit.begin(), unit.end());
+      }
     }
-    if (best >= 0) {
-      groups[best].push_back(c);
-    } else {
-      const uint32_t id = static_cast<uint32_t>(groups.size());
+    b = e;
+  }
+  // Groups in order of their leaders (rank order), members in rank order.
+  std::vector<uint32_t> group_index(R, ~0u);
+  std::vector<std::vector<uint32_t>> groups;
+  for (uint32_t c = 0; c < R; ++c) {
+    if (leader_of[c] == c) {
+      group_index[c] = static_cast<uint32_t>(groups.size());
       groups.push_back({c});
-      leaders.insert(leaders.end(), unit.begin(), unit.end());
-      if (block != 0 && inv > 0) by_block[block].push_back(id);
+    } else {
+      groups[group_index[leader_of[c]]].push_back(c);
     }
   }
   return groups;
