@@ -80,13 +80,22 @@ class KvStore {
   virtual absl::Status EndStep() = 0;
 };
 
-// Dense f32 cache in process memory: [layer][slot][kv_head][head_dim] for K
-// and for V, grown as tokens arrive. Attention is exact f32 (BLAS).
+// Dense f32 cache in process memory: per layer, K and V as [slot][kv_head]
+// [head_dim] rows, grown by doubling. With kKernels attention the dense rows
+// are read through the kernels' paged attention as back-to-back f32 pages of
+// 16 tokens (a dense f32 row block IS an f32 page when its size is a multiple
+// of kPageAlignment), so a pool-backed store holding f32 pages computes
+// bit-identical attention and greedy output matches token for token. kBlas is
+// an independent dense implementation (OpenBLAS sgemm), kept as a cross-check.
+enum class LocalAttention { kKernels, kBlas };
+
 struct LocalKvStoreOptions {
   KvShape shape;
   int64_t max_slots = 8192;  // RESOURCE_EXHAUSTED beyond this.
-  // Accumulate per-slot attention mass (sum over heads and queries, per
-  // layer-averaged) in attention_mass(); costs little, used by tests.
+  LocalAttention attention = LocalAttention::kKernels;
+  int kernel_threads = 0;  // kKernels: CPU threads (0 = all).
+  // Accumulate per-slot attention mass (summed over layers, heads and
+  // queries) in attention_mass(). kBlas: every step; kKernels: decode steps.
   bool track_attention_mass = false;
 };
 
@@ -94,6 +103,7 @@ class LocalKvStore : public KvStore {
  public:
   static absl::StatusOr<std::unique_ptr<LocalKvStore>> Create(
       const LocalKvStoreOptions& options);
+  ~LocalKvStore() override;
 
   const KvShape& shape() const override { return options_.shape; }
   int64_t num_slots() const override { return num_slots_; }
@@ -111,15 +121,19 @@ class LocalKvStore : public KvStore {
  private:
   explicit LocalKvStore(const LocalKvStoreOptions& options)
       : options_(options), row_(int64_t{options.shape.num_kv_heads} * options.shape.head_dim) {}
+  absl::Status Grow(int64_t slots);
+  absl::Status AttendBlas(int layer, int num_heads, const float* q, float* out);
+  absl::Status AttendKernels(int layer, int num_heads, const float* q, float* out);
 
   // Constant after construction.
   const LocalKvStoreOptions options_;
   const int64_t row_;  // num_kv_heads * head_dim
 
-  std::vector<std::vector<float>> k_, v_;  // [layer] -> [slot][kv_head][dim]
+  std::vector<float*> k_, v_;  // [layer] -> [capacity_][row_], 256-byte aligned
+  int64_t capacity_ = 0;       // Slots allocated per layer.
   std::vector<TokenMeta> meta_;
   std::vector<float> mass_;
-  std::vector<float> scores_;  // Scratch: [n, slots].
+  std::vector<float> scores_;  // Scratch: [n, slots] or [kv_heads, slots].
   int64_t num_slots_ = 0;      // Committed slots.
   int step_tokens_ = 0;        // > 0 inside a step.
   int next_layer_ = 0;

@@ -2,12 +2,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "client/worker/kv_store.h"
+#include "kernels/ops.h"
 
 namespace polykv::worker {
+namespace {
+// Tokens per f32 "page" when the dense rows are handed to the kernels.
+constexpr int kDenseBlockTokens = 16;
+}  // namespace
 
 const char* RoleName(Role role) {
   switch (role) {
@@ -27,28 +34,60 @@ absl::StatusOr<std::unique_ptr<LocalKvStore>> LocalKvStore::Create(
         "LocalKvStore: bad shape (layers ", s.num_layers, ", kv heads ", s.num_kv_heads,
         ", head dim ", s.head_dim, ", max slots ", options.max_slots, ")"));
   }
+  if (options.attention == LocalAttention::kKernels &&
+      (kDenseBlockTokens * s.num_kv_heads * s.head_dim * sizeof(float)) %
+              kernels::kPageAlignment != 0) {
+    return absl::InvalidArgumentError(
+        "LocalKvStore: kernels attention needs 16 dense rows to fill whole 256-byte pages "
+        "(num_kv_heads * head_dim a multiple of 4); use LocalAttention::kBlas");
+  }
   std::unique_ptr<LocalKvStore> store(new LocalKvStore(options));
-  store->k_.resize(s.num_layers);
-  store->v_.resize(s.num_layers);
+  store->k_.assign(s.num_layers, nullptr);
+  store->v_.assign(s.num_layers, nullptr);
   return store;
+}
+
+LocalKvStore::~LocalKvStore() {
+  for (float* p : k_) std::free(p);
+  for (float* p : v_) std::free(p);
 }
 
 int64_t LocalKvStore::bytes() const {
   return 2 * int64_t{options_.shape.num_layers} * num_slots_ * row_ * int64_t{sizeof(float)};
 }
 
+absl::Status LocalKvStore::Grow(int64_t slots) {
+  if (slots <= capacity_) return absl::OkStatus();
+  int64_t cap = std::max<int64_t>(capacity_ * 2, 256);
+  while (cap < slots) cap *= 2;
+  const size_t bytes = static_cast<size_t>(cap * row_) * sizeof(float);
+  for (auto* buffers : {&k_, &v_}) {
+    for (float*& p : *buffers) {
+      auto* q = static_cast<float*>(std::aligned_alloc(kernels::kPageAlignment, bytes));
+      if (q == nullptr) return absl::ResourceExhaustedError("LocalKvStore: out of memory");
+      if (p != nullptr) std::memcpy(q, p, static_cast<size_t>(num_slots_ * row_) * sizeof(float));
+      std::free(p);
+      p = q;
+    }
+  }
+  capacity_ = cap;
+  return absl::OkStatus();
+}
+
 absl::Status LocalKvStore::BeginStep(std::span<const TokenMeta> tokens) {
   if (step_tokens_ != 0) return absl::FailedPreconditionError("BeginStep inside a step");
   if (tokens.empty()) return absl::InvalidArgumentError("BeginStep with no tokens");
-  if (num_slots_ + static_cast<int64_t>(tokens.size()) > options_.max_slots) {
+  const int64_t need = num_slots_ + static_cast<int64_t>(tokens.size());
+  if (need > options_.max_slots) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "local KV cache full: ", num_slots_, " + ", tokens.size(), " tokens > max ",
         options_.max_slots, " (raise --max-context)"));
   }
+  if (absl::Status s = Grow(need); !s.ok()) return s;
   step_tokens_ = static_cast<int>(tokens.size());
   next_layer_ = 0;
   meta_.insert(meta_.end(), tokens.begin(), tokens.end());
-  if (options_.track_attention_mass) mass_.resize(num_slots_ + step_tokens_, 0.0f);
+  if (options_.track_attention_mass) mass_.resize(need, 0.0f);
   return absl::OkStatus();
 }
 
@@ -58,30 +97,73 @@ absl::Status LocalKvStore::Append(int layer, const float* k, const float* v) {
     return absl::FailedPreconditionError(
         absl::StrCat("Append(layer ", layer, ") out of order; expected ", next_layer_));
   }
-  const int64_t n = int64_t{step_tokens_} * row_;
-  k_[layer].insert(k_[layer].end(), k, k + n);
-  v_[layer].insert(v_[layer].end(), v, v + n);
+  const size_t bytes = static_cast<size_t>(step_tokens_ * row_) * sizeof(float);
+  std::memcpy(k_[layer] + num_slots_ * row_, k, bytes);
+  std::memcpy(v_[layer] + num_slots_ * row_, v, bytes);
   ++next_layer_;
   return absl::OkStatus();
 }
 
 absl::Status LocalKvStore::Attend(int layer, int num_heads, const float* q, float* out) {
-  const int kvh = options_.shape.num_kv_heads;
-  const int d = options_.shape.head_dim;
   if (step_tokens_ == 0 || layer >= next_layer_) {
     return absl::FailedPreconditionError("Attend before Append in this step");
   }
-  if (num_heads <= 0 || num_heads % kvh != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(num_heads, " query heads is not a multiple of ", kvh, " KV heads"));
+  if (num_heads <= 0 || num_heads % options_.shape.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(num_heads, " query heads is not a multiple of ",
+                                                   options_.shape.num_kv_heads, " KV heads"));
   }
+  return options_.attention == LocalAttention::kKernels ? AttendKernels(layer, num_heads, q, out)
+                                                        : AttendBlas(layer, num_heads, q, out);
+}
+
+absl::Status LocalKvStore::AttendKernels(int layer, int num_heads, const float* q, float* out) {
+  const int n = step_tokens_;
+  const int64_t t = num_slots_ + n;
+  const int bt = kDenseBlockTokens;
+  const size_t page_bytes = static_cast<size_t>(bt * row_) * sizeof(float);
+  kernels::PageShape shape{bt, options_.shape.num_kv_heads, options_.shape.head_dim};
+  const int num_blocks = static_cast<int>((t + bt - 1) / bt);
+  // Rows of block b start at b * bt: view the dense rows as f32 pages.
+  std::vector<kernels::BlockEntry> table(num_blocks);
+  for (int b = 0; b < num_blocks; ++b) {
+    table[b].k_offset = reinterpret_cast<uintptr_t>(k_[layer]) + b * page_bytes;
+    table[b].v_offset = reinterpret_cast<uintptr_t>(v_[layer]) + b * page_bytes;
+    table[b].k_format = kernels::PageFormat::kF32;
+    table[b].v_format = kernels::PageFormat::kF32;
+  }
+  kernels::PagedKvView view{shape, nullptr, table.data(), num_blocks, static_cast<int>(t)};
+  kernels::AttentionParams params;
+  params.num_q_heads = num_heads;
+  kernels::Exec exec;
+  exec.num_threads = options_.kernel_threads;
+  if (n > 1) return kernels::PagedPrefillAttention(exec, view, params, n, q, out, nullptr);
+  float* mass = nullptr;
+  if (options_.track_attention_mass) {
+    scores_.resize(static_cast<size_t>(options_.shape.num_kv_heads) * t);
+    mass = scores_.data();
+  }
+  if (absl::Status s = kernels::PagedDecodeAttention(exec, view, params, q, out, nullptr, mass);
+      !s.ok()) {
+    return s;
+  }
+  if (mass != nullptr) {
+    for (int g = 0; g < options_.shape.num_kv_heads; ++g) {
+      for (int64_t j = 0; j < t; ++j) mass_[j] += mass[g * t + j];
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalKvStore::AttendBlas(int layer, int num_heads, const float* q, float* out) {
+  const int kvh = options_.shape.num_kv_heads;
+  const int d = options_.shape.head_dim;
   const int n = step_tokens_;
   const int64_t t = num_slots_ + n;
   const int group = num_heads / kvh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   scores_.resize(static_cast<size_t>(n) * t);
-  const float* kl = k_[layer].data();
-  const float* vl = v_[layer].data();
+  const float* kl = k_[layer];
+  const float* vl = v_[layer];
   for (int h = 0; h < num_heads; ++h) {
     const int g = h / group;
     // S[n, t] = scale * Q_h[n, d] . K_g[t, d]^T

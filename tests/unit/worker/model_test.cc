@@ -20,10 +20,12 @@ using testing::IntArray;
 using testing::NumArray;
 using testing::ReadFixture;
 
-std::unique_ptr<LocalKvStore> NewStore(const LlamaModel& m, bool mass = false) {
+std::unique_ptr<LocalKvStore> NewStore(const LlamaModel& m, bool mass = false,
+                                       LocalAttention attention = LocalAttention::kKernels) {
   LocalKvStoreOptions o;
   o.shape = m.config().kv_shape();
   o.track_attention_mass = mass;
+  o.attention = attention;
   auto s = LocalKvStore::Create(o);
   EXPECT_TRUE(s.ok()) << s.status();
   return std::move(*s);
@@ -86,6 +88,19 @@ TEST(ModelTest, LogitsMatchTransformers) {
   std::printf("logits: %zu prompts, max |ours - transformers| = %.3g (top-64 + 256 probes), "
               "smallest reference top-1 margin %.3g\n",
               rows.size(), worst, smallest_margin);
+}
+
+TEST(ModelTest, KernelAndBlasAttentionAgree) {
+  POLYKV_REQUIRE_MODEL();
+  const LlamaModel& m = *model->model;
+  const auto rows = ReadFixture("logits_cases.jsonl");
+  ASSERT_GE(rows.size(), 4u);
+  for (size_t i = 0; i < rows.size(); i += 6) {
+    const auto ids = IntArray(Field(rows[i], "ids"));
+    auto a = NewStore(m, false, LocalAttention::kKernels);
+    auto b = NewStore(m, false, LocalAttention::kBlas);
+    EXPECT_LT(MaxAbsDiff(Prefill(m, a.get(), ids, 5), Prefill(m, b.get(), ids, 5)), 1e-3f);
+  }
 }
 
 TEST(ModelTest, GreedyDecodeMatchesTransformers) {
@@ -167,9 +182,11 @@ TEST(ModelTest, IncrementalTurnsEqualFullRecompute) {
 TEST(ModelTest, AttentionMassIsConserved) {
   POLYKV_REQUIRE_MODEL();
   const LlamaModel& m = *model->model;
-  auto store = NewStore(m, /*mass=*/true);
+  // Decode steps (chunk 1) report mass with either attention implementation.
+  for (LocalAttention attention : {LocalAttention::kKernels, LocalAttention::kBlas}) {
+  auto store = NewStore(m, /*mass=*/true, attention);
   const auto ids = model->tokenizer->Encode("The quick brown fox jumps over the lazy dog.", true);
-  Prefill(m, store.get(), ids, 4);
+  Prefill(m, store.get(), ids, 1);
   double total = 0;
   for (float x : store->attention_mass()) total += x;
   // Every query row's softmax sums to one: layers x heads x tokens.
@@ -178,6 +195,7 @@ TEST(ModelTest, AttentionMassIsConserved) {
   // The first token (attention sink) draws the most.
   const auto& mass = store->attention_mass();
   EXPECT_EQ(std::max_element(mass.begin(), mass.end()) - mass.begin(), 0);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,285 @@
+#include "client/worker/paged_kv_store.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace polykv::worker {
+namespace {
+
+using kernels::KvKind;
+using kernels::PageFormat;
+
+#define RETURN_IF_ERROR_(expr)                              \
+  do {                                                      \
+    if (absl::Status s_ = (expr); !s_.ok()) return s_;      \
+  } while (0)
+
+class HeapPageSource : public PageSource {
+ public:
+  explicit HeapPageSource(const HeapPageSourceOptions& o)
+      : o_(o),
+        k_bytes_(kernels::PageBytes(o.k_format, KvKind::kKey,
+                                    {o.block_tokens, o.shape.num_kv_heads, o.shape.head_dim})),
+        v_bytes_(kernels::PageBytes(o.v_format, KvKind::kValue,
+                                    {o.block_tokens, o.shape.num_kv_heads, o.shape.head_dim})) {}
+  ~HeapPageSource() override {
+    for (void* p : pages_) std::free(p);
+  }
+  bool ok() const { return k_bytes_ != 0 && v_bytes_ != 0; }
+
+  int block_tokens() const override { return o_.block_tokens; }
+  absl::StatusOr<std::vector<PagedBlock>> Reserve(int64_t total_tokens) override {
+    if (total_tokens > o_.max_tokens) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "heap page source: ", total_tokens, " tokens > max ", o_.max_tokens));
+    }
+    std::vector<PagedBlock> out;
+    while (num_blocks_ * o_.block_tokens < total_tokens) {
+      PagedBlock b;
+      b.k_format = o_.k_format;
+      b.v_format = o_.v_format;
+      for (int l = 0; l < o_.shape.num_layers; ++l) {
+        b.k_pages.push_back(Alloc(k_bytes_));
+        b.v_pages.push_back(Alloc(v_bytes_));
+        if (b.k_pages.back() == nullptr || b.v_pages.back() == nullptr) {
+          return absl::ResourceExhaustedError("heap page source: out of memory");
+        }
+      }
+      out.push_back(std::move(b));
+      ++num_blocks_;
+    }
+    return out;
+  }
+  absl::Status Commit(int64_t, std::span<const TokenMeta>) override { return absl::OkStatus(); }
+  absl::StatusOr<std::optional<PagedTable>> Sync() override { return std::nullopt; }
+  int64_t bytes() const override {
+    return num_blocks_ * o_.shape.num_layers * static_cast<int64_t>(k_bytes_ + v_bytes_);
+  }
+  std::string name() const override {
+    return absl::StrCat("heap-", std::string(kernels::FormatShortName(o_.k_format)), "-",
+                        std::string(kernels::FormatShortName(o_.v_format)));
+  }
+
+ private:
+  void* Alloc(size_t bytes) {
+    void* p = std::aligned_alloc(kernels::kPageAlignment, bytes);
+    if (p != nullptr) {
+      std::memset(p, 0, bytes);
+      pages_.push_back(p);
+    }
+    return p;
+  }
+
+  const HeapPageSourceOptions o_;
+  const size_t k_bytes_, v_bytes_;
+  int64_t num_blocks_ = 0;
+  std::vector<void*> pages_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PageSource>> NewHeapPageSource(const HeapPageSourceOptions& o) {
+  auto s = std::make_unique<HeapPageSource>(o);
+  if (o.shape.num_layers <= 0 || !s->ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heap page source: shape (", o.shape.num_layers, " layers, ", o.shape.num_kv_heads,
+        " kv heads, head dim ", o.shape.head_dim, ", block ", o.block_tokens,
+        ") cannot be stored as ", std::string(kernels::FormatShortName(o.k_format)), "/",
+        std::string(kernels::FormatShortName(o.v_format))));
+  }
+  return std::unique_ptr<PageSource>(std::move(s));
+}
+
+PagedKvStore::PagedKvStore(const PagedKvStoreOptions& options, std::unique_ptr<PageSource> source)
+    : options_(options),
+      source_(std::move(source)),
+      page_shape_{source_->block_tokens(), options.shape.num_kv_heads, options.shape.head_dim},
+      row_(int64_t{options.shape.num_kv_heads} * options.shape.head_dim) {
+  tables_.resize(options.shape.num_layers);
+  k_residual_.assign(options.shape.num_layers,
+                     std::vector<float>(static_cast<size_t>(page_shape_.block_tokens * row_)));
+  v_residual_ = k_residual_;
+}
+
+absl::StatusOr<std::unique_ptr<PagedKvStore>> PagedKvStore::Create(
+    const PagedKvStoreOptions& options, std::unique_ptr<PageSource> source) {
+  if (source == nullptr) return absl::InvalidArgumentError("PagedKvStore: no page source");
+  const KvShape& s = options.shape;
+  if (s.num_layers <= 0 || s.num_kv_heads <= 0 || s.head_dim <= 0 ||
+      source->block_tokens() <= 0) {
+    return absl::InvalidArgumentError("PagedKvStore: bad shape");
+  }
+  std::unique_ptr<PagedKvStore> store(new PagedKvStore(options, std::move(source)));
+  // Adopt whatever the source already holds (e.g. a resumed session).
+  auto t = store->source_->Sync();
+  if (!t.ok()) return t.status();
+  if (t->has_value()) RETURN_IF_ERROR_(store->AdoptTable(**t));
+  return store;
+}
+
+void PagedKvStore::AddBlocks(const std::vector<PagedBlock>& blocks) {
+  for (const PagedBlock& b : blocks) {
+    for (int l = 0; l < options_.shape.num_layers; ++l) {
+      kernels::BlockEntry e;
+      e.k_offset = reinterpret_cast<uintptr_t>(b.k_pages[l]);
+      e.v_offset = reinterpret_cast<uintptr_t>(b.v_pages[l]);
+      e.k_format = b.k_format;
+      e.v_format = b.v_format;
+      tables_[l].push_back(e);
+    }
+  }
+  reserved_ = static_cast<int64_t>(tables_[0].size()) * page_shape_.block_tokens;
+}
+
+absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
+  for (const PagedBlock& b : table.blocks) {
+    if (static_cast<int>(b.k_pages.size()) != options_.shape.num_layers ||
+        static_cast<int>(b.v_pages.size()) != options_.shape.num_layers) {
+      return absl::InternalError("page source published a block without every layer's pages");
+    }
+  }
+  const int bt = page_shape_.block_tokens;
+  if (table.num_tokens > static_cast<int64_t>(table.blocks.size()) * bt) {
+    return absl::InternalError("page source published more tokens than its blocks hold");
+  }
+  for (auto& t : tables_) t.clear();
+  AddBlocks(table.blocks);
+  num_slots_ = table.num_tokens;
+  epoch_ = table.epoch;
+  mass_.assign(num_slots_, 0.0f);  // Slots moved: pending scores no longer apply.
+  // Rebuild the f32 rows of a partly filled last block from its pages.
+  residual_block_ = num_slots_ > 0 ? (num_slots_ - 1) / bt : 0;
+  const int rows = static_cast<int>(num_slots_ - residual_block_ * bt);
+  if (num_slots_ > 0 && rows < bt) {
+    for (int l = 0; l < options_.shape.num_layers; ++l) {
+      const kernels::BlockEntry& e = tables_[l][residual_block_];
+      RETURN_IF_ERROR_(kernels::DequantizePage(
+          options_.exec, page_shape_, KvKind::kKey, e.k_format,
+          reinterpret_cast<const void*>(static_cast<uintptr_t>(e.k_offset)), rows,
+          k_residual_[l].data()));
+      RETURN_IF_ERROR_(kernels::DequantizePage(
+          options_.exec, page_shape_, KvKind::kValue, e.v_format,
+          reinterpret_cast<const void*>(static_cast<uintptr_t>(e.v_offset)), rows,
+          v_residual_[l].data()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvStore::BeginStep(std::span<const TokenMeta> tokens) {
+  if (!step_meta_.empty()) return absl::FailedPreconditionError("BeginStep inside a step");
+  if (tokens.empty()) return absl::InvalidArgumentError("BeginStep with no tokens");
+  // Step boundary: adopt the daemon's newer block table, if any.
+  auto t = source_->Sync();
+  if (!t.ok()) return t.status();
+  if (t->has_value()) RETURN_IF_ERROR_(AdoptTable(**t));
+  const int64_t need = num_slots_ + static_cast<int64_t>(tokens.size());
+  if (need > reserved_) {
+    auto blocks = source_->Reserve(need + options_.reserve_ahead);
+    if (!blocks.ok()) {
+      blocks = source_->Reserve(need);  // The pool may refuse the extra.
+      if (!blocks.ok()) return blocks.status();
+    }
+    AddBlocks(*blocks);
+    if (need > reserved_) {
+      return absl::InternalError(absl::StrCat("page source reserved ", reserved_,
+                                              " slots after a request for ", need));
+    }
+  }
+  step_meta_.assign(tokens.begin(), tokens.end());
+  next_layer_ = 0;
+  mass_.resize(need, 0.0f);
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvStore::EncodeBlock(int layer, int64_t block, int rows) {
+  const kernels::BlockEntry& e = tables_[layer][block];
+  RETURN_IF_ERROR_(kernels::QuantizePage(
+      options_.exec, page_shape_, KvKind::kKey, e.k_format, k_residual_[layer].data(),
+      kernels::SourceType::kF32, rows, reinterpret_cast<void*>(static_cast<uintptr_t>(e.k_offset))));
+  return kernels::QuantizePage(
+      options_.exec, page_shape_, KvKind::kValue, e.v_format, v_residual_[layer].data(),
+      kernels::SourceType::kF32, rows, reinterpret_cast<void*>(static_cast<uintptr_t>(e.v_offset)));
+}
+
+absl::Status PagedKvStore::Append(int layer, const float* k, const float* v) {
+  if (step_meta_.empty()) return absl::FailedPreconditionError("Append outside a step");
+  if (layer != next_layer_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Append(layer ", layer, ") out of order; expected ", next_layer_));
+  }
+  const int bt = page_shape_.block_tokens;
+  const int64_t n = static_cast<int64_t>(step_meta_.size());
+  int64_t block = num_slots_ / bt;
+  if (block != residual_block_) {  // The previous block is full and final.
+    std::fill(k_residual_[layer].begin(), k_residual_[layer].end(), 0.0f);
+    std::fill(v_residual_[layer].begin(), v_residual_[layer].end(), 0.0f);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = num_slots_ + i;
+    if (slot / bt != block) {  // Crossed into a new block: the old one is full.
+      RETURN_IF_ERROR_(EncodeBlock(layer, block, bt));
+      block = slot / bt;
+    }
+    const int64_t r = slot % bt;
+    std::memcpy(&k_residual_[layer][r * row_], k + i * row_, sizeof(float) * row_);
+    std::memcpy(&v_residual_[layer][r * row_], v + i * row_, sizeof(float) * row_);
+  }
+  RETURN_IF_ERROR_(
+      EncodeBlock(layer, block, static_cast<int>((num_slots_ + n - 1) % bt + 1)));
+  ++next_layer_;
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, float* out) {
+  if (step_meta_.empty() || layer >= next_layer_) {
+    return absl::FailedPreconditionError("Attend before Append in this step");
+  }
+  const int n = static_cast<int>(step_meta_.size());
+  const int64_t total = num_slots_ + n;
+  const int bt = page_shape_.block_tokens;
+  kernels::PagedKvView view;
+  view.shape = page_shape_;
+  view.base = nullptr;  // Entries hold absolute addresses.
+  view.blocks = tables_[layer].data();
+  view.num_blocks = static_cast<int>((total + bt - 1) / bt);
+  view.num_tokens = static_cast<int>(total);
+  kernels::AttentionParams params;
+  params.num_q_heads = num_heads;
+  if (n > 1) {
+    return kernels::PagedPrefillAttention(options_.exec, view, params, n, q, out, nullptr);
+  }
+  const int kvh = options_.shape.num_kv_heads;
+  head_mass_.resize(static_cast<size_t>(kvh) * total);
+  RETURN_IF_ERROR_(kernels::PagedDecodeAttention(options_.exec, view, params, q, out, nullptr,
+                                                 head_mass_.data()));
+  for (int g = 0; g < kvh; ++g) {
+    const float* hm = head_mass_.data() + static_cast<size_t>(g) * total;
+    for (int64_t s = 0; s < total; ++s) mass_[s] += hm[s];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvStore::EndStep() {
+  if (step_meta_.empty()) return absl::FailedPreconditionError("EndStep outside a step");
+  if (next_layer_ != options_.shape.num_layers) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "EndStep after ", next_layer_, " of ", options_.shape.num_layers, " layers"));
+  }
+  const int64_t total = num_slots_ + static_cast<int64_t>(step_meta_.size());
+  RETURN_IF_ERROR_(source_->Commit(total, step_meta_));
+  num_slots_ = total;
+  residual_block_ = (num_slots_ - 1) / page_shape_.block_tokens;
+  step_meta_.clear();
+  if (options_.report_every_steps > 0 && ++steps_since_report_ >= options_.report_every_steps) {
+    steps_since_report_ = 0;
+    RETURN_IF_ERROR_(source_->ReportAttention(mass_));
+    std::fill(mass_.begin(), mass_.end(), 0.0f);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace polykv::worker

@@ -1,0 +1,141 @@
+// PagedKvStore: the KV cache as pages (kernels/page_layout.h) that come from
+// a PageSource — polykvd's pool through libpolykv_client in production, or
+// process memory (HeapPageSource) in tests and benchmarks — with attention
+// computed by the kernels' paged attention directly over the pages, in each
+// page's own format (f32, f16, bf16, fp8, int8, int4, int2; K and V may
+// differ).
+//
+// Writing: the worker is the only writer of its new tokens. The rows of the
+// block being filled are kept in f32 (the "residual") and the block's K and V
+// pages are re-encoded from it after each step, so scaled formats always have
+// parameters over exactly the rows they hold; once a block is full its pages
+// are never touched again (the daemon may then requantize or compact them
+// into NEW pages and publish a new block table).
+//
+// Epochs: BeginStep is the step boundary; it asks the source for a newer
+// block table (Sync) and adopts it before reserving room for the step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/worker/kv_store.h"
+#include "kernels/ops.h"
+#include "kernels/page_format.h"
+
+namespace polykv::worker {
+
+// One block of `block_tokens` slots: a K and a V page per layer.
+struct PagedBlock {
+  std::vector<void*> k_pages;  // [num_layers], kPageAlignment-aligned
+  std::vector<void*> v_pages;  // [num_layers]
+  kernels::PageFormat k_format = kernels::PageFormat::kF32;
+  kernels::PageFormat v_format = kernels::PageFormat::kF32;
+};
+
+// A block table the source publishes (e.g. after the daemon compacted the
+// session): every block in slot order and how many slots hold tokens.
+struct PagedTable {
+  std::vector<PagedBlock> blocks;
+  int64_t num_tokens = 0;
+  uint64_t epoch = 0;
+};
+
+// Where pages come from. Not thread-safe; driven by the store's thread.
+class PageSource {
+ public:
+  virtual ~PageSource() = default;
+  virtual int block_tokens() const = 0;
+  // Blocks so that at least `total_tokens` slots are reserved; returns only
+  // the NEW blocks (appended after the existing ones, in order).
+  // RESOURCE_EXHAUSTED when the pool refuses.
+  virtual absl::StatusOr<std::vector<PagedBlock>> Reserve(int64_t total_tokens) = 0;
+  // The first `total_tokens` slots hold tokens; `new_tokens` are the metadata
+  // of the ones added since the last commit (position, turn, role).
+  virtual absl::Status Commit(int64_t total_tokens, std::span<const TokenMeta> new_tokens) = 0;
+  // At a step boundary: the new table if the source's epoch moved, else
+  // nullopt. Adopting it acknowledges the epoch.
+  virtual absl::StatusOr<std::optional<PagedTable>> Sync() = 0;
+  // Per-slot attention mass of the latest decode steps, for the daemon's
+  // eviction scores. Default: dropped.
+  //   mass: [num_slots] summed over layers and query heads since the last report.
+  virtual absl::Status ReportAttention(std::span<const float> mass) { return absl::OkStatus(); }
+  // Bytes of pages held.
+  virtual int64_t bytes() const = 0;
+  virtual std::string name() const = 0;
+};
+
+struct HeapPageSourceOptions {
+  KvShape shape;
+  int block_tokens = 16;
+  kernels::PageFormat k_format = kernels::PageFormat::kF32;
+  kernels::PageFormat v_format = kernels::PageFormat::kF32;
+  int64_t max_tokens = 1 << 20;  // RESOURCE_EXHAUSTED beyond this.
+};
+
+// Pages in process memory (aligned heap allocations), never compacted.
+absl::StatusOr<std::unique_ptr<PageSource>> NewHeapPageSource(const HeapPageSourceOptions& o);
+
+struct PagedKvStoreOptions {
+  KvShape shape;
+  // Tokens reserved ahead of need, so Reserve is not on every step.
+  int reserve_ahead = 64;
+  // Reports attention mass to the source every this many steps (0: never).
+  int report_every_steps = 16;
+  kernels::Exec exec;  // kernels backend and threads (CPU by default)
+};
+
+class PagedKvStore : public KvStore {
+ public:
+  // Takes ownership of `source`.
+  static absl::StatusOr<std::unique_ptr<PagedKvStore>> Create(
+      const PagedKvStoreOptions& options, std::unique_ptr<PageSource> source);
+
+  const KvShape& shape() const override { return options_.shape; }
+  int64_t num_slots() const override { return num_slots_; }
+  int64_t bytes() const override { return source_->bytes(); }
+  std::string name() const override { return source_->name(); }
+  absl::Status BeginStep(std::span<const TokenMeta> tokens) override;
+  absl::Status Append(int layer, const float* k, const float* v) override;
+  absl::Status Attend(int layer, int num_heads, const float* q, float* out) override;
+  absl::Status EndStep() override;
+
+  // [num_slots] attention mass of decode steps (summed over layers and query
+  // heads) not yet reported. Prefill chunks add none (the prefill kernel does
+  // not produce it).
+  const std::vector<float>& pending_attention_mass() const { return mass_; }
+  uint64_t epoch() const { return epoch_; }
+  PageSource* source() const { return source_.get(); }
+
+ private:
+  PagedKvStore(const PagedKvStoreOptions& options, std::unique_ptr<PageSource> source);
+  void AddBlocks(const std::vector<PagedBlock>& blocks);
+  absl::Status AdoptTable(const PagedTable& table);
+  absl::Status EncodeBlock(int layer, int64_t block, int rows);
+
+  // Constant after construction.
+  const PagedKvStoreOptions options_;
+  const std::unique_ptr<PageSource> source_;
+  const kernels::PageShape page_shape_;
+  const int64_t row_;  // num_kv_heads * head_dim
+
+  std::vector<std::vector<kernels::BlockEntry>> tables_;  // [layer][block]
+  // f32 rows of the block being filled: [layer] -> [block_tokens][row].
+  std::vector<std::vector<float>> k_residual_, v_residual_;
+  int64_t residual_block_ = 0;  // Block index the residual rows belong to.
+  int64_t num_slots_ = 0;
+  int64_t reserved_ = 0;
+  uint64_t epoch_ = 0;
+  std::vector<TokenMeta> step_meta_;
+  int next_layer_ = 0;
+  int steps_since_report_ = 0;
+  std::vector<float> mass_;       // [num_slots]
+  std::vector<float> head_mass_;  // Scratch: [num_kv_heads][slots].
+};
+
+}  // namespace polykv::worker
