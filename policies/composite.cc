@@ -452,7 +452,8 @@ class CompositePolicy final : public Policy {
       hi = std::max(hi, r);
     }
     if (!(hi > lo)) return;
-    const float inv = static_cast<float>(weight / (hi - lo));
+    const float inv = static_cast<float>(weight / (static_cast<double>(hi) - lo));
+    if (!std::isfinite(inv)) return;  // a range too small to carry information
     for (size_t i = 0; i < raw.size(); ++i) (*score)[i] += (raw[i] - lo) * inv;
   }
 

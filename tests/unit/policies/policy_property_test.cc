@@ -1,5 +1,6 @@
 // Property tests: every policy over seeded random session views.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -76,7 +77,7 @@ TEST(PolicyPropertyTest, EveryPolicyOverRandomViews) {
   for (const Case& c : AllCases()) {
     const std::unique_ptr<Policy> policy = Make(c);
     ASSERT_NE(policy, nullptr);
-    for (int trial = 0; trial < 12; ++trial) {
+    for (int trial = 0; trial < 30; ++trial) {
       const uint64_t seed = base_seed + 1000 * trial + std::hash<std::string>{}(Name(c)) % 997;
       SplitMix rng(seed);
       SyntheticOptions o;
@@ -169,7 +170,7 @@ TEST(PolicyPropertyTest, EveryPolicyOverRandomViews) {
     }
   }
   // The cases must actually exercise compaction, not keep everything.
-  EXPECT_GT(checked, 100);
+  EXPECT_GT(checked, 300);
   EXPECT_GT(changed, checked / 2);
 }
 
@@ -197,6 +198,56 @@ TEST(PolicyPropertyTest, HardProtectedOverBudgetIsResourceExhausted) {
   auto plan = (*p)->Decide(view, Budget::TokensPerLayer(o.num_layers, 15));
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
   EXPECT_TRUE((*p)->Decide(view, Budget::TokensPerLayer(o.num_layers, 16)).ok());
+}
+
+TEST(PolicyPropertyTest, NonFiniteScoresAndEdgeBudgets) {
+  const uint64_t seed = 4242;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  SyntheticOptions o;
+  o.seed = seed;
+  o.num_tokens = 400;
+  o.num_layers = 2;
+  o.key_dim = 8;
+  SessionView view = MakeSyntheticView(o);
+  SplitMix rng(seed);
+  const float bad[] = {NAN, INFINITY, -INFINITY, 1e38f, -1e38f, 1e-45f};
+  for (LayerView& l : view.layers) {
+    for (size_t i = 0; i < l.slots.size(); i += 7) {
+      l.slots[i].attn = bad[rng.Int(0, 5)];
+      l.slots[i].obs = bad[rng.Int(0, 5)];
+      l.slots[i].intent = bad[rng.Int(0, 5)];
+    }
+    for (size_t i = 0; i < l.keys.size(); i += 13) l.keys[i] = bad[rng.Int(0, 5)];
+  }
+  for (const Case& c : AllCases()) {
+    SCOPED_TRACE(Name(c));
+    const std::unique_ptr<Policy> policy = Make(c);
+    for (int64_t b : {4, 5, 50, 399, 400}) {
+      auto plan = policy->Decide(view, Budget::TokensPerLayer(2, b));
+      ASSERT_TRUE(plan.ok()) << plan.status() << " budget " << b;
+      for (const LayerPlan& lp : plan->layers) EXPECT_LE(static_cast<int64_t>(lp.output_slots()), b);
+    }
+    // Zero budget: only policies without sinks can meet it (by evicting all).
+    auto zero = policy->Decide(view, Budget::TokensPerLayer(2, 0));
+    if (zero.ok()) {
+      for (const LayerPlan& lp : zero->layers) EXPECT_EQ(lp.output_slots(), 0u);
+    } else {
+      EXPECT_EQ(zero.status().code(), absl::StatusCode::kResourceExhausted);
+    }
+  }
+  // Empty views and empty layers are fine.
+  SessionView empty;
+  empty.layers.resize(3);
+  auto p = MakePolicy("hybrid");
+  auto plan = (*p)->Decide(empty, Budget::TotalTokens(10));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->layers.size(), 3u);
+  EXPECT_FALSE(plan->changes());
+  // Budget of the wrong shape is bad input.
+  EXPECT_EQ((*p)->Decide(view, Budget::TokensPerLayer(5, 10)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*p)->Decide(view, Budget::TokensPerLayer(2, -1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

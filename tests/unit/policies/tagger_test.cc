@@ -496,5 +496,29 @@ TEST(TaggerTest, TagsAreIndependentOfTokenBoundaries) {
   ASSERT_EQ(whole.tags().size(), 1u);
 }
 
+// Random text (printable, braces, quotes, markup, newlines) in random pieces
+// and roles: no crash, one tag per token, stable tags never change.
+TEST(TaggerTest, RandomInputIsSafe) {
+  const uint64_t seed = 99;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  uint64_t s = seed;
+  auto next = [&] {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(s >> 33);
+  };
+  const char* atoms[] = {"{", "}", "(", ")", "\"", "'", "\n", "    ", "def ", "class ", "fn ",
+                         "func ", "#include", "//", "/*", "*/", "\"\"\"", "```", "```py\n",
+                         "<tool_call>", "</tool_call>", "<tool_output>", "Traceback", "error:",
+                         "x", "=", ";", ":", "@", "#[", "import ", "\t", "\xc3\xa9", "\0"};
+  Transcript t;
+  for (int m = 0; m < 40; ++m) {
+    std::string text;
+    const int n = 1 + static_cast<int>(next() % 200);
+    for (int i = 0; i < n; ++i) text += atoms[next() % (sizeof(atoms) / sizeof(atoms[0]))];
+    t.Message(static_cast<Role>(next() % kNumRoles), text);
+  }
+  EXPECT_FALSE(t.Lines().empty());
+}
+
 }  // namespace
 }  // namespace polykv::policies
