@@ -48,6 +48,7 @@ struct Options {
   bool json = false;
   bool quick = false;
   int threads = 0;
+  std::string real_kv;  // directory written by kernels/tools/dump_real_kv.py
 };
 
 using Clock = std::chrono::steady_clock;
@@ -118,9 +119,10 @@ void Check(const absl::Status& st, const char* what) {
 
 std::string Name(PageFormat f) { return std::string(kernels::FormatShortName(f)); }
 
-// K and V pages of T tokens in (kf, vf), one arena per kind; blocks listed in
-// a shuffled physical order unless `contiguous` (then K and V are each one
-// dense [T][H][D] tensor when the format is f32).
+// K and V pages of T tokens: full pages in (kf, vf), a partial last page in
+// f16 (the residual rule); one arena per kind. Blocks are listed in a shuffled
+// physical order unless `contiguous` (then, in f32 with T a multiple of the
+// page size, K and V are each one dense [T][H][D] tensor).
 struct Paged {
   Buffer k_arena, v_arena;
   std::vector<BlockEntry> blocks;
@@ -131,39 +133,59 @@ Paged BuildPaged(const PageShape& s, const std::vector<float>& k, const std::vec
                  int T, PageFormat kf, PageFormat vf, bool contiguous, int threads,
                  std::mt19937& rng) {
   Paged p;
-  const int nb = T / s.block_tokens;
-  const size_t kb = kernels::PageBytes(kf, KvKind::kKey, s);
-  const size_t vb = kernels::PageBytes(vf, KvKind::kValue, s);
-  p.k_arena = Alloc(kb * nb);
-  p.v_arena = Alloc(vb * nb);
+  const int bt = s.block_tokens;
+  const int full = T / bt, nb = (T + bt - 1) / bt;
+  const size_t kb = std::max(kernels::PageBytes(kf, KvKind::kKey, s),
+                             kernels::PageBytes(PageFormat::kF16, KvKind::kKey, s));
+  const size_t vb = std::max(kernels::PageBytes(vf, KvKind::kValue, s),
+                             kernels::PageBytes(PageFormat::kF16, KvKind::kValue, s));
+  // Full pages are packed at their own size; the slot stride is the larger size
+  // only where a partial page follows (keeps dense f32 contiguous).
+  const size_t kfull = kernels::PageBytes(kf, KvKind::kKey, s);
+  const size_t vfull = kernels::PageBytes(vf, KvKind::kValue, s);
+  p.k_arena = Alloc(kfull * full + kb);
+  p.v_arena = Alloc(vfull * full + vb);
   const Exec exec{Backend::kCpu, threads};
-  Check(kernels::QuantizePages(exec, s, KvKind::kKey, kf, k.data(), SourceType::kF32, nb,
+  const size_t row = size_t(s.num_kv_heads) * s.head_dim;
+  Check(kernels::QuantizePages(exec, s, KvKind::kKey, kf, k.data(), SourceType::kF32, full,
                                p.k_arena.get()),
         "quantize K");
-  Check(kernels::QuantizePages(exec, s, KvKind::kValue, vf, v.data(), SourceType::kF32, nb,
+  Check(kernels::QuantizePages(exec, s, KvKind::kValue, vf, v.data(), SourceType::kF32, full,
                                p.v_arena.get()),
         "quantize V");
-  std::vector<int> order(nb);
+  if (nb > full) {
+    Check(kernels::QuantizePage(exec, s, KvKind::kKey, PageFormat::kF16, k.data() + full * bt * row,
+                                SourceType::kF32, T - full * bt, p.k_arena.get() + full * kfull),
+          "quantize partial K");
+    Check(kernels::QuantizePage(exec, s, KvKind::kValue, PageFormat::kF16,
+                                v.data() + full * bt * row, SourceType::kF32, T - full * bt,
+                                p.v_arena.get() + full * vfull),
+          "quantize partial V");
+  }
+  std::vector<int> order(full);
   std::iota(order.begin(), order.end(), 0);
   if (!contiguous) {
     // Logical block b lives at physical slot perm[b]: move pages accordingly.
     std::vector<int> perm = order;
     std::shuffle(perm.begin(), perm.end(), rng);
-    Buffer k2 = Alloc(kb * nb), v2 = Alloc(vb * nb);
-    for (int b = 0; b < nb; ++b) {
-      std::memcpy(k2.get() + perm[b] * kb, p.k_arena.get() + b * kb, kb);
-      std::memcpy(v2.get() + perm[b] * vb, p.v_arena.get() + b * vb, vb);
+    Buffer k2 = Alloc(kfull * full + kb), v2 = Alloc(vfull * full + vb);
+    for (int b = 0; b < full; ++b) {
+      std::memcpy(k2.get() + perm[b] * kfull, p.k_arena.get() + b * kfull, kfull);
+      std::memcpy(v2.get() + perm[b] * vfull, p.v_arena.get() + b * vfull, vfull);
     }
+    std::memcpy(k2.get() + full * kfull, p.k_arena.get() + full * kfull, kb);
+    std::memcpy(v2.get() + full * vfull, p.v_arena.get() + full * vfull, vb);
     p.k_arena = std::move(k2);
     p.v_arena = std::move(v2);
     order = perm;
   }
   for (int b = 0; b < nb; ++b) {
     BlockEntry e;
-    e.k_offset = uint64_t(uintptr_t(p.k_arena.get() + order[b] * kb));
-    e.v_offset = uint64_t(uintptr_t(p.v_arena.get() + order[b] * vb));
-    e.k_format = kf;
-    e.v_format = vf;
+    const bool partial = b == full;
+    e.k_offset = uint64_t(uintptr_t(p.k_arena.get() + (partial ? full : order[b]) * kfull));
+    e.v_offset = uint64_t(uintptr_t(p.v_arena.get() + (partial ? full : order[b]) * vfull));
+    e.k_format = partial ? PageFormat::kF16 : kf;
+    e.v_format = partial ? PageFormat::kF16 : vf;
     p.blocks.push_back(e);
   }
   p.view = PagedKvView{s, nullptr, p.blocks.data(), nb, T};
@@ -340,6 +362,95 @@ std::string FidelitySection(const Options& o) {
   return js.str();
 }
 
+std::vector<float> ReadF32(const std::string& path, size_t n) {
+  std::vector<float> v(n);
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f || std::fread(v.data(), sizeof(float), n, f) != n) {
+    std::fprintf(stderr, "kernels bench: cannot read %zu floats from %s\n", n, path.c_str());
+    std::exit(1);
+  }
+  std::fclose(f);
+  return v;
+}
+
+// The fidelity table on real keys/values/queries dumped by
+// kernels/tools/dump_real_kv.py: for each dumped layer and each of the last NQ
+// positions p, decode attention of p's query over slots [0, p] (full pages in
+// the tested formats, the partial last page f16), relative L2 error vs f32.
+std::string RealFidelitySection(const Options& o) {
+  FILE* m = std::fopen((o.real_kv + "/meta.txt").c_str(), "r");
+  int T = 0, H = 0, Hq = 0, D = 0, nq = 0;
+  if (!m || std::fscanf(m, "%d %d %d %d %d", &T, &H, &Hq, &D, &nq) != 5) {
+    std::fprintf(stderr, "kernels bench: bad %s/meta.txt\n", o.real_kv.c_str());
+    std::exit(1);
+  }
+  std::vector<int> layers;
+  for (int l; std::fscanf(m, "%d", &l) == 1;) layers.push_back(l);
+  std::fclose(m);
+  const PageShape s{16, H, D};
+  const PageFormat formats[] = {PageFormat::kF16, PageFormat::kFP8E4M3, PageFormat::kInt8,
+                                PageFormat::kInt4, PageFormat::kInt2};
+  std::map<std::pair<int, int>, double> err;
+  std::map<std::pair<int, int>, double> worst;
+  int samples = 0;
+  std::mt19937 rng(3);
+  const Exec exec{Backend::kCpu, o.threads};
+  for (int layer : layers) {
+    const std::string base = o.real_kv + "/layer" + std::to_string(layer);
+    const auto k = ReadF32(base + "_k.f32", size_t(T) * H * D);
+    const auto v = ReadF32(base + "_v.f32", size_t(T) * H * D);
+    const auto q = ReadF32(base + "_q.f32", size_t(nq) * Hq * D);
+    for (int i = 0; i < nq; ++i) {
+      const int len = T - nq + i + 1;
+      const float* qi = q.data() + size_t(i) * Hq * D;
+      std::vector<float> want(Hq * D), got(Hq * D);
+      const Paged ref = BuildPaged(s, k, v, len, PageFormat::kF32, PageFormat::kF32, true, o.threads, rng);
+      Check(kernels::PagedDecodeAttention(exec, ref.view, AttentionParams{Hq}, qi, want.data(),
+                                          nullptr, nullptr),
+            "decode f32");
+      for (PageFormat kf : formats) {
+        for (PageFormat vf : formats) {
+          const Paged p = BuildPaged(s, k, v, len, kf, vf, true, o.threads, rng);
+          Check(kernels::PagedDecodeAttention(exec, p.view, AttentionParams{Hq}, qi, got.data(),
+                                              nullptr, nullptr),
+                "decode");
+          const double e = RelL2(got, want);
+          err[{int(kf), int(vf)}] += e;
+          worst[{int(kf), int(vf)}] = std::max(worst[{int(kf), int(vf)}], e);
+        }
+      }
+      ++samples;
+    }
+  }
+  std::ostringstream js;
+  js << "{\"source\":\"" << o.real_kv << "\",\"tokens\":" << T << ",\"num_kv_heads\":" << H
+     << ",\"num_q_heads\":" << Hq << ",\"head_dim\":" << D << ",\"layers\":[";
+  for (size_t i = 0; i < layers.size(); ++i) js << (i ? "," : "") << layers[i];
+  js << "],\"queries_per_layer\":" << nq
+     << ",\"metric\":\"relative L2 error of decode attention output vs f32; mean and max over "
+        "layers x queries\",\"rows\":\"K format\",\"cols\":\"V format\"";
+  for (int which = 0; which < 2; ++which) {
+    js << ",\"" << (which ? "max" : "mean") << "\":{";
+    std::fprintf(stderr, "fidelity (real K/V, %s over %d samples): rows K, cols V\n",
+                 which ? "max" : "mean", samples);
+    for (size_t a = 0; a < std::size(formats); ++a) {
+      js << (a ? "," : "") << "\"" << Name(formats[a]) << "\":{";
+      std::fprintf(stderr, "  K %-5s", Name(formats[a]).c_str());
+      for (size_t b = 0; b < std::size(formats); ++b) {
+        const auto key = std::make_pair(int(formats[a]), int(formats[b]));
+        const double e = which ? worst[key] : err[key] / samples;
+        js << (b ? "," : "") << "\"" << Name(formats[b]) << "\":" << e;
+        std::fprintf(stderr, " %8.5f", e);
+      }
+      js << "}";
+      std::fprintf(stderr, "\n");
+    }
+    js << "}";
+  }
+  js << "}";
+  return js.str();
+}
+
 int Main(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -348,6 +459,8 @@ int Main(int argc, char** argv) {
       o.json = true;
     } else if (a == "--quick") {
       o.quick = true;
+    } else if (a == "--real-kv" && i + 1 < argc) {
+      o.real_kv = argv[++i];
     } else if (a == "--threads" && i + 1 < argc) {
       o.threads = std::atoi(argv[++i]);
     } else if (a == "--help" || a == "-h") {
@@ -356,7 +469,9 @@ int Main(int argc, char** argv) {
           "  quantize/dequantize vs memcpy, paged decode attention vs f32 dense,\n"
           "  and the (K format, V format) fidelity table; fast CPU backend.\n"
           "  --quick    smaller sizes (CI smoke run)\n"
-          "  --threads  CPU threads (0 = all)\n");
+          "  --threads  CPU threads (0 = all)\n"
+          "  --real-kv DIR  also the fidelity table on real K/V/Q dumped by\n"
+          "                 kernels/tools/dump_real_kv.py\n");
       return 0;
     } else {
       std::fprintf(stderr, "kernels bench: unknown option %s\n", a.c_str());
@@ -369,11 +484,12 @@ int Main(int argc, char** argv) {
   const std::string quant = QuantizeSection(o);
   const std::string decode = DecodeSection(o);
   const std::string fidelity = FidelitySection(o);
+  const std::string real = o.real_kv.empty() ? "null" : RealFidelitySection(o);
   std::ostringstream js;
   js << "{\"bench\":\"kernels\",\"backend\":\"cpu\",\"simd\":\"" << kernels::cpu::SimdLevel()
      << "\",\"threads\":" << threads << ",\"quick\":" << (o.quick ? "true" : "false")
      << ",\"quantize\":" << quant << ",\"decode\":" << decode << ",\"fidelity\":" << fidelity
-     << "}";
+     << ",\"fidelity_real\":" << real << "}";
   if (o.json) {
     std::printf("%s\n", js.str().c_str());
   } else {

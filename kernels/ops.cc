@@ -4,11 +4,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/device.h"
+#include "kernels/numeric.h"
 #include "kernels/ref/ref.h"
 #if POLYKV_KERNELS_WITH_CUDA
 #include "kernels/cuda/cuda_ops.h"
@@ -141,8 +143,9 @@ absl::Status PagesImpl(const Exec& exec, const PageShape& shape, KvKind kind, Pa
                          cuda::DequantizePages(exec.cuda_stream, shape, kind, format, in,
                                                num_pages, rows, static_cast<float*>(out)));
       }
+    default:
+      return absl::InvalidArgumentError("unknown backend");
   }
-  return absl::InvalidArgumentError("unknown backend");
 }
 
 absl::Status AttentionImpl(const Exec& exec, const PagedKvView& kv, const AttentionParams& p,
@@ -175,8 +178,9 @@ absl::Status AttentionImpl(const Exec& exec, const PagedKvView& kv, const Attent
     case Backend::kCuda:
       POLYKV_CUDA_CALL("attention", cuda::Attention(exec.cuda_stream, kv, p.num_q_heads, scale,
                                                     num_queries, q, out, lse, slot_mass));
+    default:
+      return absl::InvalidArgumentError("unknown backend");
   }
-  return absl::InvalidArgumentError("unknown backend");
 }
 
 }  // namespace
@@ -194,6 +198,32 @@ absl::Status QuantizePage(const Exec& exec, const PageShape& shape, KvKind kind,
                           PageFormat format, const void* src, SourceType src_type,
                           int num_tokens, void* page) {
   return PagesImpl(exec, shape, kind, format, src, 1, num_tokens, true, src_type, page);
+}
+
+absl::Status WritePageRows(const PageShape& shape, PageFormat format, const float* src, int row,
+                           int num_rows, void* page) {
+  if (absl::Status st = CheckShape(shape); !st.ok()) return st;
+  if (format != PageFormat::kF32 && format != PageFormat::kF16 && format != PageFormat::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WritePageRows needs a float format (f32/f16/bf16), got format ", int(format)));
+  }
+  if (src == nullptr || page == nullptr || row < 0 || num_rows < 0 ||
+      row + num_rows > shape.block_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("rows [", row, ", ", row + num_rows,
+                                                   ") outside the page's ", shape.block_tokens));
+  }
+  const PageGeom g = GeomOf(shape);
+  const size_t begin = g.ElemIndex(row, 0, 0);
+  const size_t n = size_t(num_rows) * g.num_kv_heads * g.head_dim;
+  if (format == PageFormat::kF32) {
+    std::memcpy(static_cast<float*>(page) + begin, src, n * sizeof(float));
+  } else {
+    uint16_t* dst = static_cast<uint16_t*>(page) + begin;
+    for (size_t i = 0; i < n; ++i) {
+      dst[i] = format == PageFormat::kF16 ? F32ToF16(src[i]) : F32ToBF16(src[i]);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status QuantizePages(const Exec& exec, const PageShape& shape, KvKind kind,
@@ -257,8 +287,9 @@ absl::Status CompactSlots(const Exec& exec, const PagedKvView& src, const Compac
       return absl::OkStatus();
     case Backend::kCuda:
       POLYKV_CUDA_CALL("compact", cuda::Compact(exec.cuda_stream, src, plan, dst));
+    default:
+      return absl::InvalidArgumentError("unknown backend");
   }
-  return absl::InvalidArgumentError("unknown backend");
 }
 
 absl::Status CompactMetadata(const CompactPlan& plan, int num_src, const int32_t* src_positions,
@@ -312,8 +343,9 @@ absl::Status KeyNorms(const Exec& exec, const PagedKvView& kv, float* norms) {
       return absl::OkStatus();
     case Backend::kCuda:
       return absl::UnimplementedError("KeyNorms has no CUDA kernel yet");
+    default:
+      return absl::InvalidArgumentError("unknown backend");
   }
-  return absl::InvalidArgumentError("unknown backend");
 }
 
 absl::Status QkScores(const Exec& exec, const PagedKvView& kv, const float* queries,
@@ -332,8 +364,9 @@ absl::Status QkScores(const Exec& exec, const PagedKvView& kv, const float* quer
       return absl::OkStatus();
     case Backend::kCuda:
       return absl::UnimplementedError("QkScores has no CUDA kernel yet");
+    default:
+      return absl::InvalidArgumentError("unknown backend");
   }
-  return absl::InvalidArgumentError("unknown backend");
 }
 
 // ---- device helpers ----

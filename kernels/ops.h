@@ -54,6 +54,14 @@ absl::Status QuantizePage(const Exec& exec, const PageShape& shape, KvKind kind,
                           PageFormat format, const void* src, SourceType src_type,
                           int num_tokens, void* page);
 
+// Appends to a page in a FLOAT format (f32 / f16 / bf16; the residual page of
+// recent tokens): writes rows [row, row + num_rows) from f32 `src`
+// ([num_rows][num_kv_heads][head_dim]) and leaves every other row untouched.
+// Host memory only (the worker's CPU path); scaled formats are refused because
+// their params depend on the whole page: quantize full pages with QuantizePage.
+absl::Status WritePageRows(const PageShape& shape, PageFormat format, const float* src, int row,
+                           int num_rows, void* page);
+
 // Encodes `num_pages` full pages from contiguous rows.
 //   src:   [num_pages * block_tokens][num_kv_heads][head_dim] of `src_type`
 //   pages: num_pages pages back to back, PageBytes(format, kind, shape) apart.

@@ -19,7 +19,7 @@
 namespace polykv::kernels::cuda {
 namespace {
 
-constexpr unsigned kThreads = 128;
+constexpr unsigned kThreads = 128;  // a multiple of the warp size
 
 struct AttnArgs {
   PagedKvView kv;
@@ -72,13 +72,20 @@ __global__ void SplitKernel(AttnArgs a) {
       v_s[x] = DecodeElem(vp, a.g, e.v_format, KvKind::kValue, r0 + r, h, d);
     }
     __syncthreads();
-    for (int x = tid; x < G * n; x += blockDim.x) {
+    // One warp per (query head, row): lanes stride the channels (no shared
+    // memory bank conflicts), then a butterfly reduction. The loop bound is
+    // warp-uniform, so every lane reaches the shuffles.
+    const int warp = tid / 32, lane = tid % 32, num_warps = blockDim.x / 32;
+    for (int x = warp; x < G * n; x += num_warps) {
       const int hh = x / n, r = x % n;
       float dot = 0.0f;
-      for (int d = 0; d < D; ++d) dot += q_s[hh * D + d] * k_s[r * D + d];
-      const float s = a.sm_scale * dot;
-      p_s[hh * bt + r] = s;
-      if (a.scores) a.scores[size_t(h * G + hh) * a.kv.num_tokens + b * bt + r0 + r] = s;
+      for (int d = lane; d < D; d += 32) dot += q_s[hh * D + d] * k_s[r * D + d];
+      for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      if (lane == 0) {
+        const float s = a.sm_scale * dot;
+        p_s[hh * bt + r] = s;
+        if (a.scores) a.scores[size_t(h * G + hh) * a.kv.num_tokens + b * bt + r0 + r] = s;
+      }
     }
     __syncthreads();
     for (int hh = tid; hh < G; hh += blockDim.x) {

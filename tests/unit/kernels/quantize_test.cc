@@ -203,6 +203,27 @@ TEST_P(QuantizeTest, EdgeValuesEncodeIdenticallyOnAllBackends) {
 INSTANTIATE_TEST_SUITE_P(AllFormats, QuantizeTest, ::testing::ValuesIn(testing::kAllFormats),
                          [](const auto& info) { return std::string(FormatShortName(info.param)); });
 
+TEST(WritePageRowsTest, AppendingRowsEqualsEncodingThemTogether) {
+  std::mt19937 rng(testing::TestSeed(55));
+  const PageShape s{16, 3, 64};
+  const size_t row = 3 * 64;
+  const std::vector<float> src = testing::RandomNormal(10 * row, rng);
+  for (PageFormat f : {PageFormat::kF32, PageFormat::kF16, PageFormat::kBF16}) {
+    std::vector<uint8_t> appended(PageBytes(f, KvKind::kValue, s), 0), whole(appended.size());
+    ASSERT_TRUE(WritePageRows(s, f, src.data(), 0, 4, appended.data()).ok());
+    ASSERT_TRUE(WritePageRows(s, f, src.data() + 4 * row, 4, 6, appended.data()).ok());
+    ASSERT_TRUE(QuantizePage(Exec{Backend::kCpu}, s, KvKind::kValue, f, src.data(),
+                             SourceType::kF32, 10, whole.data())
+                    .ok());
+    EXPECT_EQ(appended, whole) << FormatShortName(f);  // rows 10..15 zero in both
+  }
+  std::vector<uint8_t> page(PageBytes(PageFormat::kInt4, KvKind::kValue, s));
+  EXPECT_EQ(WritePageRows(s, PageFormat::kInt4, src.data(), 0, 1, page.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WritePageRows(s, PageFormat::kF16, src.data(), 10, 7, page.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(QuantizeValidationTest, RejectsBadArguments) {
   std::vector<float> src(16 * 64);
   std::vector<uint8_t> page(PageBytes(PageFormat::kInt4, KvKind::kValue, {16, 1, 64}));
