@@ -93,7 +93,10 @@ bool StrongCode(std::string_view t) {
   return Word(t, "def") || Word(t, "import") || Starts(t, "#include") || Word(t, "package") ||
          Word(s, "class") || Word(s, "fn") || Word(t, "func") || Word(s, "function") ||
          Word(t, "use") || Word(s, "struct") || Word(s, "interface") || Word(s, "impl") ||
-         (Word(t, "from") && Contains(t, " import "));
+         (Word(t, "from") && Contains(t, " import ")) || Starts(t, "#!") || Starts(t, "//") ||
+         Starts(t, "/*") || Starts(t, "\"\"\"") || Starts(t, "'use strict'") ||
+         Starts(t, "\"use strict\"") || Contains(t, "require(") || Starts(t, "#pragma") ||
+         Starts(t, "#define");
 }
 
 // Counts braces and parens outside "strings" and // comments.

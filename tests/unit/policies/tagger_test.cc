@@ -214,6 +214,72 @@ const double = (x: number) => x * 2;
   EXPECT_KIND(t, "const double", kSignature);
 }
 
+TEST(TaggerTest, PlainJavaScript) {
+  Transcript t;
+  t.Message(Role::kToolOutput, R"('use strict';
+const express = require('express');
+
+/* Routes. */
+function makeApp(db) {
+  const app = express();
+  app.get('/items/:id', async (req, res) => {
+    const item = await db.find(req.params.id);
+    res.json(item);
+  });
+  return app;
+}
+
+class Cache {
+  constructor(limit) {
+    this.limit = limit;
+  }
+  get(key) {
+    return this.map.get(key);
+  }
+}
+
+module.exports = { makeApp, Cache };
+)");
+  EXPECT_KIND(t, "const express", kImport);
+  EXPECT_KIND(t, "/* Routes", kComment);
+  EXPECT_KIND(t, "function makeApp", kSignature);
+  EXPECT_KIND(t, "const app", kBody);
+  EXPECT_KIND(t, "app.get(", kBody);
+  EXPECT_KIND(t, "res.json", kBody);
+  EXPECT_KIND(t, "return app", kBody);
+  EXPECT_EQ(t.Tag("const app").block_id, t.Tag("return app").block_id);
+  EXPECT_KIND(t, "class Cache", kClass);
+  EXPECT_KIND(t, "constructor(limit)", kSignature);
+  EXPECT_KIND(t, "this.limit", kBody);
+  EXPECT_KIND(t, "get(key)", kSignature);
+  EXPECT_KIND(t, "return this.map", kBody);
+  EXPECT_NE(t.Tag("this.limit").block_id, t.Tag("return this.map").block_id);
+  EXPECT_KIND(t, "module.exports", kStatement);
+}
+
+TEST(TaggerTest, PythonFileInToolOutput) {
+  Transcript t;
+  t.Message(Role::kToolOutput, R"(#!/usr/bin/env python3
+"""Command line entry point.
+
+Parses arguments and runs the job.
+"""
+import argparse
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    return parser.parse_args(argv)
+)");
+  EXPECT_KIND(t, "#!/usr/bin", kComment);
+  EXPECT_KIND(t, "\"\"\"Command", kComment);
+  EXPECT_KIND(t, "Parses arguments", kComment);
+  EXPECT_KIND(t, "import argparse", kImport);
+  EXPECT_KIND(t, "def main", kSignature);
+  EXPECT_KIND(t, "parser =", kBody);
+  EXPECT_KIND(t, "return parser", kBody);
+}
+
 TEST(TaggerTest, Java) {
   Transcript t;
   t.Message(Role::kToolOutput, R"(package com.example.store;
