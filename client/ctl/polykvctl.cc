@@ -152,8 +152,8 @@ int main(int argc, char** argv) {
       // Merge {"pool":...} and {"sessions":[...]} into one JSON object.
       stats.erase(stats.find_last_of('}'));
       while (!stats.empty() && (stats.back() == '\n' || stats.back() == ' ')) stats.pop_back();
-      const size_t open = list.find('{');
-      std::cout << stats << ",\n" << list.substr(open + 1) << "\n";
+      const size_t first = list.find_first_not_of(" \n", list.find('{') + 1);
+      std::cout << stats << ",\n " << list.substr(first) << "\n";
       return 0;
     }
     const auto& p = s->pool();
