@@ -138,7 +138,6 @@ absl::StatusOr<Config> Resolve(std::string_view spec, const PolicyParams& overri
   Config cfg;
   PolicyParams preset_over;
   std::string comps(spec);
-  bool is_preset = false;
   for (const Preset& p : kPresets) {
     if (spec == p.name) {
       comps = p.components;
@@ -146,7 +145,6 @@ absl::StatusOr<Config> Resolve(std::string_view spec, const PolicyParams& overri
       if (!parsed.ok()) return parsed.status();
       preset_over = *parsed;
       cfg.full = comps.empty();
-      is_preset = true;
     }
   }
   if (!cfg.full) {
@@ -227,7 +225,6 @@ absl::StatusOr<Config> Resolve(std::string_view spec, const PolicyParams& overri
   for (const auto& [k, v] : cfg.values) kv.push_back(absl::StrCat(k, "=", v));
   cfg.spec = absl::StrCat(cfg.full ? "full" : absl::StrJoin(cfg.components, "+"), "{",
                           absl::StrJoin(kv, ","), "}");
-  (void)is_preset;
   return cfg;
 }
 
@@ -543,16 +540,21 @@ class CompositePolicy final : public Policy {
       keep_all();
       return absl::OkStatus();
     }
-    Score(view, stats, l, w);
-    std::vector<uint8_t> fate(n, 0);  // 0 evict, 1 keep
+    if (cfg_.scoring()) {
+      Score(view, stats, l, w);
+    } else {
+      w->score.assign(n, 0.f);  // protection only: rank by tier, then recency
+    }
+    std::vector<uint8_t> fate(n, 0);  // 0 evict, 1 keep, 2 merged
     std::vector<Ranked> cand;
     cand.reserve(n);
     int64_t fixed = 0;
+    const bool scoring = cfg_.scoring();
     for (size_t i = 0; i < n; ++i) {
       if (w->tier[i] >= kTierWindow) {
         fate[i] = 1;
         ++fixed;
-      } else if (cfg_.scoring() || w->tier[i] > 0) {
+      } else if (scoring || w->tier[i] > 0) {
         cand.push_back(Ranked{w->tier[i], w->score[i], view.tokens[slots[i].token].position,
                               static_cast<uint32_t>(i)});
       }
@@ -561,7 +563,7 @@ class CompositePolicy final : public Policy {
     if (!cfg_.fill) room = std::min(room, cfg_.pool);
     room = std::max<int64_t>(0, room);
     std::vector<std::vector<uint32_t>> merged;  // groups of source indices
-    if (cfg_.mode == Mode::kSelective || !cfg_.scoring()) {
+    if (cfg_.mode == Mode::kSelective || !scoring) {
       // The best `room` candidates. A small pool is the compaction study's
       // min-heap (O(n log G), most offers rejected by one comparison); a large
       // one is a selection (O(n)). Both give the same set: the order is total.
