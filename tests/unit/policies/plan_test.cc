@@ -138,6 +138,45 @@ TEST(PlanTest, ByteBudgetCountsRequantizedFormats) {
   EXPECT_DOUBLE_EQ(OutputBytes(v, 0, lp), 3 * bf16 + mixed);
 }
 
+TEST(PlanTest, ApplyPlanBuildsTheNextView) {
+  SessionView v = View(6);
+  v.key_dim = 2;
+  for (int i = 0; i < 6; ++i) {
+    v.layers[0].slots[i].attn = static_cast<float>(i);
+    v.layers[0].slots[i].intent = 1.f;
+    v.layers[0].keys.push_back(static_cast<float>(i));
+    v.layers[0].keys.push_back(1.f);
+  }
+  LayerPlan lp;
+  lp.keep = {0, 3};
+  lp.evict = {1};
+  MergeGroup g = Group({4, 5}, 5);
+  g.weights = {0.25f, 0.75f};
+  lp.merges = {g};
+  lp.requant = {{3, kernels::KvKind::kValue, kernels::PageFormat::kInt8}};
+  lp.budget_tokens = 4;
+  lp.keep.push_back(2);
+  std::sort(lp.keep.begin(), lp.keep.end());
+  const Plan plan = OnePlan(lp);
+  ASSERT_TRUE(ValidatePlan(v, plan).ok()) << ValidatePlan(v, plan);
+  const SessionView next = ApplyPlan(v, plan);
+  ASSERT_TRUE(ValidateView(next).ok());
+  const LayerView& l = next.layers[0];
+  ASSERT_EQ(l.slots.size(), 4u);
+  EXPECT_EQ(l.slots[0].token, 0u);
+  EXPECT_EQ(l.slots[1].token, 2u);
+  EXPECT_EQ(l.slots[2].token, 3u);
+  EXPECT_EQ(l.slots[2].v_format, kernels::PageFormat::kInt8);
+  EXPECT_EQ(l.slots[2].k_format, kernels::PageFormat::kBF16);
+  EXPECT_EQ(l.slots[3].token, 5u);  // the representative
+  EXPECT_EQ(l.slots[3].count, 2u);
+  EXPECT_FLOAT_EQ(l.slots[3].attn, 9.f);    // attention mass adds up
+  EXPECT_FLOAT_EQ(l.slots[3].intent, 1.f);  // relevance averages
+  ASSERT_EQ(l.keys.size(), 8u);
+  EXPECT_FLOAT_EQ(l.keys[6], 0.25f * 4 + 0.75f * 5);
+  EXPECT_FLOAT_EQ(l.keys[7], 1.f);
+}
+
 TEST(ViewTest, RejectsBadViews) {
   SessionView v = View(4);
   EXPECT_TRUE(ValidateView(v).ok());
