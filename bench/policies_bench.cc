@@ -9,6 +9,7 @@
 // at two operating points: "trigger" (the cache just reached 110% of budget,
 // the compaction the daemon runs routinely) and "quarter" (budget = 25%).
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +24,7 @@
 #include "policies/plan.h"
 #include "policies/policy.h"
 #include "policies/synthetic.h"
+#include "policies/tagger.h"
 
 namespace polykv::policies {
 namespace {
@@ -128,6 +130,42 @@ MergeError MeasureMergeBias(int tokens, uint64_t seed) {
   return e;
 }
 
+// Tagger throughput: ns per token over an agent-like mix of prose, fenced
+// code, tool calls and tool output, in tokenizer-like pieces.
+double TaggerNsPerToken(size_t* tokens_out) {
+  static const char* kMessage =
+      "Let me fix the parser.\n```python\nimport os\n\nclass Parser:\n"
+      "    def parse(self, text: str) -> list:\n        \"\"\"Split lines.\"\"\"\n"
+      "        out = []\n        for line in text.splitlines():\n"
+      "            out.append(line.strip())\n        return out\n```\n"
+      "<tool_call>\n{\"name\": \"run\", \"arguments\": {\"cmd\": \"pytest -q\"}}\n</tool_call>\n";
+  static const char* kOutput =
+      "#include <stdio.h>\nstatic int add(int a, int b) {\n    return a + b;\n}\n"
+      "Traceback (most recent call last):\n  File \"x.py\", line 3\nValueError: bad\n\n";
+  std::vector<std::pair<std::string, Role>> pieces;
+  for (int rep = 0; rep < 200; ++rep) {
+    for (auto [text, role] : {std::pair{kMessage, Role::kAssistant},
+                              std::pair{kOutput, Role::kToolOutput}}) {
+      std::string t(text);
+      for (size_t i = 0; i < t.size();) {
+        size_t j = i + 1;
+        while (j < t.size() && j - i < 4 && std::isalnum(static_cast<unsigned char>(t[j]))) ++j;
+        pieces.push_back({t.substr(i, j - i), role});
+        i = j;
+      }
+    }
+  }
+  *tokens_out = pieces.size();
+  const double s = Time(
+      [&] {
+        StructureTagger tagger;
+        for (const auto& [p, role] : pieces) tagger.Feed(p, role);
+        tagger.EndMessage();
+      },
+      100);
+  return 1e9 * s / static_cast<double>(pieces.size());
+}
+
 int Main(int argc, char** argv) {
   bool json = false;
   int layers = 8;
@@ -225,6 +263,13 @@ int Main(int argc, char** argv) {
   out += buf;
   std::fprintf(stderr, "merge bias: rel L2 error with %.5f, without %.5f\n", me.with_bias,
                me.without_bias);
+  size_t tagged = 0;
+  const double tag_ns = TaggerNsPerToken(&tagged);
+  out.pop_back();  // reopen the object
+  std::snprintf(buf, sizeof(buf), ",\"tagger\":{\"tokens\":%zu,\"ns_per_token\":%.1f}}", tagged,
+                tag_ns);
+  out += buf;
+  std::fprintf(stderr, "tagger: %.1f ns per token (%zu tokens)\n", tag_ns, tagged);
   if (json) {
     std::printf("%s\n", out.c_str());
   }

@@ -7,14 +7,19 @@
 namespace polykv::policies {
 namespace {
 
+// Characters of a partial line after which its provisional kind is kept.
+constexpr size_t kProvisionalPrefix = 48;
+
 bool IsIdent(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '$';
 }
 
+bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v'; }
+
 std::string_view Trim(std::string_view s) {
   size_t b = 0, e = s.size();
-  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
-  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  while (b < e && IsSpace(s[b])) ++b;
+  while (e > b && IsSpace(s[e - 1])) --e;
   return s.substr(b, e - b);
 }
 
@@ -39,23 +44,26 @@ bool Contains(std::string_view s, std::string_view p) { return s.find(p) != s.np
 
 // Drops leading modifiers (visibility, storage, async...) of a declaration.
 std::string_view StripModifiers(std::string_view s) {
-  static constexpr std::array<std::string_view, 26> kMods = {
-      "public",   "private",   "protected", "static",     "final",    "abstract", "export",
-      "default",  "pub(crate)", "pub(super)", "pub",      "async",    "unsafe",   "inline",
-      "virtual",  "override",  "sealed",    "synchronized", "native", "constexpr", "explicit",
-      "declare",  "readonly",  "extern \"C\"", "extern",  "const"};
-  for (bool again = true; again;) {
-    again = false;
-    for (std::string_view m : kMods) {
-      // `const` is a modifier only before fn (Rust const fn); `const x =` is JS.
-      if (m == "const" && !Starts(Trim(s.substr(std::min(s.size(), m.size()))), "fn")) continue;
-      const bool paren = m.back() == ')' || m.back() == '"';
-      if ((paren && Starts(s, m)) || (!paren && Word(s, m))) {
-        s = Trim(s.substr(m.size()));
-        again = true;
-        break;
-      }
+  static constexpr std::array<std::string_view, 23> kMods = {
+      "public",   "private",  "protected", "static",   "final",    "abstract",
+      "export",   "default",  "pub",       "async",    "unsafe",   "inline",
+      "virtual",  "override", "sealed",    "synchronized", "native", "constexpr",
+      "explicit", "declare",  "readonly",  "extern",   "const"};
+  while (!s.empty() && IsIdent(s[0])) {
+    size_t n = 0;
+    while (n < s.size() && IsIdent(s[n])) ++n;
+    const std::string_view w = s.substr(0, n);
+    if (std::find(kMods.begin(), kMods.end(), w) == kMods.end()) break;
+    std::string_view rest = Trim(s.substr(n));
+    if (w == "pub" && n < s.size() && s[n] == '(') {  // pub(crate), pub(super)
+      const size_t close = s.find(')', n);
+      if (close == std::string_view::npos) break;
+      rest = Trim(s.substr(close + 1));
     }
+    // `const` is a modifier only before fn (Rust const fn); `const x =` is JS.
+    if (w == "const" && !Word(rest, "fn")) break;
+    if (w == "extern" && Starts(rest, "\"C\"")) rest = Trim(rest.substr(3));
+    s = rest;
   }
   return s;
 }
@@ -246,6 +254,7 @@ StructureTagger::LineClass StructureTagger::ClassifyCode(State& st, std::string_
     return set(BlockKind::kComment, 0);
   }
   // Imports and preprocessor.
+  const std::string_view stripped = StripModifiers(t);
   if (st.in_go_import) {
     if (t == ")") st.in_go_import = false;
     return set(BlockKind::kImport, 0);
@@ -253,7 +262,7 @@ StructureTagger::LineClass StructureTagger::ClassifyCode(State& st, std::string_
   if (Starts(t, "#include") || Starts(t, "#import") || Word(t, "import") || Word(t, "package") ||
       (Word(t, "from") && Contains(t, " import ")) || Word(t, "use") ||
       (Word(t, "using") && t.back() == ';') || Word(t, "extern crate") ||
-      (Word(t, "mod") && t.back() == ';') || Word(StripModifiers(t), "use") ||
+      (Word(t, "mod") && t.back() == ';') || Word(stripped, "use") ||
       ((Word(t, "const") || Word(t, "var") || Word(t, "let")) && Contains(t, "require("))) {
     if (Starts(t, "import (")) st.in_go_import = true;
     return set(BlockKind::kImport, 0);
@@ -294,7 +303,7 @@ StructureTagger::LineClass StructureTagger::ClassifyCode(State& st, std::string_
     c.closing = true;
     return c;
   }
-  const std::string_view s = StripModifiers(t);
+  const std::string_view s = stripped;
   Scope* scope = innermost();
   const bool in_function = scope != nullptr && scope->kind == ScopeKind::kFunction;
   // Class-like declarations.
@@ -547,10 +556,18 @@ StructTag StructureTagger::Feed(std::string_view text, Role role) {
     line_.append(tail);
   }
   if (!line_tokens_.empty() && line_tokens_.back() == index) {
-    // Provisional tag of the partial line, from a copy of the state.
-    State copy = state_;
-    const LineClass c = Classify(copy, line_);
-    Retag(c, 0);
+    if (line_tokens_.size() > 1 && line_.size() > kProvisionalPrefix) {
+      // Past the prefix that decides a line's kind, the provisional tag
+      // cannot change any more; the end of the line settles it.
+      StructTag tag = tags_[line_tokens_[line_tokens_.size() - 2]];
+      tag.boundary = false;
+      tags_[index] = tag;
+    } else {
+      // Provisional tag of the partial line, from a copy of the state.
+      State copy = state_;
+      const LineClass c = Classify(copy, line_);
+      Retag(c, 0);
+    }
   }
   return tags_[index];
 }
