@@ -174,6 +174,59 @@ TEST(PolicyPropertyTest, EveryPolicyOverRandomViews) {
   EXPECT_GT(changed, checked / 2);
 }
 
+// Online: tokens arrive, the policy compacts whenever NeedsCompaction fires
+// and the next decision sees ApplyPlan's view (merged slots included). Sinks
+// and pinned tokens survive every compaction; layers never exceed the trigger.
+TEST(PolicyPropertyTest, OnlineCompactionChains) {
+  const uint64_t seed = 31337;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  SyntheticOptions o;
+  o.seed = seed;
+  o.num_layers = 2;
+  o.num_tokens = 1200;
+  o.key_dim = 8;
+  o.pinned_fraction = 0.01;
+  const SessionView full = MakeSyntheticView(o);
+  for (const Case& c : AllCases()) {
+    SCOPED_TRACE(Name(c));
+    const std::unique_ptr<Policy> policy = Make(c);
+    const Budget budget = Budget::TokensPerLayer(2, 200);
+    SessionView cur;
+    cur.key_dim = full.key_dim;
+    cur.shape = full.shape;
+    cur.layers.resize(2);
+    int compactions = 0;
+    for (size_t t = 0; t < full.tokens.size(); ++t) {
+      cur.tokens.push_back(full.tokens[t]);
+      cur.current_turn = full.tokens[t].turn;
+      for (int l = 0; l < 2; ++l) {
+        cur.layers[l].slots.push_back(full.layers[l].slots[t]);
+        cur.layers[l].keys.insert(cur.layers[l].keys.end(), full.key(l, t), full.key(l, t) + 8);
+      }
+      if (!policy->NeedsCompaction(cur, budget)) continue;
+      auto plan = policy->Decide(cur, budget);
+      ASSERT_TRUE(plan.ok()) << plan.status() << " at token " << t;
+      cur = ApplyPlan(cur, *plan);
+      ++compactions;
+      ASSERT_TRUE(ValidateView(cur).ok());
+    }
+    EXPECT_GT(compactions, 5);
+    for (int l = 0; l < 2; ++l) {
+      EXPECT_LE(cur.layers[l].slots.size(), 220u);
+      std::set<uint32_t> present;
+      for (const Slot& s : cur.layers[l].slots) present.insert(s.token);
+      for (size_t t = 0; t < full.tokens.size(); ++t) {
+        const bool sink = c.spec.find("sinks") != std::string::npos ||
+                          c.spec == "streaming" || c.spec == "hybrid" || c.spec == "merge" ||
+                          c.spec == "structural" || c.spec == "intent";
+        if ((sink && full.tokens[t].position < 4) || full.tokens[t].pinned) {
+          EXPECT_TRUE(present.count(static_cast<uint32_t>(t))) << "token " << t << " layer " << l;
+        }
+      }
+    }
+  }
+}
+
 TEST(PolicyPropertyTest, FullKeepsEverythingOrRefuses) {
   SyntheticOptions o;
   o.num_tokens = 300;
