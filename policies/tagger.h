@@ -22,8 +22,11 @@
 // the tokens of a closing-brace line (the end of a block is otherwise only
 // known after it).
 //
-// Cost: O(length of the token text) per Feed, plus O(line length) once per
-// completed line. Thread-compatible.
+// Cost: O(length of the token text) per Feed, plus one provisional
+// classification of the partial line while the line is within its first 48
+// characters (past them the kind is decided by the prefix), plus one final
+// classification per completed line. ~2.5K instructions per token on an
+// agent-like mix (bench: polykv-bench policies, "tagger"). Thread-compatible.
 #pragma once
 
 #include <cstdint>
