@@ -201,6 +201,64 @@ double RelL2(const std::vector<float>& got, const std::vector<float>& want) {
   return std::sqrt(num / den);
 }
 
+// Keys quantized PER TOKEN (the value layout: groups of 32 channels per
+// token) and decoded back: what a per-token key format would feed attention.
+// Full pages only; the rows of a partial last page are left as they are.
+std::vector<float> PerTokenFakeQuant(const std::vector<float>& k, const PageShape& s, int T,
+                                     PageFormat f, int threads) {
+  const int full = T / s.block_tokens;
+  std::vector<float> out = k;
+  Buffer pages = Alloc(kernels::PageBytes(f, KvKind::kValue, s) * std::max(full, 1));
+  const Exec exec{Backend::kCpu, threads};
+  Check(kernels::QuantizePages(exec, s, KvKind::kValue, f, k.data(), SourceType::kF32, full,
+                               pages.get()),
+        "fake-quantize");
+  Check(kernels::DequantizePages(exec, s, KvKind::kValue, f, pages.get(), full, out.data()),
+        "fake-dequantize");
+  return out;
+}
+
+// Relative L2 error with V in f16 and K either in `f` (per channel, the page
+// format) or per-token fake-quantized with `f`: the KIVI question.
+struct KeyAblation {
+  double per_channel = 0, per_token = 0;
+};
+
+void AddKeyAblation(const PageShape& s, const std::vector<float>& k, const std::vector<float>& v,
+                    int T, int Hq, const float* q, const std::vector<float>& want, int threads,
+                    std::mt19937& rng, std::map<int, KeyAblation>* acc, double weight) {
+  const Exec exec{Backend::kCpu, threads};
+  std::vector<float> got(want.size());
+  for (PageFormat f : {PageFormat::kInt8, PageFormat::kInt4, PageFormat::kInt2}) {
+    const Paged pc = BuildPaged(s, k, v, T, f, PageFormat::kF16, true, threads, rng);
+    Check(kernels::PagedDecodeAttention(exec, pc.view, AttentionParams{Hq}, q, got.data(), nullptr,
+                                        nullptr),
+          "decode");
+    (*acc)[int(f)].per_channel += weight * RelL2(got, want);
+    const std::vector<float> kt = PerTokenFakeQuant(k, s, T, f, threads);
+    const Paged pt = BuildPaged(s, kt, v, T, PageFormat::kF32, PageFormat::kF16, true, threads, rng);
+    Check(kernels::PagedDecodeAttention(exec, pt.view, AttentionParams{Hq}, q, got.data(), nullptr,
+                                        nullptr),
+          "decode");
+    (*acc)[int(f)].per_token += weight * RelL2(got, want);
+  }
+}
+
+std::string AblationJson(const std::map<int, KeyAblation>& acc, const char* label) {
+  std::ostringstream js;
+  js << "{";
+  bool first = true;
+  for (const auto& [f, a] : acc) {
+    js << (first ? "" : ",") << "\"" << Name(PageFormat(f)) << "\":{\"per_channel\":"
+       << a.per_channel << ",\"per_token\":" << a.per_token << "}";
+    std::fprintf(stderr, "key layout (%s, V f16) K %-5s per-channel %.5f  per-token %.5f\n", label,
+                 Name(PageFormat(f)).c_str(), a.per_channel, a.per_token);
+    first = false;
+  }
+  js << "}";
+  return js.str();
+}
+
 constexpr PageFormat kQuantFormats[] = {PageFormat::kF32,  PageFormat::kF16,  PageFormat::kBF16,
                                         PageFormat::kFP8E4M3, PageFormat::kInt8, PageFormat::kInt4,
                                         PageFormat::kInt2};
@@ -320,6 +378,7 @@ std::string FidelitySection(const Options& o) {
      << Hq << "},\"tokens\":" << T << ",\"trials\":" << trials
      << ",\"metric\":\"relative L2 error of decode attention output vs f32, mean over trials\","
         "\"rows\":\"K format\",\"cols\":\"V format\"";
+  std::map<int, KeyAblation> ablation[2];
   for (bool outliers : {false, true}) {
     std::map<std::pair<int, int>, double> err;
     for (int trial = 0; trial < trials; ++trial) {
@@ -333,6 +392,8 @@ std::string FidelitySection(const Options& o) {
       Check(kernels::PagedDecodeAttention(exec, ref.view, AttentionParams{Hq}, q.data(),
                                           want.data(), nullptr, nullptr),
             "decode f32");
+      AddKeyAblation(s, k, v, T, Hq, q.data(), want, o.threads, rng, &ablation[outliers],
+                     1.0 / trials);
       for (PageFormat kf : formats) {
         for (PageFormat vf : formats) {
           const Paged p = BuildPaged(s, k, v, T, kf, vf, true, o.threads, rng);
@@ -356,7 +417,8 @@ std::string FidelitySection(const Options& o) {
       js << "}";
       std::fprintf(stderr, "\n");
     }
-    js << "}";
+    js << "},\"" << (outliers ? "outlier_keys" : "gaussian") << "_key_layout\":"
+       << AblationJson(ablation[outliers], outliers ? "outlier keys" : "gaussian");
   }
   js << "}";
   return js.str();
@@ -392,6 +454,7 @@ std::string RealFidelitySection(const Options& o) {
                                 PageFormat::kInt4, PageFormat::kInt2};
   std::map<std::pair<int, int>, double> err;
   std::map<std::pair<int, int>, double> worst;
+  std::map<int, KeyAblation> ablation;
   int samples = 0;
   std::mt19937 rng(3);
   const Exec exec{Backend::kCpu, o.threads};
@@ -408,6 +471,8 @@ std::string RealFidelitySection(const Options& o) {
       Check(kernels::PagedDecodeAttention(exec, ref.view, AttentionParams{Hq}, qi, want.data(),
                                           nullptr, nullptr),
             "decode f32");
+      AddKeyAblation(s, k, v, len, Hq, qi, want, o.threads, rng, &ablation,
+                     1.0 / (double(layers.size()) * nq));
       for (PageFormat kf : formats) {
         for (PageFormat vf : formats) {
           const Paged p = BuildPaged(s, k, v, len, kf, vf, true, o.threads, rng);
@@ -428,7 +493,8 @@ std::string RealFidelitySection(const Options& o) {
   for (size_t i = 0; i < layers.size(); ++i) js << (i ? "," : "") << layers[i];
   js << "],\"queries_per_layer\":" << nq
      << ",\"metric\":\"relative L2 error of decode attention output vs f32; mean and max over "
-        "layers x queries\",\"rows\":\"K format\",\"cols\":\"V format\"";
+        "layers x queries\",\"rows\":\"K format\",\"cols\":\"V format\""
+     << ",\"key_layout_mean\":" << AblationJson(ablation, "real");
   for (int which = 0; which < 2; ++which) {
     js << ",\"" << (which ? "max" : "mean") << "\":{";
     std::fprintf(stderr, "fidelity (real K/V, %s over %d samples): rows K, cols V\n",
