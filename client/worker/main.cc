@@ -24,6 +24,11 @@
 #include "client/worker/conversation.h"
 #include "client/worker/json.h"
 #include "client/worker/kv_store.h"
+#include "client/worker/paged_kv_store.h"
+#include "kernels/page_format.h"
+#if POLYKV_WORKER_WITH_POOL
+#include "client/worker/pool_page_source.h"
+#endif
 
 namespace polykv::worker {
 namespace {
@@ -34,6 +39,12 @@ struct Flags {
   std::string daemon;
   std::string agent = "agent-0";
   bool local_cache = false;
+  bool local_pages = false;
+  std::string tenant = "default";
+  std::string key_format;    // Empty: f32 for --local-pages, the daemon's choice for --daemon.
+  std::string value_format;
+  int block_tokens = 16;
+  std::string attention = "kernels";
   int max_new_tokens = 128;
   uint64_t seed = 0;
   float temperature = 0.0f;
@@ -49,19 +60,87 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
+absl::StatusOr<kernels::PageFormat> FormatFlag(const std::string& name, const char* flag) {
+  auto f = kernels::ParseFormat(name);
+  if (!f.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " ", name, ": unknown page format (f32, f16, bf16, fp8, int8, int4, int2)"));
+  }
+  return *f;
+}
+
 absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const Flags& f, const LoadedModel& m) {
-  if (!f.daemon.empty()) {
+  const int modes = !f.daemon.empty() + f.local_cache + f.local_pages;
+  if (modes != 1) {
+    return absl::InvalidArgumentError(
+        "choose where the KV cache lives: --daemon SOCKET, --local-cache or --local-pages");
+  }
+  const KvShape shape = m.model->config().kv_shape();
+  kernels::Exec exec;
+  exec.num_threads = f.threads;
+  if (f.local_cache) {
+    LocalKvStoreOptions o;
+    o.shape = shape;
+    o.max_slots = f.max_context;
+    o.kernel_threads = f.threads;
+    if (f.attention == "blas") {
+      o.attention = LocalAttention::kBlas;
+    } else if (f.attention != "kernels") {
+      return absl::InvalidArgumentError("--attention must be kernels or blas");
+    }
+    auto s = LocalKvStore::Create(o);
+    if (!s.ok()) return s.status();
+    return std::unique_ptr<KvStore>(std::move(*s));
+  }
+  std::unique_ptr<PageSource> source;
+  if (f.local_pages) {
+    HeapPageSourceOptions o;
+    o.shape = shape;
+    o.block_tokens = f.block_tokens;
+    o.max_tokens = f.max_context;
+    auto kf = FormatFlag(f.key_format.empty() ? "f32" : f.key_format, "--key-format");
+    if (!kf.ok()) return kf.status();
+    auto vf = FormatFlag(f.value_format.empty() ? "f32" : f.value_format, "--value-format");
+    if (!vf.ok()) return vf.status();
+    o.k_format = *kf;
+    o.v_format = *vf;
+    auto s = NewHeapPageSource(o);
+    if (!s.ok()) return s.status();
+    source = std::move(*s);
+  } else {
+#if POLYKV_WORKER_WITH_POOL
+    PoolPageSourceOptions o;
+    o.socket = f.daemon;
+    o.agent_id = f.agent;
+    o.tenant = f.tenant;
+    o.model_id = m.model->config().name;
+    o.shape = shape;
+    o.block_tokens = f.block_tokens;
+    if (!f.key_format.empty()) {
+      auto kf = FormatFlag(f.key_format, "--key-format");
+      if (!kf.ok()) return kf.status();
+      o.key_format = static_cast<uint8_t>(*kf);
+    }
+    if (!f.value_format.empty()) {
+      auto vf = FormatFlag(f.value_format, "--value-format");
+      if (!vf.ok()) return vf.status();
+      o.value_format = static_cast<uint8_t>(*vf);
+    }
+    auto s = NewPoolPageSource(o);
+    if (!s.ok()) {
+      return absl::Status(s.status().code(),
+                          absl::StrCat("--daemon ", f.daemon, ": ", s.status().message()));
+    }
+    source = std::move(*s);
+#else
     return absl::UnimplementedError(absl::StrCat(
-        "--daemon ", f.daemon,
-        ": the pool-backed KV store is not wired into the worker yet; use --local-cache"));
+        "--daemon ", f.daemon, ": this polykv-worker was built without libpolykv_client"));
+#endif
   }
-  if (!f.local_cache) {
-    return absl::InvalidArgumentError("choose where the KV cache lives: --daemon SOCKET or --local-cache");
-  }
-  LocalKvStoreOptions o;
-  o.shape = m.model->config().kv_shape();
-  o.max_slots = f.max_context;
-  auto s = LocalKvStore::Create(o);
+  PagedKvStoreOptions po;
+  po.shape = shape;
+  po.exec = exec;
+  auto s = PagedKvStore::Create(po, std::move(source));
   if (!s.ok()) return s.status();
   return std::unique_ptr<KvStore>(std::move(*s));
 }
@@ -219,6 +298,13 @@ int main(int argc, char** argv) {
     c->add_option("--model", f.model, "GGUF model file (default: $POLYKV_MODEL_PATH or the fetch-model.sh cache)");
     c->add_option("--daemon", f.daemon, "polykvd socket: keep the KV cache in the daemon's pool");
     c->add_flag("--local-cache", f.local_cache, "keep the KV cache in process memory (dense f32; the baseline)");
+    c->add_flag("--local-pages", f.local_pages, "keep the KV cache in process-memory pages (paged store without a daemon)");
+    c->add_option("--tenant", f.tenant, "tenant of the daemon session");
+    c->add_option("--key-format", f.key_format, "page format of keys: f32 f16 bf16 fp8 int8 int4 int2");
+    c->add_option("--value-format", f.value_format, "page format of values");
+    c->add_option("--block-tokens", f.block_tokens, "tokens per page (--local-pages; --daemon: 0 = daemon default)")
+        ->check(CLI::NonNegativeNumber);
+    c->add_option("--attention", f.attention, "--local-cache attention: kernels (default) or blas");
     c->add_option("--agent", f.agent, "agent id reported to the daemon and in the output");
     c->add_option("--max-new-tokens", f.max_new_tokens, "default cap on generated tokens per turn")
         ->check(CLI::PositiveNumber);

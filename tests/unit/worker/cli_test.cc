@@ -117,7 +117,7 @@ TEST(WorkerCliTest, FlagErrors) {
   if (testing::SharedModel() != nullptr) {
     r = RunWorker("run " + script, true);
     EXPECT_EQ(r.code, 1);
-    EXPECT_NE(r.out.find("--daemon SOCKET or --local-cache"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("--daemon SOCKET, --local-cache or --local-pages"), std::string::npos) << r.out;
   }
 }
 

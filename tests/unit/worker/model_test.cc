@@ -190,7 +190,7 @@ TEST(ModelTest, AttentionMassIsConserved) {
   double total = 0;
   for (float x : store->attention_mass()) total += x;
   // Every query row's softmax sums to one: layers x heads x tokens.
-  const double want = double{m.config().num_layers} * m.config().num_heads * ids.size();
+  const double want = static_cast<double>(m.config().num_layers) * m.config().num_heads * ids.size();
   EXPECT_NEAR(total, want, want * 1e-4);
   // The first token (attention sink) draws the most.
   const auto& mass = store->attention_mass();

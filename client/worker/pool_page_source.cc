@@ -1,0 +1,144 @@
+#include "client/worker/pool_page_source.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/include/polykv/client.h"
+
+namespace polykv::worker {
+namespace {
+
+using kernels::KvKind;
+using kernels::PageFormat;
+
+class PoolPageSource : public PageSource {
+ public:
+  PoolPageSource(std::unique_ptr<Client> client, std::unique_ptr<Session> session,
+                 const PoolPageSourceOptions& o)
+      : client_(std::move(client)), session_(std::move(session)), o_(o) {}
+
+  int block_tokens() const override { return static_cast<int>(session_->info().block_tokens); }
+
+  absl::StatusOr<std::vector<PagedBlock>> Reserve(int64_t total_tokens) override {
+    const int64_t have = static_cast<int64_t>(session_->reserved_tokens());
+    if (total_tokens <= have) return std::vector<PagedBlock>{};
+    auto blocks = session_->Reserve(static_cast<uint64_t>(total_tokens - have));
+    if (!blocks.ok()) return blocks.status();
+    std::vector<PagedBlock> out;
+    out.reserve(blocks->size());
+    for (const Block& b : *blocks) {
+      auto pb = Convert(b);
+      if (!pb.ok()) return pb.status();
+      out.push_back(*std::move(pb));
+    }
+    return out;
+  }
+
+  absl::Status Commit(int64_t total_tokens, std::span<const TokenMeta>) override {
+    // Per-token metadata (turn, role) has no RPC yet; the count does.
+    committed_ = total_tokens;
+    return session_->Commit(static_cast<uint64_t>(total_tokens));
+  }
+
+  absl::StatusOr<std::optional<PagedTable>> Sync() override {
+    auto changed = session_->Sync();
+    if (!changed.ok()) return changed.status();
+    if (!*changed) return std::nullopt;
+    PagedTable t;
+    for (const Block& b : session_->blocks()) {
+      auto pb = Convert(b);
+      if (!pb.ok()) return pb.status();
+      t.blocks.push_back(*std::move(pb));
+    }
+    // The session API does not yet say how many slots survive a compaction;
+    // until it does, a new table keeps the committed count (capped by its blocks).
+    t.num_tokens = std::min<int64_t>(committed_, static_cast<int64_t>(t.blocks.size()) *
+                                                     block_tokens());
+    t.epoch = session_->epoch();
+    return t;
+  }
+
+  int64_t bytes() const override {
+    const SessionInfo& i = session_->info();
+    return static_cast<int64_t>(session_->blocks().size()) * o_.shape.num_layers *
+           (int64_t{i.key_page_bytes} + i.value_page_bytes);
+  }
+  std::string name() const override {
+    const SessionInfo& i = session_->info();
+    return absl::StrCat("pool-", std::string(kernels::FormatShortName(PageFormat(i.key_format))),
+                        "-", std::string(kernels::FormatShortName(PageFormat(i.value_format))));
+  }
+
+ private:
+  absl::StatusOr<PagedBlock> Convert(const Block& b) const {
+    const size_t layers = static_cast<size_t>(o_.shape.num_layers);
+    if (b.pages.size() != 2 * layers) {
+      return absl::InternalError(absl::StrCat("block ", b.block_index, " has ", b.pages.size(),
+                                              " pages, expected ", 2 * layers));
+    }
+    PagedBlock out;
+    out.k_pages.resize(layers);
+    out.v_pages.resize(layers);
+    const kernels::PageShape shape{block_tokens(), o_.shape.num_kv_heads, o_.shape.head_dim};
+    for (size_t l = 0; l < layers; ++l) {
+      const Page& k = b.pages[2 * l];
+      const Page& v = b.pages[2 * l + 1];
+      if (k.addr == nullptr || v.addr == nullptr) {
+        return absl::FailedPreconditionError(
+            "the daemon's pages are not mapped in host memory (a CUDA pool needs the CUDA "
+            "attention path, not wired yet)");
+      }
+      const PageFormat kf = PageFormat(static_cast<uint8_t>(k.format));
+      const PageFormat vf = PageFormat(static_cast<uint8_t>(v.format));
+      if (l == 0) {
+        out.k_format = kf;
+        out.v_format = vf;
+      } else if (kf != out.k_format || vf != out.v_format) {
+        return absl::UnimplementedError("per-layer page formats within one block");
+      }
+      const size_t kb = kernels::PageBytes(kf, KvKind::kKey, shape);
+      const size_t vb = kernels::PageBytes(vf, KvKind::kValue, shape);
+      if (kb == 0 || vb == 0 || k.size_bytes < kb || v.size_bytes < vb) {
+        return absl::InternalError(absl::StrCat(
+            "daemon page of ", k.size_bytes, "/", v.size_bytes, " bytes cannot hold a ",
+            std::string(kernels::FormatShortName(kf)), "/",
+            std::string(kernels::FormatShortName(vf)), " page of ", kb, "/", vb, " bytes"));
+      }
+      out.k_pages[l] = k.addr;
+      out.v_pages[l] = v.addr;
+    }
+    return out;
+  }
+
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<Session> session_;
+  const PoolPageSourceOptions o_;
+  int64_t committed_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PageSource>> NewPoolPageSource(const PoolPageSourceOptions& o) {
+  auto client = Client::Connect(o.socket);
+  if (!client.ok()) return client.status();
+  SessionOptions so;
+  so.agent_id = o.agent_id;
+  so.tenant = o.tenant;
+  so.profile.num_layers = static_cast<uint32_t>(o.shape.num_layers);
+  so.profile.num_kv_heads = static_cast<uint32_t>(o.shape.num_kv_heads);
+  so.profile.head_dim = static_cast<uint32_t>(o.shape.head_dim);
+  so.profile.dtype = DType::kF32;
+  so.profile.model_id = o.model_id;
+  so.key_format = static_cast<Format>(o.key_format);
+  so.value_format = static_cast<Format>(o.value_format);
+  so.block_tokens = static_cast<uint32_t>(o.block_tokens);
+  auto session = (*client)->OpenSession(so);
+  if (!session.ok()) return session.status();
+  if ((*session)->info().block_tokens == 0) {
+    return absl::InternalError("the daemon opened a session with block_tokens = 0");
+  }
+  return std::unique_ptr<PageSource>(
+      new PoolPageSource(std::move(*client), std::move(*session), o));
+}
+
+}  // namespace polykv::worker

@@ -1,0 +1,31 @@
+// PageSource over a polykvd session (libpolykv_client): the worker's KV pages
+// are the daemon's pool pages, mapped into this process; the worker writes new
+// tokens' K/V into them in place and the daemon sees the committed count.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "client/worker/paged_kv_store.h"
+
+namespace polykv::worker {
+
+struct PoolPageSourceOptions {
+  std::string socket;    // polykvd's Unix socket.
+  std::string agent_id;
+  std::string tenant = "default";
+  std::string model_id;  // Reported to the daemon (e.g. the GGUF's general.name).
+  KvShape shape;
+  // 0 = the daemon's choice; else the kernels::PageFormat wire value.
+  uint8_t key_format = 0;
+  uint8_t value_format = 0;
+  int block_tokens = 0;  // 0 = the daemon's default.
+};
+
+// Connects, opens the session (maps the arenas) and checks that the pages
+// the daemon hands out can hold this model's shape in their formats.
+// UNAVAILABLE when no daemon answers; the daemon's own codes otherwise.
+absl::StatusOr<std::unique_ptr<PageSource>> NewPoolPageSource(const PoolPageSourceOptions& o);
+
+}  // namespace polykv::worker
