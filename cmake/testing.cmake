@@ -16,4 +16,9 @@ function(polykv_add_test)
   add_test(NAME ${T_NAME} COMMAND ${T_NAME} --gtest_color=no)
   set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
                        ENVIRONMENT "POLYKV_BIN_DIR=${PROJECT_BINARY_DIR}/bin")
+  # Integration tests start real processes and wait on leases: they run alone,
+  # not beside CPU-heavy unit tests on a 2-core box.
+  if("integration" IN_LIST T_LABELS)
+    set_tests_properties(${T_NAME} PROPERTIES RUN_SERIAL TRUE)
+  endif()
 endfunction()

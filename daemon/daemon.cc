@@ -3,7 +3,6 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>
 #include <prometheus/exposer.h>
-#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "daemon/log.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/rpc/admin_service.h"
 #include "daemon/rpc/fd_broker.h"
@@ -127,7 +127,7 @@ absl::Status Daemon::Start() {
   bo.policy = policy;
   bo.pool = pool_.get();
   bo.on_reject = [this](const PeerCreds& p) {
-    spdlog::warn("fd socket: refused peer pid={} uid={} gid={}", p.pid, p.uid, p.gid);
+    DaemonLogger()->warn("fd socket: refused peer pid={} uid={} gid={}", p.pid, p.uid, p.gid);
     metrics_->PeerRejected("fd");
   };
   auto broker = FdBroker::Create(bo);
@@ -143,7 +143,7 @@ absl::Status Daemon::Start() {
     grpc::AddInsecureChannelFromFd(server_.get(), fd);
   };
   lo.on_reject = [this](const PeerCreds& p) {
-    spdlog::warn("socket: refused peer pid={} uid={} gid={} (not in allowed_uids/allowed_gids)",
+    DaemonLogger()->warn("socket: refused peer pid={} uid={} gid={} (not in allowed_uids/allowed_gids)",
                  p.pid, p.uid, p.gid);
     metrics_->PeerRejected("grpc");
   };
@@ -154,7 +154,7 @@ absl::Status Daemon::Start() {
   fd_broker_->Start();
   listener_->Start();
   reaper_ = std::thread([this] { ReaperLoop(); });
-  spdlog::info("polykvd {} listening on {} (fds {}), tier {}, pool {} bytes, lease {} ms, metrics {}",
+  DaemonLogger()->info("polykvd {} listening on {} (fds {}), tier {}, pool {} bytes, lease {} ms, metrics {}",
                POLYKV_VERSION, config_.socket, fd_socket_path_, config_.tier, config_.pool_bytes,
                config_.lease_ms, metrics_address_.empty() ? "off" : metrics_address_);
   return absl::OkStatus();
@@ -166,7 +166,7 @@ void Daemon::ReaperLoop() {
   const absl::Duration period = absl::Milliseconds(std::max<uint32_t>(config_.lease_ms / 4, 20));
   while (!stop_reaper_.WaitForNotificationWithTimeout(period)) {
     for (uint64_t id : pool_->ReclaimExpired()) {
-      spdlog::info("reclaimed session {} (lease expired or drain deadline passed)", id);
+      DaemonLogger()->info("reclaimed session {} (lease expired or drain deadline passed)", id);
       metrics_->SessionReclaimed("lease");
     }
   }
@@ -174,11 +174,11 @@ void Daemon::ReaperLoop() {
 
 void Daemon::Drain(absl::Duration timeout) {
   const uint32_t open = pool_->Drain(timeout);
-  spdlog::info("draining: {} sessions open; evicting what is left after {} ms", open,
+  DaemonLogger()->info("draining: {} sessions open; evicting what is left after {} ms", open,
                absl::ToInt64Milliseconds(timeout));
   const absl::Time deadline = absl::Now() + timeout + absl::Seconds(1);
   while (pool_->num_sessions() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
-  spdlog::info("drained: {} sessions left, {} bytes in use", pool_->num_sessions(),
+  DaemonLogger()->info("drained: {} sessions left, {} bytes in use", pool_->num_sessions(),
                pool_->used_bytes());
 }
 

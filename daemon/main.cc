@@ -8,6 +8,7 @@
 
 #include "daemon/config/config.h"
 #include "daemon/daemon.h"
+#include "daemon/log.h"
 
 namespace {
 
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error [info]");
   CLI11_PARSE(app, argc, argv);
 
+  spdlog::set_default_logger(polykv::daemon::DaemonLogger());
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ polykvd: %v");
   DaemonConfig config;
   if (!config_file.empty()) {

@@ -1,6 +1,7 @@
 #include "daemon/rpc/admin_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "daemon/log.h"
 #include "daemon/rpc/convert.h"
 
 namespace polykv::daemon {
@@ -54,6 +55,9 @@ grpc::Status AdminService::SetQos(grpc::ServerContext* c, const v1::SetQosReques
     if (!q.ok()) return q.status();
     auto out = ctx_.pool->SetQos(*q);
     if (!out.ok()) return out.status();
+    DaemonLogger()->info("qos of agent {} set: priority {}, max_bytes {}, guaranteed_bytes {}, policy {}",
+                         out->agent_id, std::string(PriorityName(out->priority)), out->max_bytes,
+                         out->guaranteed_bytes, out->policy);
     ToProto(*out, resp);
     return absl::OkStatus();
   });
@@ -66,6 +70,7 @@ grpc::Status AdminService::EvictSession(grpc::ServerContext* c,
     auto out = ctx_.pool->Evict(req->session_id(), "by operator");
     if (!out.ok()) return out.status();
     if (ctx_.metrics) ctx_.metrics->SessionReclaimed("operator");
+    DaemonLogger()->info("session {} evicted by operator, {} bytes freed", req->session_id(), *out);
     resp->set_freed_bytes(*out);
     return absl::OkStatus();
   });
@@ -75,6 +80,7 @@ grpc::Status AdminService::Drain(grpc::ServerContext* c, const v1::DrainRequest*
                                  v1::DrainResponse* resp) {
   return AdminHandle(c, "Drain", [&]() {
     resp->set_num_sessions(ctx_.pool->Drain(absl::Milliseconds(req->evict_after_ms())));
+    DaemonLogger()->info("drain requested by operator; {} sessions open", resp->num_sessions());
     return absl::OkStatus();
   });
 }

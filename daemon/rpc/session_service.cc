@@ -1,5 +1,6 @@
 #include "daemon/rpc/session_service.h"
 
+#include "daemon/log.h"
 #include "daemon/rpc/convert.h"
 
 namespace polykv::daemon {
@@ -14,6 +15,10 @@ grpc::Status SessionService::OpenSession(grpc::ServerContext* c,
     if (!out.ok()) return out.status();
     ToProto(*out, resp);
     resp->set_fd_socket_path(ctx_.fd_socket_path);
+    DaemonLogger()->info("session {} opened: agent {} tenant {} pid {} uid {}, {} layers, K/V {}/{}",
+                         out->session_id, r->agent_id, r->tenant, peer.pid, peer.uid,
+                         r->profile.num_layers, kernels::FormatShortName(out->key_format),
+                         kernels::FormatShortName(out->value_format));
     return absl::OkStatus();
   });
 }
@@ -23,7 +28,13 @@ grpc::Status SessionService::Reserve(grpc::ServerContext* c, const v1::ReserveRe
   return Handle(ctx_, c, "Reserve", [&](const PeerCreds& peer) -> absl::Status {
     auto out = ctx_.pool->Reserve(req->session().session_id(), req->session().token(), peer,
                                   req->num_tokens());
-    if (!out.ok()) return out.status();
+    if (!out.ok()) {
+      if (absl::IsResourceExhausted(out.status())) {
+        DaemonLogger()->info("session {}: reservation refused: {}", req->session().session_id(),
+                             std::string(out.status().message()));
+      }
+      return out.status();
+    }
     for (const auto& b : out->blocks) ToProto(b, resp->add_blocks());
     resp->set_reserved_tokens(out->reserved_tokens);
     resp->set_session_bytes(out->session_bytes);
@@ -85,6 +96,7 @@ grpc::Status SessionService::CloseSession(grpc::ServerContext* c,
   return Handle(ctx_, c, "CloseSession", [&](const PeerCreds& peer) -> absl::Status {
     auto out = ctx_.pool->Close(req->session().session_id(), req->session().token(), peer);
     if (!out.ok()) return out.status();
+    DaemonLogger()->info("session {} closed, {} bytes freed", req->session().session_id(), *out);
     resp->set_freed_bytes(*out);
     return absl::OkStatus();
   });
