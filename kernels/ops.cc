@@ -213,14 +213,19 @@ absl::Status WritePageRows(const PageShape& shape, PageFormat format, const floa
                                                    ") outside the page's ", shape.block_tokens));
   }
   const PageGeom g = GeomOf(shape);
-  const size_t begin = g.ElemIndex(row, 0, 0);
-  const size_t n = size_t(num_rows) * g.num_kv_heads * g.head_dim;
-  if (format == PageFormat::kF32) {
-    std::memcpy(static_cast<float*>(page) + begin, src, n * sizeof(float));
-  } else {
-    uint16_t* dst = static_cast<uint16_t*>(page) + begin;
-    for (size_t i = 0; i < n; ++i) {
-      dst[i] = format == PageFormat::kF16 ? F32ToF16(src[i]) : F32ToBF16(src[i]);
+  const int D = g.head_dim;
+  for (int r = 0; r < num_rows; ++r) {
+    for (int h = 0; h < g.num_kv_heads; ++h) {
+      const float* x = src + g.DenseIndex(r, h, 0);
+      const size_t i = g.ElemIndex(row + r, h, 0);
+      if (format == PageFormat::kF32) {
+        std::memcpy(static_cast<float*>(page) + i, x, D * sizeof(float));
+      } else {
+        uint16_t* dst = static_cast<uint16_t*>(page) + i;
+        for (int d = 0; d < D; ++d) {
+          dst[d] = format == PageFormat::kF16 ? F32ToF16(x[d]) : F32ToBF16(x[d]);
+        }
+      }
     }
   }
   return absl::OkStatus();

@@ -6,9 +6,9 @@ namespace polykv::kernels {
 
 std::string_view FormatName(PageFormat format) {
   switch (format) {
-    case PageFormat::kF32: return "f32.v1";
-    case PageFormat::kF16: return "f16.v1";
-    case PageFormat::kBF16: return "bf16.v1";
+    case PageFormat::kF32: return "f32.v2";
+    case PageFormat::kF16: return "f16.v2";
+    case PageFormat::kBF16: return "bf16.v2";
     case PageFormat::kFP8E4M3: return "fp8e4m3.v2";
     case PageFormat::kInt8: return "int8.v2";
     case PageFormat::kInt4: return "int4.v2";

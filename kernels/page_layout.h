@@ -4,7 +4,10 @@
 //
 // A page of shape (T = block_tokens, H = num_kv_heads, D = head_dim):
 //
-//   [data]   T*H*D elements, row-major [t][h][d]. Element i = (t*H + h)*D + d.
+//   [data]   T*H*D elements, head-major [h][t][d]: element i = (h*T + t)*D + d,
+//            so one head's rows of a page are contiguous (attention walks a
+//            page one KV head at a time; CPU prefetchers and GPU loads want
+//            that run contiguous).
 //            f32: 4 bytes, f16/bf16: 2 bytes, fp8/int8: 1 byte, int4: 2 per
 //            byte (element i in the low nibble when i is even), int2: 4 per
 //            byte (element i at bits 2*(i%4)). Rounded up to 16 bytes.
@@ -12,7 +15,7 @@
 //            (scale, zero), 4 bytes per pair.
 //              keys:   one pair per (h, d), over the page's tokens    [H][D]
 //              values: one pair per (t, h, group of kValueGroup channels)
-//                                                                    [T][H][D/G]
+//                                                                    [H][T][D/G]
 //            int:  x ~= code * scale + zero,    code in [0, 2^bits - 1]
 //            fp8:  x ~= fp8(code) * scale,      zero is stored as 0
 //   [pad]    up to a multiple of kPageAlignment (256) bytes.
@@ -67,7 +70,13 @@ struct PageGeom {
   int head_dim;
 
   POLYKV_HD size_t Elems() const { return size_t(block_tokens) * num_kv_heads * head_dim; }
+  // Index of element (t, h, d) inside a page.
   POLYKV_HD size_t ElemIndex(int t, int h, int d) const {
+    return (size_t(h) * block_tokens + t) * head_dim + d;
+  }
+  // Index of element (t, h, d) in a dense token-major [T][H][D] buffer (the
+  // layout of the rows handed to and returned by quantize/dequantize).
+  POLYKV_HD size_t DenseIndex(int t, int h, int d) const {
     return (size_t(t) * num_kv_heads + h) * head_dim + d;
   }
   POLYKV_HD size_t DataBytes(PageFormat f) const {
@@ -82,7 +91,7 @@ struct PageGeom {
   // Index of the (scale, zero) pair governing element (t, h, d).
   POLYKV_HD size_t ParamIndex(KvKind kind, int t, int h, int d) const {
     if (kind == KvKind::kKey) return size_t(h) * head_dim + d;
-    return (size_t(t) * num_kv_heads + h) * (head_dim / kValueGroup) + d / kValueGroup;
+    return (size_t(h) * block_tokens + t) * (head_dim / kValueGroup) + d / kValueGroup;
   }
   POLYKV_HD size_t PageBytes(PageFormat f, KvKind kind) const {
     const size_t bytes = DataBytes(f) + NumParams(f, kind) * 4;

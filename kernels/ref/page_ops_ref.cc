@@ -47,7 +47,7 @@ void DequantizePages(const PageShape& shape, KvKind kind, PageFormat format, con
     for (int t = 0; t < rows_per_page; ++t) {
       for (int h = 0; h < g.num_kv_heads; ++h) {
         for (int d = 0; d < g.head_dim; ++d) {
-          dst[p * g.Elems() + g.ElemIndex(t, h, d)] = DecodeElem(page, g, format, kind, t, h, d);
+          dst[p * g.Elems() + g.DenseIndex(t, h, d)] = DecodeElem(page, g, format, kind, t, h, d);
         }
       }
     }
@@ -82,7 +82,7 @@ void Compact(const PagedKvView& src, const CompactPlan& plan, const PagedKvMut& 
               acc[d] += w * DecodeElem(page, g, f, kind, s % bt, h, d);
             }
           }
-          for (int d = 0; d < g.head_dim; ++d) rows[g.ElemIndex(r, h, d)] = float(acc[d]);
+          for (int d = 0; d < g.head_dim; ++d) rows[g.DenseIndex(r, h, d)] = float(acc[d]);
         }
       }
       const BlockEntry& e = dst.blocks[b];

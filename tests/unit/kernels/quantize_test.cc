@@ -85,7 +85,7 @@ TEST_P(QuantizeTest, RoundTripWithinBoundAndBackendsAgree) {
       for (int t = 0; t < c.rows; ++t) {
         for (int h = 0; h < g.num_kv_heads; ++h) {
           for (int d = 0; d < g.head_dim; ++d) {
-            const size_t i = g.ElemIndex(t, h, d);
+            const size_t i = g.DenseIndex(t, h, d);
             const QuantParams p = IsScaledFormat(f)
                                       ? LoadParams(page_ref.data(), g, f, kind, t, h, d)
                                       : QuantParams{0, 0};
