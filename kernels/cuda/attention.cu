@@ -172,6 +172,7 @@ int Attention(void* stream_ptr, const PagedKvView& kv, int num_q_heads, float sm
   a.num_queries = num_queries;
   a.q = q;
   const int D = a.g.head_dim, bt = a.g.block_tokens, G = a.group;
+  if (num_queries > 65535 || num_q_heads > 65535) return int(cudaErrorInvalidValue);  // grid limits
   // Enough thread blocks to fill the device, but at least 8 pages per split.
   const int pairs = a.g.num_kv_heads * num_queries;
   int splits = (264 + pairs - 1) / pairs;

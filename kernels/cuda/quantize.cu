@@ -43,10 +43,11 @@ __global__ void DequantizePagesKernel(const uint8_t* pages, PageGeom g, PageForm
   }
 }
 
-// blockIdx.y = destination block; threads cover that page's units.
+// blockIdx.y (strided by gridDim.y) = destination block; threads cover that
+// page's units.
 __global__ void QuantizeTableKernel(const float* rows, int num_rows, PageGeom g, KvKind kind,
-                                    uint8_t* base, const BlockEntry* blocks) {
-  const int b = blockIdx.y;
+                                    uint8_t* base, const BlockEntry* blocks, int num_blocks) {
+  for (int b = blockIdx.y; b < num_blocks; b += gridDim.y) {
   const BlockEntry e = blocks[b];
   const PageFormat f = kind == KvKind::kKey ? e.k_format : e.v_format;
   uint8_t* page = PagePtr(base, kind == KvKind::kKey ? e.k_offset : e.v_offset);
@@ -56,6 +57,7 @@ __global__ void QuantizeTableKernel(const float* rows, int num_rows, PageGeom g,
   for (size_t u = blockIdx.x * size_t(blockDim.x) + threadIdx.x; u < units;
        u += size_t(gridDim.x) * blockDim.x) {
     QuantizeUnit(src, n, g, f, kind, page, u);
+  }
   }
 }
 
@@ -67,8 +69,10 @@ int LaunchQuantizeTable(cudaStream_t stream, const float* rows, int num_rows, co
   // Enough x-blocks for the largest unit count (float formats: T*H rows).
   const size_t max_units = size_t(g.block_tokens) * g.num_kv_heads *
                            (g.head_dim / kValueGroup > 0 ? g.head_dim / kValueGroup : 1);
-  const dim3 grid(unsigned((max_units + kThreads - 1) / kThreads), unsigned(num_blocks));
-  QuantizeTableKernel<<<grid, kThreads, 0, stream>>>(rows, num_rows, g, kind, base, blocks);
+  const dim3 grid(unsigned((max_units + kThreads - 1) / kThreads),
+                  unsigned(num_blocks < 65535 ? num_blocks : 65535));
+  QuantizeTableKernel<<<grid, kThreads, 0, stream>>>(rows, num_rows, g, kind, base, blocks,
+                                                     num_blocks);
   return int(cudaGetLastError());
 }
 
