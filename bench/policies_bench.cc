@@ -76,7 +76,8 @@ MergeError MeasureMergeBias(int tokens, uint64_t seed) {
       block = b;
       for (float& c : centre) c = static_cast<float>(rng.Normal());
     }
-    for (int j = 0; j < d; ++j) values[i * d + j] = centre[j] + 0.3f * static_cast<float>(rng.Normal());
+    for (int j = 0; j < d; ++j)
+      values[i * d + j] = centre[j] + 0.3f * static_cast<float>(rng.Normal());
   }
   auto policy = MakePolicy("merge", {{"window.size", "0"}, {"sinks.count", "0"}});
   auto plan = (*policy)->Decide(v, Budget::TokensPerLayer(1, static_cast<int64_t>(n / 2)));
@@ -144,8 +145,8 @@ double TaggerNsPerToken(size_t* tokens_out) {
       "Traceback (most recent call last):\n  File \"x.py\", line 3\nValueError: bad\n\n";
   std::vector<std::pair<std::string, Role>> pieces;
   for (int rep = 0; rep < 200; ++rep) {
-    for (auto [text, role] : {std::pair{kMessage, Role::kAssistant},
-                              std::pair{kOutput, Role::kToolOutput}}) {
+    for (auto [text, role] :
+         {std::pair{kMessage, Role::kAssistant}, std::pair{kOutput, Role::kToolOutput}}) {
       std::string t(text);
       for (size_t i = 0; i < t.size();) {
         size_t j = i + 1;
@@ -211,18 +212,19 @@ int Main(int argc, char** argv) {
       int64_t merges[2] = {0, 0};
       const int64_t budgets[2] = {static_cast<int64_t>(std::floor(n / 1.1)), n / 4};
       for (int b = 0; b < 2; ++b) {
-        const Budget budget =
-            Budget::TokensPerLayer(layers, spec == "full" ? n : budgets[b]);
+        const Budget budget = Budget::TokensPerLayer(layers, spec == "full" ? n : budgets[b]);
         auto probe = (*policy)->Decide(view, budget);
         if (!probe.ok()) {
-          std::fprintf(stderr, "%s: %s\n", spec.c_str(), std::string(probe.status().message()).c_str());
+          std::fprintf(stderr, "%s: %s\n", spec.c_str(),
+                       std::string(probe.status().message()).c_str());
           return 1;
         }
-        for (const LayerPlan& lp : probe->layers) merges[b] += static_cast<int64_t>(lp.merges.size());
+        for (const LayerPlan& lp : probe->layers)
+          merges[b] += static_cast<int64_t>(lp.merges.size());
         ms[b] = 1e3 * Time([&] { (void)(*policy)->Decide(view, budget); }, min_ms);
       }
-      std::fprintf(stderr, "%-26s %6d tokens: trigger %8.3f ms  quarter %8.3f ms\n", spec.c_str(), n,
-                   ms[0], ms[1]);
+      std::fprintf(stderr, "%-26s %6d tokens: trigger %8.3f ms  quarter %8.3f ms\n", spec.c_str(),
+                   n, ms[0], ms[1]);
       char buf[512];
       std::snprintf(buf, sizeof(buf),
                     "%s{\"policy\":\"%s\",\"tokens\":%d,\"trigger_ms\":%.4f,\"quarter_ms\":%.4f,"
@@ -255,11 +257,12 @@ int Main(int argc, char** argv) {
   }
   const MergeError me = MeasureMergeBias(4096, 1);
   char buf[256];
-  std::snprintf(buf, sizeof(buf),
-                "],\"merge_bias\":{\"tokens\":%lld,\"slots_after\":%lld,\"rel_l2_error_with_bias\":%.5f,"
-                "\"rel_l2_error_without_bias\":%.5f}}",
-                static_cast<long long>(me.slots_before), static_cast<long long>(me.slots_after),
-                me.with_bias, me.without_bias);
+  std::snprintf(
+      buf, sizeof(buf),
+      "],\"merge_bias\":{\"tokens\":%lld,\"slots_after\":%lld,\"rel_l2_error_with_bias\":%.5f,"
+      "\"rel_l2_error_without_bias\":%.5f}}",
+      static_cast<long long>(me.slots_before), static_cast<long long>(me.slots_after), me.with_bias,
+      me.without_bias);
   out += buf;
   std::fprintf(stderr, "merge bias: rel L2 error with %.5f, without %.5f\n", me.with_bias,
                me.without_bias);

@@ -41,7 +41,8 @@ constexpr ParamDef kParams[] = {
     {"layers", "uniform", nullptr,
      "layer allocator for a total budget: uniform | pyramid | entropy"},
     {"layers.skew", "0.5", nullptr, "pyramid: low layers get (1+skew)x, top (1-skew)x"},
-    {"trigger", "1.10", nullptr, "NeedsCompaction when a layer exceeds trigger x budget (seed 001)"},
+    {"trigger", "1.10", nullptr,
+     "NeedsCompaction when a layer exceeds trigger x budget (seed 001)"},
     {"pool", "0", nullptr,
      "G: slots reserved for the score-ranked pool before the window takes its share"},
     {"fill", "1", nullptr, "1: the score-ranked pool may use all budget left; 0: at most `pool`"},
@@ -76,7 +77,7 @@ constexpr ParamDef kParams[] = {
     {"intent.min_tokens", "3000", "intent", "see intent.min_turns (seed 003)"},
 };
 
-const char* const kComponents[] = {"sinks", "window", "anchors", "h2o",
+const char* const kComponents[] = {"sinks",  "window",     "anchors", "h2o",
                                    "snapkv", "structural", "intent"};
 
 bool IsScoring(std::string_view c) {
@@ -151,10 +152,10 @@ absl::StatusOr<Config> Resolve(std::string_view spec, const PolicyParams& overri
     for (absl::string_view piece : absl::StrSplit(comps, '+')) {
       const std::string c(absl::StripAsciiWhitespace(piece));
       if (std::find(std::begin(kComponents), std::end(kComponents), c) == std::end(kComponents)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "unknown policy component '", c, "' in '", std::string(spec), "'; presets: ",
-            absl::StrJoin(PresetNames(), ", "), "; components: ",
-            absl::StrJoin(kComponents, ", ")));
+        return absl::InvalidArgumentError(
+            absl::StrCat("unknown policy component '", c, "' in '", std::string(spec),
+                         "'; presets: ", absl::StrJoin(PresetNames(), ", "),
+                         "; components: ", absl::StrJoin(kComponents, ", ")));
       }
       if (cfg.has(c)) {
         return absl::InvalidArgumentError(absl::StrCat("component '", c, "' named twice"));
@@ -171,8 +172,7 @@ absl::StatusOr<Config> Resolve(std::string_view spec, const PolicyParams& overri
   for (const auto& [k, v] : overrides) {
     if (!cfg.values.count(k)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("parameter '", k, "' does not apply to policy '", std::string(spec),
-                       "'"));
+          absl::StrCat("parameter '", k, "' does not apply to policy '", std::string(spec), "'"));
     }
     cfg.values[k] = v;
   }
@@ -187,10 +187,15 @@ absl::StatusOr<Config> Resolve(std::string_view spec, const PolicyParams& overri
   }
   if (!cfg.full) {
     const std::string& mode = cfg.values["mode"];
-    if (mode == "selective") cfg.mode = Mode::kSelective;
-    else if (mode == "merge") cfg.mode = Mode::kMerge;
-    else if (mode == "hybrid") cfg.mode = Mode::kHybrid;
-    else return absl::InvalidArgumentError(absl::StrCat("mode '", mode, "' unknown"));
+    if (mode == "selective") {
+      cfg.mode = Mode::kSelective;
+    } else if (mode == "merge") {
+      cfg.mode = Mode::kMerge;
+    } else if (mode == "hybrid") {
+      cfg.mode = Mode::kHybrid;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("mode '", mode, "' unknown"));
+    }
     auto alloc = ParseLayerAllocator(cfg.values["layers"]);
     if (!alloc) {
       return absl::InvalidArgumentError(
@@ -252,26 +257,37 @@ SessionStats Stats(const SessionView& view) {
 }
 
 struct LayerWork {
-  std::vector<uint8_t> tier;   // [n]
-  std::vector<uint8_t> cls;    // [n] ProtectClass bits
-  std::vector<float> score;    // [n] combined
-  std::vector<float> raw;      // [n] scratch
+  std::vector<uint8_t> tier;  // [n]
+  std::vector<uint8_t> cls;   // [n] ProtectClass bits
+  std::vector<float> score;   // [n] combined
+  std::vector<float> raw;     // [n] scratch
   int64_t hard = 0;
 };
 
 float StructuralPrior(BlockKind k) {
   switch (k) {
-    case BlockKind::kSignature: return 1.0f;
-    case BlockKind::kImport: return 0.9f;
-    case BlockKind::kError: return 0.9f;
-    case BlockKind::kClass: return 0.85f;
-    case BlockKind::kToolCall: return 0.8f;
-    case BlockKind::kStatement: return 0.6f;
-    case BlockKind::kText: return 0.5f;
-    case BlockKind::kNone: return 0.5f;
-    case BlockKind::kBody: return 0.45f;
-    case BlockKind::kToolOutput: return 0.35f;
-    case BlockKind::kComment: return 0.3f;
+    case BlockKind::kSignature:
+      return 1.0f;
+    case BlockKind::kImport:
+      return 0.9f;
+    case BlockKind::kError:
+      return 0.9f;
+    case BlockKind::kClass:
+      return 0.85f;
+    case BlockKind::kToolCall:
+      return 0.8f;
+    case BlockKind::kStatement:
+      return 0.6f;
+    case BlockKind::kText:
+      return 0.5f;
+    case BlockKind::kNone:
+      return 0.5f;
+    case BlockKind::kBody:
+      return 0.45f;
+    case BlockKind::kToolOutput:
+      return 0.35f;
+    case BlockKind::kComment:
+      return 0.3f;
   }
   return 0.5f;
 }
@@ -296,8 +312,8 @@ class CompositePolicy final : public Policy {
     std::vector<int64_t> out(L, 0);
     if (!budget.per_layer.empty()) {
       if (static_cast<int>(budget.per_layer.size()) != L) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "budget has ", budget.per_layer.size(), " layers, view has ", L));
+        return absl::InvalidArgumentError(
+            absl::StrCat("budget has ", budget.per_layer.size(), " layers, view has ", L));
       }
       for (int l = 0; l < L; ++l) {
         if (budget.per_layer[l] < 0) return absl::InvalidArgumentError("negative budget");
@@ -362,11 +378,10 @@ class CompositePolicy final : public Policy {
       LayerPlan& lp = plan.layers[l];
       lp.budget_tokens = (*budgets)[l];
       if (budget.unit == Budget::Unit::kBytes) {
-        lp.budget_bytes = budget.per_layer.empty()
-                              ? static_cast<int64_t>(std::ceil(
-                                    lp.budget_tokens *
-                                    MaxBytesPerToken(view, l)))
-                              : budget.per_layer[l];
+        lp.budget_bytes =
+            budget.per_layer.empty()
+                ? static_cast<int64_t>(std::ceil(lp.budget_tokens * MaxBytesPerToken(view, l)))
+                : budget.per_layer[l];
       }
       if (auto st = DecideLayer(view, stats, l, lp.budget_tokens, &w, &lp); !st.ok()) return st;
       for (size_t i = 0; i < w.tier.size(); ++i) {
@@ -377,8 +392,8 @@ class CompositePolicy final : public Policy {
       checks.budget = nullptr;  // per-layer byte limits were derived; checked per layer
     }
     if (auto st = ValidatePlan(view, plan, checks); !st.ok()) {
-      return absl::InternalError(absl::StrCat("policy ", cfg_.spec, " made an invalid plan: ",
-                                              st.message()));
+      return absl::InternalError(
+          absl::StrCat("policy ", cfg_.spec, " made an invalid plan: ", st.message()));
     }
     return plan;
   }
@@ -390,9 +405,9 @@ class CompositePolicy final : public Policy {
       b = std::max(b, BytesPerToken(view.shape, s.k_format, s.v_format));
     }
     // An empty layer plans for the widest common format.
-    return b > 0 ? b
-                 : BytesPerToken(view.shape, kernels::PageFormat::kBF16,
-                                 kernels::PageFormat::kBF16);
+    return b > 0
+               ? b
+               : BytesPerToken(view.shape, kernels::PageFormat::kBF16, kernels::PageFormat::kBF16);
   }
 
   // Tiers and protect classes of one layer (steps shared by Decide and
@@ -425,9 +440,8 @@ class CompositePolicy final : public Policy {
     }
     if (cfg_.has("window")) {
       const bool automatic = cfg_.values.at("window.size") == "auto";
-      int64_t win = automatic
-                        ? static_cast<int64_t>(std::floor(cfg_.num("window.ratio") * budget))
-                        : static_cast<int64_t>(cfg_.num("window.size"));
+      int64_t win = automatic ? static_cast<int64_t>(std::floor(cfg_.num("window.ratio") * budget))
+                              : static_cast<int64_t>(cfg_.num("window.size"));
       const int64_t room = std::max<int64_t>(0, budget - w->hard);
       const int64_t reserve = std::min(cfg_.pool, room);
       win = std::clamp<int64_t>(win, 0, room - reserve);
@@ -485,8 +499,8 @@ class CompositePolicy final : public Policy {
         const float ainv = amax > 0 ? 1.f / amax : 0.f;
         for (size_t i = 0; i < n; ++i) {
           const TokenMeta& t = view.tokens[slots[i].token];
-          const float s = std::min(
-              1.f, StructuralPrior(t.tag.kind) + (t.tag.boundary ? bonus : 0.f));
+          const float s =
+              std::min(1.f, StructuralPrior(t.tag.kind) + (t.tag.boundary ? bonus : 0.f));
           const float att = std::isfinite(slots[i].attn) ? slots[i].attn * ainv : 0.f;
           const float rec = static_cast<float>(
               std::exp(-static_cast<double>(stats.newest_position - t.position) / tau));
@@ -525,16 +539,16 @@ class CompositePolicy final : public Policy {
     };
     if (cfg_.full) {
       if (static_cast<int64_t>(n) > budget) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "policy full keeps every slot: layer ", l, " holds ", n, " > budget ", budget));
+        return absl::ResourceExhaustedError(absl::StrCat("policy full keeps every slot: layer ", l,
+                                                         " holds ", n, " > budget ", budget));
       }
       keep_all();
       return absl::OkStatus();
     }
     if (w->hard > budget) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "layer ", l, ": ", w->hard, " hard-protected slots (sinks, pinned) exceed budget ",
-          budget));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("layer ", l, ": ", w->hard,
+                       " hard-protected slots (sinks, pinned) exceed budget ", budget));
     }
     if (static_cast<int64_t>(n) <= budget) {
       keep_all();
@@ -582,9 +596,8 @@ class CompositePolicy final : public Policy {
       for (const Ranked& r : cand) anchors += r.tier > 0;
       int64_t direct = std::min(anchors, room);
       if (cfg_.mode == Mode::kHybrid) {
-        direct = std::max(direct, static_cast<int64_t>(
-                                      std::floor(static_cast<double>(room) *
-                                                 (1.0 - cfg_.merge_share))));
+        direct = std::max(direct, static_cast<int64_t>(std::floor(static_cast<double>(room) *
+                                                                  (1.0 - cfg_.merge_share))));
       }
       direct = std::min<int64_t>(direct, static_cast<int64_t>(cand.size()));
       // Only low-score slots merge: cluster the lowest-ranked span x excess
@@ -637,10 +650,9 @@ class CompositePolicy final : public Policy {
       if (fate[i] == 0) lp->evict.push_back(static_cast<uint32_t>(i));
     }
     for (auto& g : merged) lp->merges.push_back(MakeMergeGroup(view, l, std::move(g), w->score));
-    std::sort(lp->merges.begin(), lp->merges.end(),
-              [](const MergeGroup& a, const MergeGroup& b) {
-                return a.representative < b.representative;
-              });
+    std::sort(lp->merges.begin(), lp->merges.end(), [](const MergeGroup& a, const MergeGroup& b) {
+      return a.representative < b.representative;
+    });
     Requantize(view, l, *w, lp);
     return absl::OkStatus();
   }
@@ -655,7 +667,8 @@ class CompositePolicy final : public Policy {
         cold.push_back(Ranked{0, w.score[i], view.tokens[slots[i].token].position, i});
       }
     }
-    std::sort(cold.begin(), cold.end(), [](const Ranked& a, const Ranked& b) { return Better(b, a); });
+    std::sort(cold.begin(), cold.end(),
+              [](const Ranked& a, const Ranked& b) { return Better(b, a); });
     const size_t take = std::min(
         cold.size(), static_cast<size_t>(std::floor(cfg_.cold_fraction * lp->keep.size())));
     const int bits = kernels::FormatBits(*cfg_.cold_format);

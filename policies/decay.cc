@@ -26,9 +26,7 @@ void DecayAccumulator::StepSparse(absl::Span<const uint32_t> idx, absl::Span<con
   }
 }
 
-void DecayAccumulator::ApplyPlan(const LayerPlan& plan) {
-  stored_ = RemapScores(plan, stored_);
-}
+void DecayAccumulator::ApplyPlan(const LayerPlan& plan) { stored_ = RemapScores(plan, stored_); }
 
 std::vector<float> DecayAccumulator::scores() const {
   std::vector<float> out(stored_.size());

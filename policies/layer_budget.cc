@@ -15,9 +15,12 @@ std::optional<LayerAllocator> ParseLayerAllocator(std::string_view name) {
 
 std::string_view LayerAllocatorName(LayerAllocator a) {
   switch (a) {
-    case LayerAllocator::kUniform: return "uniform";
-    case LayerAllocator::kPyramid: return "pyramid";
-    case LayerAllocator::kEntropy: return "entropy";
+    case LayerAllocator::kUniform:
+      return "uniform";
+    case LayerAllocator::kPyramid:
+      return "pyramid";
+    case LayerAllocator::kEntropy:
+      return "entropy";
   }
   return "unknown";
 }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-
 namespace polykv::policies {
 
 std::vector<std::vector<uint32_t>> ClusterByKey(const SessionView& view, int layer,

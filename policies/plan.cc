@@ -55,8 +55,8 @@ double OutputBytes(const SessionView& view, int layer, const LayerPlan& plan) {
 
 absl::Status ValidatePlan(const SessionView& view, const Plan& plan, const PlanChecks& checks) {
   if (static_cast<int>(plan.layers.size()) != view.num_layers()) {
-    return absl::InvalidArgumentError(absl::StrCat("plan has ", plan.layers.size(),
-                                                   " layers, view ", view.num_layers()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan has ", plan.layers.size(), " layers, view ", view.num_layers()));
   }
   int64_t total_tokens = 0, total_bytes = 0;
   std::vector<uint8_t> state;  // 0 unseen, 1 keep, 2 evict, 3 merged
@@ -216,7 +216,8 @@ SessionView ApplyPlan(const SessionView& view, const Plan& plan) {
     const bool keys = d > 0 && !in.keys.empty();
     size_t k = 0, g = 0, r = 0;
     while (k < lp.keep.size() || g < lp.merges.size()) {
-      if (g == lp.merges.size() || (k < lp.keep.size() && lp.keep[k] < lp.merges[g].representative)) {
+      if (g == lp.merges.size() ||
+          (k < lp.keep.size() && lp.keep[k] < lp.merges[g].representative)) {
         const uint32_t i = lp.keep[k++];
         Slot s = in.slots[i];
         while (r < lp.requant.size() && lp.requant[r].slot < i) ++r;
@@ -225,7 +226,9 @@ SessionView ApplyPlan(const SessionView& view, const Plan& plan) {
               lp.requant[j].format;
         }
         o.slots.push_back(s);
-        if (keys) o.keys.insert(o.keys.end(), in.keys.begin() + i * d, in.keys.begin() + (i + 1) * d);
+        if (keys) {
+          o.keys.insert(o.keys.end(), in.keys.begin() + i * d, in.keys.begin() + (i + 1) * d);
+        }
       } else {
         const MergeGroup& mg = lp.merges[g++];
         Slot s = in.slots[mg.representative];

@@ -44,22 +44,22 @@ struct RequantTarget {
 };
 
 struct LayerPlan {
-  std::vector<uint32_t> keep;   // ascending source slot indices
-  std::vector<uint32_t> evict;  // ascending source slot indices
-  std::vector<MergeGroup> merges;  // ordered by representative ascending
+  std::vector<uint32_t> keep;          // ascending source slot indices
+  std::vector<uint32_t> evict;         // ascending source slot indices
+  std::vector<MergeGroup> merges;      // ordered by representative ascending
   std::vector<RequantTarget> requant;  // ordered by (slot, kind)
-  int64_t budget_tokens = 0;  // the token limit this layer was planned for
-  int64_t budget_bytes = 0;   // the byte limit (0 when the budget is in tokens)
+  int64_t budget_tokens = 0;           // the token limit this layer was planned for
+  int64_t budget_bytes = 0;            // the byte limit (0 when the budget is in tokens)
 
   // Slots the layer holds after the plan runs.
   size_t output_slots() const { return keep.size() + merges.size(); }
 };
 
 struct Plan {
-  std::string policy;               // canonical spec of the policy that made it
-  std::vector<LayerPlan> layers;    // [num_layers]
-  bool log_count_bias = true;       // see MergeGroup::count
-  bool changes() const;             // false when the plan keeps every slot as is
+  std::string policy;             // canonical spec of the policy that made it
+  std::vector<LayerPlan> layers;  // [num_layers]
+  bool log_count_bias = true;     // see MergeGroup::count
+  bool changes() const;           // false when the plan keeps every slot as is
 };
 
 // Optional extra checks: per layer, source slot indices that must be kept
@@ -73,8 +73,7 @@ struct PlanChecks {
 
 // REQUIRES: ValidateView(view).ok().
 // Returns InvalidArgument naming the first violation found.
-absl::Status ValidatePlan(const SessionView& view, const Plan& plan,
-                          const PlanChecks& checks = {});
+absl::Status ValidatePlan(const SessionView& view, const Plan& plan, const PlanChecks& checks = {});
 
 // Source slot index of each output slot, in output order (see file comment).
 std::vector<uint32_t> OutputOrder(const LayerPlan& layer);

@@ -47,7 +47,7 @@ enum ProtectClass : uint8_t {
   kProtectSink = 1,
   kProtectPinned = 2,
   kProtectWindow = 4,
-  kProtectSystem = 8,     // anchors: system prompt
+  kProtectSystem = 8,      // anchors: system prompt
   kProtectFirstUser = 16,  // anchors: first user instruction
 };
 

@@ -9,10 +9,10 @@ namespace polykv::policies {
 
 // One slot as the selector sees it.
 struct Ranked {
-  uint8_t tier = 0;     // protection tier (3 hard, 2 window, 1 anchor, 0 none)
-  float score = 0.f;    // combined score; never NaN
+  uint8_t tier = 0;   // protection tier (3 hard, 2 window, 1 anchor, 0 none)
+  float score = 0.f;  // combined score; never NaN
   int64_t position = 0;
-  uint32_t index = 0;   // source slot index (unique within a layer)
+  uint32_t index = 0;  // source slot index (unique within a layer)
 };
 
 // Strict total order: higher tier, then higher score, then more recent, then

@@ -47,16 +47,16 @@ absl::Status ValidateView(const SessionView& view) {
     for (size_t i = 0; i < layer.slots.size(); ++i) {
       const Slot& s = layer.slots[i];
       if (s.token >= view.tokens.size()) {
-        return absl::InvalidArgumentError(absl::StrCat("layer ", l, " slot ", i, ": token ",
-                                                       s.token, " out of range"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("layer ", l, " slot ", i, ": token ", s.token, " out of range"));
       }
       if (s.count < 1) {
         return absl::InvalidArgumentError(absl::StrCat("layer ", l, " slot ", i, ": count 0"));
       }
       const int64_t pos = view.tokens[s.token].position;
       if (pos <= prev) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "layer ", l, " slot ", i, ": positions must be strictly ascending"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("layer ", l, " slot ", i, ": positions must be strictly ascending"));
       }
       prev = pos;
       if (!kernels::IsValidFormat(static_cast<int>(s.k_format)) ||

@@ -30,11 +30,10 @@ BlockKind KindFor(Role role, SplitMix& rng) {
       return BlockKind::kError;
     }
     case Role::kAssistant: {
-      static constexpr BlockKind kCode[] = {BlockKind::kText,      BlockKind::kText,
-                                            BlockKind::kSignature, BlockKind::kBody,
-                                            BlockKind::kBody,      BlockKind::kComment,
-                                            BlockKind::kImport,    BlockKind::kClass,
-                                            BlockKind::kStatement};
+      static constexpr BlockKind kCode[] = {
+          BlockKind::kText,   BlockKind::kText,  BlockKind::kSignature,
+          BlockKind::kBody,   BlockKind::kBody,  BlockKind::kComment,
+          BlockKind::kImport, BlockKind::kClass, BlockKind::kStatement};
       return kCode[rng.Int(0, 8)];
     }
   }
@@ -115,8 +114,8 @@ SessionView MakeSyntheticView(const SyntheticOptions& o) {
       if (o.pre_evicted > 0 && t.position >= 8 && rng.Uniform() < o.pre_evicted) continue;
       Slot s;
       s.token = static_cast<uint32_t>(i);
-      s.count = (o.pre_evicted > 0 && rng.Uniform() < 0.1) ? static_cast<uint32_t>(rng.Int(2, 4))
-                                                            : 1u;
+      s.count =
+          (o.pre_evicted > 0 && rng.Uniform() < 0.1) ? static_cast<uint32_t>(rng.Int(2, 4)) : 1u;
       const double age = static_cast<double>(n - 1 - i);
       const double base = std::exp(0.8 * rng.Normal()) * (heavy[i] ? 10.0 : 1.0);
       s.attn = static_cast<float>(base * (0.2 + std::exp(-age / 256.0)) / n);
@@ -124,8 +123,8 @@ SessionView MakeSyntheticView(const SyntheticOptions& o) {
       s.intent = static_cast<float>(block_rel[t.tag.block_id] + 0.2 * rng.Normal());
       layer.slots.push_back(s);
       for (int j = 0; j < view.key_dim; ++j) {
-        layer.keys.push_back(static_cast<float>(
-            centres[size_t(t.tag.block_id) * view.key_dim + j] + noise * rng.Normal()));
+        layer.keys.push_back(static_cast<float>(centres[size_t(t.tag.block_id) * view.key_dim + j] +
+                                                noise * rng.Normal()));
       }
     }
   }

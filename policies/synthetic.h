@@ -18,7 +18,7 @@ struct SyntheticOptions {
   uint64_t seed = 1;
   int num_layers = 4;
   int num_tokens = 1024;
-  int key_dim = 16;          // 0 = no key summaries
+  int key_dim = 16;  // 0 = no key summaries
   int mean_turn_tokens = 96;
   int mean_block_tokens = 20;
   // Per layer, this fraction of tokens (never positions < 8) is already gone
@@ -41,7 +41,7 @@ class SplitMix {
     return z ^ (z >> 31);
   }
   double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  int Int(int lo, int hi) {  // [lo, hi]
+  int Int(int lo, int hi) {                                                   // [lo, hi]
     return lo + static_cast<int>(Next() % static_cast<uint64_t>(hi - lo + 1));
   }
   double Normal();

@@ -10,11 +10,11 @@ namespace {
 // Characters of a partial line after which its provisional kind is kept.
 constexpr size_t kProvisionalPrefix = 48;
 
-bool IsIdent(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '$';
-}
+bool IsIdent(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '$'; }
 
-bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v'; }
+bool IsSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v';
+}
 
 std::string_view Trim(std::string_view s) {
   size_t b = 0, e = s.size();
@@ -26,9 +26,13 @@ std::string_view Trim(std::string_view s) {
 int Indent(std::string_view s) {
   int n = 0;
   for (char c : s) {
-    if (c == ' ') n += 1;
-    else if (c == '\t') n += 4;
-    else break;
+    if (c == ' ') {
+      n += 1;
+    } else if (c == '\t') {
+      n += 4;
+    } else {
+      break;
+    }
   }
   return n;
 }
@@ -45,10 +49,10 @@ bool Contains(std::string_view s, std::string_view p) { return s.find(p) != s.np
 // Drops leading modifiers (visibility, storage, async...) of a declaration.
 std::string_view StripModifiers(std::string_view s) {
   static constexpr std::array<std::string_view, 23> kMods = {
-      "public",   "private",  "protected", "static",   "final",    "abstract",
-      "export",   "default",  "pub",       "async",    "unsafe",   "inline",
+      "public",   "private",  "protected", "static",       "final",  "abstract",
+      "export",   "default",  "pub",       "async",        "unsafe", "inline",
       "virtual",  "override", "sealed",    "synchronized", "native", "constexpr",
-      "explicit", "declare",  "readonly",  "extern",   "const"};
+      "explicit", "declare",  "readonly",  "extern",       "const"};
   while (!s.empty() && IsIdent(s[0])) {
     size_t n = 0;
     while (n < s.size() && IsIdent(s[n])) ++n;
@@ -70,24 +74,30 @@ std::string_view StripModifiers(std::string_view s) {
 
 bool IsControl(std::string_view w) {
   static constexpr std::array<std::string_view, 20> kControl = {
-      "if",    "for",   "while", "switch", "catch", "return", "else",  "do",     "try",  "new",
-      "throw", "case",  "sizeof", "delete", "await", "yield", "match", "elif", "with", "loop"};
+      "if",    "for",  "while",  "switch", "catch", "return", "else",  "do",   "try",  "new",
+      "throw", "case", "sizeof", "delete", "await", "yield",  "match", "elif", "with", "loop"};
   return std::find(kControl.begin(), kControl.end(), w) != kControl.end();
 }
 
 // in_code: the output is source code, where "Exception" or "error: " are
 // ordinary identifiers and strings; only line-leading markers count there.
 bool IsErrorLine(std::string_view t, bool in_code) {
-  static constexpr std::array<std::string_view, 9> kStarts = {
-      "Traceback (most recent call last)", "error:", "error[", "Error:", "ERROR", "panic:",
-      "FAILED", "FAIL", "fatal:"};
+  static constexpr std::array<std::string_view, 9> kStarts = {"Traceback (most recent call last)",
+                                                              "error:",
+                                                              "error[",
+                                                              "Error:",
+                                                              "ERROR",
+                                                              "panic:",
+                                                              "FAILED",
+                                                              "FAIL",
+                                                              "fatal:"};
   for (std::string_view p : kStarts) {
     if (Starts(t, p)) return true;
   }
   if (in_code) return false;
   static constexpr std::array<std::string_view, 10> kAnywhere = {
-      ": error:", "Exception", "Error: ", "error: ", "undefined reference", "Segmentation fault",
-      "make: ***", "npm ERR!", "Assertion", "--- FAIL"};
+      ": error:",           "Exception", "Error: ",  "error: ",   "undefined reference",
+      "Segmentation fault", "make: ***", "npm ERR!", "Assertion", "--- FAIL"};
   for (std::string_view p : kAnywhere) {
     if (Contains(t, p)) return true;
   }
@@ -113,17 +123,29 @@ void CountBrackets(std::string_view line, bool python, int* braces, int* parens,
   for (size_t i = 0; i < line.size(); ++i) {
     const char c = line[i];
     if (in_str) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_str = false;
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_str = false;
+      }
       continue;
     }
-    if (c == '"') in_str = true;
-    else if (!python && c == '/' && i + 1 < line.size() && line[i + 1] == '/') break;
-    else if (python && c == '#') break;
-    else if (c == '(') ++*parens;
-    else if (c == ')') --*parens;
-    else if (!python && c == '{') { ++*braces; *opened = true; }
-    else if (!python && c == '}') --*braces;
+    if (c == '"') {
+      in_str = true;
+    } else if (!python && c == '/' && i + 1 < line.size() && line[i + 1] == '/') {
+      break;
+    } else if (python && c == '#') {
+      break;
+    } else if (c == '(') {
+      ++*parens;
+    } else if (c == ')') {
+      --*parens;
+    } else if (!python && c == '{') {
+      ++*braces;
+      *opened = true;
+    } else if (!python && c == '}') {
+      --*braces;
+    }
   }
 }
 
@@ -195,8 +217,8 @@ StructureTagger::LineClass StructureTagger::ClassifyCode(State& st, std::string_
   }
   // Language guess.
   if (st.lang == Lang::kUnknown) {
-    if (t.back() == ':' && (Word(t, "def") || Word(t, "class") || Word(t, "if") ||
-                            Word(t, "for") || Word(t, "async") || Word(t, "with"))) {
+    if (t.back() == ':' && (Word(t, "def") || Word(t, "class") || Word(t, "if") || Word(t, "for") ||
+                            Word(t, "async") || Word(t, "with"))) {
       st.lang = Lang::kPython;
     } else if (Contains(t, "{") || Contains(t, "};") || t.back() == ';') {
       st.lang = Lang::kBrace;
@@ -205,8 +227,7 @@ StructureTagger::LineClass StructureTagger::ClassifyCode(State& st, std::string_
   const bool python = st.lang == Lang::kPython;
   // Python scopes end on dedent.
   if (python) {
-    while (!st.scopes.empty() && indent <= st.scopes.back().open_depth &&
-           st.paren_depth == 0) {
+    while (!st.scopes.empty() && indent <= st.scopes.back().open_depth && st.paren_depth == 0) {
       st.scopes.pop_back();
     }
   }
@@ -241,8 +262,8 @@ StructureTagger::LineClass StructureTagger::ClassifyCode(State& st, std::string_
   // Comments.
   const bool hash_comment =
       t[0] == '#' && !Starts(t, "#include") && !Starts(t, "#import") && !Starts(t, "#[") &&
-      !Starts(t, "#![") && (python || st.lang == Lang::kUnknown || Starts(t, "#!") ||
-                            Starts(t, "# "));
+      !Starts(t, "#![") &&
+      (python || st.lang == Lang::kUnknown || Starts(t, "#!") || Starts(t, "# "));
   if (Starts(t, "//") || hash_comment) return set(BlockKind::kComment, 0);
   if (Starts(t, "/*")) {
     if (!Contains(t.substr(2), "*/")) st.in_block_comment = true;
@@ -324,8 +345,8 @@ StructureTagger::LineClass StructureTagger::ClassifyCode(State& st, std::string_
     return c;
   }
   // Signatures.
-  bool sig = Word(s, "def") || Word(s, "function") || Starts(s, "function*") ||
-             Word(s, "fn") || Word(t, "func");
+  bool sig = Word(s, "def") || Word(s, "function") || Starts(s, "function*") || Word(s, "fn") ||
+             Word(t, "func");
   if (!sig && (Word(s, "const") || Word(s, "let") || Word(s, "var")) && Contains(t, "=>")) {
     const size_t eq = t.find('=');
     sig = eq != t.npos && (Contains(t.substr(eq), "(") || Contains(t.substr(eq), "async"));
@@ -447,9 +468,13 @@ StructureTagger::LineClass StructureTagger::Classify(State& st, std::string_view
           st.in_block_comment = st.in_go_import = st.pending_signature = false;
           st.last_was_decorator = false;
           st.docstring_quote = 0;
-          if (info == "python" || info == "py") st.lang = Lang::kPython;
-          else if (info.empty()) st.lang = Lang::kUnknown;
-          else st.lang = Lang::kBrace;
+          if (info == "python" || info == "py") {
+            st.lang = Lang::kPython;
+          } else if (info.empty()) {
+            st.lang = Lang::kUnknown;
+          } else {
+            st.lang = Lang::kBrace;
+          }
           st.run_kind = BlockKind::kNone;  // code starts a new block
         }
         return c;
@@ -499,10 +524,18 @@ void StructureTagger::StartMessage(Role role) {
   st.run_kind = BlockKind::kNone;
   st.run_id = 0;
   switch (role) {
-    case Role::kToolCall: st.ctx = Context::kToolCall; break;
-    case Role::kToolOutput: st.ctx = Context::kToolOutput; break;
-    case Role::kError: st.ctx = Context::kError; break;
-    default: st.ctx = Context::kProse; break;
+    case Role::kToolCall:
+      st.ctx = Context::kToolCall;
+      break;
+    case Role::kToolOutput:
+      st.ctx = Context::kToolOutput;
+      break;
+    case Role::kError:
+      st.ctx = Context::kError;
+      break;
+    default:
+      st.ctx = Context::kProse;
+      break;
   }
   st.outer = st.ctx;
 }

@@ -62,9 +62,9 @@ class StructureTagger {
   enum class Context : uint8_t { kProse, kCode, kToolCall, kToolOutput, kError };
   struct Scope {
     ScopeKind kind;
-    int open_depth;     // brace depth inside the scope (brace) / header indent (python)
+    int open_depth;  // brace depth inside the scope (brace) / header indent (python)
     uint32_t header_id;
-    uint32_t body_id;   // 0 until the first body line
+    uint32_t body_id;  // 0 until the first body line
   };
   // Everything a line can change. Classify() works on a copy for the
   // provisional tag of a partial line and commits the copy at end of line.
@@ -76,9 +76,9 @@ class StructureTagger {
     Lang lang = Lang::kUnknown;
     std::vector<Scope> scopes;
     int brace_depth = 0;
-    int paren_depth = 0;       // open '(' of a multi-line signature
-    int sig_indent = 0;        // indent of that signature (python)
-    uint32_t sig_id = 0;       // block of the signature being continued / decorated
+    int paren_depth = 0;  // open '(' of a multi-line signature
+    int sig_indent = 0;   // indent of that signature (python)
+    uint32_t sig_id = 0;  // block of the signature being continued / decorated
     bool in_block_comment = false;
     char docstring_quote = 0;  // quote char while inside a Python docstring
     bool in_go_import = false;

@@ -26,7 +26,8 @@ class Parser {
                         " at offset ", i_);
   }
   void Ws() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) {
+    while (i_ < s_.size() &&
+           (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) {
       ++i_;
     }
   }
@@ -57,7 +58,10 @@ class Parser {
         ++i_;
         if (!Value(&v->obj[key], depth + 1)) return false;
         Ws();
-        if (i_ < s_.size() && s_[i_] == ',') { ++i_; continue; }
+        if (i_ < s_.size() && s_[i_] == ',') {
+          ++i_;
+          continue;
+        }
         if (i_ < s_.size() && s_[i_] == '}') return ++i_, true;
         return false;
       }
@@ -71,7 +75,10 @@ class Parser {
         v->arr.emplace_back();
         if (!Value(&v->arr.back(), depth + 1)) return false;
         Ws();
-        if (i_ < s_.size() && s_[i_] == ',') { ++i_; continue; }
+        if (i_ < s_.size() && s_[i_] == ',') {
+          ++i_;
+          continue;
+        }
         if (i_ < s_.size() && s_[i_] == ']') return ++i_, true;
         return false;
       }
@@ -80,8 +87,15 @@ class Parser {
       v->type = Json::Type::kString;
       return String(&v->str);
     }
-    if (Lit("true")) { v->type = Json::Type::kBool; v->b = true; return true; }
-    if (Lit("false")) { v->type = Json::Type::kBool; return true; }
+    if (Lit("true")) {
+      v->type = Json::Type::kBool;
+      v->b = true;
+      return true;
+    }
+    if (Lit("false")) {
+      v->type = Json::Type::kBool;
+      return true;
+    }
     if (Lit("null")) return true;
     const char* begin = s_.data() + i_;
     char* end = nullptr;
@@ -98,15 +112,28 @@ class Parser {
     while (i_ < s_.size()) {
       const char c = s_[i_++];
       if (c == '"') return true;
-      if (c != '\\') { out->push_back(c); continue; }
+      if (c != '\\') {
+        out->push_back(c);
+        continue;
+      }
       if (i_ >= s_.size()) return false;
       const char e = s_[i_++];
       switch (e) {
-        case 'n': out->push_back('\n'); break;
-        case 't': out->push_back('\t'); break;
-        case 'r': out->push_back('\r'); break;
-        case 'b': out->push_back('\b'); break;
-        case 'f': out->push_back('\f'); break;
+        case 'n':
+          out->push_back('\n');
+          break;
+        case 't':
+          out->push_back('\t');
+          break;
+        case 'r':
+          out->push_back('\r');
+          break;
+        case 'b':
+          out->push_back('\b');
+          break;
+        case 'f':
+          out->push_back('\f');
+          break;
         case 'u': {
           if (i_ + 4 > s_.size()) return false;
           const unsigned cp = std::strtoul(std::string(s_.substr(i_, 4)).c_str(), nullptr, 16);
@@ -124,7 +151,9 @@ class Parser {
           }
           break;
         }
-        default: out->push_back(e); break;
+        default:
+          out->push_back(e);
+          break;
       }
     }
     return false;
@@ -143,11 +172,21 @@ std::string JsonEscape(std::string_view s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];

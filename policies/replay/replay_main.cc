@@ -31,7 +31,8 @@
 namespace polykv::policies::replay {
 namespace {
 
-constexpr const char* kUsage = R"(usage: polykv-replay (--trace FILE | --synthetic k=v,...) [options]
+constexpr const char* kUsage =
+    R"(usage: polykv-replay (--trace FILE | --synthetic k=v,...) [options]
   --trace FILE          JSONL trace (docs/policies.md)
   --synthetic SPEC      generate one: tokens=N,layers=L,seed=S,key_dim=D,pinned=F
   --write-trace FILE    write the (loaded or synthetic) trace and exit
@@ -150,12 +151,19 @@ int Main(int argc, char** argv) {
     if (!p.ok()) return Fail(std::string(p.status().message()));
     SyntheticOptions o;
     for (const auto& [k, val] : *p) {
-      if (k == "tokens") o.num_tokens = std::atoi(val.c_str());
-      else if (k == "layers") o.num_layers = std::atoi(val.c_str());
-      else if (k == "seed") o.seed = std::strtoull(val.c_str(), nullptr, 10);
-      else if (k == "key_dim") o.key_dim = std::atoi(val.c_str());
-      else if (k == "pinned") o.pinned_fraction = std::atof(val.c_str());
-      else return Fail(absl::StrCat("unknown synthetic option '", k, "'"));
+      if (k == "tokens") {
+        o.num_tokens = std::atoi(val.c_str());
+      } else if (k == "layers") {
+        o.num_layers = std::atoi(val.c_str());
+      } else if (k == "seed") {
+        o.seed = std::strtoull(val.c_str(), nullptr, 10);
+      } else if (k == "key_dim") {
+        o.key_dim = std::atoi(val.c_str());
+      } else if (k == "pinned") {
+        o.pinned_fraction = std::atof(val.c_str());
+      } else {
+        return Fail(absl::StrCat("unknown synthetic option '", k, "'"));
+      }
     }
     if (o.num_tokens < 1 || o.num_layers < 1) return Fail("synthetic needs tokens, layers >= 1");
     trace.view = MakeSyntheticView(o);
@@ -186,8 +194,9 @@ int Main(int argc, char** argv) {
   } else if (budget_total >= 0) {
     budget = Budget::TotalTokens(budget_total);
   } else {
-    budget = Budget::TokensPerLayer(
-        L, budget_tokens >= 0 ? budget_tokens : static_cast<int64_t>(ratio * static_cast<double>(n)));
+    budget = Budget::TokensPerLayer(L, budget_tokens >= 0
+                                           ? budget_tokens
+                                           : static_cast<int64_t>(ratio * static_cast<double>(n)));
   }
 
   // fate[l][token]: 0 alive, 1 merged into another slot, 2 evicted, 3 absent from the trace.
@@ -203,8 +212,8 @@ int Main(int argc, char** argv) {
   auto decide = [&](const SessionView& v) -> absl::StatusOr<SessionView> {
     const auto t0 = std::chrono::steady_clock::now();
     auto plan = (*policy)->Decide(v, budget);
-    decision_us.push_back(std::chrono::duration<double, std::micro>(
-                              std::chrono::steady_clock::now() - t0).count());
+    decision_us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     if (!plan.ok()) return plan.status();
     for (int l = 0; l < L; ++l) {
       const LayerPlan& lp = plan->layers[l];
@@ -304,28 +313,26 @@ int Main(int argc, char** argv) {
   double mean = 0;
   for (double x : sorted) mean += x;
   mean = sorted.empty() ? 0 : mean / sorted.size();
-  std::string out = absl::StrCat(
-      "{\"tool\":\"polykv-replay\",\"policy\":\"", JsonEscape((*policy)->spec()),
-      "\",\"mode\":\"", once ? "once" : "online", "\",\"tokens\":", n, ",\"layers\":", L,
-      ",\"budget\":{\"unit\":\"", unit, "\",\"per_layer_tokens\":[");
+  std::string out = absl::StrCat("{\"tool\":\"polykv-replay\",\"policy\":\"",
+                                 JsonEscape((*policy)->spec()), "\",\"mode\":\"",
+                                 once ? "once" : "online", "\",\"tokens\":", n, ",\"layers\":", L,
+                                 ",\"budget\":{\"unit\":\"", unit, "\",\"per_layer_tokens\":[");
   for (int l = 0; l < L; ++l) {
     absl::StrAppend(&out, l ? "," : "", layer_budgets.ok() ? (*layer_budgets)[l] : -1);
   }
   absl::StrAppend(&out, "]},\"compactions\":", decision_us.size(), ",\"merge_groups\":", groups,
-                  ",\"requant_targets\":", requants,
-                  ",\"decision_us\":{\"mean\":", mean,
+                  ",\"requant_targets\":", requants, ",\"decision_us\":{\"mean\":", mean,
                   ",\"p50\":", sorted.empty() ? 0 : sorted[sorted.size() / 2],
                   ",\"max\":", sorted.empty() ? 0 : sorted.back(), "},\"per_layer\":[");
   for (int l = 0; l < L; ++l) {
     Counts c;
     for (int64_t t = 0; t < n; ++t) add(&c, fate[l][t]);
-    absl::StrAppend(&out, l ? "," : "", "{\"layer\":", l, ",\"slots\":",
-                    cur.layers[l].slots.size(), ",\"tokens\":", CountsJson(c),
-                    ",\"merge_groups\":", groups_per_layer[l], ",\"requant_targets\":",
-                    requant_per_layer[l], "}");
+    absl::StrAppend(&out, l ? "," : "", "{\"layer\":", l, ",\"slots\":", cur.layers[l].slots.size(),
+                    ",\"tokens\":", CountsJson(c), ",\"merge_groups\":", groups_per_layer[l],
+                    ",\"requant_targets\":", requant_per_layer[l], "}");
   }
-  absl::StrAppend(&out, "],\"protected\":", MapJson(protected_classes), ",\"kinds\":",
-                  MapJson(kinds), ",\"roles\":", MapJson(roles), "}");
+  absl::StrAppend(&out, "],\"protected\":", MapJson(protected_classes),
+                  ",\"kinds\":", MapJson(kinds), ",\"roles\":", MapJson(roles), "}");
   std::printf("%s\n", out.c_str());
   return 0;
 }

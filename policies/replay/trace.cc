@@ -171,8 +171,8 @@ std::string WriteTrace(const SessionView& view, const std::vector<std::string>& 
     const TokenMeta& m = view.tokens[t];
     absl::StrAppend(&out, "{\"type\":\"token\",\"pos\":", m.position, ",\"turn\":", m.turn,
                     ",\"role\":\"", std::string(RoleName(m.role)), "\",\"kind\":\"",
-                    std::string(BlockKindName(m.tag.kind)),
-                    "\",\"block\":", m.tag.block_id, ",\"depth\":", m.tag.depth,
+                    std::string(BlockKindName(m.tag.kind)), "\",\"block\":", m.tag.block_id,
+                    ",\"depth\":", m.tag.depth,
                     ",\"boundary\":", m.tag.boundary ? "true" : "false");
     if (m.pinned) out += ",\"pinned\":true";
     if (t < texts.size()) absl::StrAppend(&out, ",\"text\":\"", JsonEscape(texts[t]), "\"");
@@ -204,9 +204,8 @@ std::string WriteTrace(const SessionView& view, const std::vector<std::string>& 
         out += l ? ",[" : "[";
         for (int j = 0; j < view.key_dim; ++j) {
           out += j ? "," : "";
-          out += where[l][t] >= 0 && !view.layers[l].keys.empty()
-                     ? f(view.key(l, where[l][t])[j])
-                     : "0";
+          out += where[l][t] >= 0 && !view.layers[l].keys.empty() ? f(view.key(l, where[l][t])[j])
+                                                                  : "0";
         }
         out += "]";
       }

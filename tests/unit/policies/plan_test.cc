@@ -1,4 +1,6 @@
 // Plan validity checks, output order, online decay and the global pool.
+#include "policies/plan.h"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -6,7 +8,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policies/decay.h"
-#include "policies/plan.h"
 #include "policies/ranking.h"
 #include "policies/synthetic.h"
 
@@ -125,8 +126,10 @@ TEST(PlanTest, EachViolationIsReported) {
 
 TEST(PlanTest, ByteBudgetCountsRequantizedFormats) {
   const SessionView v = View(4);
-  const double bf16 = BytesPerToken(v.shape, kernels::PageFormat::kBF16, kernels::PageFormat::kBF16);
-  const double mixed = BytesPerToken(v.shape, kernels::PageFormat::kBF16, kernels::PageFormat::kInt4);
+  const double bf16 =
+      BytesPerToken(v.shape, kernels::PageFormat::kBF16, kernels::PageFormat::kBF16);
+  const double mixed =
+      BytesPerToken(v.shape, kernels::PageFormat::kBF16, kernels::PageFormat::kInt4);
   ASSERT_GT(bf16, mixed);
   LayerPlan lp;
   lp.keep = {0, 1, 2, 3};
@@ -226,8 +229,8 @@ TEST(GlobalPoolTest, KeepsTheBestAndMatchesASort) {
   SplitMix rng(seed);
   std::vector<Ranked> all;
   for (uint32_t i = 0; i < 2000; ++i) {
-    all.push_back(Ranked{static_cast<uint8_t>(rng.Int(0, 1)),
-                         static_cast<float>(rng.Int(0, 50)), rng.Int(0, 100000), i});
+    all.push_back(Ranked{static_cast<uint8_t>(rng.Int(0, 1)), static_cast<float>(rng.Int(0, 50)),
+                         rng.Int(0, 100000), i});
   }
   GlobalPool pool(128);
   for (const Ranked& r : all) pool.Offer(r);

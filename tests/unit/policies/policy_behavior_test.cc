@@ -1,7 +1,7 @@
 // What each policy keeps, on small hand-built views.
 #include <algorithm>
-#include <set>
 #include <cmath>
+#include <set>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -117,7 +117,8 @@ TEST(HybridPolicyTest, WindowPoolAndProtectedBaseScores) {
     EXPECT_TRUE(std::binary_search(lp.keep.begin(), lp.keep.end(), i)) << i;
   }
   // fill=0: exactly sinks + window + G.
-  auto q = Make("hybrid", {{"sinks.count", "2"}, {"window.size", "10"}, {"pool", "4"}, {"fill", "0"}});
+  auto q =
+      Make("hybrid", {{"sinks.count", "2"}, {"window.size", "10"}, {"pool", "4"}, {"fill", "0"}});
   LayerPlan lq = Decide1(*q, v, 30);
   EXPECT_EQ(lq.keep.size(), 16u);
   // The pool holds the 4 best anchors (all tie on score; most recent win).
@@ -247,8 +248,8 @@ TEST(StructuralPolicyTest, ErrorsOutliveVerboseToolOutput) {
   auto p = Make("structural", {{"sinks.count", "0"}, {"mode", "selective"}});
   LayerPlan lp = Decide1(*p, v, 20);
   // gamma * recency favours the tail, but alpha * structure dominates.
-  EXPECT_THAT(lp.keep, ElementsAreArray({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
-                                         16, 17, 18, 19}));
+  EXPECT_THAT(lp.keep, ElementsAreArray(
+                           {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}));
 }
 
 TEST(IntentPolicyTest, FollowsRelevanceOncePruningPays) {
@@ -319,7 +320,8 @@ TEST(CompositeTest, ColdRequantizationTargetsOnlyKeptUnprotectedSlots) {
 
 TEST(CompositeTest, BytesBudgetCountsFormats) {
   SessionView v = MakeView(100);
-  const double bf16 = BytesPerToken(v.shape, kernels::PageFormat::kBF16, kernels::PageFormat::kBF16);
+  const double bf16 =
+      BytesPerToken(v.shape, kernels::PageFormat::kBF16, kernels::PageFormat::kBF16);
   auto p = Make("window");
   auto plan = p->Decide(v, Budget::BytesPerLayer(1, static_cast<int64_t>(bf16 * 30.5)));
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -328,7 +330,8 @@ TEST(CompositeTest, BytesBudgetCountsFormats) {
   for (Slot& s : v.layers[0].slots) s.k_format = s.v_format = kernels::PageFormat::kInt8;
   auto cheap = p->Decide(v, Budget::BytesPerLayer(1, static_cast<int64_t>(bf16 * 30.5)));
   ASSERT_TRUE(cheap.ok());
-  const double int8 = BytesPerToken(v.shape, kernels::PageFormat::kInt8, kernels::PageFormat::kInt8);
+  const double int8 =
+      BytesPerToken(v.shape, kernels::PageFormat::kInt8, kernels::PageFormat::kInt8);
   ASSERT_LT(int8, bf16);
   EXPECT_EQ(cheap->layers[0].keep.size(),
             static_cast<size_t>(static_cast<int64_t>(bf16 * 30.5) / int8));
@@ -337,8 +340,8 @@ TEST(CompositeTest, BytesBudgetCountsFormats) {
 TEST(LayerBudgetTest, AllocatorsRespectTotalAndCaps) {
   const std::vector<int64_t> sizes = {1000, 1000, 1000, 1000, 1000, 1000};
   const std::vector<float> ent = {3.0f, 2.5f, 2.0f, 1.5f, 1.0f, 0.5f};
-  for (LayerAllocator a : {LayerAllocator::kUniform, LayerAllocator::kPyramid,
-                           LayerAllocator::kEntropy}) {
+  for (LayerAllocator a :
+       {LayerAllocator::kUniform, LayerAllocator::kPyramid, LayerAllocator::kEntropy}) {
     const auto b = AllocateLayerBudgets(a, 2400, sizes, ent, 0.5);
     int64_t sum = 0;
     for (int64_t x : b) sum += x;

@@ -97,8 +97,8 @@ TEST(PolicyPropertyTest, EveryPolicyOverRandomViews) {
       } else if (kind == 1) {
         budget = Budget::TotalTokens(rng.Int(8 * o.num_layers, static_cast<int>(n) * o.num_layers));
       } else {
-        const double bpt = BytesPerToken(view.shape, kernels::PageFormat::kBF16,
-                                         kernels::PageFormat::kBF16);
+        const double bpt =
+            BytesPerToken(view.shape, kernels::PageFormat::kBF16, kernels::PageFormat::kBF16);
         budget = Budget::BytesPerLayer(o.num_layers,
                                        static_cast<int64_t>(bpt * rng.Int(8, static_cast<int>(n))));
       }
@@ -122,8 +122,8 @@ TEST(PolicyPropertyTest, EveryPolicyOverRandomViews) {
       }
       ASSERT_TRUE(plan.ok()) << plan.status();
       PlanChecks checks;
-      checks.budget = budget.unit == Budget::Unit::kBytes && budget.per_layer.empty() ? nullptr
-                                                                                       : &budget;
+      checks.budget =
+          budget.unit == Budget::Unit::kBytes && budget.per_layer.empty() ? nullptr : &budget;
       checks.must_keep.resize(view.num_layers());
       for (int l = 0; l < view.num_layers(); ++l) {
         for (size_t i = 0; i < classes[l].size(); ++i) {
@@ -146,7 +146,8 @@ TEST(PolicyPropertyTest, EveryPolicyOverRandomViews) {
         const std::set<uint32_t> kept(lp.keep.begin(), lp.keep.end());
         for (size_t i = 0; i < classes[l].size(); ++i) {
           if (classes[l][i] & kProtectWindow) {
-            EXPECT_TRUE(kept.count(static_cast<uint32_t>(i))) << "window slot " << i << " layer " << l;
+            EXPECT_TRUE(kept.count(static_cast<uint32_t>(i)))
+                << "window slot " << i << " layer " << l;
           }
         }
         // Anchors survive whenever hard + window + anchors fit the budget.
@@ -216,9 +217,9 @@ TEST(PolicyPropertyTest, OnlineCompactionChains) {
       std::set<uint32_t> present;
       for (const Slot& s : cur.layers[l].slots) present.insert(s.token);
       for (size_t t = 0; t < full.tokens.size(); ++t) {
-        const bool sink = c.spec.find("sinks") != std::string::npos ||
-                          c.spec == "streaming" || c.spec == "hybrid" || c.spec == "merge" ||
-                          c.spec == "structural" || c.spec == "intent";
+        const bool sink = c.spec.find("sinks") != std::string::npos || c.spec == "streaming" ||
+                          c.spec == "hybrid" || c.spec == "merge" || c.spec == "structural" ||
+                          c.spec == "intent";
         if ((sink && full.tokens[t].position < 4) || full.tokens[t].pinned) {
           EXPECT_TRUE(present.count(static_cast<uint32_t>(t))) << "token " << t << " layer " << l;
         }
@@ -278,7 +279,8 @@ TEST(PolicyPropertyTest, NonFiniteScoresAndEdgeBudgets) {
     for (int64_t b : {4, 5, 50, 399, 400}) {
       auto plan = policy->Decide(view, Budget::TokensPerLayer(2, b));
       ASSERT_TRUE(plan.ok()) << plan.status() << " budget " << b;
-      for (const LayerPlan& lp : plan->layers) EXPECT_LE(static_cast<int64_t>(lp.output_slots()), b);
+      for (const LayerPlan& lp : plan->layers)
+        EXPECT_LE(static_cast<int64_t>(lp.output_slots()), b);
     }
     // Zero budget: only policies without sinks can meet it (by evicting all).
     auto zero = policy->Decide(view, Budget::TokensPerLayer(2, 0));

@@ -63,12 +63,14 @@ TEST(TraceTest, PartialLayersAndCounts) {
 }
 
 TEST(TraceTest, ErrorsNameTheLine) {
-  auto bad = ParseTrace("{\"type\":\"header\",\"num_layers\":2}\n{\"type\":\"token\",\"attn\":[1]}\n");
+  auto bad =
+      ParseTrace("{\"type\":\"header\",\"num_layers\":2}\n{\"type\":\"token\",\"attn\":[1]}\n");
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("line 2"));
   EXPECT_FALSE(ParseTrace("{\"type\":\"token\"}\n").ok());
   EXPECT_FALSE(ParseTrace("{\"type\":\"header\",\"num_layers\":1}\n{oops\n").ok());
   EXPECT_FALSE(ParseTrace("{\"type\":\"header\",\"num_layers\":1}\n"
-                          "{\"type\":\"token\",\"pos\":5}\n{\"type\":\"token\",\"pos\":3}\n").ok());
+                          "{\"type\":\"token\",\"pos\":5}\n{\"type\":\"token\",\"pos\":3}\n")
+                   .ok());
 }
 
 TEST(TraceTest, RetagFromText) {
@@ -119,10 +121,10 @@ TEST(ReplayToolTest, OnlineReplayKeepsSinksAndReportsJson) {
 
 TEST(ReplayToolTest, OnceWithMergeReportsGroups) {
   int rc = 0;
-  const std::string out =
-      RunReplay("--synthetic tokens=2000,layers=2,seed=3,key_dim=8 --policy merge --once "
-          "--budget-ratio 0.3",
-          &rc);
+  const std::string out = RunReplay(
+      "--synthetic tokens=2000,layers=2,seed=3,key_dim=8 --policy merge --once "
+      "--budget-ratio 0.3",
+      &rc);
   ASSERT_EQ(rc, 0) << out;
   auto j = ParseJson(out);
   ASSERT_TRUE(j.ok()) << j.status();

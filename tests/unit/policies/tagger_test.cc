@@ -1,12 +1,13 @@
 // The incremental tagger on real code in each language and on an agent
 // transcript, fed in tokenizer-like pieces.
+#include "policies/tagger.h"
+
 #include <cctype>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "policies/tagger.h"
 
 namespace polykv::policies {
 namespace {
@@ -517,7 +518,8 @@ TEST(TaggerTest, AgentTranscript) {
             "AssertionError\n\n"
             "1 failed in 0.02s\n");
   t.Message(Role::kError, "error: command exited with status 1\n");
-  t.Message(Role::kAssistant, "The bug is in add:\n```python\ndef add(a, b):\n    return a + b\n```\n");
+  t.Message(Role::kAssistant,
+            "The bug is in add:\n```python\ndef add(a, b):\n    return a + b\n```\n");
 
   EXPECT_KIND(t, "You are", kText);
   EXPECT_KIND(t, "Fix the", kText);
@@ -572,10 +574,12 @@ TEST(TaggerTest, RandomInputIsSafe) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
     return static_cast<uint32_t>(s >> 33);
   };
+  // clang-format off
   const char* atoms[] = {"{", "}", "(", ")", "\"", "'", "\n", "    ", "def ", "class ", "fn ",
                          "func ", "#include", "//", "/*", "*/", "\"\"\"", "```", "```py\n",
                          "<tool_call>", "</tool_call>", "<tool_output>", "Traceback", "error:",
                          "x", "=", ";", ":", "@", "#[", "import ", "\t", "\xc3\xa9", "\0"};
+  // clang-format on
   Transcript t;
   for (int m = 0; m < 40; ++m) {
     std::string text;
