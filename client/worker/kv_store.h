@@ -80,13 +80,13 @@ class KvStore {
   virtual absl::Status EndStep() = 0;
 };
 
-// Dense f32 cache in process memory: per layer, K and V as [slot][kv_head]
-// [head_dim] rows, grown by doubling. With kKernels attention the dense rows
-// are read through the kernels' paged attention as back-to-back f32 pages of
-// 16 tokens (a dense f32 row block IS an f32 page when its size is a multiple
-// of kPageAlignment), so a pool-backed store holding f32 pages computes
-// bit-identical attention and greedy output matches token for token. kBlas is
-// an independent dense implementation (OpenBLAS sgemm), kept as a cross-check.
+// Dense f32 cache in process memory: per layer, one contiguous buffer for K
+// and one for V, grown by doubling. With kKernels attention the buffer is
+// tiled as back-to-back f32 pages of 16 tokens (kernels/page_layout.h), read
+// by the kernels' paged attention, so a pool-backed store holding f32 pages
+// computes bit-identical attention and greedy output matches token for token.
+// kBlas keeps plain [slot][kv_head][head_dim] rows and attends with OpenBLAS
+// sgemm: an independent implementation, kept as a cross-check.
 enum class LocalAttention { kKernels, kBlas };
 
 struct LocalKvStoreOptions {
@@ -129,8 +129,11 @@ class LocalKvStore : public KvStore {
   const LocalKvStoreOptions options_;
   const int64_t row_;  // num_kv_heads * head_dim
 
-  std::vector<float*> k_, v_;  // [layer] -> [capacity_][row_], 256-byte aligned
+  // [layer] -> capacity_ slots, 256-byte aligned: kBlas [slot][row_] f32;
+  // kKernels f32 pages of kDenseBlockTokens slots, page_bytes_ apart.
+  std::vector<uint8_t*> k_, v_;
   int64_t capacity_ = 0;       // Slots allocated per layer.
+  size_t page_bytes_ = 0;      // kKernels: bytes of one f32 page.
   std::vector<TokenMeta> meta_;
   std::vector<float> mass_;
   std::vector<float> scores_;  // Scratch: [n, slots] or [kv_heads, slots].

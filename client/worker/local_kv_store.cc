@@ -34,22 +34,22 @@ absl::StatusOr<std::unique_ptr<LocalKvStore>> LocalKvStore::Create(
         "LocalKvStore: bad shape (layers ", s.num_layers, ", kv heads ", s.num_kv_heads,
         ", head dim ", s.head_dim, ", max slots ", options.max_slots, ")"));
   }
-  if (options.attention == LocalAttention::kKernels &&
-      (kDenseBlockTokens * s.num_kv_heads * s.head_dim * sizeof(float)) %
-              kernels::kPageAlignment != 0) {
-    return absl::InvalidArgumentError(
-        "LocalKvStore: kernels attention needs 16 dense rows to fill whole 256-byte pages "
-        "(num_kv_heads * head_dim a multiple of 4); use LocalAttention::kBlas");
-  }
   std::unique_ptr<LocalKvStore> store(new LocalKvStore(options));
+  if (options.attention == LocalAttention::kKernels) {
+    store->page_bytes_ = kernels::PageBytes(kernels::PageFormat::kF32, kernels::KvKind::kKey,
+                                            {kDenseBlockTokens, s.num_kv_heads, s.head_dim});
+    if (store->page_bytes_ == 0) {
+      return absl::InvalidArgumentError("LocalKvStore: shape not supported by the kernels");
+    }
+  }
   store->k_.assign(s.num_layers, nullptr);
   store->v_.assign(s.num_layers, nullptr);
   return store;
 }
 
 LocalKvStore::~LocalKvStore() {
-  for (float* p : k_) std::free(p);
-  for (float* p : v_) std::free(p);
+  for (uint8_t* p : k_) std::free(p);
+  for (uint8_t* p : v_) std::free(p);
 }
 
 int64_t LocalKvStore::bytes() const {
@@ -60,12 +60,17 @@ absl::Status LocalKvStore::Grow(int64_t slots) {
   if (slots <= capacity_) return absl::OkStatus();
   int64_t cap = std::max<int64_t>(capacity_ * 2, 256);
   while (cap < slots) cap *= 2;
-  const size_t bytes = static_cast<size_t>(cap * row_) * sizeof(float);
+  auto bytes_for = [&](int64_t n) {
+    if (page_bytes_ == 0) return static_cast<size_t>(n * row_) * sizeof(float);
+    const size_t size = (n + kDenseBlockTokens - 1) / kDenseBlockTokens * page_bytes_;
+    return (size + kernels::kPageAlignment - 1) / kernels::kPageAlignment * kernels::kPageAlignment;
+  };
+  const size_t bytes = bytes_for(cap);
   for (auto* buffers : {&k_, &v_}) {
-    for (float*& p : *buffers) {
-      auto* q = static_cast<float*>(std::aligned_alloc(kernels::kPageAlignment, bytes));
+    for (uint8_t*& p : *buffers) {
+      auto* q = static_cast<uint8_t*>(std::aligned_alloc(kernels::kPageAlignment, bytes));
       if (q == nullptr) return absl::ResourceExhaustedError("LocalKvStore: out of memory");
-      if (p != nullptr) std::memcpy(q, p, static_cast<size_t>(num_slots_ * row_) * sizeof(float));
+      if (p != nullptr) std::memcpy(q, p, bytes_for(capacity_));
       std::free(p);
       p = q;
     }
@@ -97,9 +102,32 @@ absl::Status LocalKvStore::Append(int layer, const float* k, const float* v) {
     return absl::FailedPreconditionError(
         absl::StrCat("Append(layer ", layer, ") out of order; expected ", next_layer_));
   }
-  const size_t bytes = static_cast<size_t>(step_tokens_ * row_) * sizeof(float);
-  std::memcpy(k_[layer] + num_slots_ * row_, k, bytes);
-  std::memcpy(v_[layer] + num_slots_ * row_, v, bytes);
+  if (page_bytes_ == 0) {
+    const size_t bytes = static_cast<size_t>(step_tokens_ * row_) * sizeof(float);
+    std::memcpy(k_[layer] + num_slots_ * row_ * sizeof(float), k, bytes);
+    std::memcpy(v_[layer] + num_slots_ * row_ * sizeof(float), v, bytes);
+  } else {
+    // Write the rows into their f32 pages, page by page (the page layout is
+    // the kernels' business: WritePageRows knows it).
+    const kernels::PageShape shape{kDenseBlockTokens, options_.shape.num_kv_heads,
+                                   options_.shape.head_dim};
+    for (int64_t i = 0; i < step_tokens_;) {
+      const int64_t slot = num_slots_ + i;
+      const int64_t block = slot / kDenseBlockTokens;
+      const int row = static_cast<int>(slot % kDenseBlockTokens);
+      const int rows = static_cast<int>(
+          std::min<int64_t>(kDenseBlockTokens - row, step_tokens_ - i));
+      for (auto [buf, src] : {std::pair{k_[layer], k}, std::pair{v_[layer], v}}) {
+        if (absl::Status s = kernels::WritePageRows(shape, kernels::PageFormat::kF32,
+                                                    src + i * row_, row, rows,
+                                                    buf + block * page_bytes_);
+            !s.ok()) {
+          return s;
+        }
+      }
+      i += rows;
+    }
+  }
   ++next_layer_;
   return absl::OkStatus();
 }
@@ -120,7 +148,7 @@ absl::Status LocalKvStore::AttendKernels(int layer, int num_heads, const float* 
   const int n = step_tokens_;
   const int64_t t = num_slots_ + n;
   const int bt = kDenseBlockTokens;
-  const size_t page_bytes = static_cast<size_t>(bt * row_) * sizeof(float);
+  const size_t page_bytes = page_bytes_;
   kernels::PageShape shape{bt, options_.shape.num_kv_heads, options_.shape.head_dim};
   const int num_blocks = static_cast<int>((t + bt - 1) / bt);
   // Rows of block b start at b * bt: view the dense rows as f32 pages.
@@ -162,8 +190,8 @@ absl::Status LocalKvStore::AttendBlas(int layer, int num_heads, const float* q, 
   const int group = num_heads / kvh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   scores_.resize(static_cast<size_t>(n) * t);
-  const float* kl = k_[layer];
-  const float* vl = v_[layer];
+  const float* kl = reinterpret_cast<const float*>(k_[layer]);
+  const float* vl = reinterpret_cast<const float*>(v_[layer]);
   for (int h = 0; h < num_heads; ++h) {
     const int g = h / group;
     // S[n, t] = scale * Q_h[n, d] . K_g[t, d]^T

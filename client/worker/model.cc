@@ -74,7 +74,8 @@ int64_t LlamaModel::weight_bytes() const {
   return n * int64_t{sizeof(float)};
 }
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& f) {
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& f,
+                                                             const ModelLoadOptions& options) {
   std::unique_ptr<LlamaModel> m(new LlamaModel());
   ModelConfig& c = m->config_;
   auto arch = f.GetString("general.architecture");
@@ -169,6 +170,47 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& f) 
     L.w_gate_up.insert(L.w_gate_up.end(), up.begin(), up.end());
     RETURN_IF_ERROR_(f.ReadF32(p + "ffn_down.weight", {ff, h}, &L.w_down));
   }
+  if (options.quantized_decode) {
+    // Output row r of a Q/K matrix takes GGUF row (head, 2i + p) for
+    // r = (head, p * d/2 + i): the same un-permutation as UnpermuteRows.
+    auto order = [&](int heads) {
+      std::vector<int> o(static_cast<size_t>(heads) * d);
+      for (int hh = 0; hh < heads; ++hh) {
+        for (int p = 0; p < 2; ++p) {
+          for (int i = 0; i < d / 2; ++i) o[hh * d + p * (d / 2) + i] = hh * d + 2 * i + p;
+        }
+      }
+      return o;
+    };
+    const std::vector<int> q_order = order(c.num_heads), k_order = order(c.num_kv_heads);
+    bool all = true;
+    for (int l = 0; l < c.num_layers && all; ++l) {
+      const std::string p = absl::StrCat("blk.", l, ".");
+      std::vector<QMatrix> qs;
+      for (const char* name : {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                               "ffn_down"}) {
+        auto t = f.Tensor(p + name + ".weight");
+        if (!t.ok() || !QMatrix::Supports((*t)->type)) {
+          all = false;
+          break;
+        }
+        const std::string n = name;
+        auto qm = QMatrix::FromGguf(**t, n == "attn_q" ? &q_order : n == "attn_k" ? &k_order : nullptr);
+        if (!qm.ok()) return qm.status();
+        qs.push_back(*std::move(qm));
+      }
+      if (all) m->layers_[l].q = std::move(qs);
+    }
+    auto out = f.Tensor(c.tied_embeddings ? "token_embd.weight" : "output.weight");
+    if (all && out.ok() && QMatrix::Supports((*out)->type)) {
+      auto qm = QMatrix::FromGguf(**out);
+      if (!qm.ok()) return qm.status();
+      m->q_output_.push_back(*std::move(qm));
+    }
+    if (!all) {
+      for (Layer& L : m->layers_) L.q.clear();  // All or nothing: one code path per step.
+    }
+  }
   // Computed in f32 the way the reference implementations do.
   m->rope_inv_freq_.resize(d / 2);
   for (int i = 0; i < d / 2; ++i) {
@@ -213,7 +255,14 @@ absl::Status LlamaModel::Forward(std::span<const TokenMeta> tokens, KvStore* sto
       RmsNorm(&x[static_cast<size_t>(i) * hd], L.attn_norm.data(), hd, c.rms_eps,
               &hbuf[static_cast<size_t>(i) * hd]);
     }
-    MatMulT(hbuf.data(), n, hd, L.wqkv.data(), qkv_cols, 0.0f, qkv.data());
+    const bool quant = n == 1 && !L.q.empty();
+    if (quant) {
+      L.q[0].MatVec(hbuf.data(), qkv.data(), false);
+      L.q[1].MatVec(hbuf.data(), qkv.data() + nh * d, false);
+      L.q[2].MatVec(hbuf.data(), qkv.data() + (nh + kvh) * d, false);
+    } else {
+      MatMulT(hbuf.data(), n, hd, L.wqkv.data(), qkv_cols, 0.0f, qkv.data());
+    }
     for (int i = 0; i < n; ++i) {
       const float* row = &qkv[static_cast<size_t>(i) * qkv_cols];
       float* qi = &q[static_cast<size_t>(i) * nh * d];
@@ -227,19 +276,32 @@ absl::Status LlamaModel::Forward(std::span<const TokenMeta> tokens, KvStore* sto
     }
     RETURN_IF_ERROR_(store->Append(l, k.data(), v.data()));
     RETURN_IF_ERROR_(store->Attend(l, nh, q.data(), attn.data()));
-    MatMulT(attn.data(), n, nh * d, L.wo.data(), hd, 1.0f, x.data());  // Residual.
+    if (quant) {
+      L.q[3].MatVec(attn.data(), x.data(), true);  // Residual.
+    } else {
+      MatMulT(attn.data(), n, nh * d, L.wo.data(), hd, 1.0f, x.data());  // Residual.
+    }
     for (int i = 0; i < n; ++i) {
       RmsNorm(&x[static_cast<size_t>(i) * hd], L.ffn_norm.data(), hd, c.rms_eps,
               &hbuf[static_cast<size_t>(i) * hd]);
     }
-    MatMulT(hbuf.data(), n, hd, L.w_gate_up.data(), 2 * ff, 0.0f, gu.data());
+    if (quant) {
+      L.q[4].MatVec(hbuf.data(), gu.data(), false);
+      L.q[5].MatVec(hbuf.data(), gu.data() + ff, false);
+    } else {
+      MatMulT(hbuf.data(), n, hd, L.w_gate_up.data(), 2 * ff, 0.0f, gu.data());
+    }
     for (int i = 0; i < n; ++i) {
       const float* g = &gu[static_cast<size_t>(i) * 2 * ff];
       const float* u = g + ff;
       float* a = &act[static_cast<size_t>(i) * ff];
       for (int j = 0; j < ff; ++j) a[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];  // SiLU(g)*u
     }
-    MatMulT(act.data(), n, ff, L.w_down.data(), hd, 1.0f, x.data());  // Residual.
+    if (quant) {
+      L.q[6].MatVec(act.data(), x.data(), true);  // Residual.
+    } else {
+      MatMulT(act.data(), n, ff, L.w_down.data(), hd, 1.0f, x.data());  // Residual.
+    }
   }
   RETURN_IF_ERROR_(store->EndStep());
 
@@ -251,7 +313,11 @@ absl::Status LlamaModel::Forward(std::span<const TokenMeta> tokens, KvStore* sto
             &hbuf[static_cast<size_t>(i - first) * hd]);
   }
   std::vector<float> logits(static_cast<size_t>(rows) * c.vocab_size);
-  MatMulT(hbuf.data(), rows, hd, wout, c.vocab_size, 0.0f, logits.data());
+  if (rows == 1 && n == 1 && !q_output_.empty()) {
+    q_output_[0].MatVec(hbuf.data(), logits.data(), false);
+  } else {
+    MatMulT(hbuf.data(), rows, hd, wout, c.vocab_size, 0.0f, logits.data());
+  }
   if (last_logits != nullptr) {
     last_logits->assign(logits.end() - c.vocab_size, logits.end());
   }

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "client/worker/gguf.h"
 #include "client/worker/kv_store.h"
+#include "client/worker/qmatvec.h"
 
 namespace polykv::worker {
 
@@ -37,13 +38,20 @@ struct ModelConfig {
   KvShape kv_shape() const { return {num_layers, num_kv_heads, head_dim}; }
 };
 
+struct ModelLoadOptions {
+  // Decode steps (one token) multiply straight from the GGUF's quantized
+  // blocks (qmatvec.h) instead of the f32 weights; prefill always uses BLAS.
+  bool quantized_decode = true;
+};
+
 // Immutable after Load; Forward is thread-safe (each call uses its own
 // scratch and its own store), so one model serves many sequences.
 class LlamaModel {
  public:
   // Reads config and weights. InvalidArgument for a different architecture,
   // missing tensors or wrong shapes.
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const GgufFile& file);
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const GgufFile& file,
+                                                           const ModelLoadOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
   // Bytes of f32 weights held.
@@ -66,6 +74,9 @@ class LlamaModel {
     std::vector<float> ffn_norm;   // [hidden]
     std::vector<float> w_gate_up;  // [2 * ffn_hidden, hidden]: gate rows, then up rows
     std::vector<float> w_down;     // [hidden, ffn_hidden]
+    // Decode path (empty when the tensor type is not block-quantized):
+    // q, k, v, o, gate, up, down.
+    std::vector<QMatrix> q;
   };
   LlamaModel() = default;
 
@@ -75,6 +86,7 @@ class LlamaModel {
   std::vector<float> output_norm_; // [hidden]
   std::vector<Layer> layers_;
   std::vector<float> rope_inv_freq_;  // [head_dim / 2]
+  std::vector<QMatrix> q_output_;     // Quantized output head (decode), or empty.
 };
 
 }  // namespace polykv::worker
