@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -220,6 +221,30 @@ TEST(PagedDecodeAttentionTest, LongContextSplitsMatchReference) {
     EXPECT_LE(testing::MaxAbsDiff(fast.lse, ref.lse), 1e-4);
     ExpectMassSumsToGroupSize(fast, d, T);
   }
+}
+
+TEST(PagedDecodeAttentionTest, ConcurrentCallersGetTheSameResults) {
+  // Several threads share the CPU thread pool: one job holds it, the others
+  // must run inline and still be right.
+  std::mt19937 rng(testing::TestSeed(8));
+  const PageShape shape{16, 3, 64};
+  const int T = 16 * 20 + 3;
+  const Data d = MakeData(shape, 9, T, 1, false, rng);
+  const testing::PagedKv kv = testing::BuildPaged(
+      shape, d.k, d.v, T, FullPagesIn(PageFormat::kInt4, PageFormat::kInt8, T, 16), Backend::kCpu);
+  const Result want = Decode(Exec{Backend::kCpu, 1}, kv.View(), d);
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 20; ++rep) {
+        const Result got = Decode(Exec{Backend::kCpu}, kv.View(), d);
+        if (testing::RelL2(got.out, want.out) > 2e-5) ++mismatches[t];
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
 }
 
 TEST(PagedPrefillAttentionTest, ChunkIsCausalAndMatchesDecodeAndDense) {
