@@ -9,7 +9,12 @@
 //   fidelity    relative L2 error of the attention output vs f32 for each
 //               (K format, V format) pair, on Gaussian keys and on keys with
 //               outlier channels — the K/V asymmetry study
-// Backend: the fast CPU kernels (Backend::kCpu).
+//   fidelity_real  the same table on real K/V/Q (--real-kv DIR, written by
+//               kernels/tools/dump_real_kv.py), plus per-channel vs per-token
+//               keys; null without --real-kv
+//   cuda_decode decode attention time on the CUDA backend per format; null
+//               without a CUDA device
+// Backend: the fast CPU kernels (Backend::kCpu) unless stated.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -28,6 +33,7 @@
 #include "bench/bench_registry.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/device.h"
 #include "kernels/ops.h"
 #include "kernels/page_format.h"
 
@@ -424,6 +430,88 @@ std::string FidelitySection(const Options& o) {
   return js.str();
 }
 
+// Decode attention on the CUDA backend, when a device is present: the same
+// shapes and formats as DecodeSection, pages in one device arena (shuffled
+// block order), time per step from back-to-back launches.
+std::string CudaSection(const Options& o) {
+  if (kernels::CudaDeviceCount() == 0) return "null";
+  const PageShape s{16, 8, 128};
+  const int Hq = 32, reps = 50;
+  const PageFormat formats[] = {PageFormat::kF32, PageFormat::kF16, PageFormat::kInt8,
+                                PageFormat::kInt4, PageFormat::kInt2};
+  std::ostringstream js;
+  js << "{\"device_count\":" << kernels::CudaDeviceCount() << ",\"by_tokens\":{";
+  std::mt19937 rng(4);
+  bool first_t = true;
+  for (int T : {1024, 4096, 16384}) {
+    const int nb = T / 16;
+    const size_t n = size_t(T) * 8 * 128;
+    const std::vector<float> k = Normal(n, rng), v = Normal(n, rng), q = Normal(Hq * 128, rng, 2.0f);
+    js << (first_t ? "" : ",") << "\"" << T << "\":{";
+    first_t = false;
+    double t_f32 = 0;
+    bool first_f = true;
+    for (PageFormat f : formats) {
+      const size_t kb = kernels::PageBytes(f, KvKind::kKey, s);
+      const size_t vb = kernels::PageBytes(f, KvKind::kValue, s);
+      std::vector<uint8_t> arena((kb + vb) * nb);
+      const Exec cpu{Backend::kCpu, o.threads};
+      Check(kernels::QuantizePages(cpu, s, KvKind::kKey, f, k.data(), SourceType::kF32, nb,
+                                   arena.data()),
+            "quantize K");
+      Check(kernels::QuantizePages(cpu, s, KvKind::kValue, f, v.data(), SourceType::kF32, nb,
+                                   arena.data() + kb * nb),
+            "quantize V");
+      std::vector<int> perm(nb);
+      std::iota(perm.begin(), perm.end(), 0);
+      if (f != PageFormat::kF32) std::shuffle(perm.begin(), perm.end(), rng);
+      std::vector<BlockEntry> blocks(nb);
+      for (int b = 0; b < nb; ++b) {
+        // Logical block b reads physical page perm[b] (its contents are then
+        // those of block perm[b]: timing only, not correctness).
+        blocks[b].k_offset = uint64_t(perm[b]) * kb;
+        blocks[b].v_offset = kb * nb + uint64_t(perm[b]) * vb;
+        blocks[b].k_format = f;
+        blocks[b].v_format = f;
+      }
+      auto d_arena = kernels::DeviceAlloc(arena.size());
+      auto d_blocks = kernels::DeviceAlloc(blocks.size() * sizeof(BlockEntry));
+      auto d_q = kernels::DeviceAlloc(q.size() * sizeof(float));
+      auto d_out = kernels::DeviceAlloc(q.size() * sizeof(float));
+      if (!d_arena.ok() || !d_blocks.ok() || !d_q.ok() || !d_out.ok()) return "null";
+      Check(kernels::CopyToDevice(*d_arena, arena.data(), arena.size()), "copy arena");
+      Check(kernels::CopyToDevice(*d_blocks, blocks.data(), blocks.size() * sizeof(BlockEntry)),
+            "copy blocks");
+      Check(kernels::CopyToDevice(*d_q, q.data(), q.size() * sizeof(float)), "copy q");
+      const PagedKvView view{s, static_cast<const uint8_t*>(*d_arena),
+                             static_cast<const BlockEntry*>(*d_blocks), nb, T};
+      const Exec gpu{Backend::kCuda};
+      auto step = [&] {
+        Check(kernels::PagedDecodeAttention(gpu, view, AttentionParams{Hq},
+                                            static_cast<const float*>(*d_q),
+                                            static_cast<float*>(*d_out), nullptr, nullptr),
+              "cuda decode");
+      };
+      step();
+      Check(kernels::DeviceSynchronize(), "sync");
+      const auto a = Clock::now();
+      for (int r = 0; r < reps; ++r) step();
+      Check(kernels::DeviceSynchronize(), "sync");
+      const double t = std::chrono::duration<double>(Clock::now() - a).count() / reps;
+      if (f == PageFormat::kF32) t_f32 = t;
+      std::fprintf(stderr, "cuda decode T=%-6d %-5s %.4f ms (%.2fx f32)\n", T, Name(f).c_str(),
+                   t * 1e3, t / t_f32);
+      js << (first_f ? "" : ",") << "\"" << Name(f) << "_ms\":" << t * 1e3;
+      if (f != PageFormat::kF32) js << ",\"" << Name(f) << "_vs_f32\":" << t / t_f32;
+      first_f = false;
+      for (void* p : {*d_arena, *d_blocks, *d_q, *d_out}) Check(kernels::DeviceFree(p), "free");
+    }
+    js << "}";
+  }
+  js << "}}";
+  return js.str();
+}
+
 std::vector<float> ReadF32(const std::string& path, size_t n) {
   std::vector<float> v(n);
   FILE* f = std::fopen(path.c_str(), "rb");
@@ -551,11 +639,12 @@ int Main(int argc, char** argv) {
   const std::string decode = DecodeSection(o);
   const std::string fidelity = FidelitySection(o);
   const std::string real = o.real_kv.empty() ? "null" : RealFidelitySection(o);
+  const std::string cuda = CudaSection(o);
   std::ostringstream js;
   js << "{\"bench\":\"kernels\",\"backend\":\"cpu\",\"simd\":\"" << kernels::cpu::SimdLevel()
      << "\",\"threads\":" << threads << ",\"quick\":" << (o.quick ? "true" : "false")
      << ",\"quantize\":" << quant << ",\"decode\":" << decode << ",\"fidelity\":" << fidelity
-     << ",\"fidelity_real\":" << real << "}";
+     << ",\"fidelity_real\":" << real << ",\"cuda_decode\":" << cuda << "}";
   if (o.json) {
     std::printf("%s\n", js.str().c_str());
   } else {
