@@ -347,7 +347,7 @@ absl::Status KeyNorms(const Exec& exec, const PagedKvView& kv, float* norms) {
       cpu::KeyNorms(exec.num_threads, kv, norms);
       return absl::OkStatus();
     case Backend::kCuda:
-      return absl::UnimplementedError("KeyNorms has no CUDA kernel yet");
+      POLYKV_CUDA_CALL("key norms", cuda::KeyNorms(exec.cuda_stream, kv, norms));
     default:
       return absl::InvalidArgumentError("unknown backend");
   }
@@ -368,7 +368,8 @@ absl::Status QkScores(const Exec& exec, const PagedKvView& kv, const float* quer
       cpu::QkScores(exec.num_threads, kv, queries, num_queries, scale, scores);
       return absl::OkStatus();
     case Backend::kCuda:
-      return absl::UnimplementedError("QkScores has no CUDA kernel yet");
+      POLYKV_CUDA_CALL("qk scores", cuda::QkScores(exec.cuda_stream, kv, queries, num_queries,
+                                                   scale, scores));
     default:
       return absl::InvalidArgumentError("unknown backend");
   }

@@ -10,8 +10,8 @@
 //               Exec::cuda_stream (asynchronous: the Status reports argument
 //               and launch errors). Returns FAILED_PRECONDITION when the
 //               library was built without CUDA or no device is present.
-//               Implemented: quantize, dequantize, decode attention, prefill
-//               attention, compaction. Scoring returns UNIMPLEMENTED.
+//               Every op has a CUDA kernel except WritePageRows (host only)
+//               and CompactMetadata (host bookkeeping).
 //
 // Layout of pages and block tables: kernels/page_layout.h, docs/formats.md.
 // All functions are thread-safe (no shared mutable state besides the CPU

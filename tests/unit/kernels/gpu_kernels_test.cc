@@ -158,6 +158,29 @@ TEST_F(GpuKernelsTest, PrefillAttentionMatchesReference) {
   EXPECT_LE(testing::MaxAbsDiff(d_lse.ToHost<float>(lse.size()), lse), 1e-3);
 }
 
+TEST_F(GpuKernelsTest, ScoringMatchesReference) {
+  std::mt19937 rng(testing::TestSeed(104));
+  const PageShape s{16, 3, 64};
+  const int T = 16 * 5 + 7, nq = 2;
+  const auto k = testing::OutlierKeys(T, 3, 64, rng);
+  const auto v = testing::RandomNormal(size_t(T) * 192, rng);
+  const auto q = testing::RandomNormal(size_t(nq) * 3 * 64, rng);
+  const testing::PagedKv kv = testing::BuildPaged(s, k, v, T, [](int b) {
+    return std::make_pair(b % 2 ? PageFormat::kInt4 : PageFormat::kF16, PageFormat::kF16);
+  });
+  std::vector<float> norms(3 * T), scores(nq * 3 * T);
+  ASSERT_TRUE(KeyNorms(Exec{Backend::kReference}, kv.View(), norms.data()).ok());
+  ASSERT_TRUE(QkScores(Exec{Backend::kReference}, kv.View(), q.data(), nq, 0.125f, scores.data()).ok());
+  const DevicePaged dkv(kv);
+  DeviceBuffer d_q(q.data(), q.size() * 4), d_norms(norms.size() * 4), d_scores(scores.size() * 4);
+  ASSERT_TRUE(KeyNorms(Exec{Backend::kCuda}, dkv.View(), d_norms.as<float>()).ok());
+  ASSERT_TRUE(QkScores(Exec{Backend::kCuda}, dkv.View(), d_q.as<float>(), nq, 0.125f,
+                       d_scores.as<float>())
+                  .ok());
+  EXPECT_LE(testing::RelL2(d_norms.ToHost<float>(norms.size()), norms), 1e-5);
+  EXPECT_LE(testing::RelL2(d_scores.ToHost<float>(scores.size()), scores), 1e-5);
+}
+
 TEST_F(GpuKernelsTest, CompactMatchesReference) {
   std::mt19937 rng(testing::TestSeed(103));
   const PageShape s{16, 3, 64};
