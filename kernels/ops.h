@@ -11,7 +11,10 @@
 //               and launch errors). Returns FAILED_PRECONDITION when the
 //               library was built without CUDA or no device is present.
 //               Every op has a CUDA kernel except WritePageRows (host only)
-//               and CompactMetadata (host bookkeeping).
+//               and CompactMetadata (host bookkeeping). Block tables and
+//               plans in device memory are NOT validated (formats, slot
+//               ranges, weights): check plans with CompactMetadata on the
+//               host first; bad entries give undefined results.
 //
 // Layout of pages and block tables: kernels/page_layout.h, docs/formats.md.
 // All functions are thread-safe (no shared mutable state besides the CPU
