@@ -37,6 +37,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonConfig& confi
   KvPoolOptions po;
   po.tier = config.tier;
   po.pool_bytes = config.pool_bytes;
+  po.low_watermark_bytes = config.low_watermark_bytes;
   po.arena_bytes = config.arena_bytes;
   po.superblock_bytes = config.superblock_bytes;
   po.default_block_tokens = config.block_tokens;
@@ -154,6 +155,7 @@ absl::Status Daemon::Start() {
   fd_broker_->Start();
   listener_->Start();
   reaper_ = std::thread([this] { ReaperLoop(); });
+  ladder_ = std::thread([this] { LadderLoop(); });
   DaemonLogger()->info("polykvd {} listening on {} (fds {}), tier {}, pool {} bytes, lease {} ms, metrics {}",
                POLYKV_VERSION, config_.socket, fd_socket_path_, config_.tier, config_.pool_bytes,
                config_.lease_ms, metrics_address_.empty() ? "off" : metrics_address_);
@@ -168,6 +170,18 @@ void Daemon::ReaperLoop() {
     for (uint64_t id : pool_->ReclaimExpired()) {
       DaemonLogger()->info("reclaimed session {} (lease expired or drain deadline passed)", id);
       metrics_->SessionReclaimed("lease");
+    }
+  }
+}
+
+void Daemon::LadderLoop() {
+  // The ladder only marks sessions and flips a flag; the compaction itself
+  // runs at each session's next Sync (the worker's step boundary).
+  const absl::Duration period = absl::Milliseconds(50);
+  while (!stop_reaper_.WaitForNotificationWithTimeout(period)) {
+    for (const std::string& step : pool_->RunPressureLadder()) {
+      DaemonLogger()->info("pressure ladder: {} ({} bytes used, {} pending ack)", step,
+                           pool_->used_bytes(), pool_->pending_bytes());
     }
   }
 }
@@ -187,9 +201,10 @@ void Daemon::Shutdown() {
   if (listener_) listener_->Stop();
   if (fd_broker_) fd_broker_->Stop();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  if (reaper_.joinable()) {
-    stop_reaper_.Notify();
-    reaper_.join();
+  if (reaper_.joinable() || ladder_.joinable()) {
+    if (!stop_reaper_.HasBeenNotified()) stop_reaper_.Notify();  // stops both loops
+    if (reaper_.joinable()) reaper_.join();
+    if (ladder_.joinable()) ladder_.join();
   }
   listener_.reset();
   fd_broker_.reset();

@@ -56,6 +56,7 @@ class Daemon {
  private:
   explicit Daemon(const DaemonConfig& config);
   void ReaperLoop();
+  void LadderLoop();
 
   const DaemonConfig config_;
   const std::string fd_socket_path_;
@@ -73,6 +74,7 @@ class Daemon {
   std::unique_ptr<FdBroker> fd_broker_;
   absl::Notification stop_reaper_;
   std::thread reaper_;
+  std::thread ladder_;
   std::atomic<bool> shut_down_{false};
 };
 

@@ -76,7 +76,36 @@ class SessionImpl final : public Session {
     FillRef(ref_, req.mutable_session());
     req.set_committed_tokens(committed_tokens);
     v1::CommitResponse resp;
-    return FromGrpc(stub_->Commit(&ctx, req, &resp));
+    if (auto s = FromGrpc(stub_->Commit(&ctx, req, &resp)); !s.ok()) return s;
+    committed_ = committed_tokens;
+    return absl::OkStatus();
+  }
+
+  uint64_t committed_tokens() const override { return committed_; }
+  const std::vector<int64_t>& slot_positions() const override { return slot_positions_; }
+  const std::vector<uint32_t>& slot_counts() const override { return slot_counts_; }
+
+  absl::Status ReportSlots(uint64_t first_slot, const std::vector<SlotMeta>& meta,
+                           const std::vector<float>& attention, uint32_t current_turn) override {
+    if (closed_) return absl::FailedPreconditionError("session is closed");
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::ReportSlotsRequest req;
+    FillRef(ref_, req.mutable_session());
+    req.set_epoch(epoch_);
+    req.set_first_slot(first_slot);
+    req.set_current_turn(current_turn);
+    for (const SlotMeta& m : meta) {
+      auto* p = req.add_slots();
+      p->set_turn(m.turn);
+      p->set_role(m.role);
+      p->set_tag_kind(m.tag_kind);
+      p->set_block_id(m.block_id);
+      p->set_pinned(m.pinned);
+    }
+    req.mutable_attention()->Add(attention.begin(), attention.end());
+    v1::ReportSlotsResponse resp;
+    return FromGrpc(stub_->ReportSlots(&ctx, req, &resp));
   }
 
   absl::StatusOr<bool> Sync() override {
@@ -102,6 +131,9 @@ class SessionImpl final : public Session {
     }
     blocks_ = std::move(blocks);
     epoch_ = resp.epoch();
+    committed_ = resp.committed_tokens();
+    slot_positions_.assign(resp.slot_positions().begin(), resp.slot_positions().end());
+    slot_counts_.assign(resp.slot_counts().begin(), resp.slot_counts().end());
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     v1::AckRequest ack;
@@ -123,6 +155,7 @@ class SessionImpl final : public Session {
     if (auto s = FromGrpc(stub_->Release(&ctx, req, &resp)); !s.ok()) return s;
     const uint64_t keep_blocks = resp.reserved_tokens() / info_.block_tokens;
     if (blocks_.size() > keep_blocks) blocks_.resize(keep_blocks);
+    committed_ = resp.committed_tokens();
     return absl::OkStatus();
   }
 
@@ -180,6 +213,9 @@ class SessionImpl final : public Session {
   internal::ArenaMapper mapper_;
   std::vector<Block> blocks_;
   uint64_t epoch_ = 0;
+  uint64_t committed_ = 0;
+  std::vector<int64_t> slot_positions_;
+  std::vector<uint32_t> slot_counts_;
   bool closed_ = false;
 
   std::mutex mu_;  // guards stop_

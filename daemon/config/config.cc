@@ -47,7 +47,8 @@ absl::Status KeyError(const std::string& key, const std::string& what) {
 absl::StatusOr<QosRecord> ParseQos(const YAML::Node& n, QosRecord base, const std::string& where) {
   static const std::set<std::string> kKeys = {"agent_id", "priority", "guaranteed_bytes",
                                               "max_bytes", "key_precision_floor",
-                                              "value_precision_floor", "policy"};
+                                              "value_precision_floor", "policy",
+                                              "budget_tokens"};
   for (const auto& kv : n) {
     const std::string k = kv.first.as<std::string>();
     if (!kKeys.contains(k)) return KeyError(absl::StrCat(where, ".", k), "unknown key");
@@ -71,6 +72,7 @@ absl::StatusOr<QosRecord> ParseQos(const YAML::Node& n, QosRecord base, const st
     (absl::string_view(key) == "key_precision_floor" ? base.key_floor : base.value_floor) = *f;
   }
   if (n["policy"]) base.policy = n["policy"].as<std::string>();
+  if (n["budget_tokens"]) base.budget_tokens = n["budget_tokens"].as<uint64_t>();
   return base;
 }
 
@@ -88,6 +90,7 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
   static const std::set<std::string> kKeys = {
       "socket", "socket_mode", "metrics_address", "tier", "cuda_device", "pool_bytes",
       "arena_bytes", "superblock_bytes", "block_tokens", "lease_ms", "max_sessions",
+      "low_watermark_bytes",
       "drain_timeout_ms", "allowed_uids", "allowed_gids", "admin_uids", "default_qos", "agents",
       "log_level"};
   try {
@@ -104,7 +107,8 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
     if (root["metrics_address"]) c.metrics_address = root["metrics_address"].as<std::string>();
     if (root["tier"]) c.tier = root["tier"].as<std::string>();
     if (root["cuda_device"]) c.cuda_device = root["cuda_device"].as<int>();
-    for (auto [key, field] : {std::pair{"pool_bytes", &c.pool_bytes},
+    for (auto [key, field] : {std::pair{"low_watermark_bytes", &c.low_watermark_bytes},
+                              std::pair{"pool_bytes", &c.pool_bytes},
                               std::pair{"arena_bytes", &c.arena_bytes},
                               std::pair{"superblock_bytes", &c.superblock_bytes}}) {
       if (!root[key]) continue;

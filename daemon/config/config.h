@@ -25,7 +25,10 @@ struct DaemonConfig {
   uint32_t block_tokens = 16;
   uint32_t lease_ms = 5000;
   uint32_t max_sessions = 4096;
-  uint32_t drain_timeout_ms = 10000;  // SIGTERM: evict what is left after this
+  uint32_t drain_timeout_ms = 10000;
+  // Pressure ladder: below this many free pool bytes the daemon compacts
+  // and then refuses the lowest priority class. 0 = pool_bytes / 10.
+  uint64_t low_watermark_bytes = 0;  // SIGTERM: evict what is left after this
   // Empty lists mean: the daemon's own uid and root.
   std::vector<uid_t> allowed_uids;
   std::vector<gid_t> allowed_gids;

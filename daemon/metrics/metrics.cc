@@ -78,6 +78,14 @@ void AddCounter(prometheus::MetricFamily& f, double value) {
   f.metric.push_back(std::move(m));
 }
 
+void AddCounter(prometheus::MetricFamily& f, std::vector<prometheus::ClientMetric::Label> labels,
+                double value) {
+  prometheus::ClientMetric m;
+  m.label = std::move(labels);
+  m.counter.value = value;
+  f.metric.push_back(std::move(m));
+}
+
 }  // namespace
 
 std::vector<prometheus::MetricFamily> PoolCollector::Collect() const {
@@ -138,6 +146,29 @@ std::vector<prometheus::MetricFamily> PoolCollector::Collect() const {
                         MetricType::Counter);
   AddCounter(refused, double(s.refused_reservations));
   out.push_back(std::move(refused));
+
+  // Policy engine. Policy labels are QoS policy names (operator-set, few).
+  auto by_label = [&](const char* name, const char* help, const char* label,
+                      const std::vector<std::pair<std::string, uint64_t>>& values) {
+    auto f = Family(name, help, MetricType::Counter);
+    for (const auto& [k, n] : values) AddCounter(f, {{label, k}}, double(n));
+    out.push_back(std::move(f));
+  };
+  by_label("polykv_compactions_total", "Compactions published (new epoch), by QoS policy",
+           "policy", s.compactions_by_policy);
+  by_label("polykv_evicted_tokens_total", "Tokens evicted by compactions, by QoS policy",
+           "policy", s.evicted_tokens_by_policy);
+  by_label("polykv_merged_tokens_total",
+           "Tokens folded into another slot by compactions, by QoS policy", "policy",
+           s.merged_tokens_by_policy);
+  by_label("polykv_ladder_steps_total",
+           "Pressure-ladder steps (compact, refuse, resume, compaction_failed)", "step",
+           s.ladder_steps);
+  auto pending = Family("polykv_pending_bytes",
+                        "Bytes of old pages kept until workers acknowledge a newer epoch",
+                        MetricType::Gauge);
+  AddGauge(pending, {}, double(s.pending_bytes));
+  out.push_back(std::move(pending));
 
   auto draining = Family("polykv_draining", "1 while the daemon drains", MetricType::Gauge);
   AddGauge(draining, {}, s.draining ? 1 : 0);

@@ -3,10 +3,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/pool/token.h"
 #include "daemon/pool/validation.h"
+#include "policies/policy.h"
 
 namespace polykv::daemon {
 namespace {
@@ -75,20 +77,33 @@ absl::Status KvPool::CheckInvariants() const {
     if (auto s = t->allocator.CheckInvariants(); !s.ok()) return s;
     tenant_used += t->allocator.used_bytes();
   }
-  uint64_t session_bytes = 0, pages = 0;
+  uint64_t session_bytes = 0, pages = 0, pending_total = 0;
   std::map<std::string, uint64_t> by_agent;
   for (const auto& [id, s] : sessions_) {
     uint64_t b = 0;
     const Tenant& t = *tenants_.at(s.tenant);
-    for (const auto& block : s.blocks) {
-      for (size_t i = 0; i < block.size(); ++i) {
-        auto loc = t.allocator.Locate(block[i]);
-        if (!loc.ok()) return absl::InternalError(absl::StrCat("session ", id, ": ", loc.status().message()));
-        b += loc->size_bytes;
-        ++pages;
+    uint64_t pending = 0;
+    for (const auto* table : {&s.blocks, &s.pending_blocks}) {
+      for (const auto& block : *table) {
+        for (size_t i = 0; i < block.size(); ++i) {
+          auto loc = t.allocator.Locate(block[i]);
+          if (!loc.ok()) return absl::InternalError(absl::StrCat("session ", id, ": ", loc.status().message()));
+          b += loc->size_bytes;
+          if (table == &s.pending_blocks) pending += loc->size_bytes;
+          ++pages;
+        }
       }
     }
     if (b != s.bytes) return absl::InternalError(absl::StrCat("session ", id, " byte count drifted"));
+    if (pending != s.pending_bytes) {
+      return absl::InternalError(absl::StrCat("session ", id, " pending byte count drifted"));
+    }
+    if (s.slots.size() != s.committed_tokens) {
+      return absl::InternalError(absl::StrCat("session ", id, ": ", s.slots.size(),
+                                              " slot records for ", s.committed_tokens,
+                                              " committed tokens"));
+    }
+    pending_total += pending;
     session_bytes += b;
     by_agent[s.agent_id] += b;
   }
@@ -98,6 +113,10 @@ absl::Status KvPool::CheckInvariants() const {
   }
   for (const auto& [agent, b] : agent_bytes_) {
     if (by_agent[agent] != b) return absl::InternalError(absl::StrCat("agent ", agent, " bytes drifted"));
+  }
+  if (pending_total != pending_bytes_) {
+    return absl::InternalError(absl::StrCat("pending bytes: pool ", pending_bytes_, ", sessions ",
+                                            pending_total));
   }
   uint64_t format_pages = 0;
   for (const auto& [k, n] : pages_by_format_) format_pages += n;
@@ -333,6 +352,14 @@ absl::StatusOr<ReserveResult> KvPool::Reserve(uint64_t session_id, absl::string_
   const uint64_t want_blocks = (s.reserved_tokens() + num_tokens + s.block_tokens - 1) / s.block_tokens;
   const uint64_t new_blocks = want_blocks - s.blocks.size();
   const uint64_t need = new_blocks * s.block_bytes();
+  if (new_blocks > 0 && refuse_up_to_ && s.priority <= *refuse_up_to_) {
+    ++refused_reservations_;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "pool is under memory pressure (", Human(options_.pool_bytes - used_bytes_),
+        " free of ", Human(options_.pool_bytes), "): reservations of priority '",
+        std::string(PriorityName(s.priority)), "' and below are paused while sessions compact; "
+        "Sync (to adopt compacted tables), then retry in about 200 ms"));
+  }
   const QosRecord& qos = QosFor(s.agent_id);
   const uint64_t agent_used = agent_bytes_[s.agent_id];
   if (qos.max_bytes != 0 && agent_used + need > qos.max_bytes) {
@@ -438,6 +465,14 @@ absl::StatusOr<uint64_t> KvPool::Commit(uint64_t session_id, absl::string_view t
                                                    " tokens: only ", s.reserved_tokens(),
                                                    " are reserved; Reserve first"));
   }
+  s.slots.reserve(committed);
+  while (s.slots.size() < committed) {
+    SlotRecord r;
+    r.position = s.next_position++;
+    r.turn = s.current_turn;
+    r.role = 2;  // assistant until the worker reports otherwise
+    s.slots.push_back(r);
+  }
   s.committed_tokens = committed;
   return committed;
 }
@@ -452,12 +487,30 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     return absl::InvalidArgumentError(
         absl::StrCat("known_epoch ", known_epoch, " is ahead of the session's epoch ", s.epoch));
   }
+  // Sync is the worker's step boundary (it writes and reads nothing now), so
+  // this is where a compaction publishes: only when the worker holds the
+  // current tables and has acknowledged the previous ones.
+  if (known_epoch == s.epoch && s.pending_blocks.empty()) {
+    if (const uint64_t target = CompactionTarget(s); target > 0) {
+      if (auto st = Compact(s, target); !st.ok()) {
+        // The session keeps its tables; the ladder and budget retry later.
+        ++ladder_steps_["compaction_failed"];
+        s.want_tokens = 0;
+      }
+    }
+  }
   SyncResult out;
   out.epoch = s.epoch;
   out.committed_tokens = s.committed_tokens;
   out.changed = known_epoch != s.epoch;
   if (out.changed) {
     for (uint32_t b = 0; b < s.blocks.size(); ++b) out.blocks.push_back(Describe(s, b));
+    out.slot_positions.reserve(s.slots.size());
+    out.slot_counts.reserve(s.slots.size());
+    for (const SlotRecord& r : s.slots) {
+      out.slot_positions.push_back(r.position);
+      out.slot_counts.push_back(r.count);
+    }
   }
   out.new_arenas = NewArenasFor(s);
   return out;
@@ -474,6 +527,7 @@ absl::Status KvPool::Ack(uint64_t session_id, absl::string_view token, const Pee
                                                    s.epoch, ", acked ", s.acked_epoch));
   }
   s.acked_epoch = epoch;
+  if (!s.pending_blocks.empty() && epoch >= s.pending_epoch) FreePending(s);
   return absl::OkStatus();
 }
 
@@ -494,6 +548,7 @@ absl::StatusOr<ReleaseResult> KvPool::Release(uint64_t session_id, absl::string_
     s.blocks.pop_back();
   }
   s.committed_tokens = std::min(s.committed_tokens, keep_tokens);
+  s.slots.resize(s.committed_tokens);
   return ReleaseResult{s.reserved_tokens(), s.committed_tokens, s.bytes};
 }
 
@@ -503,6 +558,7 @@ uint64_t KvPool::DestroySession(uint64_t session_id, SessionEventMsg last_event)
   Session& s = it->second;
   const uint64_t before = s.bytes;
   for (auto& block : s.blocks) FreeBlock(s, block);
+  FreePending(s);
   s.events->Push(std::move(last_event));
   s.events->Close();
   Tenant& t = *tenants_.at(s.tenant);
@@ -585,6 +641,11 @@ PoolSummary KvPool::Stats() const {
   for (const auto& [id, s] : sessions_) ++prio[s.priority];
   for (const auto& [k, n] : prio) p.sessions_by_priority.push_back({k, n});
   for (const auto& [a, b] : agent_bytes_) p.bytes_by_agent.push_back({a, b});
+  p.pending_bytes = pending_bytes_;
+  p.compactions_by_policy.assign(compactions_.begin(), compactions_.end());
+  p.evicted_tokens_by_policy.assign(evicted_tokens_.begin(), evicted_tokens_.end());
+  p.merged_tokens_by_policy.assign(merged_tokens_.begin(), merged_tokens_.end());
+  p.ladder_steps.assign(ladder_steps_.begin(), ladder_steps_.end());
   std::stable_sort(p.bytes_by_agent.begin(), p.bytes_by_agent.end(),
                    [](const auto& x, const auto& y) { return x.second > y.second; });
   return p;
@@ -621,6 +682,7 @@ absl::StatusOr<QosRecord> KvPool::SetQos(const QosRecord& qos) {
   if (qos.policy.empty() || qos.policy.size() > 256) {
     return absl::InvalidArgumentError("policy must be 1..256 characters (e.g. 'full')");
   }
+  if (auto s = ValidatePolicyName(qos.policy); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   uint64_t promised = qos.guaranteed_bytes;
   for (const auto& [agent, q] : qos_) {
@@ -689,9 +751,315 @@ uint64_t KvPool::used_bytes() const {
   return used_bytes_;
 }
 
+uint64_t KvPool::pending_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return pending_bytes_;
+}
+
 uint32_t KvPool::num_sessions() const {
   absl::MutexLock lock(&mu_);
   return static_cast<uint32_t>(sessions_.size());
+}
+
+// --- Policy engine -------------------------------------------------------
+
+namespace {
+
+// "h2o" or "h2o{window.size=32,trigger=1.2}" -> (spec, params).
+absl::StatusOr<std::pair<std::string, policies::PolicyParams>> SplitPolicy(
+    const std::string& text) {
+  const size_t brace = text.find('{');
+  if (brace == std::string::npos) return std::make_pair(text, policies::PolicyParams{});
+  if (text.back() != '}') {
+    return absl::InvalidArgumentError(absl::StrCat("policy '", text, "': missing closing '}'"));
+  }
+  auto params = policies::ParseParams(text.substr(brace + 1, text.size() - brace - 2));
+  if (!params.ok()) return params.status();
+  return std::make_pair(text.substr(0, brace), *std::move(params));
+}
+
+}  // namespace
+
+absl::Status ValidatePolicyName(const std::string& text) {
+  auto split = SplitPolicy(text);
+  if (!split.ok()) return split.status();
+  auto p = policies::MakePolicy(split->first, split->second);
+  if (!p.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("policy '", text, "': ", std::string(p.status().message())));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const policies::Policy*> KvPool::PolicyFor(const std::string& text) {
+  auto it = policies_.find(text);
+  if (it != policies_.end()) return it->second.get();
+  auto split = SplitPolicy(text);
+  if (!split.ok()) return split.status();
+  auto p = policies::MakePolicy(split->first, split->second);
+  if (!p.ok()) return p.status();
+  return (policies_[text] = *std::move(p)).get();
+}
+
+uint64_t KvPool::CompactionTarget(const Session& s) const {
+  const QosRecord& qos = QosFor(s.agent_id);
+  if (qos.policy == "full" || s.committed_tokens == 0) return 0;
+  uint64_t target = 0;
+  if (qos.budget_tokens > 0 &&
+      s.committed_tokens > qos.budget_tokens + std::max<uint64_t>(qos.budget_tokens / 10, 1)) {
+    target = qos.budget_tokens;
+  }
+  if (s.want_tokens > 0 && s.committed_tokens > s.want_tokens) {
+    target = target == 0 ? s.want_tokens : std::min(target, s.want_tokens);
+  }
+  return target;
+}
+
+absl::Status KvPool::Compact(Session& s, uint64_t target) {
+  const QosRecord& qos = QosFor(s.agent_id);
+  const std::string policy_name = qos.policy;
+  auto policy = PolicyFor(policy_name);
+  if (!policy.ok()) return policy.status();
+  const kernels::PageShape shape{static_cast<int>(s.block_tokens),
+                                 static_cast<int>(s.profile.num_kv_heads),
+                                 static_cast<int>(s.profile.head_dim)};
+  const policies::SessionView view =
+      BuildView(s.slots, shape, s.key_format, s.value_format, s.current_turn);
+  auto plan = (*policy)->Decide(
+      view, policies::Budget::TokensPerLayer(1, static_cast<int64_t>(target)));
+  if (!plan.ok()) return plan.status();
+  if (!plan->changes()) return absl::OkStatus();
+  auto groups = LowerPlan(s.slots, *plan);
+  if (!groups.ok()) return groups.status();
+
+  // New pages: compaction is not a reservation (it shrinks the session), so
+  // quotas do not apply, but the pool budget does.
+  Tenant& t = *tenants_.at(s.tenant);
+  const int bt = static_cast<int>(s.block_tokens);
+  const uint32_t layers = s.profile.num_layers;
+  const size_t out_blocks = (static_cast<size_t>(groups->num_out()) + bt - 1) / bt;
+  std::vector<std::vector<PageId>> added;
+  std::vector<uint32_t> grown;
+  absl::Status failure;
+  for (size_t b = 0; b < out_blocks && failure.ok(); ++b) {
+    std::vector<PageId> pages;
+    for (uint32_t i = 0; i < 2 * layers; ++i) {
+      const uint64_t bytes = i % 2 ? s.value_page_bytes : s.key_page_bytes;
+      auto page = t.allocator.Alloc(bytes);
+      if (!page.ok() && absl::IsResourceExhausted(page.status())) {
+        auto grew = GrowTenant(t);
+        if (grew.ok()) {
+          grown.push_back(*grew);
+          page = t.allocator.Alloc(bytes);
+        } else {
+          page = grew.status();
+        }
+      }
+      if (!page.ok()) {
+        failure = page.status();
+        break;
+      }
+      pages.push_back(*page);
+    }
+    added.push_back(std::move(pages));
+  }
+  auto address = [&](PageId id) -> uint64_t {
+    auto loc = t.allocator.Locate(id);
+    if (!loc.ok()) return 0;
+    auto* base = static_cast<uint8_t*>(t.arenas.at(loc->arena_id)->host_base());
+    return base == nullptr ? 0 : reinterpret_cast<uintptr_t>(base + loc->offset);
+  };
+  if (failure.ok()) {
+    const size_t src_blocks = (s.committed_tokens + bt - 1) / bt;
+    std::vector<LayerTables> tables(layers);
+    for (uint32_t l = 0; l < layers && failure.ok(); ++l) {
+      for (size_t b = 0; b < src_blocks; ++b) {
+        kernels::BlockEntry e;
+        e.k_offset = address(s.blocks[b][2 * l]);
+        e.v_offset = address(s.blocks[b][2 * l + 1]);
+        e.k_format = s.key_format;
+        e.v_format = s.value_format;
+        tables[l].src.push_back(e);
+      }
+      for (size_t b = 0; b < out_blocks; ++b) {
+        kernels::BlockEntry e;
+        e.k_offset = address(added[b][2 * l]);
+        e.v_offset = address(added[b][2 * l + 1]);
+        e.k_format = s.key_format;
+        e.v_format = s.value_format;
+        tables[l].dst.push_back(e);
+      }
+      for (const auto* list : {&tables[l].src, &tables[l].dst}) {
+        for (const auto& e : *list) {
+          if (e.k_offset == 0 || e.v_offset == 0) {
+            failure = absl::UnimplementedError(
+                "compaction of device (CUDA) arenas is not implemented yet");
+          }
+        }
+      }
+    }
+    if (failure.ok()) {
+      failure = ExecuteCompaction(shape, static_cast<int>(s.committed_tokens), tables, *groups);
+    }
+  }
+  if (!failure.ok()) {
+    for (auto& pages : added) {
+      for (PageId p : pages) (void)t.allocator.Free(p);
+    }
+    for (uint32_t id : grown) {
+      if (t.allocator.RemoveArena(id).ok()) t.arenas.erase(id);
+    }
+    return failure;
+  }
+
+  // Publish at epoch + 1. The old tables stay allocated until the worker acks.
+  s.pending_blocks = std::move(s.blocks);
+  s.blocks.clear();
+  s.pending_bytes = static_cast<uint64_t>(s.pending_blocks.size()) * s.block_bytes();
+  pending_bytes_ += s.pending_bytes;
+  for (auto& pages : added) {
+    for (size_t i = 0; i < pages.size(); ++i) {
+      const bool is_value = i % 2 == 1;
+      const uint64_t b = is_value ? s.value_page_bytes : s.key_page_bytes;
+      s.bytes += b;
+      used_bytes_ += b;
+      agent_bytes_[s.agent_id] += b;
+      ++pages_by_format_[{is_value ? s.value_format : s.key_format, is_value}];
+    }
+    s.blocks.push_back(std::move(pages));
+  }
+  ++s.epoch;
+  s.pending_epoch = s.epoch;
+  s.committed_tokens = static_cast<uint64_t>(groups->num_out());
+  s.slots = std::move(groups->slots);
+  s.want_tokens = 0;
+  ++compactions_[policy_name];
+  evicted_tokens_[policy_name] += groups->evicted_tokens;
+  merged_tokens_[policy_name] += groups->merged_tokens;
+  s.events->Push({SessionEventMsg::Type::kEpoch, s.epoch,
+                  absl::StrCat("compacted by policy '", policy_name, "' to ", s.committed_tokens,
+                               " slots; Sync then Ack")});
+  return absl::OkStatus();
+}
+
+void KvPool::FreePending(Session& s) {
+  for (auto& block : s.pending_blocks) FreeBlock(s, block);
+  s.pending_blocks.clear();
+  pending_bytes_ -= s.pending_bytes;
+  s.pending_bytes = 0;
+}
+
+absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
+                                 const PeerCreds& peer, const ReportSlotsRequest& r) {
+  absl::MutexLock lock(&mu_);
+  auto sp = Authorize(session_id, token, peer);
+  if (!sp.ok()) return sp.status();
+  Session& s = **sp;
+  if (r.epoch != s.epoch) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "slots were reported for epoch ", r.epoch, " but the session's tables are at epoch ",
+        s.epoch, "; Sync, then report slots of the new tables"));
+  }
+  const uint64_t n = std::max(r.slots.size(), r.attention.size());
+  if (r.first_slot > s.committed_tokens || n > s.committed_tokens - r.first_slot) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slots [", r.first_slot, ", ", r.first_slot + n, ") are not all committed (",
+        s.committed_tokens, " committed); commit before reporting"));
+  }
+  for (size_t i = 0; i < r.slots.size(); ++i) {
+    const SlotMetaReport& m = r.slots[i];
+    if (m.role >= static_cast<uint32_t>(policies::kNumRoles) ||
+        m.tag_kind >= static_cast<uint32_t>(policies::kNumBlockKinds) ||
+        m.turn > static_cast<uint32_t>(INT32_MAX)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "slot ", r.first_slot + i, ": role ", m.role, " (0..", policies::kNumRoles - 1,
+          "), tag_kind ", m.tag_kind, " (0..", policies::kNumBlockKinds - 1, ") or turn ",
+          m.turn, " out of range"));
+    }
+  }
+  for (size_t i = 0; i < r.attention.size(); ++i) {
+    if (!std::isfinite(r.attention[i]) || r.attention[i] < 0.f) {
+      return absl::InvalidArgumentError(absl::StrCat("attention[", i, "] = ", r.attention[i],
+                                                     " is not a finite value >= 0"));
+    }
+  }
+  if (r.current_turn > static_cast<uint32_t>(INT32_MAX)) {
+    return absl::InvalidArgumentError("current_turn out of range");
+  }
+  for (size_t i = 0; i < r.slots.size(); ++i) {
+    SlotRecord& rec = s.slots[r.first_slot + i];
+    rec.turn = static_cast<int32_t>(r.slots[i].turn);
+    rec.role = static_cast<uint8_t>(r.slots[i].role);
+    rec.tag_kind = static_cast<uint8_t>(r.slots[i].tag_kind);
+    rec.block_id = r.slots[i].block_id;
+    rec.pinned = r.slots[i].pinned;
+  }
+  for (size_t i = 0; i < r.attention.size(); ++i) s.slots[r.first_slot + i].attn += r.attention[i];
+  if (r.current_turn > 0) s.current_turn = static_cast<int32_t>(r.current_turn);
+  return absl::OkStatus();
+}
+
+std::vector<std::string> KvPool::RunPressureLadder() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> steps;
+  const uint64_t low =
+      options_.low_watermark_bytes ? options_.low_watermark_bytes : options_.pool_bytes / 10;
+  const uint64_t free = options_.pool_bytes - std::min(options_.pool_bytes, used_bytes_);
+  if (free >= 2 * low) {
+    if (refuse_up_to_) {
+      refuse_up_to_.reset();
+      ++ladder_steps_["resume"];
+      steps.push_back("resume");
+    }
+    return steps;
+  }
+  if (free >= low) return steps;
+  // Step 1 (requantize cold pages) is not implemented yet: see docs/compaction.md.
+  // Step 2: compact, lowest priority first, largest first, never below the
+  // session's share of its agent's guarantee.
+  std::vector<Session*> candidates;
+  for (auto& [id, s] : sessions_) {
+    const QosRecord& q = QosFor(s.agent_id);
+    if (q.policy == "full" || s.want_tokens != 0 || !s.pending_blocks.empty()) continue;
+    const double per_token = double(s.block_bytes()) / s.block_tokens;
+    const uint64_t floor_tokens = std::max<uint64_t>(
+        s.block_tokens, per_token > 0 ? uint64_t(double(q.guaranteed_bytes) / per_token) : 0);
+    if (s.committed_tokens <= floor_tokens) continue;
+    candidates.push_back(&s);
+  }
+  std::stable_sort(candidates.begin(), candidates.end(), [](const Session* a, const Session* b) {
+    if (a->priority != b->priority) return a->priority < b->priority;
+    return a->bytes > b->bytes;
+  });
+  // A compaction writes its output into NEW pages before the old ones go, so
+  // each target must also fit in what is still free (90%, for fragmentation).
+  uint64_t expect = 0;
+  uint64_t room = free;
+  for (Session* s : candidates) {
+    if (free + expect >= 2 * low) break;
+    const QosRecord& q = QosFor(s->agent_id);
+    const double per_token = double(s->block_bytes()) / s->block_tokens;
+    const uint64_t floor_tokens = std::max<uint64_t>(
+        s->block_tokens, per_token > 0 ? uint64_t(double(q.guaranteed_bytes) / per_token) : 0);
+    const uint64_t fits = uint64_t(double(room) * 0.9 / per_token) / s->block_tokens * s->block_tokens;
+    const uint64_t want = std::max(floor_tokens, std::min(s->committed_tokens / 2, fits));
+    if (want >= s->committed_tokens) continue;
+    s->want_tokens = want;
+    const uint64_t out_bytes = (want + s->block_tokens - 1) / s->block_tokens * s->block_bytes();
+    room -= std::min(room, out_bytes);
+    expect += uint64_t(double(s->committed_tokens - want) * per_token);
+    ++ladder_steps_["compact"];
+    steps.push_back("compact");
+  }
+  // Step 4: nothing (more) to compact: refuse the lowest class present.
+  if (candidates.empty() && !refuse_up_to_ && !sessions_.empty()) {
+    Priority lowest = Priority::kCritical;
+    for (const auto& [id, s] : sessions_) lowest = std::min(lowest, s.priority);
+    refuse_up_to_ = lowest;
+    ++ladder_steps_["refuse"];
+    steps.push_back("refuse");
+  }
+  return steps;
 }
 
 }  // namespace polykv::daemon

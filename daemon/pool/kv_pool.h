@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,10 +27,15 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/compaction/executor.h"
 #include "daemon/memory/arena.h"
 #include "daemon/pool/event_channel.h"
 #include "daemon/pool/page_allocator.h"
 #include "daemon/pool/types.h"
+
+namespace polykv::policies {
+class Policy;
+}
 
 namespace polykv::daemon {
 
@@ -47,9 +53,19 @@ struct KvPoolOptions {
   uint32_t max_lease_ms = 600000;
   uint32_t max_sessions = 4096;
   QosRecord default_qos;  // For agents without a record (agent_id ignored).
+  // Pressure ladder (RunPressureLadder): below low_watermark free bytes the
+  // daemon compacts sessions of the lowest priority first, then refuses their
+  // reservations; at 2 x low_watermark free it stops refusing.
+  // 0 = pool_bytes / 10.
+  uint64_t low_watermark_bytes = 0;
   ArenaFactory arena_factory;  // Required.
   Clock clock;                 // Defaults to absl::Now.
 };
+
+// OK when `text` names a policy the daemon can run: a preset or '+'-joined
+// components (policies::MakePolicy), optionally with parameters in braces,
+// e.g. "h2o{window.size=64}". INVALID_ARGUMENT otherwise.
+absl::Status ValidatePolicyName(const std::string& text);
 
 class KvPool {
  public:
@@ -99,7 +115,25 @@ class KvPool {
   // sessions). Returns the ids reclaimed. Called periodically by the daemon.
   std::vector<uint64_t> ReclaimExpired();
 
+  // Stores per-slot metadata and attention mass for the session's policy.
+  // FAILED_PRECONDITION when request.epoch is not the session's epoch;
+  // INVALID_ARGUMENT for slots past the committed count, unknown roles or
+  // tags, negative or non-finite attention. No error changes state.
+  absl::Status ReportSlots(uint64_t session_id, absl::string_view token, const PeerCreds& peer,
+                           const ReportSlotsRequest& request);
+
+  // One round of the pressure ladder (called periodically by the daemon):
+  // below the low watermark, asks sessions with a compacting policy, lowest
+  // priority first, to compact down to max(guarantee, half their tokens)
+  // at their next Sync; when nothing is left to compact, refuses new
+  // reservations of the lowest priority class (with a retry hint) until free
+  // bytes are back above 2 x low watermark. Returns the steps taken
+  // ("compact", "refuse", "resume"), for logs.
+  std::vector<std::string> RunPressureLadder();
+
   uint64_t used_bytes() const;
+  // Bytes of old pages held until workers acknowledge newer epochs.
+  uint64_t pending_bytes() const;
   uint32_t num_sessions() const;
   absl::Status CheckInvariants() const;
 
@@ -133,6 +167,16 @@ class KvPool {
     PeerCreds peer;
     std::vector<uint32_t> known_arenas;  // sorted
     std::shared_ptr<EventChannel> events;
+    // Policy engine state. slots: [committed_tokens] what the policy ranks.
+    std::vector<SlotRecord> slots;
+    int64_t next_position = 0;   // logical position of the next committed token
+    int32_t current_turn = 0;
+    uint64_t want_tokens = 0;    // compaction target asked by the ladder; 0 = none
+    // The previous epoch's tables, freed when the worker acks pending_epoch
+    // (or the session ends): the daemon never frees pages a worker may read.
+    std::vector<std::vector<PageId>> pending_blocks;
+    uint64_t pending_epoch = 0;
+    uint64_t pending_bytes = 0;
     uint64_t reserved_tokens() const { return uint64_t(blocks.size()) * block_tokens; }
     uint64_t block_bytes() const {
       return uint64_t(profile.num_layers) * (key_page_bytes + value_page_bytes);
@@ -156,6 +200,15 @@ class KvPool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseEmptyArenas(Tenant& tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t TotalArenaBytes() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Compaction target for the session now (0 = none needed).
+  uint64_t CompactionTarget(const Session& s) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Runs the session's policy down to `target` tokens and, when the plan
+  // changes anything, writes NEW pages and publishes them at epoch + 1; the
+  // old tables become pending. REQUIRES: no pending tables.
+  absl::Status Compact(Session& s, uint64_t target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<const policies::Policy*> PolicyFor(const std::string& spec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreePending(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const KvPoolOptions options_;
@@ -175,6 +228,15 @@ class KvPool {
   absl::Time drain_evict_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   uint64_t lease_expiries_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t refused_reservations_ ABSL_GUARDED_BY(mu_) = 0;
+  // Policy engine.
+  std::map<std::string, std::unique_ptr<policies::Policy>> policies_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> compactions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> evicted_tokens_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> merged_tokens_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> ladder_steps_ ABSL_GUARDED_BY(mu_);
+  uint64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Reservations of this class and below are refused (pressure ladder).
+  std::optional<Priority> refuse_up_to_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace polykv::daemon

@@ -40,6 +40,9 @@ struct QosRecord {
   std::optional<PageFormat> key_floor;
   std::optional<PageFormat> value_floor;
   std::string policy = "full";
+  // Tokens per session the policy compacts down to (0 = no budget). A
+  // session is compacted when it holds more than budget + budget/10 tokens.
+  uint64_t budget_tokens = 0;
 };
 
 // Who is on the other end of a connection (SO_PEERCRED at accept time).
@@ -105,6 +108,28 @@ struct SyncResult {
   std::vector<BlockDesc> blocks;
   uint64_t committed_tokens = 0;
   std::vector<ArenaExport> new_arenas;
+  // When changed: [committed_tokens] logical position and multiplicity of
+  // each slot of the new tables.
+  std::vector<int64_t> slot_positions;
+  std::vector<uint32_t> slot_counts;
+};
+
+// Metadata of one slot as the worker reports it (values of
+// policies::Role / policies::BlockKind; checked by KvPool::ReportSlots).
+struct SlotMetaReport {
+  uint32_t turn = 0;
+  uint32_t role = 1;
+  uint32_t tag_kind = 0;
+  uint32_t block_id = 0;
+  bool pinned = false;
+};
+
+struct ReportSlotsRequest {
+  uint64_t epoch = 0;
+  uint64_t first_slot = 0;
+  std::vector<SlotMetaReport> slots;  // for [first_slot, first_slot + size)
+  std::vector<float> attention;       // for [first_slot, first_slot + size)
+  uint32_t current_turn = 0;          // 0 = unchanged
 };
 
 struct ReleaseResult {
@@ -160,6 +185,12 @@ struct PoolSummary {
   std::vector<std::pair<std::pair<PageFormat, bool>, uint64_t>> pages_by_format;
   std::vector<std::pair<Priority, uint32_t>> sessions_by_priority;
   std::vector<std::pair<std::string, uint64_t>> bytes_by_agent;  // descending
+  // Policy engine (counters since start, by QoS policy name / ladder step).
+  uint64_t pending_bytes = 0;  // old pages waiting for a worker's Ack
+  std::vector<std::pair<std::string, uint64_t>> compactions_by_policy;
+  std::vector<std::pair<std::string, uint64_t>> evicted_tokens_by_policy;
+  std::vector<std::pair<std::string, uint64_t>> merged_tokens_by_policy;
+  std::vector<std::pair<std::string, uint64_t>> ladder_steps;  // step -> count
 };
 
 // Daemon events delivered to a session's watchers.

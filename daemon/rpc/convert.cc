@@ -69,6 +69,7 @@ absl::StatusOr<QosRecord> FromProto(const v1::QosRecord& q) {
   o.key_floor = *kf;
   o.value_floor = *vf;
   o.policy = q.policy().empty() ? "full" : q.policy();
+  o.budget_tokens = q.budget_tokens();
   return o;
 }
 
@@ -82,6 +83,7 @@ void ToProto(const QosRecord& in, v1::QosRecord* out) {
   out->set_value_precision_floor(in.value_floor ? FormatToProto(*in.value_floor)
                                                 : v1::PAGE_FORMAT_UNSPECIFIED);
   out->set_policy(in.policy);
+  out->set_budget_tokens(in.budget_tokens);
 }
 
 void ToProto(const ArenaExport& in, v1::ArenaHandle* out) {

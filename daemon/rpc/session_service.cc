@@ -65,6 +65,8 @@ grpc::Status SessionService::Sync(grpc::ServerContext* c, const v1::SyncRequest*
     for (const auto& b : out->blocks) ToProto(b, resp->add_blocks());
     resp->set_committed_tokens(out->committed_tokens);
     for (const auto& a : out->new_arenas) ToProto(a, resp->add_new_arenas());
+    resp->mutable_slot_positions()->Add(out->slot_positions.begin(), out->slot_positions.end());
+    resp->mutable_slot_counts()->Add(out->slot_counts.begin(), out->slot_counts.end());
     return absl::OkStatus();
   });
 }
@@ -110,6 +112,29 @@ grpc::Status SessionService::Heartbeat(grpc::ServerContext* c, const v1::Heartbe
     resp->set_lease_ms(out->lease_ms);
     resp->set_epoch(out->epoch);
     resp->set_draining(out->draining);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status SessionService::ReportSlots(grpc::ServerContext* c,
+                                         const v1::ReportSlotsRequest* req,
+                                         v1::ReportSlotsResponse* resp) {
+  return Handle(ctx_, c, "ReportSlots", [&](const PeerCreds& peer) -> absl::Status {
+    ReportSlotsRequest r;
+    r.epoch = req->epoch();
+    r.first_slot = req->first_slot();
+    r.current_turn = req->current_turn();
+    r.slots.reserve(req->slots_size());
+    for (const auto& m : req->slots()) {
+      r.slots.push_back({m.turn(), m.role(), m.tag_kind(), m.block_id(), m.pinned()});
+    }
+    r.attention.assign(req->attention().begin(), req->attention().end());
+    if (auto s = ctx_.pool->ReportSlots(req->session().session_id(), req->session().token(),
+                                        peer, r);
+        !s.ok()) {
+      return s;
+    }
+    resp->set_epoch(r.epoch);
     return absl::OkStatus();
   });
 }

@@ -26,6 +26,8 @@ class SessionService final : public v1::Session::Service {
                             v1::CloseSessionResponse* resp) override;
   grpc::Status Heartbeat(grpc::ServerContext* c, const v1::HeartbeatRequest* req,
                          v1::HeartbeatResponse* resp) override;
+  grpc::Status ReportSlots(grpc::ServerContext* c, const v1::ReportSlotsRequest* req,
+                           v1::ReportSlotsResponse* resp) override;
   grpc::Status Watch(grpc::ServerContext* c, const v1::WatchRequest* req,
                      grpc::ServerWriter<v1::SessionEvent>* writer) override;
 

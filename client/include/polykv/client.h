@@ -67,6 +67,16 @@ struct Block {
   std::vector<Page> pages;
 };
 
+// Metadata of one slot for the daemon's policy (values of policies::Role and
+// policies::BlockKind, see policies/session_view.h).
+struct SlotMeta {
+  uint32_t turn = 0;
+  uint32_t role = 1;      // 0 system, 1 user, 2 assistant, 3 tool call, 4 tool output, 5 error
+  uint32_t tag_kind = 0;  // BlockKind; 0 = untagged
+  uint32_t block_id = 0;  // structural block; 0 = none
+  bool pinned = false;    // never evicted
+};
+
 struct SessionInfo {
   uint64_t session_id = 0;
   uint32_t block_tokens = 0;
@@ -100,6 +110,32 @@ class Session {
   virtual uint64_t epoch() const = 0;
   // The raw capability token (for tests of token checks; keep it secret).
   virtual const std::string& token() const = 0;
+
+  // --- Policy engine (daemon compaction) ---
+  // After a Sync that returned true: how many slots of blocks() hold tokens
+  // (a compaction shrinks it), and per slot the logical position (index of
+  // the token in the conversation) and multiplicity (> 1 after a merge).
+  // Before any changed Sync: committed_tokens() is the last Commit and the
+  // vectors are empty. Default implementations keep old fakes compiling.
+  virtual uint64_t committed_tokens() const { return 0; }
+  virtual const std::vector<int64_t>& slot_positions() const {
+    static const std::vector<int64_t> kEmpty;
+    return kEmpty;
+  }
+  virtual const std::vector<uint32_t>& slot_counts() const {
+    static const std::vector<uint32_t> kEmpty;
+    return kEmpty;
+  }
+  // Reports metadata for slots [first_slot, first_slot + meta.size()) and
+  // attention mass (summed over layers and query heads since the last report)
+  // for [first_slot, first_slot + attention.size()), in the tables of epoch().
+  // Slots must be committed. current_turn: the turn being decoded (0 = keep).
+  // FAILED_PRECONDITION when the daemon's epoch moved (Sync first).
+  virtual absl::Status ReportSlots(uint64_t first_slot, const std::vector<SlotMeta>& meta,
+                                   const std::vector<float>& attention,
+                                   uint32_t current_turn = 0) {
+    return absl::UnimplementedError("ReportSlots");
+  }
 };
 
 struct AdminStats;  // client/include/polykv/admin.h

@@ -1,0 +1,79 @@
+// Compaction executor: turns a session's slot records and a policy's Plan into
+// gather/merge groups, and runs the kernels' CompactSlots over the session's
+// pages into NEW pages (ARCHITECTURE.md, consistency rule 2). Pure functions
+// over plain data; the pool (daemon/pool/kv_pool.cc) owns locking, page
+// allocation and epochs.
+//
+// Decisions are layer-uniform: the daemon builds a ONE-layer SessionView whose
+// scores are the worker's attention mass summed over layers (what
+// ReportSlots carries), and applies that layer's plan to every layer, so all
+// layers keep the same slots and one block table with one committed count
+// describes the session. Per-layer selection would need per-layer block
+// tables (not in the wire format yet).
+//
+// Thread-safety: stateless; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/page_format.h"
+#include "kernels/page_layout.h"
+#include "policies/plan.h"
+#include "policies/session_view.h"
+
+namespace polykv::daemon {
+
+// What the daemon knows about one committed slot of a session.
+struct SlotRecord {
+  int64_t position = 0;  // logical position of the (representative) token
+  int32_t turn = 0;
+  uint8_t role = 1;      // policies::Role
+  uint8_t tag_kind = 0;  // policies::BlockKind
+  uint32_t block_id = 0;
+  bool pinned = false;
+  uint32_t count = 1;    // tokens folded into this slot
+  float attn = 0.f;      // accumulated attention mass
+};
+
+// One-layer view of `slots` (see file comment).
+// shape: the session's page shape; kf/vf: its K/V page formats.
+policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
+                                const kernels::PageShape& shape, kernels::PageFormat kf,
+                                kernels::PageFormat vf, int32_t current_turn);
+
+// A plan lowered to the kernels' CSR groups, plus the new slot records.
+struct CompactionGroups {
+  std::vector<int32_t> group_offsets;  // [num_out + 1]
+  std::vector<int32_t> members;        // [group_offsets[num_out]] source slots
+  std::vector<float> weights;          // same length as members
+  std::vector<SlotRecord> slots;       // [num_out] records of the output slots
+  uint64_t evicted_tokens = 0;         // tokens dropped (multiplicity counted)
+  uint64_t merged_tokens = 0;          // tokens folded into another slot
+  int num_out() const { return static_cast<int>(slots.size()); }
+};
+
+// REQUIRES: plan has exactly one layer and is valid for BuildView(slots...).
+// Output order is source order (policies::OutputOrder). A merged slot takes its
+// representative's metadata, the members' summed count and attention, and is
+// pinned if any member was.
+absl::StatusOr<CompactionGroups> LowerPlan(const std::vector<SlotRecord>& slots,
+                                           const policies::Plan& plan);
+
+// Pages of one layer: the K/V page addresses of each block (absolute host
+// addresses in BlockEntry offsets; formats set).
+struct LayerTables {
+  std::vector<kernels::BlockEntry> src;  // [source blocks]
+  std::vector<kernels::BlockEntry> dst;  // [ceil(num_out / block_tokens)]
+};
+
+// Runs CompactSlots for every layer: dst slot j of each layer = group j of
+// that layer's src slots [0, num_src).
+// REQUIRES: host-addressable pages; dst pages disjoint from src pages.
+absl::Status ExecuteCompaction(const kernels::PageShape& shape, int num_src,
+                               const std::vector<LayerTables>& layers,
+                               const CompactionGroups& groups);
+
+}  // namespace polykv::daemon

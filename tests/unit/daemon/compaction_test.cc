@@ -1,0 +1,469 @@
+// The daemon half of the policy engine: compaction at Sync, epochs with
+// pending old pages until Ack, ReportSlots validation, the pressure ladder,
+// and the executor's plan lowering — on a KvPool with a fake clock and real
+// memfd arenas mapped into the test (the test plays the worker).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "daemon/compaction/executor.h"
+#include "daemon/pool/kv_pool.h"
+#include "kernels/ops.h"
+
+namespace polykv::daemon {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+constexpr int kLayers = 2, kHeads = 2, kDim = 32, kBlock = 16;
+
+// Recognisable content of token `pos` (exact in f32 for pos < 2^12).
+float Pattern(int64_t pos, int layer, bool value, int h, int d) {
+  const float x = float(pos * 4096 + layer * 256 + h * 64 + d);
+  return value ? -x : x;
+}
+
+struct FakeClock {
+  absl::Time now = absl::FromUnixSeconds(1000000);
+};
+
+class CompactionTest : public ::testing::Test {
+ protected:
+  void SetUp() override { pool_ = MakePool(16 * kMiB); }
+  void TearDown() override {
+    for (auto& [id, m] : maps_) munmap(m.first, m.second);
+  }
+
+  std::unique_ptr<KvPool> MakePool(uint64_t bytes, uint64_t low_watermark = 0) {
+    KvPoolOptions o;
+    o.pool_bytes = bytes;
+    o.arena_bytes = 4 * kMiB;
+    o.superblock_bytes = 256 * 1024;
+    o.default_lease_ms = 1000;
+    o.low_watermark_bytes = low_watermark;
+    o.arena_factory = CreateHostShmArena;
+    o.clock = [this] { return clock_.now; };
+    auto p = KvPool::Create(o);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return *std::move(p);
+  }
+
+  struct Sess {
+    uint64_t id = 0;
+    std::string token;
+    uint64_t epoch = 0;
+    std::vector<BlockDesc> blocks;
+    int64_t next_pos = 0;   // logical position of the next token
+    uint64_t committed = 0;
+    std::vector<int64_t> positions;  // [committed]
+  };
+
+  void SetQos(const std::string& agent, const std::string& policy, uint64_t budget,
+              Priority prio = Priority::kNormal, uint64_t guaranteed = 0) {
+    QosRecord q;
+    q.agent_id = agent;
+    q.policy = policy;
+    q.budget_tokens = budget;
+    q.priority = prio;
+    q.guaranteed_bytes = guaranteed;
+    auto r = pool_->SetQos(q);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+
+  Sess Open(const std::string& agent) {
+    OpenRequest r;
+    r.agent_id = agent;
+    r.tenant = "t1";
+    r.profile = {kLayers, kHeads, kDim, DType::kF32, "tiny"};
+    r.block_tokens = kBlock;
+    r.peer = peer_;
+    auto o = pool_->Open(r);
+    EXPECT_TRUE(o.ok()) << o.status();
+    Map(o->session_id, o->token, o->arenas);
+    return Sess{o->session_id, o->token};
+  }
+
+  void Map(uint64_t id, const std::string& token, const std::vector<ArenaExport>& arenas) {
+    for (const auto& a : arenas) {
+      if (maps_.contains(a.arena_id)) continue;
+      auto fd = pool_->DupArenaFd(id, token, peer_, a.arena_id);
+      ASSERT_TRUE(fd.ok()) << fd.status();
+      void* p = mmap(nullptr, a.size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+      close(*fd);
+      ASSERT_NE(p, MAP_FAILED);
+      maps_[a.arena_id] = {p, a.size_bytes};
+    }
+  }
+
+  uint8_t* Addr(const PageDesc& p) {
+    return static_cast<uint8_t*>(maps_.at(p.arena_id).first) + p.offset;
+  }
+
+  // Appends n tokens like a worker step: reserve, write K/V, commit.
+  absl::Status Append(Sess& s, int n) {
+    const uint64_t need = s.committed + n;
+    const uint64_t have = s.blocks.size() * kBlock;
+    if (need > have) {
+      auto r = pool_->Reserve(s.id, s.token, peer_, need - have);
+      if (!r.ok()) return r.status();
+      Map(s.id, s.token, r->new_arenas);
+      for (auto& b : r->blocks) s.blocks.push_back(b);
+    }
+    const kernels::PageShape shape{kBlock, kHeads, kDim};
+    std::vector<float> row(kHeads * kDim);
+    for (int i = 0; i < n; ++i) {
+      const uint64_t slot = s.committed + i;
+      const int64_t pos = s.next_pos + i;
+      const BlockDesc& b = s.blocks[slot / kBlock];
+      for (int l = 0; l < kLayers; ++l) {
+        for (int v = 0; v < 2; ++v) {
+          for (int h = 0; h < kHeads; ++h) {
+            for (int d = 0; d < kDim; ++d) row[h * kDim + d] = Pattern(pos, l, v, h, d);
+          }
+          const PageDesc& page = b.pages[2 * l + v];
+          auto st = kernels::WritePageRows(shape, page.format, row.data(),
+                                           static_cast<int>(slot % kBlock), 1, Addr(page));
+          if (!st.ok()) return st;
+        }
+      }
+      s.positions.push_back(pos);
+    }
+    s.next_pos += n;
+    auto c = pool_->Commit(s.id, s.token, peer_, need);
+    if (!c.ok()) return c.status();
+    s.committed = need;
+    return absl::OkStatus();
+  }
+
+  // Step boundary: Sync; on a new epoch adopt it and check every slot holds
+  // the pattern of the position the daemon says it holds. Acks when `ack`.
+  absl::StatusOr<bool> Sync(Sess& s, bool ack = true) {
+    auto r = pool_->Sync(s.id, s.token, peer_, s.epoch);
+    if (!r.ok()) return r.status();
+    Map(s.id, s.token, r->new_arenas);
+    if (!r->changed) return false;
+    s.epoch = r->epoch;
+    s.blocks = r->blocks;
+    s.committed = r->committed_tokens;
+    s.positions = r->slot_positions;
+    EXPECT_EQ(r->slot_positions.size(), r->committed_tokens);
+    EXPECT_EQ(r->slot_counts.size(), r->committed_tokens);
+    VerifyContent(s);
+    if (ack) {
+      if (auto a = pool_->Ack(s.id, s.token, peer_, s.epoch); !a.ok()) return a;
+    }
+    return true;
+  }
+
+  void VerifyContent(const Sess& s) {
+    const kernels::PageShape shape{kBlock, kHeads, kDim};
+    std::vector<float> rows(kBlock * kHeads * kDim);
+    for (size_t b = 0; b * kBlock < s.committed; ++b) {
+      const int n = static_cast<int>(std::min<uint64_t>(kBlock, s.committed - b * kBlock));
+      for (int l = 0; l < kLayers; ++l) {
+        for (int v = 0; v < 2; ++v) {
+          const PageDesc& page = s.blocks[b].pages[2 * l + v];
+          ASSERT_TRUE(kernels::DequantizePage(kernels::Exec{}, shape,
+                                              v ? kernels::KvKind::kValue : kernels::KvKind::kKey,
+                                              page.format, Addr(page), n, rows.data())
+                          .ok());
+          for (int t = 0; t < n; ++t) {
+            const int64_t pos = s.positions[b * kBlock + t];
+            for (int h = 0; h < kHeads; ++h) {
+              for (int d = 0; d < kDim; ++d) {
+                ASSERT_EQ(rows[(t * kHeads + h) * kDim + d], Pattern(pos, l, v, h, d))
+                    << "slot " << b * kBlock + t << " position " << pos << " layer " << l;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  void Check() {
+    auto s = pool_->CheckInvariants();
+    ASSERT_TRUE(s.ok()) << s;
+  }
+
+  FakeClock clock_;
+  PeerCreds peer_{1234, 1000, 1000};
+  std::unique_ptr<KvPool> pool_;
+  std::map<uint32_t, std::pair<void*, size_t>> maps_;
+};
+
+TEST_F(CompactionTest, BudgetCompactionPublishesNewEpochAndOldPagesWaitForAck) {
+  SetQos("a", "window", 32);
+  Sess s = Open("a");
+  ASSERT_TRUE(Append(s, 30).ok());
+  auto changed = Sync(s);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_FALSE(*changed);  // under budget + 10%
+  ASSERT_TRUE(Append(s, 18).ok());  // 48 > 32 + 3
+  const uint64_t before = pool_->used_bytes();
+  ASSERT_TRUE(Sync(s, /*ack=*/false).value());
+  EXPECT_EQ(s.epoch, 1u);
+  EXPECT_EQ(s.committed, 32u);
+  // window keeps the most recent 32 positions, in order.
+  for (uint64_t i = 0; i < s.committed; ++i) EXPECT_EQ(s.positions[i], int64_t(16 + i));
+  // Old tables (3 blocks) stay until the ack; the new ones are 2 blocks.
+  const uint64_t block_bytes = 2ull * kLayers * kBlock * kHeads * kDim * 4;
+  EXPECT_EQ(pool_->pending_bytes(), before);
+  EXPECT_EQ(pool_->used_bytes(), before + 2 * block_bytes);
+  Check();
+  ASSERT_TRUE(pool_->Ack(s.id, s.token, peer_, 1).ok());
+  EXPECT_EQ(pool_->pending_bytes(), 0u);
+  EXPECT_EQ(pool_->used_bytes(), 2 * block_bytes);
+  Check();
+  // The worker continues in the new tables; the next compaction is epoch 2.
+  ASSERT_TRUE(Append(s, 20).ok());
+  ASSERT_TRUE(Sync(s).value());
+  EXPECT_EQ(s.epoch, 2u);
+  EXPECT_EQ(s.positions.back(), 67);
+  PoolSummary st = pool_->Stats();
+  ASSERT_EQ(st.compactions_by_policy.size(), 1u);
+  EXPECT_EQ(st.compactions_by_policy[0], (std::pair<std::string, uint64_t>{"window", 2}));
+  EXPECT_EQ(st.evicted_tokens_by_policy[0].second, 16u + 20u);
+  ASSERT_TRUE(pool_->Close(s.id, s.token, peer_).ok());
+  EXPECT_EQ(pool_->used_bytes(), 0u);
+  Check();
+}
+
+TEST_F(CompactionTest, WorkerThatNeverAcksKeepsOldPagesUntilSessionEnds) {
+  SetQos("a", "streaming", 32);
+  Sess s = Open("a");
+  ASSERT_TRUE(Append(s, 64).ok());
+  ASSERT_TRUE(Sync(s, /*ack=*/false).value());
+  const uint64_t pending = pool_->pending_bytes();
+  EXPECT_GT(pending, 0u);
+  // Over budget again, but epoch 1 is unacknowledged: no epoch 2, pages kept.
+  ASSERT_TRUE(Append(s, 40).ok());
+  EXPECT_FALSE(Sync(s, false).value());
+  EXPECT_EQ(s.epoch, 1u);
+  EXPECT_EQ(pool_->pending_bytes(), pending);
+  Check();
+  // Bad acks change nothing.
+  EXPECT_EQ(pool_->Ack(s.id, s.token, peer_, 7).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool_->pending_bytes(), pending);
+  // The lease runs out: everything, pending pages included, is reclaimed.
+  clock_.now += absl::Seconds(5);
+  EXPECT_EQ(pool_->ReclaimExpired().size(), 1u);
+  EXPECT_EQ(pool_->used_bytes(), 0u);
+  EXPECT_EQ(pool_->pending_bytes(), 0u);
+  Check();
+}
+
+TEST_F(CompactionTest, H2oKeepsReportedHeavyHittersAndPinnedSlots) {
+  SetQos("a", "h2o", 32);
+  Sess s = Open("a");
+  ASSERT_TRUE(Append(s, 60).ok());
+  std::vector<float> attn(60, 0.01f);
+  attn[5] = 50.f;
+  attn[9] = 40.f;
+  ReportSlotsRequest r;
+  r.epoch = 0;
+  r.first_slot = 0;
+  r.attention = attn;
+  r.slots.resize(3);
+  r.slots[2].pinned = true;  // slot 2
+  ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
+  ASSERT_TRUE(Sync(s).value());
+  EXPECT_EQ(s.committed, 32u);
+  std::set<int64_t> kept(s.positions.begin(), s.positions.end());
+  EXPECT_TRUE(kept.contains(5));
+  EXPECT_TRUE(kept.contains(9));
+  EXPECT_TRUE(kept.contains(2));
+  EXPECT_TRUE(kept.contains(59));  // the recent window
+  Check();
+}
+
+TEST_F(CompactionTest, BadReportSlotsChangesNothing) {
+  SetQos("a", "window", 32);
+  Sess s = Open("a");
+  ASSERT_TRUE(Append(s, 40).ok());
+  auto report = [&](ReportSlotsRequest r) { return pool_->ReportSlots(s.id, s.token, peer_, r); };
+  ReportSlotsRequest bad;
+  bad.first_slot = 3;
+  bad.slots.resize(2);
+  bad.slots[0].pinned = true;  // valid, but the request fails as a whole
+  bad.slots[1].role = 9;
+  EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.slots[1].role = 1;
+  bad.slots[1].tag_kind = 11;
+  EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.slots[1].tag_kind = 0;
+  bad.attention = {1.f, std::nanf("")};
+  EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.attention = {1.f, -1.f};
+  EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.attention.clear();
+  bad.first_slot = 39;  // slots 39, 40: 40 is not committed
+  EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.first_slot = 3;
+  bad.epoch = 1;
+  EXPECT_EQ(report(bad).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(pool_->ReportSlots(s.id, "wrong-token", peer_, bad).code(),
+            absl::StatusCode::kPermissionDenied);
+  Check();
+  // Nothing was pinned: window keeps only the 32 most recent.
+  ASSERT_TRUE(Sync(s).value());
+  EXPECT_EQ(s.positions.front(), 8);
+  // A valid report of the new epoch pins slot 0 (position 8).
+  ReportSlotsRequest ok;
+  ok.epoch = s.epoch;
+  ok.slots.resize(1);
+  ok.slots[0].pinned = true;
+  ASSERT_TRUE(report(ok).ok());
+  ASSERT_TRUE(Append(s, 16).ok());
+  ASSERT_TRUE(Sync(s).value());
+  EXPECT_EQ(s.positions.front(), 8);
+  EXPECT_EQ(s.positions[1], 55 - 30);  // pinned 8, then the 31 most recent
+  Check();
+}
+
+TEST_F(CompactionTest, FullPolicyNeverCompactsAndUnknownPoliciesAreRefused) {
+  SetQos("a", "full", 16);
+  Sess s = Open("a");
+  ASSERT_TRUE(Append(s, 64).ok());
+  EXPECT_FALSE(Sync(s).value());
+  QosRecord q;
+  q.agent_id = "b";
+  q.policy = "no-such-policy";
+  EXPECT_EQ(pool_->SetQos(q).status().code(), absl::StatusCode::kInvalidArgument);
+  q.policy = "h2o{window.size=8";
+  EXPECT_EQ(pool_->SetQos(q).status().code(), absl::StatusCode::kInvalidArgument);
+  q.policy = "h2o{window.size=8}";
+  EXPECT_TRUE(pool_->SetQos(q).ok());
+  Check();
+}
+
+TEST_F(CompactionTest, PressureLadderCompactsLowestPriorityFirstThenRefusesIt) {
+  // 4 MiB pool, low watermark 512 KiB. A block of this shape is 16 KiB.
+  pool_ = MakePool(4 * kMiB, kMiB / 2);
+  maps_.clear();
+  SetQos("low", "window", 0, Priority::kLow);
+  SetQos("mid", "window", 0, Priority::kNormal);
+  SetQos("high", "full", 0, Priority::kHigh);
+  Sess lo = Open("low");
+  Sess mid = Open("mid");
+  Sess hi = Open("high");
+  ASSERT_TRUE(Append(lo, 100 * kBlock).ok());
+  ASSERT_TRUE(Append(mid, 20 * kBlock).ok());
+  ASSERT_TRUE(Append(hi, 100 * kBlock).ok());
+  EXPECT_TRUE(pool_->RunPressureLadder().empty());  // 576 KiB free
+  ASSERT_TRUE(Append(hi, 20 * kBlock).ok());        // 256 KiB free
+  // Compacting "low" (into what still fits) is expected to be enough.
+  auto steps = pool_->RunPressureLadder();
+  ASSERT_EQ(steps, std::vector<std::string>{"compact"});
+  EXPECT_FALSE(Sync(mid).value());
+  EXPECT_FALSE(Sync(hi).value());
+  ASSERT_TRUE(Sync(lo).value());
+  EXPECT_EQ(lo.committed, 224u);  // 90% of 256 KiB, in whole blocks
+  EXPECT_EQ(lo.positions.front(), 1600 - 224);
+  Check();
+  // Fill up again with "high" (full: never compacted). "low" is compacted
+  // down to one block; then nothing is left to compact and low's
+  // reservations are refused; high's are not.
+  ASSERT_TRUE(pool_->Close(mid.id, mid.token, peer_).ok());
+  ASSERT_TRUE(Append(hi, 110 * kBlock).ok());
+  for (int round = 0; round < 20; ++round) {
+    pool_->RunPressureLadder();
+    (void)Sync(lo);
+    Check();
+  }
+  EXPECT_EQ(lo.committed, uint64_t{kBlock});
+  auto r = pool_->Reserve(lo.id, lo.token, peer_, 64);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(r.status().message().find("retry"), std::string::npos) << r.status();
+  EXPECT_TRUE(Append(hi, kBlock).ok());
+  PoolSummary st = pool_->Stats();
+  std::map<std::string, uint64_t> ladder(st.ladder_steps.begin(), st.ladder_steps.end());
+  EXPECT_GE(ladder["compact"], 3u);
+  EXPECT_EQ(ladder["refuse"], 1u);
+  EXPECT_EQ(ladder["compaction_failed"], 0u);
+  Check();
+  // Memory comes back: reservations resume.
+  ASSERT_TRUE(pool_->Close(hi.id, hi.token, peer_).ok());
+  steps = pool_->RunPressureLadder();
+  ASSERT_EQ(steps, std::vector<std::string>{"resume"});
+  EXPECT_TRUE(pool_->Reserve(lo.id, lo.token, peer_, 64).ok());
+  ASSERT_TRUE(pool_->Close(lo.id, lo.token, peer_).ok());
+  EXPECT_EQ(pool_->used_bytes(), 0u);
+  Check();
+}
+
+TEST(CompactionExecutorTest, LowersMergeGroupsAndAveragesTheirRows) {
+  std::vector<SlotRecord> slots(5);
+  for (int i = 0; i < 5; ++i) {
+    slots[i].position = 10 + i;
+    slots[i].attn = float(i);
+  }
+  policies::Plan plan;
+  plan.layers.resize(1);
+  auto& lp = plan.layers[0];
+  lp.keep = {0, 4};
+  lp.evict = {1};
+  policies::MergeGroup g;
+  g.members = {2, 3};
+  g.weights = {0.25f, 0.75f};
+  g.representative = 3;
+  g.count = 2;
+  lp.merges.push_back(g);
+  auto groups = LowerPlan(slots, plan);
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  ASSERT_EQ(groups->num_out(), 3);
+  EXPECT_EQ(groups->group_offsets, (std::vector<int32_t>{0, 1, 3, 4}));
+  EXPECT_EQ(groups->members, (std::vector<int32_t>{0, 2, 3, 4}));
+  EXPECT_EQ(groups->slots[1].position, 13);
+  EXPECT_EQ(groups->slots[1].count, 2u);
+  EXPECT_FLOAT_EQ(groups->slots[1].attn, 5.f);
+  EXPECT_EQ(groups->evicted_tokens, 1u);
+  EXPECT_EQ(groups->merged_tokens, 1u);
+
+  // Execute on heap pages: 1 layer, f32, block of 4 -> 2 source blocks.
+  const kernels::PageShape shape{4, 1, 8};
+  const size_t pb = kernels::PageBytes(kernels::PageFormat::kF32, kernels::KvKind::kKey, shape);
+  std::vector<void*> pages;
+  auto page = [&] {
+    void* p = std::aligned_alloc(256, pb);
+    std::memset(p, 0, pb);
+    pages.push_back(p);
+    return reinterpret_cast<uintptr_t>(p);
+  };
+  LayerTables t;
+  for (int b = 0; b < 2; ++b) t.src.push_back({page(), page()});
+  t.dst.push_back({page(), page()});
+  for (auto& e : t.src) e.k_format = e.v_format = kernels::PageFormat::kF32;
+  t.dst[0].k_format = t.dst[0].v_format = kernels::PageFormat::kF32;
+  std::vector<float> row(8);
+  for (int s = 0; s < 5; ++s) {
+    for (int d = 0; d < 8; ++d) row[d] = float(s * 10 + d);
+    const auto& e = t.src[s / 4];
+    ASSERT_TRUE(kernels::WritePageRows(shape, kernels::PageFormat::kF32, row.data(), s % 4, 1,
+                                       reinterpret_cast<void*>(e.k_offset))
+                    .ok());
+    ASSERT_TRUE(kernels::WritePageRows(shape, kernels::PageFormat::kF32, row.data(), s % 4, 1,
+                                       reinterpret_cast<void*>(e.v_offset))
+                    .ok());
+  }
+  ASSERT_TRUE(ExecuteCompaction(shape, 5, {t}, *groups).ok());
+  std::vector<float> out(4 * 8);
+  ASSERT_TRUE(kernels::DequantizePage(kernels::Exec{}, shape, kernels::KvKind::kKey,
+                                      kernels::PageFormat::kF32,
+                                      reinterpret_cast<void*>(t.dst[0].k_offset), 3, out.data())
+                  .ok());
+  for (int d = 0; d < 8; ++d) {
+    EXPECT_FLOAT_EQ(out[0 * 8 + d], float(d));
+    EXPECT_NEAR(out[1 * 8 + d], 0.25f * (20 + d) + 0.75f * (30 + d), 1e-4);
+    EXPECT_FLOAT_EQ(out[2 * 8 + d], float(40 + d));
+  }
+  for (void* p : pages) std::free(p);
+}
+
+}  // namespace
+}  // namespace polykv::daemon
