@@ -312,7 +312,7 @@ int main(int argc, char** argv) {
     c->add_option("--temperature", f.temperature, "0 = greedy (default)")->check(CLI::NonNegativeNumber);
     c->add_option("--top-p", f.top_p, "nucleus sampling mass (with --temperature > 0)")->check(CLI::Range(0.0, 1.0));
     c->add_option("--prefill-chunk", f.prefill_chunk, "tokens per prefill step")->check(CLI::PositiveNumber);
-    c->add_option("--threads", f.threads, "BLAS threads (0 = OpenBLAS default)")->check(CLI::NonNegativeNumber);
+    c->add_option("--threads", f.threads, "BLAS and attention-kernel threads (0 = all cores); use 1 per worker when several share a host")->check(CLI::NonNegativeNumber);
     c->add_option("--max-context", f.max_context, "KV slots of the local cache")->check(CLI::PositiveNumber);
   };
   CLI::App* run = app.add_subcommand("run", "run a JSONL conversation script");
