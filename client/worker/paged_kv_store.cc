@@ -169,13 +169,35 @@ absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
   return absl::OkStatus();
 }
 
-absl::Status PagedKvStore::BeginStep(std::span<const TokenMeta> tokens) {
-  if (!step_meta_.empty()) return absl::FailedPreconditionError("BeginStep inside a step");
-  if (tokens.empty()) return absl::InvalidArgumentError("BeginStep with no tokens");
-  // Step boundary: adopt the daemon's newer block table, if any.
+absl::Status PagedKvStore::CommitPending() {
+  if (uncommitted_.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR_(source_->Commit(num_slots_, uncommitted_));
+  uncommitted_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvStore::CommitAndSync() {
+  // Commit first: a table published by the daemon covers committed tokens only.
+  RETURN_IF_ERROR_(CommitPending());
+  steps_since_sync_ = 0;
   auto t = source_->Sync();
   if (!t.ok()) return t.status();
   if (t->has_value()) RETURN_IF_ERROR_(AdoptTable(**t));
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvStore::BeginTurn(const TurnInfo& turn) {
+  if (!step_meta_.empty()) return absl::FailedPreconditionError("BeginTurn inside a step");
+  return CommitAndSync();
+}
+
+absl::Status PagedKvStore::BeginStep(std::span<const TokenMeta> tokens) {
+  if (!step_meta_.empty()) return absl::FailedPreconditionError("BeginStep inside a step");
+  if (tokens.empty()) return absl::InvalidArgumentError("BeginStep with no tokens");
+  // Step boundary: every few steps, commit and adopt the daemon's newer table.
+  if (steps_since_sync_ < 0 || steps_since_sync_ >= std::max(1, options_.sync_every_steps)) {
+    RETURN_IF_ERROR_(CommitAndSync());
+  }
   const int64_t need = num_slots_ + static_cast<int64_t>(tokens.size());
   if (need > reserved_) {
     auto blocks = source_->Reserve(need + options_.reserve_ahead);
@@ -270,8 +292,9 @@ absl::Status PagedKvStore::EndStep() {
         "EndStep after ", next_layer_, " of ", options_.shape.num_layers, " layers"));
   }
   const int64_t total = num_slots_ + static_cast<int64_t>(step_meta_.size());
-  RETURN_IF_ERROR_(source_->Commit(total, step_meta_));
+  uncommitted_.insert(uncommitted_.end(), step_meta_.begin(), step_meta_.end());
   num_slots_ = total;
+  ++steps_since_sync_;
   residual_block_ = (num_slots_ - 1) / page_shape_.block_tokens;
   step_meta_.clear();
   if (options_.report_every_steps > 0 && ++steps_since_report_ >= options_.report_every_steps) {

@@ -12,8 +12,11 @@
 // are never touched again (the daemon may then requantize or compact them
 // into NEW pages and publish a new block table).
 //
-// Epochs: BeginStep is the step boundary; it asks the source for a newer
-// block table (Sync) and adopts it before reserving room for the step.
+// Epochs and commits: BeginStep is the step boundary. Every
+// `sync_every_steps` steps (and when a new message starts) the store commits
+// the tokens written since the last commit, then asks the source for a newer
+// block table (Sync) and adopts it before reserving room for the step, so the
+// per-token path makes no RPC on most steps.
 #pragma once
 
 #include <cstdint>
@@ -85,6 +88,8 @@ struct PagedKvStoreOptions {
   KvShape shape;
   // Tokens reserved ahead of need, so Reserve is not on every step.
   int reserve_ahead = 64;
+  // Commit + Sync with the source every this many steps (1: every step).
+  int sync_every_steps = 8;
   // Reports attention mass to the source every this many steps (0: never).
   int report_every_steps = 16;
   kernels::Exec exec;  // kernels backend and threads (CPU by default)
@@ -104,6 +109,10 @@ class PagedKvStore : public KvStore {
   absl::Status Append(int layer, const float* k, const float* v) override;
   absl::Status Attend(int layer, int num_heads, const float* q, float* out) override;
   absl::Status EndStep() override;
+  // A new message: commit what is pending and sync before its tokens.
+  absl::Status BeginTurn(const TurnInfo& turn) override;
+  // Commits the tokens written since the last commit (if any).
+  absl::Status CommitPending();
 
   // [num_slots] attention mass of decode steps (summed over layers and query
   // heads) not yet reported. Prefill chunks add none (the prefill kernel does
@@ -117,6 +126,7 @@ class PagedKvStore : public KvStore {
   void AddBlocks(const std::vector<PagedBlock>& blocks);
   absl::Status AdoptTable(const PagedTable& table);
   absl::Status EncodeBlock(int layer, int64_t block, int rows);
+  absl::Status CommitAndSync();
 
   // Constant after construction.
   const PagedKvStoreOptions options_;
@@ -132,6 +142,8 @@ class PagedKvStore : public KvStore {
   int64_t reserved_ = 0;
   uint64_t epoch_ = 0;
   std::vector<TokenMeta> step_meta_;
+  std::vector<TokenMeta> uncommitted_;  // Written, not yet committed to the source.
+  int steps_since_sync_ = -1;           // -1: sync before the first step.
   int next_layer_ = 0;
   int steps_since_report_ = 0;
   std::vector<float> mass_;       // [num_slots]

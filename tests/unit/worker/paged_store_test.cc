@@ -132,7 +132,9 @@ class RepublishingSource : public PageSource {
     return b;
   }
   absl::Status Commit(int64_t total, std::span<const TokenMeta> t) override {
+    EXPECT_EQ(total, committed_ + static_cast<int64_t>(t.size()));
     committed_ = total;
+    ++commits_;
     return inner_->Commit(total, t);
   }
   absl::StatusOr<std::optional<PagedTable>> Sync() override {
@@ -145,6 +147,7 @@ class RepublishingSource : public PageSource {
   std::string name() const override { return "republishing"; }
   bool publish_ = false;
   int syncs_ = 0;
+  int commits_ = 0;
 
  private:
   std::unique_ptr<PageSource> inner_;
@@ -163,6 +166,7 @@ TEST(PagedKvStoreTest, AdoptsANewEpochAtAStepBoundary) {
   auto* src = new RepublishingSource(std::move(*inner));
   PagedKvStoreOptions po;
   po.shape = m.config().kv_shape();
+  po.sync_every_steps = 1;
   auto store = PagedKvStore::Create(po, std::unique_ptr<PageSource>(src));
   ASSERT_TRUE(store.ok());
   auto local = NewLocal(m);
@@ -178,6 +182,31 @@ TEST(PagedKvStoreTest, AdoptsANewEpochAtAStepBoundary) {
   EXPECT_EQ(src->syncs_, 1);
   EXPECT_EQ((*store)->epoch(), 7u);
   EXPECT_EQ(a, b);
+}
+
+TEST(PagedKvStoreTest, CommitsAndSyncsInBatches) {
+  POLYKV_REQUIRE_MODEL();
+  const LlamaModel& m = *model->model;
+  HeapPageSourceOptions ho;
+  ho.shape = m.config().kv_shape();
+  auto inner = NewHeapPageSource(ho);
+  ASSERT_TRUE(inner.ok());
+  auto* src = new RepublishingSource(std::move(*inner));
+  PagedKvStoreOptions po;
+  po.shape = m.config().kv_shape();
+  po.sync_every_steps = 8;
+  auto store = PagedKvStore::Create(po, std::unique_ptr<PageSource>(src));
+  ASSERT_TRUE(store.ok());
+  std::vector<float> logits;
+  for (int i = 0; i < 20; ++i) {  // 20 decode steps: commits before steps 8 and 16.
+    const TokenMeta t{100 + i, i, 0, Role::kUser};
+    ASSERT_TRUE(m.Forward(std::span(&t, 1), store->get(), &logits).ok());
+  }
+  EXPECT_EQ(src->commits_, 2);
+  // A new message commits what is pending (the source checks the counts add up).
+  ASSERT_TRUE((*store)->BeginTurn(TurnInfo{1, Role::kUser, "next"}).ok());
+  EXPECT_EQ(src->commits_, 3);
+  EXPECT_EQ((*store)->num_slots(), 20);
 }
 
 TEST(PagedKvStoreTest, ReservationFailureIsReported) {
