@@ -22,7 +22,8 @@ int Fail(const std::string& what) {
 int main(int argc, char** argv) {
   using polykv::daemon::DaemonConfig;
   CLI::App app{"polykvd — shared KV-cache pool for LLM agents (one per node)"};
-  std::string config_file, socket, metrics_address, pool_bytes, arena_bytes, tier, log_level;
+  std::string config_file, socket, metrics_address, pool_bytes, arena_bytes, tier, log_level,
+      low_watermark;
   uint32_t lease_ms = 0;
   app.add_option("--config", config_file, "YAML config file (see deploy/polykvd.yaml)");
   app.add_option("--socket", socket, "Unix socket for the gRPC API [/run/polykv/polykvd.sock]");
@@ -30,6 +31,8 @@ int main(int argc, char** argv) {
                  "Prometheus exposer HOST:PORT, or 'off' [127.0.0.1:9464]");
   app.add_option("--pool-bytes", pool_bytes, "Pool budget, e.g. 1GiB [1GiB]");
   app.add_option("--arena-bytes", arena_bytes, "Size of each arena, e.g. 64MiB [64MiB]");
+  app.add_option("--low-watermark-bytes", low_watermark,
+                 "Free bytes below which the pressure ladder acts [pool/10]");
   app.add_option("--tier", tier, "Memory tier: host (shared memory) or cuda [host]");
   app.add_option("--lease-ms", lease_ms, "Session lease in milliseconds [5000]");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error [info]");
@@ -49,7 +52,9 @@ int main(int argc, char** argv) {
   if (lease_ms) config.lease_ms = lease_ms;
   if (!log_level.empty()) config.log_level = log_level;
   for (auto [flag, text, field] : {std::tuple{"--pool-bytes", &pool_bytes, &config.pool_bytes},
-                                   std::tuple{"--arena-bytes", &arena_bytes, &config.arena_bytes}}) {
+                                   std::tuple{"--arena-bytes", &arena_bytes, &config.arena_bytes},
+                                   std::tuple{"--low-watermark-bytes", &low_watermark,
+                                              &config.low_watermark_bytes}}) {
     if (text->empty()) continue;
     auto b = polykv::daemon::ParseBytes(*text);
     if (!b.ok()) return Fail(std::string(flag) + ": " + std::string(b.status().message()));

@@ -164,6 +164,13 @@ std::vector<prometheus::MetricFamily> PoolCollector::Collect() const {
   by_label("polykv_ladder_steps_total",
            "Pressure-ladder steps (compact, refuse, resume, compaction_failed)", "step",
            s.ladder_steps);
+  auto blocks = Family("polykv_compaction_blocks_total",
+                        "Output blocks of compactions: shared (old pages reused, no copy) or "
+                        "copied (written into new pages)",
+                        MetricType::Counter);
+  AddCounter(blocks, {{"kind", "shared"}}, double(s.compaction_shared_blocks));
+  AddCounter(blocks, {{"kind", "copied"}}, double(s.compaction_copied_blocks));
+  out.push_back(std::move(blocks));
   auto pending = Family("polykv_pending_bytes",
                         "Bytes of old pages kept until workers acknowledge a newer epoch",
                         MetricType::Gauge);

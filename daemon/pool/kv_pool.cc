@@ -386,6 +386,18 @@ absl::StatusOr<ReserveResult> KvPool::Reserve(uint64_t session_id, absl::string_
         " guaranteed to other agents; retry after sessions release memory"));
   }
 
+  // Sessions that can be compacted leave the last half low watermark to
+  // compactions, which need new pages before they free old ones.
+  const uint64_t low =
+      options_.low_watermark_bytes ? options_.low_watermark_bytes : options_.pool_bytes / 10;
+  if (qos.policy != "full" && used_bytes_ + need + promised > options_.pool_bytes - low / 2) {
+    ++refused_reservations_;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "pool cannot fit ", Human(need), " more for agent '", s.agent_id, "' while keeping ",
+        Human(low / 2), " free for compactions (", Human(used_bytes_), " of ",
+        Human(options_.pool_bytes), " used); Sync (to adopt compacted tables), then retry in "
+        "about 100 ms"));
+  }
   Tenant& t = *tenants_.at(s.tenant);
   std::vector<std::vector<PageId>> added;
   std::vector<uint32_t> grown;
@@ -642,6 +654,8 @@ PoolSummary KvPool::Stats() const {
   for (const auto& [k, n] : prio) p.sessions_by_priority.push_back({k, n});
   for (const auto& [a, b] : agent_bytes_) p.bytes_by_agent.push_back({a, b});
   p.pending_bytes = pending_bytes_;
+  p.compaction_shared_blocks = shared_blocks_;
+  p.compaction_copied_blocks = copied_blocks_;
   p.compactions_by_policy.assign(compactions_.begin(), compactions_.end());
   p.evicted_tokens_by_policy.assign(evicted_tokens_.begin(), evicted_tokens_.end());
   p.merged_tokens_by_policy.assign(merged_tokens_.begin(), merged_tokens_.end());
@@ -812,6 +826,14 @@ uint64_t KvPool::CompactionTarget(const Session& s) const {
   if (s.want_tokens > 0 && s.committed_tokens > s.want_tokens) {
     target = target == 0 ? s.want_tokens : std::min(target, s.want_tokens);
   }
+  // Evict whole blocks' worth: a policy that drops the oldest slots (window,
+  // streaming) then leaves every later block where it was, and the new table
+  // shares those pages instead of copying them (see Compact).
+  if (target > 0) {
+    const uint64_t drop = (s.committed_tokens - target + s.block_tokens - 1) / s.block_tokens *
+                          s.block_tokens;
+    if (drop < s.committed_tokens) target = s.committed_tokens - drop;
+  }
   return target;
 }
 
@@ -832,18 +854,51 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
   auto groups = LowerPlan(s.slots, *plan);
   if (!groups.ok()) return groups.status();
 
-  // New pages: compaction is not a reservation (it shrinks the session), so
-  // quotas do not apply, but the pool budget does.
-  Tenant& t = *tenants_.at(s.tenant);
+  // An output block whose every slot is a plain copy of the same row of one
+  // source block IS that block: the new table shares its pages instead of
+  // copying them (the worker only appends to them after adopting the new
+  // table, and nobody reads the old one after that). Window-like policies
+  // that evict whole blocks therefore compact without copying or new memory.
   const int bt = static_cast<int>(s.block_tokens);
   const uint32_t layers = s.profile.num_layers;
-  const size_t out_blocks = (static_cast<size_t>(groups->num_out()) + bt - 1) / bt;
-  std::vector<std::vector<PageId>> added;
+  const int num_out = groups->num_out();
+  const size_t out_blocks = (static_cast<size_t>(num_out) + bt - 1) / bt;
+  const size_t src_blocks = (s.committed_tokens + bt - 1) / bt;
+  std::vector<int64_t> shared(out_blocks, -1);  // source block index or -1
+  CompactionGroups copy;  // the groups of the output blocks that are not shared
+  copy.group_offsets.push_back(0);
+  for (size_t j = 0; j < out_blocks; ++j) {
+    const int first = static_cast<int>(j) * bt;
+    const int last = std::min(num_out, first + bt);
+    const int32_t m0 = groups->members[groups->group_offsets[first]];
+    bool same = m0 % bt == 0;
+    for (int o = first; o < last && same; ++o) {
+      same = groups->group_offsets[o + 1] - groups->group_offsets[o] == 1 &&
+             groups->members[groups->group_offsets[o]] == m0 + (o - first);
+    }
+    if (same) {
+      shared[j] = m0 / bt;
+      continue;
+    }
+    for (int o = first; o < last; ++o) {
+      for (int k = groups->group_offsets[o]; k < groups->group_offsets[o + 1]; ++k) {
+        copy.members.push_back(groups->members[k]);
+        copy.weights.push_back(groups->weights[k]);
+      }
+      copy.group_offsets.push_back(static_cast<int32_t>(copy.members.size()));
+      copy.slots.push_back(groups->slots[o]);
+    }
+  }
+
+  // New pages for the rest: compaction is not a reservation (it shrinks the
+  // session), so quotas do not apply, but the pool budget does.
+  Tenant& t = *tenants_.at(s.tenant);
+  std::vector<std::vector<PageId>> added;  // [out block] empty when shared
   std::vector<uint32_t> grown;
   absl::Status failure;
-  for (size_t b = 0; b < out_blocks && failure.ok(); ++b) {
+  for (size_t j = 0; j < out_blocks && failure.ok(); ++j) {
     std::vector<PageId> pages;
-    for (uint32_t i = 0; i < 2 * layers; ++i) {
+    for (uint32_t i = 0; i < 2 * layers && shared[j] < 0; ++i) {
       const uint64_t bytes = i % 2 ? s.value_page_bytes : s.key_page_bytes;
       auto page = t.allocator.Alloc(bytes);
       if (!page.ok() && absl::IsResourceExhausted(page.status())) {
@@ -869,8 +924,7 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
     auto* base = static_cast<uint8_t*>(t.arenas.at(loc->arena_id)->host_base());
     return base == nullptr ? 0 : reinterpret_cast<uintptr_t>(base + loc->offset);
   };
-  if (failure.ok()) {
-    const size_t src_blocks = (s.committed_tokens + bt - 1) / bt;
+  if (failure.ok() && copy.num_out() > 0) {
     std::vector<LayerTables> tables(layers);
     for (uint32_t l = 0; l < layers && failure.ok(); ++l) {
       for (size_t b = 0; b < src_blocks; ++b) {
@@ -881,10 +935,11 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
         e.v_format = s.value_format;
         tables[l].src.push_back(e);
       }
-      for (size_t b = 0; b < out_blocks; ++b) {
+      for (size_t j = 0; j < out_blocks; ++j) {
+        if (shared[j] >= 0) continue;
         kernels::BlockEntry e;
-        e.k_offset = address(added[b][2 * l]);
-        e.v_offset = address(added[b][2 * l + 1]);
+        e.k_offset = address(added[j][2 * l]);
+        e.v_offset = address(added[j][2 * l + 1]);
         e.k_format = s.key_format;
         e.v_format = s.value_format;
         tables[l].dst.push_back(e);
@@ -899,7 +954,7 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
       }
     }
     if (failure.ok()) {
-      failure = ExecuteCompaction(shape, static_cast<int>(s.committed_tokens), tables, *groups);
+      failure = ExecuteCompaction(shape, static_cast<int>(s.committed_tokens), tables, copy);
     }
   }
   if (!failure.ok()) {
@@ -912,12 +967,17 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
     return failure;
   }
 
-  // Publish at epoch + 1. The old tables stay allocated until the worker acks.
-  s.pending_blocks = std::move(s.blocks);
+  // Publish at epoch + 1. Old blocks the new table does not share stay
+  // allocated until the worker acks it.
+  std::vector<std::vector<PageId>> old = std::move(s.blocks);
   s.blocks.clear();
-  s.pending_bytes = static_cast<uint64_t>(s.pending_blocks.size()) * s.block_bytes();
-  pending_bytes_ += s.pending_bytes;
-  for (auto& pages : added) {
+  for (size_t j = 0; j < out_blocks; ++j) {
+    if (shared[j] >= 0) {
+      s.blocks.push_back(std::move(old[shared[j]]));
+      old[shared[j]].clear();
+      continue;
+    }
+    auto& pages = added[j];
     for (size_t i = 0; i < pages.size(); ++i) {
       const bool is_value = i % 2 == 1;
       const uint64_t b = is_value ? s.value_page_bytes : s.key_page_bytes;
@@ -928,6 +988,16 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
     }
     s.blocks.push_back(std::move(pages));
   }
+  s.pending_blocks.clear();
+  for (auto& pages : old) {
+    if (!pages.empty()) s.pending_blocks.push_back(std::move(pages));
+  }
+  s.pending_bytes = static_cast<uint64_t>(s.pending_blocks.size()) * s.block_bytes();
+  pending_bytes_ += s.pending_bytes;
+  shared_blocks_ += static_cast<uint64_t>(
+      std::count_if(shared.begin(), shared.end(), [](int64_t i) { return i >= 0; }));
+  copied_blocks_ += out_blocks - static_cast<uint64_t>(std::count_if(
+                                     shared.begin(), shared.end(), [](int64_t i) { return i >= 0; }));
   ++s.epoch;
   s.pending_epoch = s.epoch;
   s.committed_tokens = static_cast<uint64_t>(groups->num_out());

@@ -235,6 +235,8 @@ class KvPool {
   std::map<std::string, uint64_t> merged_tokens_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint64_t> ladder_steps_ ABSL_GUARDED_BY(mu_);
   uint64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t shared_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // output blocks reusing old pages
+  uint64_t copied_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // output blocks written anew
   // Reservations of this class and below are refused (pressure ladder).
   std::optional<Priority> refuse_up_to_ ABSL_GUARDED_BY(mu_);
 };

@@ -187,6 +187,8 @@ struct PoolSummary {
   std::vector<std::pair<std::string, uint64_t>> bytes_by_agent;  // descending
   // Policy engine (counters since start, by QoS policy name / ladder step).
   uint64_t pending_bytes = 0;  // old pages waiting for a worker's Ack
+  uint64_t compaction_shared_blocks = 0;  // output blocks that reused old pages
+  uint64_t compaction_copied_blocks = 0;  // output blocks written into new pages
   std::vector<std::pair<std::string, uint64_t>> compactions_by_policy;
   std::vector<std::pair<std::string, uint64_t>> evicted_tokens_by_policy;
   std::vector<std::pair<std::string, uint64_t>> merged_tokens_by_policy;

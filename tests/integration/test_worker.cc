@@ -6,6 +6,12 @@
 //   hang  --socket S --tenant T --agent A --tokens N --seed X   (until killed)
 //   forge --socket S --session ID --token HEX                    (reserve with it)
 //   fetch --socket S --session ID --token HEX --arena ID         (fd socket)
+//   agent --socket S --tenant T --agent A --tokens N --seed X --step K --budget B
+//         decodes N tokens K per step like an inference worker: Sync at each
+//         step boundary (adopting compacted tables and checking that every
+//         slot holds the pattern of the position the daemon says it holds),
+//         Reserve (retrying pressure refusals), write, Commit, ReportSlots.
+//         Adds "epoch", "compactions", "max_committed", "refusals" to the line.
 //
 // Prints one JSON line: {"ok":..., "code":..., "session_id":..., "token":"hex",
 // "arenas":[...], "bytes":..., "message":"..."}. Exit 0 when ok.
@@ -14,8 +20,10 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <random>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -100,6 +108,135 @@ int RunWorker(const std::map<std::string, std::string>& f, bool hang) {
   return Report(s.Close(), extra);
 }
 
+// Value of element (h, d) of token `pos`'s K (kv = 0) or V (kv = 1) in
+// `layer`; an integer below 2^24, so exact in f32.
+float AgentPattern(uint64_t seed, int64_t pos, int layer, int kv, int h, int d) {
+  return float((seed * 7919 + uint64_t(pos) * 131 + uint64_t(layer) * 17 + uint64_t(kv) * 7 +
+                uint64_t(h) * 3 + uint64_t(d)) % 1000003);
+}
+
+int RunAgent(const std::map<std::string, std::string>& f) {
+  constexpr int kLayers = 4, kHeads = 2, kDim = 64;
+  auto client = polykv::Client::Connect(f.at("--socket"));
+  if (!client.ok()) return Report(client.status());
+  polykv::SessionOptions o;
+  o.agent_id = f.at("--agent");
+  o.tenant = f.at("--tenant");
+  o.profile = {kLayers, kHeads, kDim, polykv::DType::kF32, "test"};
+  o.block_tokens = 16;
+  auto session = (*client)->OpenSession(o);
+  if (!session.ok()) return Report(session.status());
+  auto& s = **session;
+  const uint64_t seed = Num(f, "--seed", 1);
+  const uint64_t total = Num(f, "--tokens", 1024);
+  const uint64_t step = Num(f, "--step", 16);
+  const uint64_t budget = Num(f, "--budget", 0);
+  const int bt = static_cast<int>(s.info().block_tokens);
+  std::vector<int64_t> positions;  // [committed] position held by each slot
+  std::vector<polykv::Block> table;  // the tables this worker reads
+  uint64_t committed = 0, epoch = 0, compactions = 0, max_committed = 0, refusals = 0;
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  auto elem = [&](const polykv::Page& p, int t, int h, int d) {
+    return static_cast<float*>(p.addr) + (size_t(h) * bt + t) * kDim + d;  // f32, [h][t][d]
+  };
+  auto stats = [&] {
+    return absl::StrCat(",\"session_id\":", s.info().session_id, ",\"epoch\":", epoch,
+                        ",\"compactions\":", compactions, ",\"max_committed\":", max_committed,
+                        ",\"refusals\":", refusals);
+  };
+  for (int64_t next_pos = 0; uint64_t(next_pos) < total;) {
+    // Step boundary: adopt a newer table, then check every slot we may read.
+    auto changed = s.Sync();
+    if (!changed.ok()) return Report(changed.status(), stats());
+    if (*changed) {
+      ++compactions;
+      epoch = s.epoch();
+      table = s.blocks();
+      committed = s.committed_tokens();
+      positions = s.slot_positions();
+      if (positions.size() != committed) {
+        return Report(absl::InternalError("slot_positions do not cover the committed slots"),
+                      stats());
+      }
+      for (uint64_t i = 1; i < committed; ++i) {
+        if (positions[i] <= positions[i - 1]) {
+          return Report(absl::InternalError("slots out of position order"), stats());
+        }
+      }
+      if (budget > 0 && committed > budget) {
+        return Report(absl::InternalError(absl::StrCat("compacted to ", committed,
+                                                       " slots, over the budget ", budget)),
+                      stats());
+      }
+    }
+    uint64_t bad = 0;
+    for (uint64_t slot = 0; slot < committed; ++slot) {
+      const auto& b = table[slot / bt];
+      for (int l = 0; l < kLayers; ++l) {
+        for (int kv = 0; kv < 2; ++kv) {
+          for (int h = 0; h < kHeads; ++h) {
+            for (int d = 0; d < kDim; d += 7) {
+              bad += *elem(b.pages[2 * l + kv], int(slot % bt), h, d) !=
+                     AgentPattern(seed, positions[slot], l, kv, h, d);
+            }
+          }
+        }
+      }
+    }
+    if (bad) {
+      return Report(absl::DataLossError(absl::StrCat(bad, " values differ from their position's "
+                                                     "pattern at epoch ", epoch)),
+                    stats());
+    }
+    const uint64_t n = std::min<uint64_t>(step, total - uint64_t(next_pos));
+    // Reserve; a pool under pressure refuses with a retry hint: Sync, retry.
+    while (committed + n > table.size() * uint64_t(bt)) {
+      auto r = s.Reserve(committed + n - table.size() * uint64_t(bt));
+      if (r.ok()) {
+        for (auto& b : *r) table.push_back(b);
+        break;
+      }
+      if (r.status().code() != absl::StatusCode::kResourceExhausted || ++refusals > 2000) {
+        return Report(r.status(), stats());
+      }
+      usleep(5000);
+      break;  // back to the step boundary (Sync) before retrying
+    }
+    if (committed + n > table.size() * uint64_t(bt)) continue;
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t slot = committed + i;
+      const auto& b = table[slot / bt];
+      for (int l = 0; l < kLayers; ++l) {
+        for (int kv = 0; kv < 2; ++kv) {
+          for (int h = 0; h < kHeads; ++h) {
+            for (int d = 0; d < kDim; ++d) {
+              *elem(b.pages[2 * l + kv], int(slot % bt), h, d) =
+                  AgentPattern(seed, next_pos + int64_t(i), l, kv, h, d);
+            }
+          }
+        }
+      }
+      positions.push_back(next_pos + int64_t(i));
+    }
+    if (auto st = s.Commit(committed + n); !st.ok()) return Report(st, stats());
+    // Metadata of the new slots and attention mass over all of them.
+    std::vector<polykv::SlotMeta> meta(n);
+    const uint32_t turn = uint32_t(next_pos / 64);
+    for (auto& m : meta) {
+      m.turn = turn;
+      m.role = turn % 2 ? 2 : 1;
+    }
+    std::vector<float> attention(committed + n);
+    for (auto& a : attention) a = float(rng() % 1000) / 1000.f;
+    if (auto st = s.ReportSlots(0, {}, attention, turn); !st.ok()) return Report(st, stats());
+    if (auto st = s.ReportSlots(committed, meta, {}); !st.ok()) return Report(st, stats());
+    committed += n;
+    max_committed = std::max(max_committed, committed);
+    next_pos += int64_t(n);
+  }
+  return Report(s.Close(), stats());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -110,6 +247,7 @@ int main(int argc, char** argv) {
   const std::string mode = argv[1];
   auto f = Flags(argc, argv);
   if (mode == "run" || mode == "hang") return RunWorker(f, mode == "hang");
+  if (mode == "agent") return RunAgent(f);
   polykv::SessionRef ref{Num(f, "--session"), absl::HexStringToBytes(f["--token"])};
   if (mode == "forge") return Report(polykv::ReserveRaw(f.at("--socket"), ref, 16).status());
   if (mode == "fetch") {

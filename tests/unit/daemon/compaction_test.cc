@@ -211,24 +211,28 @@ TEST_F(CompactionTest, BudgetCompactionPublishesNewEpochAndOldPagesWaitForAck) {
   EXPECT_EQ(s.committed, 32u);
   // window keeps the most recent 32 positions, in order.
   for (uint64_t i = 0; i < s.committed; ++i) EXPECT_EQ(s.positions[i], int64_t(16 + i));
-  // Old tables (3 blocks) stay until the ack; the new ones are 2 blocks.
+  // Window dropped block 0 exactly: the new table shares blocks 1 and 2 (no
+  // copy, no new pages); block 0 stays allocated until the ack.
   const uint64_t block_bytes = 2ull * kLayers * kBlock * kHeads * kDim * 4;
-  EXPECT_EQ(pool_->pending_bytes(), before);
-  EXPECT_EQ(pool_->used_bytes(), before + 2 * block_bytes);
+  EXPECT_EQ(pool_->pending_bytes(), block_bytes);
+  EXPECT_EQ(pool_->used_bytes(), before);
+  EXPECT_EQ(pool_->Stats().compaction_shared_blocks, 2u);
   Check();
   ASSERT_TRUE(pool_->Ack(s.id, s.token, peer_, 1).ok());
   EXPECT_EQ(pool_->pending_bytes(), 0u);
   EXPECT_EQ(pool_->used_bytes(), 2 * block_bytes);
   Check();
-  // The worker continues in the new tables; the next compaction is epoch 2.
+  // The worker continues in the new tables; the next compaction is epoch 2:
+  // 52 slots, 20 over budget -> two blocks' worth evicted.
   ASSERT_TRUE(Append(s, 20).ok());
   ASSERT_TRUE(Sync(s).value());
   EXPECT_EQ(s.epoch, 2u);
+  EXPECT_EQ(s.committed, 20u);
   EXPECT_EQ(s.positions.back(), 67);
   PoolSummary st = pool_->Stats();
   ASSERT_EQ(st.compactions_by_policy.size(), 1u);
   EXPECT_EQ(st.compactions_by_policy[0], (std::pair<std::string, uint64_t>{"window", 2}));
-  EXPECT_EQ(st.evicted_tokens_by_policy[0].second, 16u + 20u);
+  EXPECT_EQ(st.evicted_tokens_by_policy[0].second, 16u + 32u);
   ASSERT_TRUE(pool_->Close(s.id, s.token, peer_).ok());
   EXPECT_EQ(pool_->used_bytes(), 0u);
   Check();
@@ -273,7 +277,7 @@ TEST_F(CompactionTest, H2oKeepsReportedHeavyHittersAndPinnedSlots) {
   r.slots[2].pinned = true;  // slot 2
   ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
   ASSERT_TRUE(Sync(s).value());
-  EXPECT_EQ(s.committed, 32u);
+  EXPECT_EQ(s.committed, 28u);  // 60 - 32: whole blocks' worth evicted
   std::set<int64_t> kept(s.positions.begin(), s.positions.end());
   EXPECT_TRUE(kept.contains(5));
   EXPECT_TRUE(kept.contains(9));
@@ -310,10 +314,11 @@ TEST_F(CompactionTest, BadReportSlotsChangesNothing) {
   EXPECT_EQ(pool_->ReportSlots(s.id, "wrong-token", peer_, bad).code(),
             absl::StatusCode::kPermissionDenied);
   Check();
-  // Nothing was pinned: window keeps only the 32 most recent.
+  // Nothing was pinned: window keeps only the most recent (40 - 16).
   ASSERT_TRUE(Sync(s).value());
-  EXPECT_EQ(s.positions.front(), 8);
-  // A valid report of the new epoch pins slot 0 (position 8).
+  EXPECT_EQ(s.positions.front(), 16);
+  EXPECT_EQ(pool_->Stats().compaction_shared_blocks, 2u);  // no copy: blocks 1, 2 reused
+  // A valid report of the new epoch pins slot 0 (position 16).
   ReportSlotsRequest ok;
   ok.epoch = s.epoch;
   ok.slots.resize(1);
@@ -321,8 +326,10 @@ TEST_F(CompactionTest, BadReportSlotsChangesNothing) {
   ASSERT_TRUE(report(ok).ok());
   ASSERT_TRUE(Append(s, 16).ok());
   ASSERT_TRUE(Sync(s).value());
-  EXPECT_EQ(s.positions.front(), 8);
-  EXPECT_EQ(s.positions[1], 55 - 30);  // pinned 8, then the 31 most recent
+  EXPECT_EQ(s.positions.front(), 16);
+  // 40 slots, budget 32: one block's worth goes; pinned 16, then the 23 most recent.
+  EXPECT_EQ(s.committed, 24u);
+  EXPECT_EQ(s.positions[1], 55 - 22);
   Check();
 }
 

@@ -1,0 +1,151 @@
+// End to end, the policy engine under 4x oversubscription: a real polykvd and
+// 8 synthetic agent processes (polykv-test-worker agent) that decode in steps,
+// write a per-position pattern into their pages, report slot metadata and
+// attention, and adopt compacted tables at step boundaries. Together they ask
+// for 4x the pool; every agent must finish within its budget, see its epochs
+// advance, read only pages that hold the positions the daemon says, and the
+// pool must be empty at the end.
+#include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "polykv/admin.h"
+#include "tests/integration/subprocess.h"
+
+namespace polykv {
+namespace {
+
+using testing::BinDir;
+using testing::Subprocess;
+
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return "";
+  }
+  std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[8192];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
+}
+
+// Value of the first sample line starting with `prefix` in a Prometheus text page.
+double Sample(const std::string& page, const std::string& prefix) {
+  size_t at = page.find("\n" + prefix);
+  if (at == std::string::npos) return -1;
+  size_t sp = page.find(' ', at + 1 + prefix.size());
+  return std::stod(page.substr(sp + 1, page.find('\n', sp) - sp - 1));
+}
+
+std::string Field(const std::string& json, const std::string& key) {
+  std::smatch m;
+  std::regex re("\"" + key + "\":\\s*(\"[^\"]*\"|[^,}]+)");
+  if (!std::regex_search(json, m, re)) return "";
+  std::string v = m[1];
+  if (!v.empty() && v.front() == '"') v = v.substr(1, v.size() - 2);
+  return v;
+}
+
+// budget: tokens per agent. 192 x 8 leaves the pool mostly free (compaction
+// by budget alone); 480 x 8 needs more than the pool, so the pressure ladder
+// must compact the low-priority agents below their budgets and pause their
+// reservations.
+void RunAgents(int budget, bool expect_pressure) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "polykv-cit-", getpid());
+  mkdir(dir.c_str(), 0700);
+  const std::string socket = dir + "/d.sock";
+  // A token of the agents' shape (4 layers, 2 KV heads, 64 dims, f32) is
+  // 4 KiB of K+V pages, so the 16 MiB pool holds 4096 tokens.
+  constexpr uint64_t kPoolBytes = 16ull << 20, kTokenBytes = 4096;
+  constexpr int kAgents = 8, kStep = 16;
+  const int kBudget = budget;
+  constexpr uint64_t kTokensEach = 4 * kPoolBytes / kTokenBytes / kAgents;  // 2048
+  Subprocess daemon({BinDir() + "/polykvd", "--socket", socket, "--metrics-address", "127.0.0.1:0",
+                     "--pool-bytes", "16MiB", "--arena-bytes", "4MiB", "--lease-ms", "3000"});
+  uint64_t refusals = 0, min_epoch = ~0ull;
+  auto admin = AdminClient::Connect(socket, 20000);
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  const char* kPolicies[] = {"window", "streaming", "h2o", "h2o{window.ratio=0.25}"};
+  for (int i = 0; i < kAgents; ++i) {
+    v1::QosRecord q;
+    q.set_agent_id(absl::StrCat("agent-", i));
+    q.set_policy(kPolicies[i % 4]);
+    q.set_budget_tokens(kBudget);
+    q.set_priority(i < 4 ? v1::PRIORITY_LOW : v1::PRIORITY_NORMAL);
+    auto r = (*admin)->SetQos(q);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  std::vector<std::unique_ptr<Subprocess>> agents;
+  for (int i = 0; i < kAgents; ++i) {
+    agents.push_back(std::make_unique<Subprocess>(std::vector<std::string>{
+        BinDir() + "/polykv-test-worker", "agent", "--socket", socket, "--tenant",
+        expect_pressure || i % 2 ? "team-b" : "team-a", "--agent", absl::StrCat("agent-", i), "--tokens",
+        std::to_string(kTokensEach), "--seed", std::to_string(100 + i), "--step",
+        std::to_string(kStep), "--budget", std::to_string(kBudget)}));
+  }
+  for (int i = 0; i < kAgents; ++i) {
+    const std::string out = agents[i]->ReadLine(120000);
+    const int code = agents[i]->Wait();
+    std::printf("agent-%d %-24s %s\n", i, kPolicies[i % 4], out.c_str());
+    SCOPED_TRACE(absl::StrCat("agent-", i, " (", kPolicies[i % 4], "): ", out));
+    EXPECT_EQ(code, 0);
+    EXPECT_EQ(Field(out, "ok"), "true");
+    // Compacted many times: 2048 tokens through a small budget.
+    EXPECT_GE(std::stoull("0" + Field(out, "epoch")), 3u);
+    min_epoch = std::min<uint64_t>(min_epoch, std::stoull("0" + Field(out, "epoch")));
+    refusals += std::stoull("0" + Field(out, "refusals"));
+    // Within budget: at most budget + 10% + one step between compactions.
+    EXPECT_LE(std::stoull("0" + Field(out, "max_committed")), kBudget + kBudget / 10 + kStep);
+  }
+  std::printf("budget %d: fewest epochs %llu, refused reservations retried %llu\n", budget,
+              static_cast<unsigned long long>(min_epoch), static_cast<unsigned long long>(refusals));
+  auto stats = (*admin)->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->pool().used_bytes(), 0u) << "pages leaked";
+  EXPECT_EQ(stats->num_sessions(), 0u);
+  const std::string& address = stats->metrics_address();
+  const std::string page =
+      HttpGet(std::stoi(address.substr(address.rfind(':') + 1)), "/metrics");
+  std::regex engine("polykv_(compaction|evicted|merged|ladder|pending)[^\n]*");
+  for (std::sregex_iterator it(page.begin(), page.end(), engine), end; it != end; ++it) {
+    std::printf("  %s\n", it->str().c_str());
+  }
+  EXPECT_GT(Sample(page, "polykv_compactions_total{policy=\"window\"}"), 0);
+  EXPECT_GT(Sample(page, "polykv_compactions_total{policy=\"h2o\"}"), 0);
+  EXPECT_GT(Sample(page, "polykv_evicted_tokens_total{policy=\"streaming\"}"), 0);
+  EXPECT_GT(Sample(page, "polykv_compaction_blocks_total{kind=\"shared\"}"), 0);
+  EXPECT_EQ(Sample(page, "polykv_pending_bytes"), 0);
+  if (expect_pressure) {
+    EXPECT_GT(stats->refused_reservations(), 0u);
+    EXPECT_GT(Sample(page, "polykv_ladder_steps_total{step=\"compact\"}"), 0);
+  }
+  daemon.Signal(SIGTERM);
+  EXPECT_EQ(daemon.Wait(), 0);
+}
+
+TEST(CompactionIntegrationTest, EightAgentsAskingForFourTimesThePoolStayInBudget) {
+  RunAgents(192, /*expect_pressure=*/false);
+}
+
+TEST(CompactionIntegrationTest, EightAgentsOverThePoolGoThroughThePressureLadder) {
+  RunAgents(480, /*expect_pressure=*/true);
+}
+
+}  // namespace
+}  // namespace polykv
