@@ -89,6 +89,8 @@ void PrintQos(const polykv::v1::QosRecord& q) {
   std::printf("key_floor           %s\n", FormatName(q.key_precision_floor()));
   std::printf("value_floor         %s\n", FormatName(q.value_precision_floor()));
   std::printf("policy              %s\n", q.policy().c_str());
+  std::printf("budget_tokens       %s\n",
+              q.budget_tokens() ? std::to_string(q.budget_tokens()).c_str() : "none");
 }
 
 }  // namespace
@@ -125,6 +127,9 @@ int main(int argc, char** argv) {
   qos_set->add_option("--key-floor", key_floor, "Lowest key precision: f32 f16 bf16 fp8 int8 int4 int2");
   qos_set->add_option("--value-floor", value_floor, "Lowest value precision");
   qos_set->add_option("--policy", policy, "Compression policy name, e.g. full, h2o");
+  std::string budget_tokens;
+  qos_set->add_option("--budget-tokens", budget_tokens,
+                      "Tokens per session the policy compacts down to (0 = no budget)");
 
   auto* evict = app.add_subcommand("evict", "Evict a session and free its pages");
   uint64_t session_id = 0;
@@ -235,6 +240,12 @@ int main(int argc, char** argv) {
       q.set_value_precision_floor(static_cast<polykv::v1::PageFormat>(f));
     }
     if (!policy.empty()) q.set_policy(policy);
+    if (!budget_tokens.empty()) {
+      if (budget_tokens.find_first_not_of("0123456789") != std::string::npos) {
+        return bad("--budget-tokens: not a token count");
+      }
+      q.set_budget_tokens(std::stoull(budget_tokens));
+    }
     auto out = c.SetQos(q);
     if (!out.ok()) return Fail(out.status());
     if (json) std::cout << Json(*out) << "\n";
