@@ -180,6 +180,12 @@ absl::Status PagedKvStore::CommitAndSync() {
   // Commit first: a table published by the daemon covers committed tokens only.
   RETURN_IF_ERROR_(CommitPending());
   steps_since_sync_ = 0;
+  // Attention mass of committed slots, in the current epoch's slot order.
+  if (options_.report_every_steps > 0 && steps_since_report_ >= options_.report_every_steps) {
+    steps_since_report_ = 0;
+    RETURN_IF_ERROR_(source_->ReportAttention(std::span(mass_).first(num_slots_)));
+    std::fill(mass_.begin(), mass_.end(), 0.0f);
+  }
   auto t = source_->Sync();
   if (!t.ok()) return t.status();
   if (t->has_value()) RETURN_IF_ERROR_(AdoptTable(**t));
@@ -296,12 +302,8 @@ absl::Status PagedKvStore::EndStep() {
   num_slots_ = total;
   ++steps_since_sync_;
   residual_block_ = (num_slots_ - 1) / page_shape_.block_tokens;
+  ++steps_since_report_;
   step_meta_.clear();
-  if (options_.report_every_steps > 0 && ++steps_since_report_ >= options_.report_every_steps) {
-    steps_since_report_ = 0;
-    RETURN_IF_ERROR_(source_->ReportAttention(mass_));
-    std::fill(mass_.begin(), mass_.end(), 0.0f);
-  }
   return absl::OkStatus();
 }
 

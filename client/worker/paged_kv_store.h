@@ -90,7 +90,8 @@ struct PagedKvStoreOptions {
   int reserve_ahead = 64;
   // Commit + Sync with the source every this many steps (1: every step).
   int sync_every_steps = 8;
-  // Reports attention mass to the source every this many steps (0: never).
+  // Reports attention mass to the source at the first commit after this many
+  // steps (0: never).
   int report_every_steps = 16;
   kernels::Exec exec;  // kernels backend and threads (CPU by default)
 };

@@ -11,6 +11,25 @@ namespace {
 using kernels::KvKind;
 using kernels::PageFormat;
 
+// policies::Role wire values (policies/session_view.h): the worker's tool
+// messages are tool output.
+uint32_t PolicyRole(Role r) {
+  switch (r) {
+    case Role::kSystem: return 0;
+    case Role::kUser: return 1;
+    case Role::kAssistant: return 2;
+    case Role::kTool: return 4;
+  }
+  return 1;
+}
+
+// Reports are advisory: a daemon without the RPC, or one whose epoch moved
+// since (the next Sync adopts it), loses one report, not the session.
+absl::Status Benign(const absl::Status& s) {
+  if (absl::IsUnimplemented(s) || absl::IsFailedPrecondition(s)) return absl::OkStatus();
+  return s;
+}
+
 class PoolPageSource : public PageSource {
  public:
   PoolPageSource(std::unique_ptr<Client> client, std::unique_ptr<Session> session,
@@ -34,10 +53,29 @@ class PoolPageSource : public PageSource {
     return out;
   }
 
-  absl::Status Commit(int64_t total_tokens, std::span<const TokenMeta>) override {
-    // Per-token metadata (turn, role) has no RPC yet; the count does.
+  absl::Status Commit(int64_t total_tokens, std::span<const TokenMeta> new_tokens) override {
+    if (absl::Status s = session_->Commit(static_cast<uint64_t>(total_tokens)); !s.ok()) return s;
     committed_ = total_tokens;
-    return session_->Commit(static_cast<uint64_t>(total_tokens));
+    if (new_tokens.empty()) return absl::OkStatus();
+    // Per-token metadata (turn, role) for the daemon's policies, one batch per commit.
+    std::vector<SlotMeta> meta;
+    meta.reserve(new_tokens.size());
+    for (const TokenMeta& t : new_tokens) {
+      SlotMeta m;
+      m.turn = static_cast<uint32_t>(t.turn);
+      m.role = PolicyRole(t.role);
+      meta.push_back(m);
+    }
+    const uint64_t first = static_cast<uint64_t>(total_tokens) - new_tokens.size();
+    return Benign(session_->ReportSlots(first, meta, {},
+                                        static_cast<uint32_t>(new_tokens.back().turn)));
+  }
+
+  absl::Status ReportAttention(std::span<const float> mass) override {
+    // Only committed slots may be reported.
+    const size_t n = std::min(mass.size(), static_cast<size_t>(committed_));
+    if (n == 0) return absl::OkStatus();
+    return Benign(session_->ReportSlots(0, {}, std::vector<float>(mass.begin(), mass.begin() + n)));
   }
 
   absl::StatusOr<std::optional<PagedTable>> Sync() override {
@@ -50,8 +88,8 @@ class PoolPageSource : public PageSource {
       if (!pb.ok()) return pb.status();
       t.blocks.push_back(*std::move(pb));
     }
-    // The session API does not yet say how many slots survive a compaction;
-    // until it does, a new table keeps the committed count (capped by its blocks).
+    // After a compaction fewer slots hold tokens; the session says how many.
+    committed_ = static_cast<int64_t>(session_->committed_tokens());
     t.num_tokens = std::min<int64_t>(committed_, static_cast<int64_t>(t.blocks.size()) *
                                                      block_tokens());
     t.epoch = session_->epoch();
