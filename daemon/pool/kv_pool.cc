@@ -83,7 +83,7 @@ absl::Status KvPool::CheckInvariants() const {
     uint64_t b = 0;
     const Tenant& t = *tenants_.at(s.tenant);
     uint64_t pending = 0;
-    for (const auto* table : {&s.blocks, &s.pending_blocks}) {
+    for (const auto* table : {&s.blocks, &s.pending_blocks, &s.staged_blocks}) {
       for (const auto& block : *table) {
         for (size_t i = 0; i < block.size(); ++i) {
           auto loc = t.allocator.Locate(block[i]);
@@ -341,6 +341,10 @@ absl::StatusOr<ReserveResult> KvPool::Reserve(uint64_t session_id, absl::string_
   auto sp = Authorize(session_id, token, peer);
   if (!sp.ok()) return sp.status();
   Session& s = **sp;
+  if (s.compacting) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", session_id, " is being compacted (a Sync is in progress); call again after it"));
+  }
   if (num_tokens == 0 || num_tokens > kMaxReserveTokens) {
     return absl::InvalidArgumentError(absl::StrCat("num_tokens must be in 1..", kMaxReserveTokens,
                                                    " (got ", num_tokens, ")"));
@@ -467,6 +471,10 @@ absl::StatusOr<uint64_t> KvPool::Commit(uint64_t session_id, absl::string_view t
   auto sp = Authorize(session_id, token, peer);
   if (!sp.ok()) return sp.status();
   Session& s = **sp;
+  if (s.compacting) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", session_id, " is being compacted (a Sync is in progress); call again after it"));
+  }
   if (committed < s.committed_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(
         "committed_tokens must not go back (now ", s.committed_tokens, ", got ", committed,
@@ -502,9 +510,11 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
   // Sync is the worker's step boundary (it writes and reads nothing now), so
   // this is where a compaction publishes: only when the worker holds the
   // current tables and has acknowledged the previous ones.
-  if (known_epoch == s.epoch && s.pending_blocks.empty()) {
+  if (known_epoch == s.epoch && s.pending_blocks.empty() && !s.compacting) {
     if (const uint64_t target = CompactionTarget(s); target > 0) {
-      if (auto st = Compact(s, target); !st.ok()) {
+      auto st = Compact(s, target);  // unlocks mu_ while it copies
+      if (absl::IsNotFound(st)) return st;  // closed or evicted meanwhile
+      if (!st.ok()) {
         // The session keeps its tables; the ladder and budget retry later.
         ++ladder_steps_["compaction_failed"];
         s.want_tokens = 0;
@@ -534,6 +544,10 @@ absl::Status KvPool::Ack(uint64_t session_id, absl::string_view token, const Pee
   auto sp = Authorize(session_id, token, peer);
   if (!sp.ok()) return sp.status();
   Session& s = **sp;
+  if (s.compacting) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", session_id, " is being compacted (a Sync is in progress); call again after it"));
+  }
   if (epoch > s.epoch || epoch < s.acked_epoch) {
     return absl::InvalidArgumentError(absl::StrCat("cannot ack epoch ", epoch, ": session is at ",
                                                    s.epoch, ", acked ", s.acked_epoch));
@@ -549,6 +563,10 @@ absl::StatusOr<ReleaseResult> KvPool::Release(uint64_t session_id, absl::string_
   auto sp = Authorize(session_id, token, peer);
   if (!sp.ok()) return sp.status();
   Session& s = **sp;
+  if (s.compacting) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", session_id, " is being compacted (a Sync is in progress); call again after it"));
+  }
   if (keep_tokens > s.reserved_tokens()) {
     return absl::InvalidArgumentError(absl::StrCat("keep_tokens ", keep_tokens,
                                                    " exceeds the reserve of ",
@@ -569,7 +587,16 @@ uint64_t KvPool::DestroySession(uint64_t session_id, SessionEventMsg last_event)
   if (it == sessions_.end()) return 0;
   Session& s = it->second;
   const uint64_t before = s.bytes;
+  if (s.compacting) {
+    // Its compaction is copying pages without the lock; Compact finishes
+    // the destruction when it gets the lock back.
+    s.doomed = true;
+    s.doom_event = std::move(last_event);
+    return before;
+  }
   for (auto& block : s.blocks) FreeBlock(s, block);
+  for (auto& block : s.staged_blocks) FreeBlock(s, block);
+  s.staged_blocks.clear();
   FreePending(s);
   s.events->Push(std::move(last_event));
   s.events->Close();
@@ -924,8 +951,8 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
     auto* base = static_cast<uint8_t*>(t.arenas.at(loc->arena_id)->host_base());
     return base == nullptr ? 0 : reinterpret_cast<uintptr_t>(base + loc->offset);
   };
+  std::vector<LayerTables> tables(layers);
   if (failure.ok() && copy.num_out() > 0) {
-    std::vector<LayerTables> tables(layers);
     for (uint32_t l = 0; l < layers && failure.ok(); ++l) {
       for (size_t b = 0; b < src_blocks; ++b) {
         kernels::BlockEntry e;
@@ -953,9 +980,6 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
         }
       }
     }
-    if (failure.ok()) {
-      failure = ExecuteCompaction(shape, static_cast<int>(s.committed_tokens), tables, copy);
-    }
   }
   if (!failure.ok()) {
     for (auto& pages : added) {
@@ -966,6 +990,45 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
     }
     return failure;
   }
+  // The new pages belong to the session from now on (staged), so every
+  // count stays exact while the copy runs without the lock.
+  for (auto& pages : added) {
+    for (size_t i = 0; i < pages.size(); ++i) {
+      const bool is_value = i % 2 == 1;
+      const uint64_t b = is_value ? s.value_page_bytes : s.key_page_bytes;
+      s.bytes += b;
+      used_bytes_ += b;
+      agent_bytes_[s.agent_id] += b;
+      ++pages_by_format_[{is_value ? s.value_format : s.key_format, is_value}];
+    }
+  }
+  s.staged_blocks = added;
+  if (copy.num_out() > 0) {
+    // Copy without the pool lock: other sessions' calls go on. This session
+    // cannot change meanwhile: its worker is in this Sync, its other
+    // mutating calls are refused while `compacting`, and Close / evict /
+    // lease reclaim are deferred to below. Its pages, old and new, are
+    // allocated, so their arenas stay mapped.
+    s.compacting = true;
+    const uint64_t id = s.id;
+    const int num_src = static_cast<int>(s.committed_tokens);
+    mu_.Unlock();
+    failure = ExecuteCompaction(shape, num_src, tables, copy);
+    mu_.Lock();
+    Session& again = sessions_.at(id);  // erasure is deferred while compacting
+    again.compacting = false;
+    if (again.doomed) {
+      DestroySession(id, std::move(again.doom_event));
+      return absl::NotFoundError(absl::StrCat(
+          "session ", id, " was closed or evicted while it was being compacted"));
+    }
+  }
+  if (!failure.ok()) {
+    for (auto& block : s.staged_blocks) FreeBlock(s, block);
+    s.staged_blocks.clear();
+    return failure;
+  }
+  s.staged_blocks.clear();
 
   // Publish at epoch + 1. Old blocks the new table does not share stay
   // allocated until the worker acks it.
@@ -977,16 +1040,7 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
       old[shared[j]].clear();
       continue;
     }
-    auto& pages = added[j];
-    for (size_t i = 0; i < pages.size(); ++i) {
-      const bool is_value = i % 2 == 1;
-      const uint64_t b = is_value ? s.value_page_bytes : s.key_page_bytes;
-      s.bytes += b;
-      used_bytes_ += b;
-      agent_bytes_[s.agent_id] += b;
-      ++pages_by_format_[{is_value ? s.value_format : s.key_format, is_value}];
-    }
-    s.blocks.push_back(std::move(pages));
+    s.blocks.push_back(std::move(added[j]));
   }
   s.pending_blocks.clear();
   for (auto& pages : old) {
@@ -1025,6 +1079,10 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
   auto sp = Authorize(session_id, token, peer);
   if (!sp.ok()) return sp.status();
   Session& s = **sp;
+  if (s.compacting) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", session_id, " is being compacted (a Sync is in progress); call again after it"));
+  }
   if (r.epoch != s.epoch) {
     return absl::FailedPreconditionError(absl::StrCat(
         "slots were reported for epoch ", r.epoch, " but the session's tables are at epoch ",

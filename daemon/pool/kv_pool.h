@@ -177,6 +177,13 @@ class KvPool {
     std::vector<std::vector<PageId>> pending_blocks;
     uint64_t pending_epoch = 0;
     uint64_t pending_bytes = 0;
+    // New pages of a compaction being copied (the lock is released during the
+    // copy); while `compacting`, mutating calls are refused and destruction
+    // is deferred (`doomed`) to the end of the compaction.
+    std::vector<std::vector<PageId>> staged_blocks;
+    bool compacting = false;
+    bool doomed = false;
+    SessionEventMsg doom_event;
     uint64_t reserved_tokens() const { return uint64_t(blocks.size()) * block_tokens; }
     uint64_t block_bytes() const {
       return uint64_t(profile.num_layers) * (key_page_bytes + value_page_bytes);
