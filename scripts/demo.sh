@@ -1,55 +1,96 @@
 #!/usr/bin/env bash
-# The main job: builds polykv, starts polykvd on the CPU (shared-memory) pool
-# and runs a demo workload of agents through it, then prints what the daemon
-# saw and stops it cleanly (SIGTERM drains).
+# The main job: builds polykv, fetches the model, starts polykvd on the CPU
+# (shared-memory) pool and runs four agents — four polykv-worker processes
+# with a real model (SmolLM2-135M-Instruct), each a multi-turn agent script —
+# concurrently through the one daemon. Prints a summary: tokens, tokens/s and
+# pool bytes per agent; then stops polykvd with SIGTERM (it drains).
 #
 # While it runs, metrics are at http://127.0.0.1:9464/metrics.
-# Env: POLYKV_DEMO_DIR (socket folder, default a fresh temp dir),
+# Env: POLYKV_DEMO_DIR (run folder, default a fresh temp dir),
 #      POLYKV_DEMO_SKIP_BUILD=1 to reuse an existing build/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${POLYKV_DEMO_SKIP_BUILD:-0}" != 1 ]; then bash scripts/build.sh; fi
+model=$(bash scripts/fetch-model.sh)
 bin=build/bin
 dir=${POLYKV_DEMO_DIR:-$(mktemp -d /tmp/polykv-demo.XXXXXX)}
 sock=$dir/polykvd.sock
 log=$dir/polykvd.log
 
 echo "== starting polykvd (socket $sock, metrics 127.0.0.1:9464, log $log)"
-"$bin/polykvd" --socket "$sock" --pool-bytes 512MiB --lease-ms 3000 >"$log" 2>&1 &
+"$bin/polykvd" --socket "$sock" --pool-bytes 512MiB >"$log" 2>&1 &
 daemon=$!
 trap 'kill -TERM $daemon 2>/dev/null || true' EXIT
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 [ -S "$sock" ] || { cat "$log"; echo "polykvd did not start" >&2; exit 1; }
+"$bin/polykvctl" --socket "$sock" qos set coder --priority high --max-bytes 128MiB >/dev/null
 
-"$bin/polykvctl" --socket "$sock" qos set reviewer --priority high --max-bytes 64MiB >/dev/null
-
-echo "== four agents in two tenants reserve, write and verify their KV pages"
+echo "== four agents, four worker processes, one daemon (model $model)"
+start=$(date +%s.%N)
 pids=()
-i=0
-for spec in "team-a coder 2048" "team-a reviewer 1024" "team-b planner 1536" "team-b tester 768"; do
+for spec in "team-a coder" "team-a researcher" "team-b planner" "team-b support"; do
   set -- $spec
-  i=$((i + 1))
-  "$bin/polykv-test-worker" run --socket "$sock" --tenant "$1" --agent "$2" --tokens "$3" \
-      --seed "$i" --hold-ms 2000 >"$dir/agent-$2.json" &
+  "$bin/polykv-worker" run "tests/fixtures/worker/scripts/$2.jsonl" --model "$model" \
+      --daemon "$sock" --tenant "$1" --agent "$2" --key-format f16 --value-format f16 \
+      --threads 1 --summary >"$dir/$2.jsonl" 2>"$dir/$2.err" &
   pids+=($!)
 done
-sleep 1
-"$bin/polykvctl" --socket "$sock" sessions
+# A look at the pool while the agents run: once all four sessions are open
+# and have written a few turns.
+for _ in $(seq 300); do
+  n=$("$bin/polykvctl" --socket "$sock" sessions --json 2>/dev/null | grep -c '"session_id"' || true)
+  [ "${n:-0}" -ge 4 ] && break
+  sleep 0.1
+done
+sleep 3
+"$bin/polykvctl" --socket "$sock" sessions || true
 echo
-"$bin/polykvctl" --socket "$sock" status
+"$bin/polykvctl" --socket "$sock" status || true
 echo
-echo "== metrics (polykv_ families, first lines)"
-curl -s 127.0.0.1:9464/metrics | grep -E '^polykv_(pool_bytes|pages|sessions|agent_bytes|rpc_total)' | head -n 24 || true
+echo "== metrics (polykv_ state families)"
+curl -s 127.0.0.1:9464/metrics | grep -E '^polykv_(pool_bytes|pages|sessions|agent_bytes)' || true
 fail=0
 for p in "${pids[@]}"; do wait "$p" || fail=1; done
+end=$(date +%s.%N)
 echo
-echo "== agent results"
-cat "$dir"/agent-*.json
+echo "== agent turns"
+for a in coder researcher planner support; do
+  grep -v '"summary":true' "$dir/$a.jsonl" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    t = json.loads(line)
+    print("%-10s %-12s %4d prompt %3d generated  %s" % (t["agent"], t.get("id", ""),
+          t["prompt_tokens"], t["completion_tokens"], t["text"][:70].replace("\n", " ")))'
+done
 echo
-"$bin/polykvctl" --socket "$sock" status
+echo "== summary"
+python3 - "$dir" "$start" "$end" <<'PY'
+import json, sys
+d, start, end = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+rows, total = [], 0
+for a in ["coder", "researcher", "planner", "support"]:
+    s = [json.loads(l) for l in open(f"{d}/{a}.jsonl") if '"summary":true' in l]
+    if not s:
+        print(f"{a}: no summary (see {d}/{a}.err)")
+        continue
+    s = s[-1]
+    rows.append(s)
+    total += s["prompt_tokens"] + s["completion_tokens"]
+print("%-11s %6s %7s %10s %10s %12s  %s" % ("AGENT", "TURNS", "TOKENS", "PREFILL/S", "DECODE/S",
+                                              "POOL BYTES", "CACHE"))
+for s in rows:
+    print("%-11s %6d %7d %10.1f %10.1f %12d  %s" % (s["agent"], s["turns"],
+          s["prompt_tokens"] + s["completion_tokens"], s["prefill_tokens_per_s"],
+          s["decode_tokens_per_s"], s["kv_bytes"], s["cache"]))
+print(f"all agents: {total} tokens in {end - start:.1f} s wall = {total / (end - start):.1f} tokens/s")
+PY
+"$bin/polykvctl" --socket "$sock" status | head -n 4
 kill -TERM $daemon
-wait $daemon
+wait $daemon || true
 trap - EXIT
 echo "== polykvd log"
 cat "$log"
+if [ $fail -ne 0 ]; then
+  echo "some agents failed; their stderr is in $dir/*.err" >&2
+fi
 exit $fail
