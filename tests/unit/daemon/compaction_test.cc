@@ -201,6 +201,8 @@ class CompactionTest : public ::testing::Test {
 TEST_F(CompactionTest, BudgetCompactionPublishesNewEpochAndOldPagesWaitForAck) {
   SetQos("a", "window", 32);
   Sess s = Open("a");
+  auto events = pool_->Watch(s.id, s.token, peer_);
+  ASSERT_TRUE(events.ok()) << events.status();
   ASSERT_TRUE(Append(s, 30).ok());
   auto changed = Sync(s);
   ASSERT_TRUE(changed.ok()) << changed.status();
@@ -210,6 +212,11 @@ TEST_F(CompactionTest, BudgetCompactionPublishesNewEpochAndOldPagesWaitForAck) {
   ASSERT_TRUE(Sync(s, /*ack=*/false).value());
   EXPECT_EQ(s.epoch, 1u);
   EXPECT_EQ(s.committed, 32u);
+  // Watchers hear of the new epoch.
+  auto e = (*events)->Next(absl::ZeroDuration());
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->type, SessionEventMsg::Type::kEpoch);
+  EXPECT_EQ(e->epoch, 1u);
   // window keeps the most recent 32 positions, in order.
   for (uint64_t i = 0; i < s.committed; ++i) EXPECT_EQ(s.positions[i], int64_t(16 + i));
   // Window dropped block 0 exactly: the new table shares blocks 1 and 2 (no

@@ -62,3 +62,24 @@ TEST(ConfigTest, UnknownKeysAndBadValuesNameTheKey) {
 
 }  // namespace
 }  // namespace polykv::daemon
+
+namespace polykv::daemon {
+namespace {
+
+TEST(ConfigTest, PolicyBudgetAndLowWatermark) {
+  const std::string path = ::testing::TempDir() + "/polykvd_config_policy_test.yaml";
+  {
+    std::ofstream f(path);
+    f << "pool_bytes: 1GiB\nlow_watermark_bytes: 64MiB\nagents:\n"
+         "  - {agent_id: coder, policy: 'h2o{window.ratio=0.25}', budget_tokens: 4096}\n";
+  }
+  auto c = LoadConfigFile(path, DaemonConfig());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->low_watermark_bytes, 64ull << 20);
+  ASSERT_EQ(c->agents.size(), 1u);
+  EXPECT_EQ(c->agents[0].policy, "h2o{window.ratio=0.25}");
+  EXPECT_EQ(c->agents[0].budget_tokens, 4096u);
+}
+
+}  // namespace
+}  // namespace polykv::daemon
