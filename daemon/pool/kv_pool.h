@@ -9,6 +9,13 @@
 //  - a session's pages live only in its tenant's arenas;
 //  - a failed call changes no state (allocations of a failed Reserve are
 //    rolled back, arenas it created are removed again).
+//  - pages of a session are in exactly one of: its block table, its pending
+//    tables (the previous epoch, until the worker acks), its staged pages (a
+//    compaction being copied); pending bytes add up across sessions;
+//  - a session holds one slot record per committed token.
+//
+// Compaction (docs/compaction.md) runs inside Sync, the worker's step
+// boundary; its copy releases mu_ for its duration (see Compact).
 //
 // Thread-safety: all public methods are thread-safe (one mutex; shard only
 // after measuring contention).
