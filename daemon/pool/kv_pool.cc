@@ -776,6 +776,9 @@ std::vector<uint64_t> KvPool::ReclaimExpired() {
   std::vector<uint64_t> expired;
   const bool drain_over = now >= drain_evict_at_;
   for (const auto& [id, s] : sessions_) {
+    // A compacting session's worker is inside Sync (its lease was renewed
+    // there); it is looked at again after the copy.
+    if (s.compacting) continue;
     if (drain_over || now >= s.deadline) expired.push_back(id);
   }
   for (uint64_t id : expired) {
