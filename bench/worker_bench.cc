@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bench/bench_registry.h"
+#include "daemon/daemon.h"
 #include "client/worker/conversation.h"
 #include "client/worker/kv_store.h"
 #include "client/worker/paged_kv_store.h"
@@ -162,8 +163,9 @@ int Main(int argc, char** argv) {
                   "[--decode-tokens N] [--rounds R] [--threads N] [--chunk N] "
                   "[--key-format F] [--value-format F] [--model PATH]\n"
                   "Prefill and decode tokens/s with the KV cache in process memory "
-                  "(local), in process-memory pages (pages) and in polykvd's pool (pool, "
-                  "with --daemon); ratios vs local from one interleaved run.\n");
+                  "(local), in process-memory pages (pages) and in polykvd's pool (pool: "
+                  "the daemon at --daemon SOCKET, else one started in this process); "
+                  "ratios vs local from one interleaved run.\n");
       return 0;
     } else {
       std::fprintf(stderr, "worker bench: unknown option %s\n", a.c_str());
@@ -188,8 +190,28 @@ int Main(int argc, char** argv) {
   }
   prompt.resize(o.prompt_tokens);
 
-  std::vector<std::string> kinds = {"local", "pages"};
-  if (!o.daemon.empty()) kinds.push_back("pool");
+  // Without --daemon, run a polykvd in this process (host tier, metrics off)
+  // so the pool is always measured beside the local cache.
+  std::unique_ptr<daemon::Daemon> own_daemon;
+  std::string own_dir;
+  if (o.daemon.empty()) {
+    char tmpl[] = "/tmp/polykv-bench-worker-XXXXXX";
+    own_dir = mkdtemp(tmpl);
+    daemon::DaemonConfig cfg;
+    cfg.socket = own_dir + "/d.sock";
+    cfg.metrics_address = "off";
+    cfg.pool_bytes = 1ull << 30;
+    auto d = daemon::Daemon::Create(cfg);
+    absl::Status started = d.ok() ? (*d)->Start() : d.status();
+    if (!started.ok()) {
+      std::fprintf(stderr, "worker bench: cannot start an in-process polykvd: %s\n",
+                   std::string(started.message()).c_str());
+      return 1;
+    }
+    own_daemon = *std::move(d);
+    o.daemon = cfg.socket;
+  }
+  std::vector<std::string> kinds = {"local", "pages", "pool"};
   std::vector<Kind> results(kinds.size());
   for (int r = 0; r < o.rounds; ++r) {
     for (size_t k = 0; k < kinds.size(); ++k) {
@@ -229,7 +251,7 @@ int Main(int argc, char** argv) {
       out += buf;
     }
     out += "}";
-    if (o.daemon.empty()) out += ",\"pool\":null,\"note\":\"no --daemon: pool not measured\"";
+    if (own_daemon) out += ",\"daemon\":\"in-process polykvd (host tier)\"";
     out += "}";
     std::printf("%s\n", out.c_str());
   } else {
