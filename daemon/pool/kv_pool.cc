@@ -297,6 +297,16 @@ absl::StatusOr<uint32_t> KvPool::GrowTenant(Tenant& tenant) {
   return *id;
 }
 
+absl::StatusOr<PageId> KvPool::AllocGrowing(Tenant& t, uint64_t bytes,
+                                            std::vector<uint32_t>& grown) {
+  auto page = t.allocator.Alloc(bytes);
+  if (page.ok() || !absl::IsResourceExhausted(page.status())) return page;
+  auto grew = GrowTenant(t);
+  if (!grew.ok()) return grew.status();
+  grown.push_back(*grew);
+  return t.allocator.Alloc(bytes);
+}
+
 void KvPool::FreeBlock(Session& s, std::vector<PageId>& pages) {
   Tenant& t = *tenants_.at(s.tenant);
   for (size_t i = 0; i < pages.size(); ++i) {
@@ -411,16 +421,7 @@ absl::StatusOr<ReserveResult> KvPool::Reserve(uint64_t session_id, absl::string_
     pages.reserve(2 * s.profile.num_layers);
     for (uint32_t i = 0; i < 2 * s.profile.num_layers; ++i) {
       const uint64_t bytes = i % 2 ? s.value_page_bytes : s.key_page_bytes;
-      auto page = t.allocator.Alloc(bytes);
-      if (!page.ok() && absl::IsResourceExhausted(page.status())) {
-        auto grew = GrowTenant(t);
-        if (grew.ok()) {
-          grown.push_back(*grew);
-          page = t.allocator.Alloc(bytes);
-        } else {
-          page = grew.status();
-        }
-      }
+      auto page = AllocGrowing(t, bytes, grown);
       if (!page.ok()) {
         failure = page.status();
         break;
@@ -930,16 +931,7 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
     std::vector<PageId> pages;
     for (uint32_t i = 0; i < 2 * layers && shared[j] < 0; ++i) {
       const uint64_t bytes = i % 2 ? s.value_page_bytes : s.key_page_bytes;
-      auto page = t.allocator.Alloc(bytes);
-      if (!page.ok() && absl::IsResourceExhausted(page.status())) {
-        auto grew = GrowTenant(t);
-        if (grew.ok()) {
-          grown.push_back(*grew);
-          page = t.allocator.Alloc(bytes);
-        } else {
-          page = grew.status();
-        }
-      }
+      auto page = AllocGrowing(t, bytes, grown);
       if (!page.ok()) {
         failure = page.status();
         break;

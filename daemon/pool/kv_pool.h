@@ -204,6 +204,11 @@ class KvPool {
   // Adds one arena to `tenant` if the budget allows (after reclaiming empty
   // arenas of tenants without sessions). Returns the new arena id.
   absl::StatusOr<uint32_t> GrowTenant(Tenant& tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One page from the tenant's allocator, adding an arena when it is full;
+  // arenas added are appended to `grown` so a failed caller can roll back.
+  absl::StatusOr<PageId> AllocGrowing(Tenant& tenant, uint64_t bytes,
+                                      std::vector<uint32_t>& grown)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint32_t> NextArenaId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeBlock(Session& s, std::vector<PageId>& pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   BlockDesc Describe(const Session& s, uint32_t block_index) const

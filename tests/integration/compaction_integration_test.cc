@@ -17,33 +17,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "polykv/admin.h"
+#include "tests/integration/http.h"
 #include "tests/integration/subprocess.h"
 
 namespace polykv {
 namespace {
 
 using testing::BinDir;
+using testing::HttpGet;
 using testing::Subprocess;
-
-std::string HttpGet(int port, const std::string& path) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return "";
-  }
-  std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  std::string out;
-  char buf[8192];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-  close(fd);
-  return out;
-}
 
 // Value of the first sample line starting with `prefix` in a Prometheus text page.
 double Sample(const std::string& page, const std::string& prefix) {

@@ -14,12 +14,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "polykv/admin.h"
+#include "tests/integration/http.h"
 #include "tests/integration/subprocess.h"
 
 namespace polykv {
 namespace {
 
 using testing::BinDir;
+using testing::HttpGet;
 using testing::RunProgram;
 using testing::Subprocess;
 
@@ -40,26 +42,6 @@ std::set<std::string> Arenas(const std::string& json) {
   std::set<std::string> out;
   std::regex num("[0-9]+");
   for (std::sregex_iterator it(list.begin(), list.end(), num), end; it != end; ++it) out.insert(it->str());
-  return out;
-}
-
-std::string HttpGet(int port, const std::string& path) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return "";
-  }
-  std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  std::string out;
-  char buf[8192];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-  close(fd);
   return out;
 }
 
