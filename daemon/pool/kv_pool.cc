@@ -151,6 +151,18 @@ absl::StatusOr<KvPool::Session*> KvPool::Authorize(uint64_t session_id, absl::st
   return &s;
 }
 
+absl::StatusOr<KvPool::Session*> KvPool::AuthorizeMutation(uint64_t session_id,
+                                                           absl::string_view token,
+                                                           const PeerCreds& peer) {
+  auto sp = Authorize(session_id, token, peer);
+  if (!sp.ok()) return sp;
+  if ((*sp)->compacting) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", session_id, " is being compacted (a Sync is in progress); call again after it"));
+  }
+  return sp;
+}
+
 absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
   if (auto s = ValidateName("agent_id", r.agent_id, kMaxNameLen); !s.ok()) return s;
   if (auto s = ValidateName("tenant", r.tenant, kMaxTenantLen); !s.ok()) return s;
@@ -348,13 +360,9 @@ BlockDesc KvPool::Describe(const Session& s, uint32_t block_index) const {
 absl::StatusOr<ReserveResult> KvPool::Reserve(uint64_t session_id, absl::string_view token,
                                               const PeerCreds& peer, uint64_t num_tokens) {
   absl::MutexLock lock(&mu_);
-  auto sp = Authorize(session_id, token, peer);
+  auto sp = AuthorizeMutation(session_id, token, peer);
   if (!sp.ok()) return sp.status();
   Session& s = **sp;
-  if (s.compacting) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session ", session_id, " is being compacted (a Sync is in progress); call again after it"));
-  }
   if (num_tokens == 0 || num_tokens > kMaxReserveTokens) {
     return absl::InvalidArgumentError(absl::StrCat("num_tokens must be in 1..", kMaxReserveTokens,
                                                    " (got ", num_tokens, ")"));
@@ -469,13 +477,9 @@ absl::StatusOr<ReserveResult> KvPool::Reserve(uint64_t session_id, absl::string_
 absl::StatusOr<uint64_t> KvPool::Commit(uint64_t session_id, absl::string_view token,
                                         const PeerCreds& peer, uint64_t committed) {
   absl::MutexLock lock(&mu_);
-  auto sp = Authorize(session_id, token, peer);
+  auto sp = AuthorizeMutation(session_id, token, peer);
   if (!sp.ok()) return sp.status();
   Session& s = **sp;
-  if (s.compacting) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session ", session_id, " is being compacted (a Sync is in progress); call again after it"));
-  }
   if (committed < s.committed_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(
         "committed_tokens must not go back (now ", s.committed_tokens, ", got ", committed,
@@ -542,13 +546,9 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
 absl::Status KvPool::Ack(uint64_t session_id, absl::string_view token, const PeerCreds& peer,
                          uint64_t epoch) {
   absl::MutexLock lock(&mu_);
-  auto sp = Authorize(session_id, token, peer);
+  auto sp = AuthorizeMutation(session_id, token, peer);
   if (!sp.ok()) return sp.status();
   Session& s = **sp;
-  if (s.compacting) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session ", session_id, " is being compacted (a Sync is in progress); call again after it"));
-  }
   if (epoch > s.epoch || epoch < s.acked_epoch) {
     return absl::InvalidArgumentError(absl::StrCat("cannot ack epoch ", epoch, ": session is at ",
                                                    s.epoch, ", acked ", s.acked_epoch));
@@ -561,13 +561,9 @@ absl::Status KvPool::Ack(uint64_t session_id, absl::string_view token, const Pee
 absl::StatusOr<ReleaseResult> KvPool::Release(uint64_t session_id, absl::string_view token,
                                               const PeerCreds& peer, uint64_t keep_tokens) {
   absl::MutexLock lock(&mu_);
-  auto sp = Authorize(session_id, token, peer);
+  auto sp = AuthorizeMutation(session_id, token, peer);
   if (!sp.ok()) return sp.status();
   Session& s = **sp;
-  if (s.compacting) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session ", session_id, " is being compacted (a Sync is in progress); call again after it"));
-  }
   if (keep_tokens > s.reserved_tokens()) {
     return absl::InvalidArgumentError(absl::StrCat("keep_tokens ", keep_tokens,
                                                    " exceeds the reserve of ",
@@ -1071,13 +1067,9 @@ void KvPool::FreePending(Session& s) {
 absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
                                  const PeerCreds& peer, const ReportSlotsRequest& r) {
   absl::MutexLock lock(&mu_);
-  auto sp = Authorize(session_id, token, peer);
+  auto sp = AuthorizeMutation(session_id, token, peer);
   if (!sp.ok()) return sp.status();
   Session& s = **sp;
-  if (s.compacting) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session ", session_id, " is being compacted (a Sync is in progress); call again after it"));
-  }
   if (r.epoch != s.epoch) {
     return absl::FailedPreconditionError(absl::StrCat(
         "slots were reported for epoch ", r.epoch, " but the session's tables are at epoch ",

@@ -200,6 +200,11 @@ class KvPool {
   explicit KvPool(const KvPoolOptions& options);
   absl::StatusOr<Session*> Authorize(uint64_t session_id, absl::string_view token,
                                      const PeerCreds& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Authorize, and FAILED_PRECONDITION while a compaction copies the
+  // session's pages (calls that change the session must wait for it).
+  absl::StatusOr<Session*> AuthorizeMutation(uint64_t session_id, absl::string_view token,
+                                             const PeerCreds& peer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const QosRecord& QosFor(const std::string& agent_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Adds one arena to `tenant` if the budget allows (after reclaiming empty
   // arenas of tenants without sessions). Returns the new arena id.
