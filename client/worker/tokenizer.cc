@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "client/worker/utf8.h"
 
 namespace polykv::worker {
 namespace {
@@ -129,24 +130,6 @@ void ByteLevelChars(uint32_t out[256]) {
     const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) ||
                            (b >= 0xAE && b <= 0xFF);
     out[b] = printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++);
-  }
-}
-
-void AppendUtf8(uint32_t cp, std::string* s) {
-  if (cp < 0x80) {
-    s->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    s->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    s->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    s->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    s->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    s->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    s->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    s->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    s->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    s->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   }
 }
 
