@@ -69,6 +69,16 @@ class Conversation {
   // Prefills the queued tokens now; returns the last token's logits.
   absl::Status Flush(std::vector<float>* last_logits);
 
+  // A copy of this conversation (positions, turns, queued tokens, sampler)
+  // that continues on `store`, which must hold a copy of this one's cache,
+  // possibly compressed: the eval harness prefills one context and answers
+  // its question under many cache configurations.
+  Conversation Fork(KvStore* store) const {
+    Conversation c(*this);
+    c.store_ = store;
+    return c;
+  }
+
   int32_t next_position() const { return next_position_; }
   int32_t turns() const { return turn_; }
 

@@ -1,0 +1,39 @@
+// One cache configuration of the evaluation matrix, written
+// "policy@budget/formats": e.g. "h2o@0.25/K8V4", "full@1/f16",
+// "sinks+structural+intent@0.1/K2V2".
+//
+//   policy   a policies/ preset or '+'-joined composite (MakePolicy spec)
+//   budget   fraction of the context's tokens each layer keeps on average
+//            (0 < budget <= 1); "full" ignores it
+//   formats  f32 | f16 | K<k>V<v> with k, v in {8, 4, 2} (int8/int4/int2 pages).
+//            K2V2 keeps the most recent 128 slots in f16 (KIVI's residual);
+//            every format keeps the partial last page and new tokens in f16.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "kernels/page_format.h"
+
+namespace polykv::eval {
+
+struct CacheConfig {
+  std::string text;     // as written, canonical ("h2o@0.25/K8V4")
+  std::string policy;   // "full", "h2o", "sinks+structural+intent", ...
+  double budget = 1.0;
+  std::string formats;  // "f16", "K8V4", ...
+  kernels::PageFormat k_format = kernels::PageFormat::kF16;
+  kernels::PageFormat v_format = kernels::PageFormat::kF16;
+  kernels::PageFormat append_format = kernels::PageFormat::kF16;
+  int f16_tail = 0;     // residual slots kept in append_format
+  bool full() const { return policy == "full"; }
+};
+
+// InvalidArgument naming the bad part.
+absl::StatusOr<CacheConfig> ParseCacheConfig(std::string_view text);
+
+// The reference every other configuration is compared with.
+inline constexpr std::string_view kReferenceConfig = "full@1/f16";
+
+}  // namespace polykv::eval

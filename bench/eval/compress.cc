@@ -1,0 +1,132 @@
+#include "bench/eval/compress.h"
+
+#include <cmath>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "policies/tagger.h"
+
+namespace polykv::eval {
+namespace {
+
+policies::Role ToPolicyRole(worker::Role role) {
+  switch (role) {
+    case worker::Role::kSystem: return policies::Role::kSystem;
+    case worker::Role::kUser: return policies::Role::kUser;
+    case worker::Role::kAssistant: return policies::Role::kAssistant;
+    case worker::Role::kTool: return policies::Role::kToolOutput;
+  }
+  return policies::Role::kUser;
+}
+
+}  // namespace
+
+absl::StatusOr<policies::SessionView> BuildContextView(const EvalKvStore& store,
+                                                       const std::vector<std::string>& texts,
+                                                       int32_t current_turn) {
+  const auto& tokens = store.tokens();
+  if (texts.size() != tokens.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BuildContextView: ", texts.size(), " texts for ", tokens.size(), " tokens"));
+  }
+  policies::SessionView v;
+  const KvShape& shape = store.shape();
+  v.shape = kernels::PageShape{kEvalBlockTokens, shape.num_kv_heads, shape.head_dim};
+  v.current_turn = current_turn;
+  v.key_dim = shape.head_dim;
+  v.tokens.resize(tokens.size());
+  policies::StructureTagger tagger;
+  int32_t turn = -1;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    policies::TokenMeta& m = v.tokens[i];
+    m.position = tokens[i].position;
+    m.turn = tokens[i].turn;
+    m.role = ToPolicyRole(tokens[i].role);
+    if (m.turn != turn && turn >= 0) tagger.EndMessage();
+    turn = m.turn;
+    tagger.Feed(texts[i], m.role);
+  }
+  tagger.EndMessage();
+  for (size_t i = 0; i < tokens.size(); ++i) v.tokens[i].tag = tagger.tags()[i];
+
+  const std::vector<LayerScores> scores = store.Scores();
+  v.layers.resize(shape.num_layers);
+  for (int l = 0; l < shape.num_layers; ++l) {
+    policies::LayerView& lv = v.layers[l];
+    const auto& slot_tokens = store.slot_tokens(l);
+    lv.slots.resize(slot_tokens.size());
+    for (size_t s = 0; s < slot_tokens.size(); ++s) {
+      policies::Slot& slot = lv.slots[s];
+      slot.token = slot_tokens[s];
+      slot.attn = scores[l].attn[s];
+      slot.obs = scores[l].obs[s];
+      slot.intent = scores[l].intent[s];
+      slot.k_format = slot.v_format = kernels::PageFormat::kF16;
+    }
+    lv.keys = store.KeySummaries(l);
+    lv.entropy = scores[l].entropy;
+  }
+  if (absl::Status s = policies::ValidateView(v); !s.ok()) return s;
+  return v;
+}
+
+std::vector<LayerSelection> KeepAll(const EvalKvStore& store) {
+  std::vector<LayerSelection> out(store.shape().num_layers);
+  for (int l = 0; l < store.shape().num_layers; ++l) {
+    const int64_t n = store.slots(l);
+    LayerSelection& s = out[l];
+    s.offsets.resize(n + 1);
+    s.members.resize(n);
+    s.weights.assign(n, 1.f);
+    s.counts.assign(n, 1);
+    for (int64_t i = 0; i <= n; ++i) s.offsets[i] = static_cast<uint32_t>(i);
+    for (int64_t i = 0; i < n; ++i) s.members[i] = static_cast<uint32_t>(i);
+  }
+  return out;
+}
+
+absl::StatusOr<Selection> Select(const policies::Policy& policy, const policies::SessionView& view,
+                                 double budget_fraction) {
+  const int num_layers = view.num_layers();
+  int64_t per_layer = 0;
+  for (const auto& l : view.layers) per_layer = std::max<int64_t>(per_layer, l.slots.size());
+  const int64_t tokens = std::max<int64_t>(1, std::llround(budget_fraction * per_layer));
+  auto plan = policy.Decide(view, policies::Budget::TotalTokens(tokens * num_layers));
+  if (!plan.ok()) return plan.status();
+  Selection out;
+  out.layers.resize(num_layers);
+  int64_t kept = 0;
+  for (int l = 0; l < num_layers; ++l) {
+    const policies::LayerPlan& lp = plan->layers[l];
+    absl::flat_hash_map<uint32_t, const policies::MergeGroup*> by_rep;
+    for (const auto& g : lp.merges) by_rep[g.representative] = &g;
+    LayerSelection& sel = out.layers[l];
+    sel.offsets.push_back(0);
+    for (uint32_t src : policies::OutputOrder(lp)) {
+      auto it = by_rep.find(src);
+      if (it == by_rep.end()) {
+        sel.members.push_back(src);
+        sel.weights.push_back(1.f);
+        sel.counts.push_back(view.layers[l].slots[src].count);
+      } else {
+        const policies::MergeGroup& g = *it->second;
+        double sum = 0;
+        for (float w : g.weights) sum += std::max(w, 0.f);
+        for (size_t i = 0; i < g.members.size(); ++i) {
+          sel.members.push_back(g.members[i]);
+          sel.weights.push_back(sum > 0 ? static_cast<float>(std::max(g.weights[i], 0.f) / sum)
+                                        : 1.f / static_cast<float>(g.members.size()));
+        }
+        // Without the log-count bias a merged slot weighs as one token.
+        sel.counts.push_back(plan->log_count_bias ? g.count : 1);
+        ++out.merged_groups;
+      }
+      sel.offsets.push_back(static_cast<uint32_t>(sel.members.size()));
+    }
+    kept += static_cast<int64_t>(sel.counts.size());
+  }
+  out.kept_slots_mean = static_cast<double>(kept) / num_layers;
+  return out;
+}
+
+}  // namespace polykv::eval

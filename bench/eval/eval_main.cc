@@ -1,0 +1,165 @@
+// polykv-eval: answers every task's question under every cache configuration
+// and writes one JSON record per (task, configuration). Scoring, statistics
+// and plots are bench/eval/score.py and report.py; bench/eval/eval.py runs
+// the whole pipeline. See bench/eval/README.md.
+#include <cblas.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "bench/eval/cache_config.h"
+#include "bench/eval/runner.h"
+#include "bench/eval/task.h"
+#include "client/worker/conversation.h"
+#include "client/worker/json.h"
+
+namespace {
+
+using namespace polykv;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "polykv-eval: %s\n", msg.c_str());
+  return 1;
+}
+
+// Tasks already complete in an earlier run's output (every configuration
+// has a record), so an interrupted run resumes where it stopped.
+std::set<std::string> CompletedTasks(const std::string& path, size_t configs) {
+  std::ifstream in(path);
+  std::map<std::string, std::set<std::string>> seen;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto v = worker::ParseJson(line);
+    if (!v.ok() || !v->is_object()) continue;
+    const auto& o = v->obj();
+    auto t = o.find("file"), c = o.find("config");
+    if (t == o.end() || c == o.end() || !t->second.is_string() || !c->second.is_string()) continue;
+    seen[t->second.str()].insert(c->second.str());
+  }
+  std::set<std::string> done;
+  for (const auto& [task, cs] : seen) {
+    if (cs.size() >= configs) done.insert(task);
+  }
+  return done;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"polykv-eval: task answers under cache configurations (policy x budget x K/V formats)"};
+  std::vector<std::string> task_paths;
+  std::string configs_text, configs_file, out_path, model_path = worker::DefaultModelPath();
+  int threads = 2, prefill_chunk = 128, default_max_new = 64, limit = 0;
+  bool resume = false;
+  app.add_option("--tasks", task_paths, "task files (*.jsonl) or directories of them")->required();
+  app.add_option("--configs", configs_text,
+                 "comma-separated configurations policy@budget/formats, e.g. "
+                 "h2o@0.25/K8V4,full@1/f16 (full@1/f16, the reference, always runs)");
+  app.add_option("--configs-file", configs_file, "one configuration per line (# comments)");
+  app.add_option("--out", out_path, "JSONL result records (appended with --resume)")->required();
+  app.add_option("--model", model_path, "GGUF model file")->capture_default_str();
+  app.add_option("--threads", threads, "configurations answered concurrently (BLAS threads for the shared prefill)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--prefill-chunk", prefill_chunk, "tokens per prefill step")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--max-new-tokens", default_max_new, "cap for turns that set none")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--limit", limit, "run at most this many tasks (0 = all)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--resume", resume, "skip tasks --out already holds every configuration of");
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<eval::CacheConfig> configs;
+  std::vector<std::string> texts = absl::StrSplit(configs_text, ',', absl::SkipWhitespace());
+  if (!configs_file.empty()) {
+    std::ifstream in(configs_file);
+    if (!in) return Fail(absl::StrCat(configs_file, ": cannot read"));
+    std::string line;
+    while (std::getline(in, line)) {
+      const absl::string_view l = absl::StripAsciiWhitespace(line);
+      if (l.empty() || l[0] == '#') continue;
+      texts.emplace_back(l);
+    }
+  }
+  std::set<std::string> unique;
+  for (const std::string& t : texts) {
+    const absl::string_view stripped = absl::StripAsciiWhitespace(t);
+    auto c = eval::ParseCacheConfig(std::string_view(stripped.data(), stripped.size()));
+    if (!c.ok()) return Fail(std::string(c.status().message()));
+    if (unique.insert(c->text).second) configs.push_back(*c);
+  }
+  unique.insert(std::string(eval::kReferenceConfig));
+
+  auto files = eval::ListTaskFiles(task_paths);
+  if (!files.ok()) return Fail(std::string(files.status().message()));
+  if (limit > 0 && files->size() > static_cast<size_t>(limit)) files->resize(limit);
+  std::vector<eval::Task> tasks;
+  for (const std::string& f : *files) {
+    std::ifstream in(f);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (!in) return Fail(absl::StrCat(f, ": cannot read"));
+    auto t = eval::ParseTask(f, ss.str(), default_max_new);
+    if (!t.ok()) return Fail(std::string(t.status().message()));
+    tasks.push_back(std::move(*t));
+  }
+
+  const std::set<std::string> done = resume ? CompletedTasks(out_path, unique.size()) : std::set<std::string>{};
+  std::FILE* out = std::fopen(out_path.c_str(), resume ? "a" : "w");
+  if (out == nullptr) return Fail(absl::StrCat(out_path, ": cannot write"));
+
+  std::fprintf(stderr, "polykv-eval: loading %s\n", model_path.c_str());
+  auto model = worker::LoadModel(model_path);
+  if (!model.ok()) {
+    return Fail(absl::StrCat(model.status().message(), " (fetch it with: bash scripts/fetch-model.sh)"));
+  }
+  std::fprintf(stderr, "polykv-eval: %zu tasks x %zu configurations, %d threads\n", tasks.size(),
+               unique.size(), threads);
+  const double t_start = Now();
+  eval::RunnerOptions ro;
+  ro.threads = threads;
+  ro.prefill_chunk = prefill_chunk;
+  int failed = 0;
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const eval::Task& task = tasks[i];
+    if (done.count(task.file)) {
+      std::fprintf(stderr, "[%zu/%zu] %s: already in %s, skipped\n", i + 1, tasks.size(),
+                   task.id.c_str(), out_path.c_str());
+      continue;
+    }
+    const double t0 = Now();
+    auto records = eval::RunTask(**model, task, configs, ro, [&](const eval::TaskProgress& p) {
+      std::fprintf(stderr, "\r[%zu/%zu] %s: %s %d/%d (%.0f s)   ", i + 1, tasks.size(),
+                   task.id.c_str(), p.stage.c_str(), p.done, p.total, Now() - t0);
+      std::fflush(stderr);
+    });
+    if (!records.ok()) {
+      ++failed;
+      std::fprintf(stderr, "\n[%zu/%zu] %s FAILED: %s\n", i + 1, tasks.size(), task.id.c_str(),
+                   std::string(records.status().message()).c_str());
+      continue;
+    }
+    for (const std::string& r : *records) std::fprintf(out, "%s\n", r.c_str());
+    std::fflush(out);
+    const double elapsed = Now() - t_start;
+    std::fprintf(stderr, "\r[%zu/%zu] %s: %zu records in %.0f s; elapsed %.0f s, ~%.0f s left\n",
+                 i + 1, tasks.size(), task.id.c_str(), records->size(), Now() - t0, elapsed,
+                 elapsed / static_cast<double>(i + 1) * static_cast<double>(tasks.size() - i - 1));
+  }
+  std::fclose(out);
+  std::fprintf(stderr, "polykv-eval: wrote %s (%d tasks failed) in %.0f s\n", out_path.c_str(),
+               failed, Now() - t_start);
+  return failed == 0 ? 0 : 2;
+}

@@ -1,0 +1,251 @@
+#include "bench/eval/runner.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/eval/compress.h"
+#include "bench/eval/eval_kv_store.h"
+#include "client/worker/json.h"
+
+namespace polykv::eval {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string Num(double v) { return absl::StrFormat("%.6g", v); }
+
+// The most recent f32 window queries SnapKV observes (its paper's default).
+constexpr int kObservationWindow = 32;
+
+struct Outcome {
+  absl::Status status;
+  std::vector<int32_t> tokens;
+  std::string text, stop;
+  int question_tokens = 0;
+  int64_t bytes_context = 0, bytes_peak = 0;
+  double kept_slots_mean = 0, compaction_ms = 0, decode_tps = 0;
+  int64_t merged_groups = 0;
+};
+
+struct Agreement {
+  double prefix = 0, token = 0;
+};
+
+Agreement Compare(const std::vector<int32_t>& ref, const std::vector<int32_t>& out) {
+  if (ref.empty() && out.empty()) return {1, 1};
+  size_t prefix = 0;
+  while (prefix < ref.size() && prefix < out.size() && ref[prefix] == out[prefix]) ++prefix;
+  size_t same = 0;
+  for (size_t i = 0; i < std::min(ref.size(), out.size()); ++i) same += ref[i] == out[i];
+  // Extra tokens past the reference count as disagreement too.
+  const double denom = static_cast<double>(std::max(ref.size(), out.size()));
+  return {ref.empty() ? 0.0 : static_cast<double>(prefix) / static_cast<double>(ref.size()),
+          static_cast<double>(same) / denom};
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> RunTask(
+    const worker::LoadedModel& model, const Task& task, const std::vector<CacheConfig>& configs_in,
+    const RunnerOptions& options, const std::function<void(const TaskProgress&)>& progress) {
+  const worker::ModelConfig& mc = model.model->config();
+  const int threads = std::max(1, options.threads);
+
+  std::vector<CacheConfig> configs;
+  auto ref = ParseCacheConfig(kReferenceConfig);
+  if (!ref.ok()) return ref.status();
+  configs.push_back(*ref);
+  for (const CacheConfig& c : configs_in) {
+    if (c.text != ref->text) configs.push_back(c);
+  }
+  std::map<std::string, std::unique_ptr<policies::Policy>> policy_by_name;
+  for (const CacheConfig& c : configs) {
+    if (c.full() || policy_by_name.count(c.policy)) continue;
+    auto p = policies::MakePolicy(c.policy);
+    if (!p.ok()) return p.status();
+    policy_by_name[c.policy] = std::move(*p);
+  }
+
+  // 1. The shared prefill: full f32 cache, scores captured.
+  openblas_set_num_threads(threads);
+  EvalKvStoreOptions base_options;
+  base_options.shape = mc.kv_shape();
+  base_options.append_format = kernels::PageFormat::kF32;
+  base_options.capture_scores = true;
+  base_options.obs_window = kObservationWindow;
+  auto base_or = EvalKvStore::Create(base_options);
+  if (!base_or.ok()) return base_or.status();
+  EvalKvStore& base = **base_or;
+  worker::ConversationOptions copts;
+  copts.prefill_chunk = options.prefill_chunk;
+  worker::Conversation conv(&model, &base, copts);
+  if (progress) progress({"prefill", 0, 1});
+  const double t0 = Now();
+  for (const TaskMessage& m : task.context) {
+    absl::Status s = m.generate ? conv.Generate(m.max_new_tokens, m.intent).status()
+                                : conv.AddMessage(m.role, m.content, m.intent);
+    if (!s.ok()) return s;
+  }
+  std::vector<float> logits;
+  if (absl::Status s = conv.Flush(&logits); !s.ok()) return s;
+  const double prefill_s = Now() - t0;
+  const int64_t context_tokens = base.num_slots();
+  if (context_tokens + 64 > mc.context_length) {
+    return absl::InvalidArgumentError(absl::StrCat(task.file, ": context of ", context_tokens,
+                                                   " tokens leaves no room in the model's ",
+                                                   mc.context_length));
+  }
+
+  // 2. The intent probe: the next turn's plan step as queries over the
+  // context (IntentKV relevance), not cached.
+  if (!task.generation.intent.empty()) {
+    const std::vector<int32_t> ids = model.tokenizer->Encode(task.generation.intent, false);
+    std::vector<worker::TokenMeta> probe;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      probe.push_back({ids[i], static_cast<int32_t>(conv.next_position() + i), conv.turns(),
+                       worker::Role::kAssistant});
+    }
+    base.set_probe(true);
+    if (!probe.empty()) {
+      if (absl::Status s = model.model->Forward(probe, &base, &logits); !s.ok()) return s;
+    }
+    base.set_probe(false);
+  }
+
+  // 3. The view every policy decides on.
+  std::vector<std::string> texts;
+  texts.reserve(base.tokens().size());
+  for (const worker::TokenMeta& t : base.tokens()) {
+    const int32_t id = t.token_id;
+    texts.push_back(model.tokenizer->Decode(std::span(&id, 1), /*skip_special=*/true));
+  }
+  const int32_t answer_turn = conv.turns() + (task.has_question ? 1 : 0);
+  auto view = BuildContextView(base, texts, answer_turn);
+  if (!view.ok()) return view.status();
+
+  // 4. Every configuration from the one prefill.
+  const auto run = [&](const CacheConfig& c) {
+    Outcome o;
+    const double tc = Now();
+    Selection sel;
+    if (c.full()) {
+      sel.layers = KeepAll(base);
+      sel.kept_slots_mean = static_cast<double>(context_tokens);
+    } else {
+      auto s = Select(*policy_by_name.at(c.policy), *view, c.budget);
+      if (!s.ok()) {
+        o.status = s.status();
+        return o;
+      }
+      sel = std::move(*s);
+    }
+    EvalKvStoreOptions so;
+    so.shape = mc.kv_shape();
+    so.append_format = c.append_format;
+    auto store = EvalKvStore::Compact(base, sel.layers, c.k_format, c.v_format, c.f16_tail, so);
+    if (!store.ok()) {
+      o.status = store.status();
+      return o;
+    }
+    o.compaction_ms = (Now() - tc) * 1e3;
+    o.kept_slots_mean = sel.kept_slots_mean;
+    o.merged_groups = sel.merged_groups;
+    o.bytes_context = (*store)->bytes();
+    worker::Conversation fork = conv.Fork(store->get());
+    if (task.has_question) {
+      o.status = fork.AddMessage(task.question.role, task.question.content, task.question.intent);
+      if (!o.status.ok()) return o;
+    }
+    auto r = fork.Generate(task.generation.max_new_tokens, task.generation.intent);
+    if (!r.ok()) {
+      o.status = r.status();
+      return o;
+    }
+    o.tokens = r->tokens;
+    o.text = r->text;
+    o.stop = r->stop;
+    o.question_tokens = r->prompt_tokens;
+    o.bytes_peak = (*store)->bytes();
+    o.decode_tps = r->decode_seconds > 0 ? r->decode_steps / r->decode_seconds : 0;
+    return o;
+  };
+
+  std::vector<Outcome> outcomes(configs.size());
+  outcomes[0] = run(configs[0]);
+  if (!outcomes[0].status.ok()) return outcomes[0].status;
+  if (progress) progress({"config", 1, static_cast<int>(configs.size())});
+  // Each configuration on one thread; BLAS single-threaded under them.
+  openblas_set_num_threads(1);
+  std::atomic<size_t> next{1};
+  std::atomic<int> done{1};
+  std::mutex mu;
+  const auto worker_loop = [&] {
+    for (size_t i = next++; i < configs.size(); i = next++) {
+      outcomes[i] = run(configs[i]);
+      const int d = ++done;
+      if (progress) {
+        std::lock_guard<std::mutex> lock(mu);
+        progress({"config", d, static_cast<int>(configs.size())});
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker_loop);
+  worker_loop();
+  for (auto& t : pool) t.join();
+
+  const kernels::PageShape ps{kEvalBlockTokens, mc.num_kv_heads, mc.head_dim};
+  const double bytes_per_token_f16 =
+      static_cast<double>(kernels::PageBytes(kernels::PageFormat::kF16, kernels::KvKind::kKey, ps) +
+                          kernels::PageBytes(kernels::PageFormat::kF16, kernels::KvKind::kValue, ps)) *
+      mc.num_layers / kEvalBlockTokens;
+  const Outcome& reference = outcomes[0];
+  std::vector<std::string> records;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const CacheConfig& c = configs[i];
+    const Outcome& o = outcomes[i];
+    std::string rec = absl::StrCat(
+        "{\"task\":", worker::JsonQuote(task.id), ",\"family\":", worker::JsonQuote(task.family),
+        ",\"file\":", worker::JsonQuote(task.file), ",\"config\":", worker::JsonQuote(c.text),
+        ",\"policy\":", worker::JsonQuote(c.policy), ",\"budget\":", Num(c.budget),
+        ",\"formats\":", worker::JsonQuote(c.formats), ",\"k_format\":\"",
+        std::string(kernels::FormatShortName(c.k_format)), "\",\"v_format\":\"",
+        std::string(kernels::FormatShortName(c.v_format)), "\",\"context_tokens\":", context_tokens,
+        ",\"prefill_tokens_per_s\":", Num(context_tokens / std::max(prefill_s, 1e-9)),
+        ",\"bytes_per_token_f16\":", Num(bytes_per_token_f16),
+        ",\"bytes_full_f16\":", reference.bytes_peak, ",\"eval\":", task.eval_json);
+    if (!o.status.ok()) {
+      absl::StrAppend(&rec, ",\"error\":", worker::JsonQuote(o.status.ToString()), "}");
+      records.push_back(std::move(rec));
+      continue;
+    }
+    const Agreement a = Compare(reference.tokens, o.tokens);
+    std::string ids;
+    for (size_t t = 0; t < o.tokens.size(); ++t) absl::StrAppend(&ids, t ? "," : "", o.tokens[t]);
+    absl::StrAppend(
+        &rec, ",\"question_tokens\":", o.question_tokens, ",\"kept_slots_mean\":",
+        Num(o.kept_slots_mean), ",\"merged_groups\":", o.merged_groups,
+        ",\"bytes_context\":", o.bytes_context, ",\"bytes_peak\":", o.bytes_peak,
+        ",\"bytes_mean\":", Num((o.bytes_context + o.bytes_peak) / 2.0), ",\"bytes_fraction\":",
+        Num(static_cast<double>(o.bytes_peak) / std::max<int64_t>(1, reference.bytes_peak)),
+        ",\"output\":", worker::JsonQuote(o.text), ",\"output_tokens\":[", ids,
+        "],\"stop\":", worker::JsonQuote(o.stop), ",\"ref_tokens_len\":", reference.tokens.size(),
+        ",\"prefix_agreement\":", Num(a.prefix), ",\"token_agreement\":", Num(a.token),
+        ",\"decode_tokens_per_s\":", Num(o.decode_tps), ",\"compaction_ms\":", Num(o.compaction_ms),
+        "}");
+    records.push_back(std::move(rec));
+  }
+  return records;
+}
+
+}  // namespace polykv::eval

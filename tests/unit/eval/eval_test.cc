@@ -1,0 +1,322 @@
+// The evaluation harness's cache and plumbing: EvalKvStore attends exactly as
+// the worker's dense cache does, compaction and formats change what they
+// should and nothing else, captured scores add up, and a whole task run over
+// the full f32 cache answers exactly as the worker's own conversation does.
+#include <cmath>
+#include <random>
+
+#include "bench/eval/cache_config.h"
+#include "bench/eval/compress.h"
+#include "bench/eval/eval_kv_store.h"
+#include "bench/eval/runner.h"
+#include "bench/eval/task.h"
+#include "client/worker/json.h"
+#include "client/worker/kv_store.h"
+#include "gtest/gtest.h"
+#include "kernels/page_format.h"
+#include "tests/unit/worker/test_util.h"
+
+namespace polykv::eval {
+namespace {
+
+constexpr worker::KvShape kShape{2, 2, 32};
+constexpr int kHeads = 4;
+constexpr int64_t kRow = 2 * 32;
+
+struct Step {
+  std::vector<worker::TokenMeta> meta;
+  std::vector<float> k, v, q;  // per layer, concatenated
+};
+
+Step RandomStep(std::mt19937& rng, int n, int first_pos) {
+  std::normal_distribution<float> d(0.f, 1.f);
+  Step s;
+  for (int i = 0; i < n; ++i) s.meta.push_back({i, first_pos + i, 0, worker::Role::kUser});
+  s.k.resize(kShape.num_layers * n * kRow);
+  s.v.resize(s.k.size());
+  s.q.resize(kShape.num_layers * n * kHeads * kShape.head_dim);
+  for (auto* vec : {&s.k, &s.v, &s.q}) {
+    for (float& x : *vec) x = d(rng);
+  }
+  return s;
+}
+
+// Runs one step; returns the attention outputs of every layer.
+std::vector<float> RunStep(worker::KvStore& store, const Step& s) {
+  const int n = static_cast<int>(s.meta.size());
+  const int64_t qsz = int64_t{n} * kHeads * kShape.head_dim;
+  std::vector<float> out(kShape.num_layers * qsz);
+  EXPECT_TRUE(store.BeginStep(s.meta).ok());
+  for (int l = 0; l < kShape.num_layers; ++l) {
+    EXPECT_TRUE(store.Append(l, s.k.data() + l * n * kRow, s.v.data() + l * n * kRow).ok());
+    EXPECT_TRUE(store.Attend(l, kHeads, s.q.data() + l * qsz, out.data() + l * qsz).ok());
+  }
+  EXPECT_TRUE(store.EndStep().ok());
+  return out;
+}
+
+std::unique_ptr<EvalKvStore> NewStore(bool capture, kernels::PageFormat append = kernels::PageFormat::kF32) {
+  EvalKvStoreOptions o;
+  o.shape = kShape;
+  o.capture_scores = capture;
+  o.obs_window = 8;
+  o.append_format = append;
+  auto s = EvalKvStore::Create(o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return std::move(*s);
+}
+
+void ExpectNear(const std::vector<float>& a, const std::vector<float>& b, float tol) {
+  ASSERT_EQ(a.size(), b.size());
+  float worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  EXPECT_LE(worst, tol);
+}
+
+TEST(EvalKvStore, AttendsLikeTheWorkersDenseCache) {
+  worker::LocalKvStoreOptions lo;
+  lo.shape = kShape;
+  lo.attention = worker::LocalAttention::kBlas;
+  auto local = worker::LocalKvStore::Create(lo);
+  ASSERT_TRUE(local.ok());
+  auto eval = NewStore(true);
+  std::mt19937 rng(7);
+  int pos = 0;
+  for (int n : {5, 17, 1, 1, 9}) {
+    const Step s = RandomStep(rng, n, pos);
+    pos += n;
+    ExpectNear(RunStep(**local, s), RunStep(*eval, s), 1e-5f);
+  }
+  EXPECT_EQ(eval->num_slots(), pos);
+  EXPECT_EQ(eval->tokens().size(), static_cast<size_t>(pos));
+}
+
+TEST(EvalKvStore, CapturedMassAddsUpToOnePerQueryAndHead) {
+  auto store = NewStore(true);
+  std::mt19937 rng(3);
+  int pos = 0;
+  for (int n : {12, 12, 1}) {
+    RunStep(*store, RandomStep(rng, n, pos));
+    pos += n;
+  }
+  const auto scores = store->Scores();
+  ASSERT_EQ(scores.size(), 2u);
+  for (const LayerScores& s : scores) {
+    double attn = 0, obs = 0;
+    for (float x : s.attn) attn += x;
+    for (float x : s.obs) obs += x;
+    EXPECT_NEAR(attn, static_cast<double>(pos) * kHeads, 1e-3);  // every query of every head
+    EXPECT_NEAR(obs, 8.0 * kHeads, 1e-3);            // the 8 window queries
+    EXPECT_GT(s.entropy, 0.f);
+    EXPECT_LT(s.entropy, std::log(static_cast<float>(pos)) + 1e-4f);
+  }
+}
+
+TEST(EvalKvStore, ProbeScoresWithoutCaching) {
+  auto store = NewStore(true);
+  std::mt19937 rng(5);
+  RunStep(*store, RandomStep(rng, 20, 0));
+  const Step next = RandomStep(rng, 1, 24);
+  auto twin = EvalKvStore::Compact(*store, KeepAll(*store), kernels::PageFormat::kF32,
+                                   kernels::PageFormat::kF32, 0, {kShape, kernels::PageFormat::kF32});
+  ASSERT_TRUE(twin.ok());
+  store->set_probe(true);
+  RunStep(*store, RandomStep(rng, 4, 20));
+  store->set_probe(false);
+  EXPECT_EQ(store->num_slots(), 20);
+  double intent = 0;
+  const std::vector<LayerScores> scores = store->Scores();
+  for (float x : scores[0].intent) intent += x;
+  EXPECT_GT(intent, 0.0);
+  EXPECT_LE(intent, 4.0 * kHeads + 1e-3);  // the probe's own rows take the rest
+  ExpectNear(RunStep(*store, next), RunStep(**twin, next), 1e-6f);
+}
+
+TEST(EvalKvStore, MergingIdenticalSlotsWithCountBiasKeepsAttention) {
+  auto store = NewStore(false);
+  std::mt19937 rng(11);
+  Step s = RandomStep(rng, 6, 0);
+  // Slots 2 and 3 identical in every layer.
+  for (int l = 0; l < kShape.num_layers; ++l) {
+    for (int64_t i = 0; i < kRow; ++i) {
+      s.k[(l * 6 + 3) * kRow + i] = s.k[(l * 6 + 2) * kRow + i];
+      s.v[(l * 6 + 3) * kRow + i] = s.v[(l * 6 + 2) * kRow + i];
+    }
+  }
+  RunStep(*store, s);
+  std::vector<LayerSelection> sel(kShape.num_layers);
+  for (auto& l : sel) {
+    l.offsets = {0, 1, 2, 4, 5, 6};
+    l.members = {0, 1, 2, 3, 4, 5};
+    l.weights = {1, 1, 0.5f, 0.5f, 1, 1};
+    l.counts = {1, 1, 2, 1, 1};
+  }
+  auto merged = EvalKvStore::Compact(*store, sel, kernels::PageFormat::kF32,
+                                     kernels::PageFormat::kF32, 0, {kShape, kernels::PageFormat::kF32});
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_EQ((*merged)->num_slots(), 5);
+  const Step q = RandomStep(rng, 1, 6);
+  ExpectNear(RunStep(*store, q), RunStep(**merged, q), 1e-5f);
+  // Without the bias the merged slot weighs as one token: attention changes.
+  for (auto& l : sel) l.counts = {1, 1, 1, 1, 1};
+  auto unbiased = EvalKvStore::Compact(*store, sel, kernels::PageFormat::kF32,
+                                       kernels::PageFormat::kF32, 0, {kShape, kernels::PageFormat::kF32});
+  ASSERT_TRUE(unbiased.ok());
+  const Step q2 = RandomStep(rng, 1, 7);
+  auto a = RunStep(**merged, q2), b = RunStep(**unbiased, q2);
+  float diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(a[i] - b[i]));
+  EXPECT_GT(diff, 1e-4f);
+}
+
+TEST(EvalKvStore, FormatsCostTheirPagesAndKeepTheResidualExact) {
+  auto store = NewStore(false);
+  std::mt19937 rng(2);
+  RunStep(*store, RandomStep(rng, 40, 0));  // 2 full pages + 8 slots
+  const kernels::PageShape ps{kEvalBlockTokens, kShape.num_kv_heads, kShape.head_dim};
+  const auto page = [&](kernels::PageFormat f, kernels::KvKind k) {
+    return static_cast<int64_t>(kernels::PageBytes(f, k, ps));
+  };
+  const auto f16 = kernels::PageFormat::kF16, i4 = kernels::PageFormat::kInt4;
+  const int64_t f16_pair = page(f16, kernels::KvKind::kKey) + page(f16, kernels::KvKind::kValue);
+  const int64_t i4_pair = page(i4, kernels::KvKind::kKey) + page(i4, kernels::KvKind::kValue);
+
+  auto full16 = EvalKvStore::Compact(*store, KeepAll(*store), f16, f16, 0, {kShape, f16});
+  ASSERT_TRUE(full16.ok());
+  EXPECT_EQ((*full16)->bytes(), kShape.num_layers * 3 * f16_pair);
+  auto k4v4 = EvalKvStore::Compact(*store, KeepAll(*store), i4, i4, 0, {kShape, f16});
+  ASSERT_TRUE(k4v4.ok());
+  EXPECT_EQ((*k4v4)->bytes(), kShape.num_layers * (2 * i4_pair + f16_pair));
+  // A residual of 20 slots: only the first page is int4.
+  auto tail = EvalKvStore::Compact(*store, KeepAll(*store), i4, i4, 20, {kShape, f16});
+  ASSERT_TRUE(tail.ok());
+  EXPECT_EQ((*tail)->bytes(), kShape.num_layers * (i4_pair + 2 * f16_pair));
+  // int4 pages change attention more than f16 rounding does.
+  const Step q = RandomStep(rng, 1, 40);
+  const auto exact = RunStep(*store, q);
+  const auto err = [&](worker::KvStore& s) {
+    const auto o = RunStep(s, q);
+    double e = 0;
+    for (size_t i = 0; i < o.size(); ++i) e = std::max(e, double{std::abs(o[i] - exact[i])});
+    return e;
+  };
+  const double e16 = err(**full16), e4 = err(**k4v4);
+  EXPECT_GT(e16, 0.0);
+  EXPECT_LT(e16, 1e-2);
+  EXPECT_GT(e4, e16);
+  // Appends go through the append format.
+  EXPECT_EQ((*full16)->slots(0), 41);
+  EXPECT_EQ((*full16)->slots(1), 41);
+}
+
+TEST(EvalKvStore, CompactRefusesBadSelections) {
+  auto store = NewStore(false);
+  std::mt19937 rng(1);
+  RunStep(*store, RandomStep(rng, 4, 0));
+  std::vector<LayerSelection> one(1);
+  EXPECT_FALSE(EvalKvStore::Compact(*store, one, kernels::PageFormat::kF16, kernels::PageFormat::kF16,
+                                    0, {kShape, kernels::PageFormat::kF16}).ok());
+  auto sel = KeepAll(*store);
+  sel[1].members[3] = 9;  // past the layer
+  EXPECT_FALSE(EvalKvStore::Compact(*store, sel, kernels::PageFormat::kF16, kernels::PageFormat::kF16,
+                                    0, {kShape, kernels::PageFormat::kF16}).ok());
+}
+
+TEST(CacheConfig, ParsesAndNamesTheBadPart) {
+  auto c = ParseCacheConfig("sinks+structural+intent@0.10/K2V2");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->text, "sinks+structural+intent@0.1/K2V2");
+  EXPECT_EQ(c->k_format, kernels::PageFormat::kInt2);
+  EXPECT_EQ(c->f16_tail, 128);
+  auto f = ParseCacheConfig("full@0.3/f32");
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->text, "full@1/f32");
+  EXPECT_EQ(ParseCacheConfig("h2o@0.25/K8V4")->f16_tail, 0);
+  for (const char* bad : {"h2o", "h2o@0/f16", "h2o@1.5/f16", "h2o@x/f16", "h2o@0.5/K3V4", "@0.5/f16"}) {
+    auto r = ParseCacheConfig(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find(bad), std::string::npos) << r.status();
+  }
+}
+
+TEST(Task, SplitsContextQuestionAndTurnUnderTest) {
+  const std::string text =
+      R"({"role":"system","content":"s"})" "\n"
+      R"({"role":"user","content":"fact"})" "\n"
+      R"({"role":"assistant"})" "\n"
+      R"({"role":"user","content":"q?"})" "\n"
+      R"({"role":"assistant","id":"t1","max_new_tokens":7,"intent":"reply","eval":{"family":"recall","answers":["x"]}})" "\n";
+  auto t = ParseTask("/x/f.jsonl", text, 64);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->id, "t1");
+  EXPECT_EQ(t->family, "recall");
+  ASSERT_EQ(t->context.size(), 3u);
+  EXPECT_TRUE(t->context[2].generate);  // an earlier generated turn stays context
+  EXPECT_TRUE(t->has_question);
+  EXPECT_EQ(t->question.content, "q?");
+  EXPECT_EQ(t->generation.max_new_tokens, 7);
+  EXPECT_EQ(t->generation.intent, "reply");
+  auto eval = worker::ParseJson(t->eval_json);
+  ASSERT_TRUE(eval.ok()) << t->eval_json;
+  EXPECT_TRUE(eval->is_object());
+
+  auto bad = ParseTask("f.jsonl", R"({"role":"user","content":"a"})" "\n" R"({"role":"user"})", 64);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("f.jsonl:2"), std::string::npos) << bad.status();
+  EXPECT_FALSE(ParseTask("f.jsonl", R"({"role":"user","content":"a"})", 64).ok());
+}
+
+TEST(RunTask, FullF32CacheAnswersAsTheWorkerDoes) {
+  POLYKV_REQUIRE_MODEL();
+  const std::string text =
+      R"({"role":"system","content":"You are a support agent. Answer briefly."})" "\n"
+      R"({"role":"user","content":"My name is Alice and my order number is ORD-48213."})" "\n"
+      R"({"role":"assistant","content":"Noted, Alice: order ORD-48213."})" "\n"
+      R"({"role":"tool","content":"shipping status: delayed at the hub, new date Tuesday"})" "\n"
+      R"({"role":"user","content":"What is my order number?"})" "\n"
+      R"({"role":"assistant","id":"t","max_new_tokens":12,"intent":"reply: the order number"})" "\n";
+  auto task = ParseTask("t.jsonl", text, 64);
+  ASSERT_TRUE(task.ok());
+
+  // The worker's own path: a dense f32 cache, the same messages.
+  worker::LocalKvStoreOptions lo;
+  lo.shape = model->model->config().kv_shape();
+  lo.attention = worker::LocalAttention::kBlas;
+  auto local = worker::LocalKvStore::Create(lo);
+  ASSERT_TRUE(local.ok());
+  worker::ConversationOptions co;
+  co.prefill_chunk = 128;
+  worker::Conversation conv(model, local->get(), co);
+  for (const TaskMessage& m : task->context) ASSERT_TRUE(conv.AddMessage(m.role, m.content, m.intent).ok());
+  ASSERT_TRUE(conv.AddMessage(task->question.role, task->question.content).ok());
+  auto want = conv.Generate(12);
+  ASSERT_TRUE(want.ok());
+
+  std::vector<CacheConfig> configs;
+  for (const char* c : {"full@1/f32", "window@0.5/f16", "hybrid@0.25/K4V4"}) configs.push_back(*ParseCacheConfig(c));
+  RunnerOptions ro;
+  ro.threads = 2;
+  auto records = RunTask(*model, *task, configs, ro);
+  ASSERT_TRUE(records.ok()) << records.status();
+  ASSERT_EQ(records->size(), 4u);  // the reference first
+  std::vector<worker::JsonValue> rec;
+  for (const auto& r : *records) {
+    auto v = worker::ParseJson(r);
+    ASSERT_TRUE(v.ok()) << r;
+    rec.push_back(*v);
+  }
+  const auto field = [](const worker::JsonValue& v, const char* k) { return v.obj().at(k); };
+  EXPECT_EQ(field(rec[0], "config").str(), "full@1/f16");
+  EXPECT_EQ(field(rec[0], "token_agreement").num(), 1.0);
+  EXPECT_EQ(field(rec[0], "bytes_fraction").num(), 1.0);
+  EXPECT_EQ(field(rec[1], "config").str(), "full@1/f32");
+  EXPECT_EQ(field(rec[1], "output").str(), want->text);
+  EXPECT_NEAR(field(rec[1], "bytes_fraction").num(), 2.0, 1e-9);
+  // Compressed configurations hold less.
+  EXPECT_LT(field(rec[2], "bytes_fraction").num(), 0.75);
+  EXPECT_LT(field(rec[3], "bytes_fraction").num(), field(rec[2], "bytes_fraction").num());
+  EXPECT_GT(field(rec[0], "context_tokens").num(), 40);
+}
+
+}  // namespace
+}  // namespace polykv::eval
