@@ -466,7 +466,8 @@ def main(argv=None) -> int:
         f.write("\n")
 
     step("report: report.py")
-    run([report_py, os.path.join(EVAL_DIR, "report.py"), out], "report.py", capture=True)
+    run([report_py, os.path.join(EVAL_DIR, "report.py"), "--quiet", out], "report.py",
+        capture=True)
     report_md = os.path.join(out, "report.md")
     summary = ""
     try:

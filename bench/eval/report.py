@@ -645,8 +645,8 @@ class Analyzer:
         parts = []
         if a.reference:
             rs = a.per_config[a.reference]["success"]
-            parts.append(f"The reference {a.reference} solves {fmt_est(rs)} of "
-                         f"{rs.n} scored tasks.")
+            parts.append(f"The reference {a.reference} has raw success {fmt_est(rs)} over "
+                         f"{rs.n} scored task{'s' if rs.n != 1 else ''}.")
         for w in a.winners[-1:]:
             if w.get("winner"):
                 parts.append(f"At the smallest budget ({pct(w['budget'])}) the best f16 policy is "
@@ -1057,7 +1057,11 @@ def render_markdown(a: Analysis, plots: dict) -> str:
             else:
                 row.append(fmt(pf[fam]["success"].value, 2))
         rows.append(row)
-    L += md_table(["config"] + a.families, rows)
+    fam_n = {}
+    for c in a.configs.values():
+        for t, r in c.records.items():
+            fam_n.setdefault(r.get("family") or "?", set()).add(t)
+    L += md_table(["config"] + [f"{f} (n={len(fam_n.get(f, ()))})" for f in a.families], rows)
     if a.reference and a.reference in a.per_config:
         pf = a.per_config[a.reference]["per_family"]
         L += ["", "Reference raw success per family with 95% CI: "
@@ -1157,10 +1161,11 @@ def main(argv=None) -> int:
     ap.add_argument("--resamples", type=int, default=stats.DEFAULT_RESAMPLES)
     ap.add_argument("--seed", type=int, default=stats.DEFAULT_SEED)
     ap.add_argument("--no-plots", action="store_true", help="tables and answers only")
+    ap.add_argument("--quiet", action="store_true", help="no summary paragraph on stderr")
     args = ap.parse_args(argv)
     a = write_report(args.results_dir, args.resamples, args.seed, not args.no_plots)
     print(os.path.join(args.results_dir, "report.md"))
-    if a.summary:
+    if a.summary and not args.quiet:
         print(a.summary, file=sys.stderr)
     return 0
 
