@@ -1,0 +1,162 @@
+"""Shared pieces of the workload generators: task files, sizing, seeding.
+
+A task is one JSONL file in polykv-worker's script format. Every line but the
+last is a chat message; the line before the last is the final user question
+and the last is the generation line, an assistant line without "content" that
+carries the task id, max_new_tokens, a plan-step intent and the "eval" object
+the scorer reads. Everything before the question is context: the harness
+prefills it and lets the cache policy under test compress it before the
+question arrives, so an answer is only reachable if the policy kept it.
+
+Sizes are estimates, not tokenizer counts (the generators are stdlib only).
+A flat characters-per-token rule (3.6 for prose, 3.0 for code) is far off for
+SmolLM2's tokenizer, which splits every digit: server logs came out 1.33x and
+JSON 1.3x larger than estimated. est_tokens() instead counts pieces -- words
+by number and length, single digits, punctuation runs, line breaks -- with
+weights fitted by least squares to SmolLM2-135M-Instruct's tokenizer on
+generated tasks and HumanEval prompts (median error 4%, per family within
+about 10%). Each message adds a few tokens of ChatML framing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import re
+from dataclasses import dataclass, field
+
+# <|im_start|>role\n ... <|im_end|>\n
+MESSAGE_OVERHEAD_TOKENS = 5
+# The model's window is 8192; the rest is slack for estimate error.
+HARD_CAP_TOKENS = 8000
+
+_PIECES = re.compile(r"(?P<w>[A-Za-z]+)|(?P<d>\d)|(?P<s>\s+)|(?P<p>[^\sA-Za-z\d]+)")
+
+
+def est_tokens(text: str) -> int:
+    """Estimated SmolLM2 (GPT-2-like BPE) token count of text."""
+    n = 0.0
+    for m in _PIECES.finditer(text):
+        kind, piece = m.lastgroup, m.group()
+        if kind == "w":
+            n += 0.55 + 0.1 * len(piece)
+        elif kind == "d":
+            n += 1.1
+        elif kind == "s":
+            n += 0.0 if piece == " " else 2.1
+        else:
+            n += 0.9 + 0.1 * len(piece)
+    return math.ceil(n)
+
+
+def task_seed(seed: int, family: str, index: int) -> int:
+    """A per-task seed that does not depend on which other families run."""
+    digest = hashlib.sha256(f"polykv-eval:{seed}:{family}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def size_targets(seed: int, family: str, n: int, lo: int, hi: int) -> list[int]:
+    """n sizes spread evenly over [lo, hi]: one draw per stratum, shuffled.
+
+    Stratifying keeps small runs (n = 4) covering the whole range instead of
+    clumping where plain uniform draws happen to fall.
+    """
+    rng = random.Random(task_seed(seed, family, -1))
+    # Generators land within about 70 tokens of a target; keep them inside.
+    margin = min(75, (hi - lo) // 10)
+    lo, hi = lo + margin, hi - margin
+    out = [int(lo + (i + rng.random()) * (hi - lo) / n) for i in range(n)]
+    rng.shuffle(out)
+    return out
+
+
+@dataclass
+class Conversation:
+    """Messages in order with a running size estimate."""
+
+    messages: list[dict] = field(default_factory=list)
+    tokens: int = 0
+
+    def add(self, role: str, content: str, intent: str | None = None) -> dict:
+        msg = {"role": role, "content": content}
+        if intent:
+            msg["intent"] = intent
+        self.messages.append(msg)
+        self.tokens += est_tokens(content) + MESSAGE_OVERHEAD_TOKENS
+        return msg
+
+    def cost(self, content: str) -> int:
+        return est_tokens(content) + MESSAGE_OVERHEAD_TOKENS
+
+
+@dataclass
+class Task:
+    task_id: str
+    family: str
+    seed: int
+    conv: Conversation            # context plus the final user question
+    max_new_tokens: int
+    intent: str                   # the plan step of the generated turn; never the answer
+    eval: dict
+    extra_manifest: dict = field(default_factory=dict)
+
+    @property
+    def approx_tokens(self) -> int:
+        return self.conv.tokens
+
+    def generation_line(self) -> dict:
+        return {
+            "role": "assistant",
+            "id": self.task_id,
+            "max_new_tokens": self.max_new_tokens,
+            "intent": self.intent,
+            "eval": self.eval,
+        }
+
+    def check(self) -> None:
+        msgs = self.conv.messages
+        if len(msgs) < 2 or msgs[-1]["role"] != "user":
+            raise AssertionError(f"{self.task_id}: the last message must be the user question")
+        if self.approx_tokens + self.max_new_tokens > HARD_CAP_TOKENS:
+            raise AssertionError(
+                f"{self.task_id}: {self.approx_tokens} + {self.max_new_tokens} tokens exceeds "
+                f"{HARD_CAP_TOKENS}")
+        for a in self.eval.get("answers", []):
+            if a and a.lower() in self.intent.lower():
+                raise AssertionError(f"{self.task_id}: the intent leaks the answer")
+
+
+def write_task(out_dir: str, task: Task) -> str:
+    task.check()
+    name = f"{task.task_id}.jsonl"
+    path = os.path.join(out_dir, name)
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for msg in task.conv.messages:
+            f.write(json.dumps(msg) + "\n")
+        f.write(json.dumps(task.generation_line()) + "\n")
+    return name
+
+
+def read_task(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def fit_lines(lines: list[str], budget_tokens: int, keep_head: int = 0) -> str:
+    """Joins as many leading lines as fit in budget_tokens (at least keep_head)."""
+    out, used = [], 0
+    for i, line in enumerate(lines):
+        cost = est_tokens(line) + 2
+        if used + cost > budget_tokens and i >= keep_head:
+            break
+        out.append(line)
+        used += cost
+    return "\n".join(out)
+
+
+def contains_any(text: str, needles: list[str]) -> bool:
+    low = text.lower()
+    return any(n and n.lower() in low for n in needles)
