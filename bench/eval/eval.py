@@ -51,30 +51,35 @@ _QUICK_CONFIGS = [
 _FULL_POLICIES = ["window", "streaming", "h2o", "snapkv", "hybrid", "merge", "structural",
                   "intent", "sinks+structural+intent"]
 _FULL_BUDGETS = ["0.5", "0.25", "0.1", "0.05"]
-_FULL_FORMAT_POLICIES = ["hybrid", "sinks+structural+intent"]
+# Formats are crossed with one policy only: on 2 cores every configuration
+# costs ~1-2 s of decode per task (its answer is generated anew), and which
+# bits a page keeps is close to orthogonal to which tokens are kept.
+_FULL_FORMAT_POLICY = "hybrid"
+_FULL_FORMAT_BUDGETS = ["0.25", "0.1", "0.05"]
 _QUANT_FORMATS = ["K8V4", "K4V8", "K4V4", "K2V2"]
 
 _FULL_CONFIGS = (
     ["full@1/f16"]
     + [f"{p}@{b}/f16" for p in _FULL_POLICIES for b in _FULL_BUDGETS]
-    + [f"{p}@{b}/{f}" for p in _FULL_FORMAT_POLICIES for f in _QUANT_FORMATS
-       for b in _FULL_BUDGETS]
+    + [f"{_FULL_FORMAT_POLICY}@{b}/{f}" for f in _QUANT_FORMATS for b in _FULL_FORMAT_BUDGETS]
     # formats alone, no eviction: what quantization costs by itself
-    + [f"full@1/{f}" for f in ["f32"] + _QUANT_FORMATS]
+    + [f"full@1/{f}" for f in _QUANT_FORMATS]
 )
 
 PRESETS = {
+    # ~10 minutes of polykv-eval on 2 cores (11 tasks x 14 configurations).
     "quick": {
         "families": FAMILIES,
-        # gen.py rounds multiagent up to whole groups of 16 agents
-        "per_family": {"*": 2, "multiagent": 4},
+        "per_family": {"*": 1, "recall": 2, "tools": 2, "multiagent": 4},
         "min_tokens": 1500, "max_tokens": 2500,
         "configs": _QUICK_CONFIGS,
     },
+    # ~75 minutes on 2 cores (39 tasks x 57 configurations). One HumanEval
+    # task: its 160-token answers cost ~9 s per configuration.
     "full": {
         "families": FAMILIES,
-        "per_family": {"*": 8, "multiagent": 16},
-        "min_tokens": 2000, "max_tokens": 4000,
+        "per_family": {"*": 4, "recall": 8, "tools": 6, "humaneval": 1, "multiagent": 16},
+        "min_tokens": 2000, "max_tokens": 3000,
         "configs": _FULL_CONFIGS,
     },
 }

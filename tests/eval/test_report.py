@@ -436,9 +436,12 @@ class DriverTest(unittest.TestCase):
         self.assertEqual(quick["per_family"]["recall"], 2)
         full = driver.expand_preset("full")
         self.assertEqual(len(full["configs"]), len(set(full["configs"])))
-        self.assertEqual(len(full["configs"]), 1 + 9 * 4 + 2 * 4 * 4 + 5)
-        self.assertIn("sinks+structural+intent@0.05/K2V2", full["configs"])
-        self.assertIn("full@1/f32", full["configs"])
+        # every policy x 4 budgets at f16; 4 formats x 3 budgets for one
+        # policy; 4 formats without eviction; the reference
+        self.assertEqual(len(full["configs"]), 1 + 9 * 4 + 4 * 3 + 4)
+        self.assertIn("sinks+structural+intent@0.05/f16", full["configs"])
+        self.assertIn("hybrid@0.05/K2V2", full["configs"])
+        self.assertIn("full@1/K4V4", full["configs"])
         for c in full["configs"]:
             p, b, f = report.parse_config(c)
             self.assertIsNotNone(b, c)
