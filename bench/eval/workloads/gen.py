@@ -51,8 +51,12 @@ MAX_TARGET = HARD_CAP_TOKENS - 200
 def generate_family(family: str, args, data_dir: str, cache: dict) -> list:
     if family == "multiagent":
         groups = math.ceil(args.per_family / multiagent.AGENTS_PER_GROUP)
+        # Whole groups are generated (agent a of a group is the same task for
+        # any count), then cut to the count asked for: a quick run may take
+        # only the first few agents of one group.
         return [t for g in range(groups)
-                for t in multiagent.generate_group(args.seed, g, args.min_tokens, args.max_tokens)]
+                for t in multiagent.generate_group(args.seed, g, args.min_tokens, args.max_tokens)
+                ][:args.per_family]
     targets = size_targets(args.seed, family, args.per_family, args.min_tokens, args.max_tokens)
     tasks = []
     for i, target in enumerate(targets):
@@ -76,7 +80,7 @@ def parse_args(argv):
     ap.add_argument("--families", default=",".join(FAMILIES),
                     help=f"comma-separated subset of {','.join(FAMILIES)} (default all)")
     ap.add_argument("--per-family", type=int, default=8,
-                    help="tasks per family; multiagent rounds up to groups of 16 (default 8)")
+                    help="tasks per family; multiagent agents share a prefix in groups of 16 (default 8)")
     ap.add_argument("--min-tokens", type=int, default=2000, help="smallest task size, estimated tokens")
     ap.add_argument("--max-tokens", type=int, default=4000,
                     help=f"largest task size, estimated tokens (at most {MAX_TARGET})")
