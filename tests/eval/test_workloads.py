@@ -80,7 +80,7 @@ class GeneratedSetTest(unittest.TestCase):
             counts[e["family"]] = counts.get(e["family"], 0) + 1
             for key in ("task_id", "family", "file", "approx_tokens", "seed"):
                 self.assertIn(key, e)
-        self.assertEqual(counts, {"recall": 6, "coding": 6, "tools": 6, "multiagent": 16})
+        self.assertEqual(counts, {"recall": 6, "coding": 6, "tools": 6, "multiagent": 6})
 
     def test_same_seed_gives_identical_files(self):
         b = os.path.join(self.tmp, "b")
@@ -185,7 +185,8 @@ class GeneratedSetTest(unittest.TestCase):
         for tid, (e, lines) in self.tasks.items():
             if e["family"] == "multiagent":
                 groups.setdefault(e["group"], []).append((tid, lines))
-        self.assertEqual([len(g) for g in groups.values()], [16])
+        # --per-family 6: the first 6 agents of group 0
+        self.assertEqual([len(g) for g in groups.values()], [6])
         for members in groups.values():
             k = members[0][1][-1]["eval"]["shared_prefix_messages"]
             self.assertEqual(k, 1)
@@ -196,7 +197,7 @@ class GeneratedSetTest(unittest.TestCase):
             for tid, _ in members:
                 with open(os.path.join(self.a, tid + ".jsonl"), "rb") as f:
                     self.assertEqual(f.readline(), first, tid)
-            self.assertEqual(len({json.dumps(lines[k:]) for _, lines in members}), 16)
+            self.assertEqual(len({json.dumps(lines[k:]) for _, lines in members}), len(members))
             prefix_tokens = common.est_tokens(members[0][1][0]["content"])
             self.assertTrue(1300 <= prefix_tokens <= 1500, prefix_tokens)
 
