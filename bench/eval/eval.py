@@ -20,10 +20,12 @@ import datetime
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 # ===========================================================================
@@ -97,6 +99,11 @@ MAX_CONTEXT_TOKENS = 8192  # what a static allocator would reserve per session
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EVAL_DIR = os.path.join(ROOT, "bench", "eval")
 BINARY = os.path.join(ROOT, "build", "bin", "polykv-eval")
+BENCH = os.path.join(ROOT, "build", "bin", "polykv-bench")
+# polykv-bench capacity takes seconds; a run far past that is stuck, and the
+# evaluation's results should not wait on it.
+CAPACITY_TIMEOUT_S = 600
+CAPACITY_FORMATS = {"f32", "f16", "bf16", "fp8", "int8", "int4", "int2"}
 HOME_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "polykv")
 
 _T0 = time.monotonic()
@@ -317,6 +324,97 @@ def read_jsonl(path: str) -> list[dict]:
         return [json.loads(x) for x in f if x.strip()]
 
 
+def capacity_session_args(summary: dict) -> list[str]:
+    """polykv-bench capacity --session values (NAME=TOKENS:KFMT:VFMT) for
+    summary.json's capacity.live_inputs; entries it cannot express are left
+    out."""
+    out = []
+    for e in (summary.get("capacity") or {}).get("live_inputs") or []:
+        try:
+            tokens = int(e["tokens"])
+            name, k, v = str(e["name"]), e["k_format"], e["v_format"]
+        except (KeyError, TypeError, ValueError):
+            continue
+        if tokens < 1 or k not in CAPACITY_FORMATS or v not in CAPACITY_FORMATS or not name:
+            continue
+        # The bench splits at the first '='; report.py's names avoid it, and
+        # so must anything hand-edited into summary.json.
+        out.append(f"{name.replace('=', '-')}={tokens}:{k}:{v}")
+    return out
+
+
+_ADMITTED = re.compile(r"capacity (.+): (\d+) sessions admitted$")
+
+
+def measure_live_capacity(out: str, pool_mib: int, bench: str = BENCH,
+                          timeout_s: float = CAPACITY_TIMEOUT_S) -> str | None:
+    """Runs polykv-bench capacity for the strategies in out/summary.json and
+    writes out/capacity_live.json (the daemon's log to capacity_live.log).
+    Returns None on success, else a warning; a failure is written into
+    capacity_live.json as {"error": ...} so that the report notes it."""
+    dest = os.path.join(out, "capacity_live.json")
+    try:
+        with open(os.path.join(out, "summary.json")) as f:
+            sessions = capacity_session_args(json.load(f))
+    except (OSError, json.JSONDecodeError) as e:
+        return f"summary.json is not readable ({e}); live capacity skipped"
+    if not sessions:
+        return "summary.json has no capacity.live_inputs; live capacity skipped"
+    cmd = [bench, "capacity", "--json", "--pool-mib", str(pool_mib)]
+    for s in sessions:
+        cmd += ["--session", s]
+    log("$ " + shlex.join(cmd))
+    tmp = dest + ".tmp"
+    last = ""
+    try:
+        with open(tmp, "w") as stdout, open(os.path.join(out, "capacity_live.log"), "w") as logf:
+            # The in-process daemons log every session; only the per-strategy
+            # totals are progress worth showing, the rest goes to the log file.
+            with subprocess.Popen(cmd, cwd=ROOT, stdout=stdout, stderr=subprocess.PIPE,
+                                  text=True) as p:
+                killed = []
+                timer = threading.Timer(timeout_s, lambda: (killed.append(1), p.kill()))
+                timer.start()
+                try:
+                    for line in p.stderr:
+                        logf.write(line)
+                        line = line.strip()
+                        if line:
+                            last = line
+                        m = _ADMITTED.search(line)
+                        if m:
+                            log(f"live capacity: {m.group(1)}: {m.group(2)} sessions admitted")
+                    rc = p.wait()
+                finally:
+                    timer.cancel()
+        error = None
+        if rc != 0:
+            error = (f"polykv-bench capacity exited {rc}"
+                     + (f" (killed after {timeout_s:g} s)" if killed else "")
+                     + (f": {last[:300]}" if last else ""))
+        else:
+            with open(tmp) as f:
+                text = f.read()
+            try:
+                res = json.loads(text)
+            except json.JSONDecodeError as e:
+                res, error = None, f"polykv-bench capacity printed no JSON ({e})"
+            if res is not None and not (isinstance(res, dict) and res.get("strategies")):
+                error = "polykv-bench capacity printed JSON without strategies"
+    except OSError as e:
+        error = f"polykv-bench capacity could not run: {e}"
+    if error is None:
+        os.replace(tmp, dest)
+        return None
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    with open(dest, "w") as f:
+        json.dump({"bench": "capacity", "error": error, "pool_bytes": pool_mib << 20,
+                   "sessions": sessions}, f, indent=1)
+        f.write("\n")
+    return error
+
+
 def git_commit() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True,
@@ -353,6 +451,10 @@ def parse_args(argv):
     ap.add_argument("--data-dir", default=os.path.join(HOME_CACHE, "eval-data"),
                     help="public data sets for bfcl/humaneval (default ~/.cache/polykv/eval-data)")
     ap.add_argument("--skip-build", action="store_true", help="use the existing build/")
+    ap.add_argument("--no-live-capacity", action="store_true",
+                    help="skip measuring capacity on a live polykvd (polykv-bench capacity)")
+    ap.add_argument("--capacity-pool-mib", type=int, default=1024, metavar="MIB",
+                    help="pool of the live capacity measurement (default 1024)")
     return ap.parse_args(argv)
 
 
@@ -370,12 +472,15 @@ def main(argv=None) -> int:
     mx = args.max_tokens or preset["max_tokens"]
     if mn > mx:
         die(f"--min-tokens {mn} > --max-tokens {mx}")
+    if args.capacity_pool_mib < 1:
+        die("--capacity-pool-mib must be at least 1")
     name = args.name or args.preset
     # Relative to the repository root, where results/ is gitignored.
     out = os.path.join(ROOT, os.path.expanduser(args.out), name)
     tasks_dir = os.path.join(out, "tasks")
     need_data = not args.workload and bool(DATA_FAMILIES & set(families))
-    _STEP[1] = 8 + need_data
+    live_capacity = not args.no_live_capacity
+    _STEP[1] = 8 + need_data + live_capacity
     command = shlex.join(["python3", os.path.relpath(os.path.abspath(__file__), ROOT)]
                          + list(sys.argv[1:] if argv is None else argv))
     log(f"run {name!r}: {len(configs)} configs, families "
@@ -471,8 +576,22 @@ def main(argv=None) -> int:
         f.write("\n")
 
     step("report: report.py")
-    run([report_py, os.path.join(EVAL_DIR, "report.py"), "--quiet", out], "report.py",
-        capture=True)
+    report_cmd = [report_py, os.path.join(EVAL_DIR, "report.py"), "--quiet", out]
+    run(report_cmd, "report.py", capture=True)
+
+    if live_capacity:
+        if not os.access(BENCH, os.X_OK):
+            step(f"live capacity skipped: {os.path.relpath(BENCH, ROOT)} is not built")
+        else:
+            # Sized from this run's summary.json, so it follows the first
+            # report; the second one adds the measurement to report.md.
+            step(f"live capacity: polykv-bench capacity, pool {args.capacity_pool_mib} MiB")
+            warning = measure_live_capacity(out, args.capacity_pool_mib)
+            if warning:
+                log(f"warning: {warning}")
+            if os.path.exists(os.path.join(out, "capacity_live.json")):
+                log("report.py again, with capacity_live.json")
+                run(report_cmd, "report.py", capture=True)
     report_md = os.path.join(out, "report.md")
     summary = ""
     try:

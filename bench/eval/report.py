@@ -6,6 +6,9 @@ Usage: python3 bench/eval/report.py RESULTS_DIR [--resamples N] [--seed S]
 Reads RESULTS_DIR/scored.jsonl (one record per (task, config), written by
 polykv-eval and scored by score.py) and RESULTS_DIR/meta.json, and writes
 RESULTS_DIR/report.md, RESULTS_DIR/summary.json and PNG plots beside them.
+RESULTS_DIR/capacity_live.json (polykv-bench capacity, run by eval.py with the
+strategies in summary.json's capacity.live_inputs) adds the live capacity
+table when present.
 
 The statistics are pure stdlib (stats.py) so the tables and answers come out
 on any Python 3.11; the plots need matplotlib and are skipped, with a note in
@@ -20,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
@@ -43,6 +47,17 @@ GIB = 1024.0 * MIB
 
 # Display order only; unknown formats sort after these.
 FORMAT_ORDER = ["f32", "f16", "K8V4", "K4V8", "K4V4", "K2V2"]
+
+# The live capacity measurement: eval.py runs `polykv-bench capacity` with the
+# strategies of summary.json's capacity.live_inputs and saves its JSON here.
+LIVE_CAPACITY_FILE = "capacity_live.json"
+# Page formats polykv-bench capacity accepts (its --session KFMT:VFMT).
+BENCH_FORMATS = ("f32", "f16", "bf16", "fp8", "int8", "int4", "int2")
+_BITS_FORMAT = {"32": "f32", "16": "f16", "8": "int8", "4": "int4", "2": "int2"}
+# Slack a live session reserves beyond the counted tokens (held context,
+# question, answer): a reservation short of what the session held would
+# flatter the capacity, one slightly over it costs at most a page.
+LIVE_TOKEN_SLACK = 2
 
 
 # --------------------------------------------------------------------------
@@ -71,6 +86,43 @@ def load_meta(path: str) -> dict:
         return {}
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def load_live(path: str) -> Optional[dict]:
+    """The live capacity JSON, None when absent. A file that cannot be read
+    becomes an error entry: the report is still written, with a note."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            live = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        return {"error": f"{os.path.basename(path)} is not readable JSON ({e})"}
+    if not isinstance(live, dict):
+        return {"error": f"{os.path.basename(path)} is not a JSON object"}
+    return live
+
+
+def bench_formats(k_format: str, v_format: str, formats: str) -> Optional[tuple[str, str]]:
+    """(K, V) page formats as polykv-bench names them. polykv-eval's records
+    carry them in k_format/v_format; records without them fall back on the
+    config's formats ('f16', 'K8V4')."""
+    if k_format in BENCH_FORMATS and v_format in BENCH_FORMATS:
+        return k_format, v_format
+    if formats in BENCH_FORMATS:
+        return formats, formats
+    m = re.fullmatch(r"K(\d+)V(\d+)", formats or "")
+    if m and m.group(1) in _BITS_FORMAT and m.group(2) in _BITS_FORMAT:
+        return _BITS_FORMAT[m.group(1)], _BITS_FORMAT[m.group(2)]
+    return None
+
+
+def live_name(config: str, reference: Optional[str]) -> str:
+    """A strategy name for polykv-bench: everything before '=' is the name,
+    so '=' must not occur in it."""
+    if config == reference:
+        return "paged"
+    return "polykv:" + config.replace("=", "-")
 
 
 def parse_config(name: str) -> tuple[str, Optional[float], str]:
@@ -190,7 +242,7 @@ class Analysis:
     headline: list = field(default_factory=list)
     keys_values: dict = field(default_factory=dict)
     target: dict = field(default_factory=dict)
-    capacity: dict = field(default_factory=dict)
+    capacity: dict = field(default_factory=dict)  # live_inputs and live included
     throughput: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     summary: str = ""
@@ -207,8 +259,9 @@ class Analyzer:
 
     def __init__(self, records: list[dict], meta: dict,
                  resamples: int = stats.DEFAULT_RESAMPLES,
-                 seed: int = stats.DEFAULT_SEED):
+                 seed: int = stats.DEFAULT_SEED, live: Optional[dict] = None):
         self.kw = {"resamples": resamples, "seed": seed}
+        self.live = live
         configs, problems = group_configs(records)
         refs = [n for n, c in configs.items() if c.is_reference]
         ref = REFERENCE_CONFIG if REFERENCE_CONFIG in refs else (refs[0] if refs else None)
@@ -536,6 +589,12 @@ class Analyzer:
         return max(full), "max bytes_full_f16 over tasks (a lower bound: no per-token size known)"
 
     def _capacity(self) -> None:
+        self._capacity_computed()
+        self.a.capacity["live_inputs"] = self._live_inputs()
+        if self.live is not None:
+            self._capacity_live(self.live)
+
+    def _capacity_computed(self) -> None:
         cap = {"pool_note": "computed from measured per-session peak bytes "
                             "(sessions = pool bytes / mean bytes_peak), not a live daemon run"}
         self.a.capacity = cap
@@ -613,8 +672,153 @@ class Analyzer:
                      f"({ch['session_bytes'] / MIB:.2f} MiB, {fmt_ratio(ch['vs_static'])} vs "
                      f"static, {fmt_ratio(ch['vs_paged'])} vs paged, relative success "
                      f"{fmt_est(ch['rel_success'])}).")
-        parts.append(f"All capacity figures are {cap['pool_note']}.")
+        parts.append(f"These capacity figures are {cap['pool_note']}.")
         cap["sentence"] = " ".join(parts)
+
+    def session_tokens(self, name: str) -> Optional[float]:
+        """Mean over tasks of the tokens one session of config `name` holds at
+        its peak: the kept context (the whole context for the reference), the
+        question and the answer."""
+        vals = []
+        for r in self.a.configs[name].records.values():
+            if r.get("error"):
+                continue
+            held = _num(r.get("context_tokens" if name == self.a.reference else "kept_slots_mean"))
+            if held is None:
+                continue
+            vals.append(held + (_num(r.get("question_tokens")) or 0)
+                        + len(r.get("output_tokens") or []) + LIVE_TOKEN_SLACK)
+        return stats.mean(vals)
+
+    def _live_inputs(self) -> list[dict]:
+        """The strategies eval.py measures on a live polykvd: static
+        max-length, the reference (paged) and the configs the capacity
+        section chose, each as tokens per session in K/V formats."""
+        cap = self.a.capacity
+        max_ctx = _num(self.a.meta.get("max_context_tokens")) or DEFAULT_MAX_CONTEXT_TOKENS
+        out = [{"name": "static", "config": None, "roles": ["static"],
+                "tokens": int(math.ceil(max_ctx)), "k_format": "f16", "v_format": "f16"}]
+        wanted = [("paged", self.a.reference)] if self.a.reference else []
+        wanted += [(role, cap[role]["config"]) for role in ("best_meeting", "cheapest")
+                   if cap.get(role)]
+        by_config: dict[str, dict] = {}
+        for role, config in wanted:
+            if config in by_config:
+                by_config[config]["roles"].append(role)
+                continue
+            c = self.a.configs[config]
+            tokens = self.session_tokens(config)
+            fmts = bench_formats(c.k_format, c.v_format, c.formats)
+            if tokens is None or fmts is None:
+                self.a.notes.append(
+                    f"live capacity: {config} is not measured ("
+                    + ("no record has kept_slots_mean/context_tokens" if tokens is None
+                       else f"formats {c.k_format or c.formats}/{c.v_format or c.formats} "
+                            "are not polykv-bench formats") + ")")
+                continue
+            e = by_config[config] = {"name": live_name(config, self.a.reference),
+                                     "config": config, "roles": [role],
+                                     "tokens": int(math.ceil(tokens - 1e-9)),
+                                     "k_format": fmts[0], "v_format": fmts[1]}
+            out.append(e)
+        return out
+
+    def _capacity_live(self, live: dict) -> None:
+        """Sessions a live polykvd admitted per strategy (capacity_live.json)
+        against static and paged allocation in the same pool."""
+        cap = self.a.capacity
+        if live.get("error"):
+            self.a.notes.append(f"warning: the live capacity measurement failed: {live['error']}; "
+                                "only the computed capacity figures are reported")
+            cap["live"] = {"error": live["error"]}
+            return
+        pool = _num(live.get("pool_bytes"))
+        strategies = live.get("strategies")
+        if not pool or not isinstance(strategies, list) or not strategies:
+            self.a.notes.append(f"warning: {LIVE_CAPACITY_FILE} has no pool_bytes or no "
+                                "strategies; the live capacity table is skipped")
+            return
+        inputs = {e["name"]: e for e in cap.get("live_inputs", [])}
+        rows = []
+        for s in strategies:
+            if not isinstance(s, dict) or s.get("name") is None:
+                continue
+            name = str(s["name"])
+            inp = inputs.get(name, {})
+            if name == "static":
+                config = None
+            elif name == "paged":
+                config = self.a.reference
+            else:
+                config = inp.get("config") or (name[len("polykv:"):] if name.startswith("polykv:")
+                                               else None)
+            roles = ["static"] if name == "static" else (["paged"] if name == "paged" else [])
+            roles += [r for r in ("best_meeting", "cheapest")
+                      if config and (cap.get(r) or {}).get("config") == config]
+            tokens = _num(s.get("tokens"))
+            k, v = s.get("k_format") or inp.get("k_format"), s.get("v_format") or inp.get("v_format")
+            if (not k or not v) and config in self.a.configs:
+                c = self.a.configs[config]
+                k, v = bench_formats(c.k_format, c.v_format, c.formats) or (None, None)
+            if inp and tokens is not None and int(tokens) != inp["tokens"]:
+                self.a.notes.append(
+                    f"live capacity: {name} was measured at {int(tokens)} tokens per session but "
+                    f"the records now give {inp['tokens']}; re-run the live step "
+                    "(eval.py) to refresh capacity_live.json")
+            rows.append({"name": name, "config": config, "roles": roles,
+                         "tokens": int(tokens) if tokens is not None else None,
+                         "k_format": k, "v_format": v,
+                         "session_bytes": _num(s.get("session_bytes")),
+                         "admitted": int(_num(s.get("admitted")) or 0),
+                         "pool_over_session_bytes": _num(s.get("pool_over_session_bytes"))})
+        by_role = {}
+        for r in rows:
+            for role in r["roles"]:
+                by_role.setdefault(role, r)
+        static_n = by_role.get("static", {}).get("admitted")
+        paged_n = by_role["paged"]["admitted"] if "paged" in by_role else None
+        for r in rows:
+            r["vs_static"] = r["admitted"] / static_n if static_n else None
+            r["vs_paged"] = r["admitted"] / paged_n if paged_n else None
+        out = {"source": LIVE_CAPACITY_FILE, "pool_bytes": pool, "pool_mib": pool / MIB,
+               "note": "measured: sessions a fresh in-process polykvd admitted, each reserving "
+                       "its strategy's tokens in its K/V formats, until the daemon refused",
+               "strategies": rows, "static_admitted": static_n, "paged_admitted": paged_n,
+               "best_meeting": by_role.get("best_meeting"), "target_met": None}
+        cap["live"] = out
+        pool_s = f"{pool / MIB:g} MiB"
+        b, want = out["best_meeting"], cap.get("best_meeting")
+        if want is None:
+            out["sentence"] = (f"Measured on a live polykvd ({pool_s} pool): no config reaches "
+                               f"{TARGET_REL_SUCCESS:g} relative success, so there is no config "
+                               f"to check against the {TARGET_CAPACITY_VS_STATIC:g}× target.")
+        elif b is None:
+            out["sentence"] = (f"{LIVE_CAPACITY_FILE} has no measurement of {want['config']}, the "
+                               f"cheapest config at ≥ {TARGET_REL_SUCCESS:g} relative success; "
+                               "re-run the live step (eval.py) to measure it.")
+        elif not static_n:
+            out["sentence"] = (f"Measured on a live polykvd ({pool_s} pool): {b['config']} "
+                               f"admitted {b['admitted']} sessions, but static max-length "
+                               "allocation admitted none, so the ratio to static is undefined; "
+                               "a larger --capacity-pool-mib fixes that.")
+        else:
+            met = b["vs_static"] >= TARGET_CAPACITY_VS_STATIC
+            out["target_met"] = met
+            s = (f"Measured on a live polykvd ({pool_s} pool): **{b['config']}**, the cheapest "
+                 f"config at ≥ {TARGET_REL_SUCCESS:g} relative success ({b['tokens']} tokens per "
+                 f"session in {b['k_format']}/{b['v_format']}), had {b['admitted']} sessions "
+                 f"admitted against {static_n} for static max-length allocation: "
+                 f"**{fmt_ratio(b['vs_static'])}** static — the ≥ "
+                 f"{TARGET_CAPACITY_VS_STATIC:g}× target is {'met' if met else 'not met'}")
+            if b["vs_paged"] is not None:
+                s += f"; {fmt_ratio(b['vs_paged'])} paged uncompressed f16 ({paged_n} sessions)"
+            computed = want.get("vs_static")
+            s += (f". The computed figure (pool / mean peak bytes) is {fmt_ratio(computed)}."
+                  if computed else ".")
+            if static_n < 10:
+                s += (f" Static fits only {static_n} sessions in this pool, so the measured "
+                      "ratio is coarse; a larger --capacity-pool-mib refines it.")
+            out["sentence"] = s
 
     def _throughput(self) -> None:
         # Policies are compared over their f16 configs so that the formats'
@@ -660,6 +864,10 @@ class Analyzer:
             parts.append(f"Capacity at ≥ {TARGET_REL_SUCCESS:g} relative success: "
                          f"{b['vs_static']:.1f}× static, {fmt_ratio(b['vs_paged'])} paged "
                          f"({b['config']}; from measured per-session peaks).")
+        lb = (a.capacity.get("live") or {}).get("best_meeting")
+        if lb and lb.get("vs_static") is not None:
+            parts.append(f"On a live polykvd ({a.capacity['live']['pool_mib']:g} MiB pool) it was "
+                         f"admitted {fmt_ratio(lb['vs_static'])} as often as static allocation.")
         return " ".join(parts)
 
 
@@ -713,8 +921,8 @@ def _low_bit_sentence(fmt_lo: str, pairs: list[dict], measure: str) -> str:
 
 
 def analyze(records: list[dict], meta: dict, resamples: int = stats.DEFAULT_RESAMPLES,
-            seed: int = stats.DEFAULT_SEED) -> Analysis:
-    return Analyzer(records, meta, resamples, seed).run()
+            seed: int = stats.DEFAULT_SEED, live: Optional[dict] = None) -> Analysis:
+    return Analyzer(records, meta, resamples, seed, live).run()
 
 
 # --------------------------------------------------------------------------
@@ -883,12 +1091,24 @@ def make_plots(a: Analysis, out_dir: str) -> tuple[dict, list[str]]:
         lines.append((f"cheapest: {ch['config']}", ch["session_bytes"], "tab:red", "--"))
         for label, per, col, ls in lines:
             ax.plot(pools, [math.floor(p * GIB / per) for p in pools], label=label, color=col, ls=ls)
+        live = cap.get("live") or {}
+        role_color = {"static": "gray", "paged": "tab:blue", "best_meeting": "tab:green",
+                      "cheapest": "tab:red"}
+        for r in live.get("strategies") or []:
+            if r["admitted"] <= 0:
+                continue  # no place on a log axis
+            col = next((role_color[x] for x in r["roles"] if x in role_color), "black")
+            ax.plot([live["pool_bytes"] / GIB], [r["admitted"]], marker="*", ms=13, ls="",
+                    color=col, mec="black", mew=0.6,
+                    label=f"live polykvd: {r['name']} ({r['admitted']})")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlabel("pool size (GiB)")
         ax.set_ylabel("concurrent sessions")
-        ax.set_title("Sessions per pool, from measured per-session peak bytes (not a live run)")
+        ax.set_title("Sessions per pool: lines from measured per-session peak bytes"
+                     + ("; stars measured on a live polykvd" if live.get("strategies")
+                        else " (not a live run)"), fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -929,6 +1149,37 @@ def make_plots(a: Analysis, out_dir: str) -> tuple[dict, list[str]]:
 
 # --------------------------------------------------------------------------
 # Markdown
+
+
+ROLE_LABELS = {"static": "static max-length", "paged": "paged f16 (uncompressed)",
+               "best_meeting": f"cheapest at ≥ {TARGET_REL_SUCCESS:g} rel. success",
+               "cheapest": "cheapest overall"}
+
+
+def render_live_capacity(live: dict) -> list[str]:
+    """The capacity section's live table; nothing when no measurement."""
+    if not live.get("strategies"):
+        return []
+    L = ["", f"#### Measured on a live polykvd (pool {live['pool_mib']:g} MiB)", "",
+         "Each strategy ran on a fresh in-process polykvd with this pool: sessions (one agent "
+         "each) opened and reserved the strategy's tokens in its K/V formats until the daemon "
+         "refused. Session bytes are the pages one session holds, so page rounding is included; "
+         "ratios divide sessions admitted.", ""]
+    rows = []
+    for r in live["strategies"]:
+        role = "; ".join(ROLE_LABELS.get(x, x) for x in r["roles"]) or "—"
+        fmts = f"{r['k_format']}/{r['v_format']}" if r["k_format"] and r["v_format"] else "n/a"
+        sb = r["session_bytes"]
+        rows.append([f"{r['name']}", role,
+                     r["tokens"] if r["tokens"] is not None else "n/a", fmts,
+                     f"{sb / MIB:.2f}" if sb else "n/a", r["admitted"],
+                     fmt(r["pool_over_session_bytes"], 1),
+                     fmt_ratio(r["vs_static"]), fmt_ratio(r["vs_paged"])])
+    L += md_table(["strategy", "role", "tokens / session", "K/V formats", "session MiB",
+                   "sessions admitted", "pool / session bytes", "vs static", "vs paged"], rows)
+    if live.get("sentence"):
+        L += ["", f"- {live['sentence']}"]
+    return L
 
 
 def render_markdown(a: Analysis, plots: dict) -> str:
@@ -1026,8 +1277,10 @@ def render_markdown(a: Analysis, plots: dict) -> str:
                          f"{GIB / per:.1f}", f"{64 * GIB / per:.0f}",
                          fmt_ratio(cap["static_session_bytes"] / per) if cap.get("static_session_bytes") else "n/a",
                          fmt_est(e) if e else "—"])
-        L += [""] + md_table(["allocation", "MiB / session", "sessions / GiB", "sessions / 64 GiB",
-                              "vs static", "rel. success"], rows)
+        L += ["", "#### Computed from per-session peak bytes (pool / bytes, not a live run)",
+              ""] + md_table(["allocation", "MiB / session", "sessions / GiB",
+                              "sessions / 64 GiB", "vs static", "rel. success"], rows)
+    L += render_live_capacity(cap.get("live") or {})
     L += [""]
 
     L += ["## All configs", ""]
@@ -1086,6 +1339,9 @@ def render_markdown(a: Analysis, plots: dict) -> str:
         "capacity.png": "Concurrent sessions per pool size (from measured per-session peaks).",
         "budgets.png": "Policies at each budget (f16).",
     }
+    if (a.capacity.get("live") or {}).get("strategies"):
+        captions["capacity.png"] = ("Concurrent sessions per pool size: lines computed from "
+                                    "measured per-session peaks, stars measured on a live polykvd.")
     if plots:
         for f, cap_text in captions.items():
             if f in plots:
@@ -1144,7 +1400,7 @@ def write_report(results_dir: str, resamples: int = stats.DEFAULT_RESAMPLES,
     if not os.path.exists(scored):
         raise SystemExit(f"report: {scored} not found (run score.py first, or eval.py)")
     a = analyze(load_records(scored), load_meta(os.path.join(results_dir, "meta.json")),
-                resamples, seed)
+                resamples, seed, load_live(os.path.join(results_dir, LIVE_CAPACITY_FILE)))
     files, notes = make_plots(a, results_dir) if plots and a.configs else ({}, [])
     a.notes.extend(notes)
     with open(os.path.join(results_dir, "report.md"), "w", encoding="utf-8") as f:

@@ -426,7 +426,272 @@ class ReportFileTest(unittest.TestCase):
             self.assertTrue(any("matplotlib is not importable" in n for n in a.notes))
 
 
+def live_records(with_k8v4: bool = True) -> list[dict]:
+    """Four tasks with known token counts: the reference holds its whole
+    context, hybrid@0.1/K8V4 (records in polykv-eval's int8/int4 names)
+    solves all of them, hybrid@0.05/K2V2 (only the config's formats) half,
+    plus one errored K2V2 record whose counts must not be averaged."""
+    recs = []
+    for i in range(4):
+        base = {"task": f"t{i}", "family": "recall", "bytes_full_f16": 1000 * MiB_,
+                "token_agreement": 1.0, "context_tokens": 1000 + i,
+                "question_tokens": 40 + i % 2, "output_tokens": [7] * (3 + i % 2)}
+        # kept_slots_mean 1 on the reference: its context_tokens must be used.
+        recs.append({**base, "config": "full@1/f16", "policy": "full", "budget": 1,
+                     "formats": "f16", "k_format": "f16", "v_format": "f16",
+                     "kept_slots_mean": 1, "bytes_peak": 1000 * MiB_, "success": True})
+        if with_k8v4:
+            recs.append({**base, "config": "hybrid@0.1/K8V4", "policy": "hybrid", "budget": 0.1,
+                         "formats": "K8V4", "k_format": "int8", "v_format": "int4",
+                         "kept_slots_mean": 100.5 + i, "bytes_peak": 50 * MiB_,
+                         "success": True})
+        recs.append({**base, "config": "hybrid@0.05/K2V2", "policy": "hybrid", "budget": 0.05,
+                     "formats": "K2V2", "kept_slots_mean": 50.25, "bytes_peak": 10 * MiB_,
+                     "success": i % 2 == 0})
+    recs.append({"task": "t9", "family": "recall", "config": "hybrid@0.05/K2V2",
+                 "policy": "hybrid", "budget": 0.05, "formats": "K2V2", "context_tokens": 9000,
+                 "kept_slots_mean": 9000, "error": "INTERNAL: boom", "success": None})
+    return recs
+
+
+LIVE_META = {"static_session_bytes": 4000 * MiB_, "max_context_tokens": 4096}
+
+
+def live_json(admitted: dict, tokens: dict, pool_mib: int = 1024) -> dict:
+    return {"bench": "capacity", "pool_bytes": pool_mib * MiB_,
+            "profile": {"layers": 30, "kv_heads": 3, "head_dim": 64},
+            "strategies": [{"name": n, "tokens": tokens[n], "session_bytes": 1000 * tokens[n],
+                            "admitted": a,
+                            "pool_over_session_bytes": pool_mib * MiB_ / (1000 * tokens[n])}
+                           for n, a in admitted.items()]}
+
+
+# Means of (held + question + answer + 2) over t0..t3, rounded up:
+# reference (1045 + 1048 + 1047 + 1050) / 4 = 1047.5; K8V4 exactly 148;
+# K2V2 96.25.
+LIVE_TOKENS = {"static": 4096, "paged": 1048, "polykv:hybrid@0.1/K8V4": 148,
+               "polykv:hybrid@0.05/K2V2": 97}
+
+
+class LiveCapacityTest(unittest.TestCase):
+    def test_live_inputs(self):
+        a = report.analyze(live_records(), dict(LIVE_META), resamples=FAST)
+        li = a.capacity["live_inputs"]
+        self.assertEqual([e["name"] for e in li], list(LIVE_TOKENS))
+        self.assertEqual({e["name"]: e["tokens"] for e in li}, LIVE_TOKENS)
+        self.assertTrue(all(isinstance(e["tokens"], int) for e in li))
+        got = {e["name"]: (e["config"], e["roles"], e["k_format"], e["v_format"]) for e in li}
+        self.assertEqual(got, {
+            "static": (None, ["static"], "f16", "f16"),
+            "paged": ("full@1/f16", ["paged"], "f16", "f16"),
+            "polykv:hybrid@0.1/K8V4": ("hybrid@0.1/K8V4", ["best_meeting"], "int8", "int4"),
+            "polykv:hybrid@0.05/K2V2": ("hybrid@0.05/K2V2", ["cheapest"], "int2", "int2"),
+        })
+
+    def test_live_inputs_static_default_and_reference_as_best(self):
+        # Without K8V4 only the reference reaches 0.97: it is measured once,
+        # as paged, carrying both roles.
+        a = report.analyze(live_records(with_k8v4=False), {}, resamples=FAST)
+        li = a.capacity["live_inputs"]
+        self.assertEqual([e["name"] for e in li], ["static", "paged", "polykv:hybrid@0.05/K2V2"])
+        self.assertEqual(li[0]["tokens"], 8192)
+        self.assertEqual(li[1]["roles"], ["paged", "best_meeting"])
+
+    def test_bench_formats(self):
+        self.assertEqual(report.bench_formats("int8", "int4", "K8V4"), ("int8", "int4"))
+        self.assertEqual(report.bench_formats("K4V8", "K4V8", "K4V8"), ("int4", "int8"))
+        self.assertEqual(report.bench_formats("", "", "f32"), ("f32", "f32"))
+        self.assertIsNone(report.bench_formats("", "", "K3V3"))
+        self.assertEqual(report.live_name("a=b@1/f16", "full@1/f16"), "polykv:a-b@1/f16")
+
+    def write(self, d, live=None, raw=None):
+        ReportFileTest.write(None, d, live_records(), LIVE_META)
+        path = os.path.join(d, report.LIVE_CAPACITY_FILE)
+        if live is not None:
+            with open(path, "w") as f:
+                json.dump(live, f)
+        elif raw is not None:
+            with open(path, "w") as f:
+                f.write(raw)
+
+    def test_live_table_and_ratios(self):
+        live = live_json({"static": 4, "paged": 16, "polykv:hybrid@0.1/K8V4": 100,
+                          "polykv:hybrid@0.05/K2V2": 300}, LIVE_TOKENS)
+        with tempfile.TemporaryDirectory() as d:
+            self.write(d, live)
+            report.write_report(d, resamples=FAST, plots=False)
+            md = read(os.path.join(d, "report.md"))
+            summary = json.loads(read(os.path.join(d, "summary.json")))
+        self.assertIn("#### Computed from per-session peak bytes", md)
+        self.assertIn("#### Measured on a live polykvd (pool 1024 MiB)", md)
+        row = next(x for x in md.splitlines() if x.startswith("| polykv:hybrid@0.1/K8V4 |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        self.assertEqual(cells[2:4], ["148", "int8/int4"])
+        self.assertEqual(cells[5], "100")
+        self.assertEqual(cells[7:], ["25.0×", "6.25×"])
+        row = next(x for x in md.splitlines() if x.startswith("| polykv:hybrid@0.05/K2V2 |"))
+        self.assertTrue(row.rstrip().endswith("| 75.0× | 18.8× |"), row)
+        self.assertIn("**25.0×** static — the ≥ 8× target is met", md)
+        self.assertIn("Static fits only 4 sessions", md)
+        lv = summary["capacity"]["live"]
+        self.assertEqual(lv["pool_bytes"], 1024 * MiB_)
+        self.assertEqual((lv["static_admitted"], lv["paged_admitted"]), (4, 16))
+        self.assertEqual(lv["best_meeting"]["config"], "hybrid@0.1/K8V4")
+        self.assertAlmostEqual(lv["best_meeting"]["vs_static"], 25.0)
+        self.assertAlmostEqual(lv["best_meeting"]["vs_paged"], 6.25)
+        self.assertTrue(lv["target_met"])
+        # The computed figures stay beside the measured ones.
+        self.assertAlmostEqual(summary["capacity"]["best_meeting"]["vs_static"], 80.0)
+        self.assertIn("live polykvd", summary["summary"])
+
+    def test_live_target_missed_and_stale_tokens(self):
+        tokens = dict(LIVE_TOKENS, **{"polykv:hybrid@0.1/K8V4": 150})
+        live = live_json({"static": 40, "paged": 160, "polykv:hybrid@0.1/K8V4": 200}, tokens)
+        with tempfile.TemporaryDirectory() as d:
+            self.write(d, live)
+            a = report.write_report(d, resamples=FAST, plots=False)
+            md = read(os.path.join(d, "report.md"))
+        self.assertIn("**5.00×** static — the ≥ 8× target is not met", md)
+        self.assertNotIn("Static fits only", md)
+        self.assertFalse(a.capacity["live"]["target_met"])
+        self.assertTrue(any("measured at 150 tokens" in n and "now give 148" in n
+                            for n in a.notes))
+
+    def test_missing_file_means_no_live_section(self):
+        with tempfile.TemporaryDirectory() as d:
+            self.write(d)
+            a = report.write_report(d, resamples=FAST, plots=False)
+            md = read(os.path.join(d, "report.md"))
+            summary = json.loads(read(os.path.join(d, "summary.json")))
+        self.assertNotIn("live polykvd", md)
+        self.assertNotIn("live", summary["capacity"])
+        self.assertEqual(len(summary["capacity"]["live_inputs"]), 4)
+        self.assertFalse(any("live capacity" in n for n in a.notes))
+
+    def test_failed_or_unreadable_measurement_is_a_note(self):
+        for live, raw, want in (({"bench": "capacity", "error": "polykv-bench capacity exited 1"},
+                                 None, "exited 1"),
+                                (None, "{oops", "not readable JSON")):
+            with tempfile.TemporaryDirectory() as d:
+                self.write(d, live, raw)
+                report.write_report(d, resamples=FAST, plots=False)
+                md = read(os.path.join(d, "report.md"))
+            self.assertNotIn("Measured on a live polykvd", md)
+            self.assertIn("the live capacity measurement failed", md)
+            self.assertIn(want, md)
+
+    @unittest.skipUnless(HAVE_MPL, "matplotlib not importable")
+    def test_plot_with_live_points(self):
+        live = live_json({"static": 0, "paged": 16, "polykv:hybrid@0.1/K8V4": 100}, LIVE_TOKENS)
+        with tempfile.TemporaryDirectory() as d:
+            self.write(d, live)
+            a = report.write_report(d, resamples=FAST, plots=True)
+            self.assertTrue(os.path.exists(os.path.join(d, "capacity.png")))
+            md = read(os.path.join(d, "report.md"))
+        self.assertIn("stars measured on a live polykvd", md)
+        # No static session fits: the ratio is undefined, not a division error.
+        self.assertIsNone(a.capacity["live"]["best_meeting"]["vs_static"])
+        self.assertIn("ratio to static is undefined", md)
+
+
+FAKE_BENCH = """#!{python}
+import json, sys
+args = sys.argv[1:]
+if {fail}:
+    print("capacity: something broke", file=sys.stderr)
+    sys.exit(3)
+pool = int(args[args.index("--pool-mib") + 1]) << 20
+out = []
+for i, a in enumerate(args):
+    if a == "--session":
+        name, _, rest = args[i + 1].partition("=")
+        tokens = int(rest.split(":")[0])
+        n = pool // (tokens * 1000)
+        print("polykvd log line", file=sys.stderr)
+        print(f"\\rcapacity {{name}}: 1 sessions\\rcapacity {{name}}: {{n}} sessions admitted",
+              file=sys.stderr)
+        out.append({{"name": name, "tokens": tokens, "session_bytes": tokens * 1000,
+                    "admitted": n, "pool_over_session_bytes": pool / (tokens * 1000)}})
+print(json.dumps({{"bench": "capacity", "pool_bytes": pool, "strategies": out}}))
+"""
+
+
 class DriverTest(unittest.TestCase):
+    def test_live_capacity_flags(self):
+        args = driver.parse_args([])
+        self.assertFalse(args.no_live_capacity)
+        self.assertEqual(args.capacity_pool_mib, 1024)
+        args = driver.parse_args(["--no-live-capacity", "--capacity-pool-mib", "2048"])
+        self.assertTrue(args.no_live_capacity)
+        self.assertEqual(args.capacity_pool_mib, 2048)
+
+    def test_capacity_session_args(self):
+        a = report.analyze(live_records(), dict(LIVE_META), resamples=FAST)
+        summary = json.loads(json.dumps(report.summary_json(a, {})))
+        self.assertEqual(driver.capacity_session_args(summary), [
+            "static=4096:f16:f16", "paged=1048:f16:f16",
+            "polykv:hybrid@0.1/K8V4=148:int8:int4", "polykv:hybrid@0.05/K2V2=97:int2:int2"])
+        odd = {"capacity": {"live_inputs": [
+            {"name": "a=b", "tokens": 5, "k_format": "f16", "v_format": "f16"},
+            {"name": "bad", "tokens": 5, "k_format": "K8", "v_format": "f16"},
+            {"name": "zero", "tokens": 0, "k_format": "f16", "v_format": "f16"},
+            {"name": "none"}]}}
+        self.assertEqual(driver.capacity_session_args(odd), ["a-b=5:f16:f16"])
+        self.assertEqual(driver.capacity_session_args({}), [])
+
+    def fake_bench(self, d, fail):
+        path = os.path.join(d, "fake-bench")
+        with open(path, "w") as f:
+            f.write(FAKE_BENCH.format(python=sys.executable, fail=fail))
+        os.chmod(path, 0o755)
+        return path
+
+    def test_measure_live_capacity_then_report(self):
+        with tempfile.TemporaryDirectory() as d:
+            ReportFileTest.write(None, d, live_records(), LIVE_META)
+            report.write_report(d, resamples=FAST, plots=False)
+            warning = driver.measure_live_capacity(d, 64, bench=self.fake_bench(d, False))
+            self.assertIsNone(warning)
+            live = json.loads(read(os.path.join(d, "capacity_live.json")))
+            self.assertEqual(live["pool_bytes"], 64 * MiB_)
+            self.assertEqual({s["name"]: s["tokens"] for s in live["strategies"]}, LIVE_TOKENS)
+            self.assertIn("polykvd log line", read(os.path.join(d, "capacity_live.log")))
+            self.assertFalse(os.path.exists(os.path.join(d, "capacity_live.json.tmp")))
+            report.write_report(d, resamples=FAST, plots=False)
+            md = read(os.path.join(d, "report.md"))
+            # static: 64 MiB // 4096000 B = 16; K8V4: // 148000 = 453
+            self.assertIn("#### Measured on a live polykvd (pool 64 MiB)", md)
+            self.assertIn("had 453 sessions admitted against 16", md)
+
+    def test_failing_bench_is_a_warning(self):
+        with tempfile.TemporaryDirectory() as d:
+            ReportFileTest.write(None, d, live_records(), LIVE_META)
+            report.write_report(d, resamples=FAST, plots=False)
+            warning = driver.measure_live_capacity(d, 64, bench=self.fake_bench(d, True))
+            self.assertIn("exited 3: capacity: something broke", warning)
+            self.assertIn("exited 3", json.loads(read(os.path.join(d, "capacity_live.json")))["error"])
+            a = report.write_report(d, resamples=FAST, plots=False)
+            self.assertTrue(any(n.startswith("warning: the live capacity measurement failed")
+                                for n in a.notes))
+            missing = driver.measure_live_capacity(d, 64, bench=os.path.join(d, "nope"))
+            self.assertIn("could not run", missing)
+
+    def test_stuck_bench_is_killed(self):
+        with tempfile.TemporaryDirectory() as d:
+            ReportFileTest.write(None, d, live_records(), LIVE_META)
+            report.write_report(d, resamples=FAST, plots=False)
+            bench = os.path.join(d, "stuck-bench")
+            with open(bench, "w") as f:
+                f.write("#!/bin/sh\nexec sleep 30\n")
+            os.chmod(bench, 0o755)
+            warning = driver.measure_live_capacity(d, 64, bench=bench, timeout_s=0.5)
+            self.assertIn("killed after 0.5 s", warning)
+
+    def test_live_capacity_skipped_without_summary(self):
+        with tempfile.TemporaryDirectory() as d:
+            self.assertIn("summary.json", driver.measure_live_capacity(d, 64, bench="/bin/false"))
+            self.assertFalse(os.path.exists(os.path.join(d, "capacity_live.json")))
+
     def test_presets(self):
         quick = driver.expand_preset("quick")
         self.assertEqual(quick["configs"][0], "full@1/f16")
