@@ -166,13 +166,15 @@ absl::StatusOr<std::vector<std::string>> RunTask(
       o.status = fork.AddMessage(task.question.role, task.question.content, task.question.intent);
       if (!o.status.ok()) return o;
     }
-    auto r = fork.Generate(task.generation.max_new_tokens, task.generation.intent);
+    auto r = fork.Generate(task.generation.max_new_tokens, task.generation.intent, {},
+                           task.generation.answer_prefix);
     if (!r.ok()) {
       o.status = r.status();
       return o;
     }
     o.tokens = r->tokens;
-    o.text = r->text;
+    // The answer as the turn reads (what the scorer checks).
+    o.text = task.generation.answer_prefix + r->text;
     o.stop = r->stop;
     o.question_tokens = r->prompt_tokens;
     o.bytes_peak = (*store)->bytes();
@@ -238,6 +240,7 @@ absl::StatusOr<std::vector<std::string>> RunTask(
         ",\"bytes_context\":", o.bytes_context, ",\"bytes_peak\":", o.bytes_peak,
         ",\"bytes_mean\":", Num((o.bytes_context + o.bytes_peak) / 2.0), ",\"bytes_fraction\":",
         Num(static_cast<double>(o.bytes_peak) / std::max<int64_t>(1, reference.bytes_peak)),
+        ",\"answer_prefix\":", worker::JsonQuote(task.generation.answer_prefix),
         ",\"output\":", worker::JsonQuote(o.text), ",\"output_tokens\":[", ids,
         "],\"stop\":", worker::JsonQuote(o.stop), ",\"ref_tokens_len\":", reference.tokens.size(),
         ",\"prefix_agreement\":", Num(a.prefix), ",\"token_agreement\":", Num(a.token),

@@ -76,6 +76,7 @@ absl::StatusOr<Task> ParseTask(const std::string& file, const std::string& text,
     if (!str("content", &m.content)) {
       if (m.role != worker::Role::kAssistant) return where("only an assistant line may omit \"content\"");
       m.generate = true;
+      str("answer_prefix", &m.answer_prefix);
       m.max_new_tokens = default_max_new_tokens;
       if (auto it = o.find("max_new_tokens"); it != o.end()) {
         if (!it->second.is_number() || it->second.num() < 1) {

@@ -21,6 +21,10 @@ struct TaskMessage {
   std::string intent;
   bool generate = false;  // an assistant turn to generate (earlier ones: full cache)
   int max_new_tokens = 0;
+  // Generation line only ("answer_prefix"): the start of the answer, given
+  // to the model (e.g. "The order number is"), so that a small model's
+  // answer is a copy from the context rather than a paraphrase.
+  std::string answer_prefix;
 };
 
 struct Task {

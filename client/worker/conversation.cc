@@ -111,7 +111,7 @@ absl::Status Conversation::Flush(std::vector<float>* last_logits) {
 
 absl::StatusOr<TurnResult> Conversation::Generate(
     int max_new_tokens, std::string_view intent,
-    const std::function<void(std::string_view)>& on_text) {
+    const std::function<void(std::string_view)>& on_text, std::string_view answer_prefix) {
   if (max_new_tokens <= 0) return absl::InvalidArgumentError("max_new_tokens must be positive");
   if (absl::Status s = store_->BeginTurn(TurnInfo{turn_, Role::kAssistant, std::string(intent)});
       !s.ok()) {
@@ -119,6 +119,7 @@ absl::StatusOr<TurnResult> Conversation::Generate(
   }
   const bool first = next_position_ == 0 && pending_.empty();
   Queue(m_->tokenizer->Encode(m_->chat_template.GenerationPrompt(first), true), Role::kAssistant);
+  if (!answer_prefix.empty()) Queue(m_->tokenizer->Encode(answer_prefix, false), Role::kAssistant);
   TurnResult r;
   r.prompt_tokens = static_cast<int>(pending_.size());
   std::vector<float> logits;

@@ -63,8 +63,11 @@ class Conversation {
 
   // Generates an assistant turn of at most `max_new_tokens` tokens.
   // `on_text`, when set, receives the text as it is produced (whole UTF-8).
+  // `answer_prefix`, when set, is the start of the turn, written for the
+  // model (prefilled, not generated; not part of the result's text).
   absl::StatusOr<TurnResult> Generate(int max_new_tokens, std::string_view intent = "",
-                                      const std::function<void(std::string_view)>& on_text = {});
+                                      const std::function<void(std::string_view)>& on_text = {},
+                                      std::string_view answer_prefix = "");
 
   // Prefills the queued tokens now; returns the last token's logits.
   absl::Status Flush(std::vector<float>* last_logits);

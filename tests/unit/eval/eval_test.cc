@@ -245,7 +245,7 @@ TEST(Task, SplitsContextQuestionAndTurnUnderTest) {
       R"({"role":"user","content":"fact"})" "\n"
       R"({"role":"assistant"})" "\n"
       R"({"role":"user","content":"q?"})" "\n"
-      R"({"role":"assistant","id":"t1","max_new_tokens":7,"intent":"reply","eval":{"family":"recall","answers":["x"]}})" "\n";
+      R"({"role":"assistant","id":"t1","max_new_tokens":7,"intent":"reply","answer_prefix":"It is","eval":{"family":"recall","answers":["x"]}})" "\n";
   auto t = ParseTask("/x/f.jsonl", text, 64);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->id, "t1");
@@ -256,6 +256,7 @@ TEST(Task, SplitsContextQuestionAndTurnUnderTest) {
   EXPECT_EQ(t->question.content, "q?");
   EXPECT_EQ(t->generation.max_new_tokens, 7);
   EXPECT_EQ(t->generation.intent, "reply");
+  EXPECT_EQ(t->generation.answer_prefix, "It is");
   auto eval = worker::ParseJson(t->eval_json);
   ASSERT_TRUE(eval.ok()) << t->eval_json;
   EXPECT_TRUE(eval->is_object());
@@ -274,7 +275,7 @@ TEST(RunTask, FullF32CacheAnswersAsTheWorkerDoes) {
       R"({"role":"assistant","content":"Noted, Alice: order ORD-48213."})" "\n"
       R"({"role":"tool","content":"shipping status: delayed at the hub, new date Tuesday"})" "\n"
       R"({"role":"user","content":"What is my order number?"})" "\n"
-      R"({"role":"assistant","id":"t","max_new_tokens":12,"intent":"reply: the order number"})" "\n";
+      R"({"role":"assistant","id":"t","max_new_tokens":12,"intent":"reply: the order number","answer_prefix":"Your order number is"})" "\n";
   auto task = ParseTask("t.jsonl", text, 64);
   ASSERT_TRUE(task.ok());
 
@@ -289,7 +290,7 @@ TEST(RunTask, FullF32CacheAnswersAsTheWorkerDoes) {
   worker::Conversation conv(model, local->get(), co);
   for (const TaskMessage& m : task->context) ASSERT_TRUE(conv.AddMessage(m.role, m.content, m.intent).ok());
   ASSERT_TRUE(conv.AddMessage(task->question.role, task->question.content).ok());
-  auto want = conv.Generate(12);
+  auto want = conv.Generate(12, "", {}, "Your order number is");
   ASSERT_TRUE(want.ok());
 
   std::vector<CacheConfig> configs;
@@ -310,7 +311,7 @@ TEST(RunTask, FullF32CacheAnswersAsTheWorkerDoes) {
   EXPECT_EQ(field(rec[0], "token_agreement").num(), 1.0);
   EXPECT_EQ(field(rec[0], "bytes_fraction").num(), 1.0);
   EXPECT_EQ(field(rec[1], "config").str(), "full@1/f32");
-  EXPECT_EQ(field(rec[1], "output").str(), want->text);
+  EXPECT_EQ(field(rec[1], "output").str(), "Your order number is" + want->text);
   EXPECT_NEAR(field(rec[1], "bytes_fraction").num(), 2.0, 1e-9);
   // Compressed configurations hold less.
   EXPECT_LT(field(rec[2], "bytes_fraction").num(), 0.75);
