@@ -24,6 +24,8 @@ dropped when the task is over its size target; schemas of unrelated classes
 (shuffled in among the real ones, like BFCL's "multiple" category) pad it
 when under.
 
+The answer_prefix "[" opens the call list the instruction asks for.
+
 Scoring "call": eval "calls" is [{"function", "kwargs"}] in order, "params"
 maps each function to its parameter order (for positional arguments in the
 output) and "defaults" to its documented defaults. The first len(calls)
@@ -220,4 +222,5 @@ def generate(rng: random.Random, task_id: str, seed: int, target: int, ctx: dict
         "answers": [_call_list(gt[k])], "bfcl_id": entry["id"], "bfcl_turn": k,
         "bfcl_source": ds["source"],
     }
-    return Task(task_id, FAMILY, seed, conv, max_new, "answer: emit the function calls", ev)
+    return Task(task_id, FAMILY, seed, conv, max_new, "answer: emit the function calls", ev,
+                answer_prefix="[")

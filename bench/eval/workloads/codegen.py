@@ -83,6 +83,10 @@ def camel(snake: str) -> str:
     return head + "".join(w.capitalize() for w in rest)
 
 
+def snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in name)
+
+
 def arg_value(rng: random.Random, param: str, lang: str = "py") -> str:
     """Source text of an argument value a caller might pass for param."""
     kind = PARAMS.get(param, "ident")
@@ -118,9 +122,9 @@ def make_function(rng: random.Random, lang: str, used: dict, min_params: int = 1
         default = None
         if i == len(names) - 1 and i >= 2 and rng.random() < 0.3:
             default = arg_value(rng, p, lang)
-        params.append((p, default))
+        params.append((p if lang == "py" else camel(p), default))
     tmpl = rng.choice(DOC_TEMPLATES)
-    doc = tmpl.format(Verb=verb.capitalize(), verb=verb, noun=noun, p0=names[0])
+    doc = tmpl.format(Verb=verb.capitalize(), verb=verb, noun=noun, p0=params[0][0])
     return Func(name if lang == "py" else camel(snake), params, doc, lang)
 
 

@@ -19,7 +19,9 @@ defined in the first half of the trace:
   applyDiscount(...)" for JavaScript), whitespace-normalized.
 
 Function bodies never call a public function, so the definition is the only
-place the parameter order appears; "evidence" in eval holds that line.
+place the parameter order appears; "evidence" in eval holds that line. The
+answer_prefix opens the reply ("apply_discount(" or "def apply_discount("),
+so the model goes straight to the arguments.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import random
 
 import codegen
 import filler
-from common import Conversation, Task, fit_lines
+from common import Conversation, Task
 
 FAMILY = "coding"
 SYSTEM = ("You are a coding assistant working in the acme-shop repository. You can read files "
@@ -43,62 +45,58 @@ OPENERS = [
 TOKENS_PER_FUNC = 80
 
 
-def _file_round(rng, conv, used, lang, budget, min_params):
-    n = max(2, min(14, budget // TOKENS_PER_FUNC))
+def _file_round(rng, conv, used, lang, budget, min_params, exact=False):
+    """Reads one new file; returns the functions shown.
+
+    The file is about budget tokens of whole functions; with exact, the
+    whole round (plan, output, note) is cut to budget tokens at a line, the
+    way a read_file with a line limit stops.
+    """
+    n = max(2, min(16, budget // TOKENS_PER_FUNC + (2 if exact else 0)))
     path, body, funcs = codegen.source_file(rng, lang, used, n, min_params)
-    while conv.cost(body) > budget + 40 and len(funcs) > 2:
+    render = codegen.render_py if lang == "py" else codegen.render_js
+    while not exact and conv.cost(body) > budget + 40 and len(funcs) > 2:
         funcs = funcs[:-1]
-        render = codegen.render_py if lang == "py" else codegen.render_js
         body = render(rng, path.rsplit("/", 1)[1].split(".")[0], funcs)
-    if conv.cost(body) > budget + 40:
-        body = fit_lines(body.split("\n"), budget)
-        funcs = [f for f in funcs if f.signature() in body]
-    conv.add("assistant", f"Reading {path}.", intent="plan: read_file " + path)
+    plan = f"Reading {path}."
+
+    def note(fs):
+        names = ", ".join(f.name for f in fs[:3]) + (" and others" if len(fs) > 3 else "")
+        return f"{path} defines {len(fs)} functions: {names}."
+
+    if exact:
+        lines = body.rstrip("\n").split("\n")
+        marker = ("# " if lang == "py" else "// ") + "[read_file: output truncated]"
+
+        def cut(k):
+            b = "\n".join(lines[:k]) + ("\n" + marker if k < len(lines) else "")
+            fs = [f for f in funcs if f.signature() in b]
+            return b, fs, conv.cost(plan) + conv.cost(b) + conv.cost(note(fs))
+
+        lo, hi = 1, len(lines)  # the most lines whose round fits in budget
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if cut(mid)[2] <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        body, funcs, _ = cut(lo)
+    conv.add("assistant", plan, intent="plan: read_file " + path)
     conv.add("tool", body, intent="tool: read_file " + path)
-    conv.add("assistant", f"{path} defines {len(funcs)} functions: "
-             f"{', '.join(f.name for f in funcs[:3])}{' and others' if len(funcs) > 3 else ''}.",
-             intent="plan: note the functions")
+    conv.add("assistant", note(funcs), intent="plan: note the functions")
     return funcs
 
 
 def _distinct_values(rng, params, lang):
     for _ in range(50):
-        vals = [codegen.arg_value(rng, p, lang) for p in params]
+        vals = [codegen.arg_value(rng, codegen.snake(p), lang) for p in params]
         if len(set(vals)) == len(vals):
             return vals
     return [f"{p}_value" for p in params]
 
 
-def generate(rng: random.Random, task_id: str, seed: int, target: int) -> Task:
-    conv = Conversation()
-    conv.add("system", SYSTEM)
-    conv.add("user", rng.choice(OPENERS).format(noun=rng.choice(codegen.NOUNS)),
-             intent="user: asks to read the code")
-    variant = "call" if rng.random() < 0.6 else "signature"
-    goal = target - 70  # about the question's size; a top-up below fixes the rest
-    used: dict = {}
-    candidates = []
-    # File sizes fit the budget: a small task has two or three files, a big one many.
-    need = 3 if variant == "call" else 2
-    while True:
-        left = goal - conv.tokens
-        if left < 300:
-            break
-        size = min(left - 50, rng.randint(300, 900))
-        if left - size < 300:
-            size = left - 50  # the remainder would be too small for a file
-        lang = "py" if rng.random() < 0.75 else "js"
-        early = conv.tokens <= target // 2 or not candidates
-        funcs = _file_round(rng, conv, used, lang, size, need if early else 1)
-        if early:
-            candidates += [f for f in funcs if len(f.params) >= need]
-        left = goal - conv.tokens
-        if left > 400 and rng.random() < 0.3:
-            filler.add_rounds(rng, conv, min(left - 200, rng.randint(150, 450)), list(used),
-                              ["tests", "logs", "search"], style="agent", round_tokens=(120, 400))
-    if not candidates:
-        raise RuntimeError(f"{task_id}: no candidate function; target {target} too small")
-    f = rng.choice(candidates)
+def _question(rng, variant, f):
+    """(question, eval, max_new_tokens, intent, answer_prefix) about function f."""
     if variant == "call":
         vals = _distinct_values(rng, f.param_names, f.lang)
         order = list(range(len(vals)))
@@ -111,16 +109,54 @@ def generate(rng: random.Random, task_id: str, seed: int, target: int) -> Task:
         ev = {"family": FAMILY, "scorer": "call", "function": f.name, "args": vals,
               "params": f.param_names, "answers": [f"{f.name}({', '.join(vals)})"],
               "evidence": [f.signature()], "lang": f.lang}
-        max_new, intent = 48, "answer: write the call"
-    else:
-        what = "def line" if f.lang == "py" else "declaration line"
-        question = (f"Copy the {what} of the function {f.name} exactly as it appears in the file. "
-                    "Reply with that line only.")
-        ev = {"family": FAMILY, "scorer": "contains", "answers": [f.signature()],
-              "evidence": [f.signature()], "lang": f.lang}
-        max_new, intent = 40, "answer: quote a function signature"
-    # Whole functions leave a remainder; a log check fills it.
-    filler.add_rounds(rng, conv, target - conv.tokens - conv.cost(question), list(used),
-                      ["logs", "json"], style="agent", round_tokens=(60, 300))
+        return question, ev, 48, "answer: write the call", f"{f.name}("
+    what = "def line" if f.lang == "py" else "declaration line"
+    question = (f"Copy the {what} of the function {f.name} exactly as it appears in the file. "
+                "Reply with that line only.")
+    ev = {"family": FAMILY, "scorer": "contains", "answers": [f.signature()],
+          "evidence": [f.signature()], "lang": f.lang}
+    return (question, ev, 40, "answer: quote a function signature",
+            ("def " if f.lang == "py" else "function ") + f.name + "(")
+
+
+def generate(rng: random.Random, task_id: str, seed: int, target: int) -> Task:
+    conv = Conversation()
+    conv.add("system", SYSTEM)
+    conv.add("user", rng.choice(OPENERS).format(noun=rng.choice(codegen.NOUNS)),
+             intent="user: asks to read the code")
+    variant = "call" if rng.random() < 0.6 else "signature"
+    need = 3 if variant == "call" else 2
+    used: dict = {}
+    candidates: list = []
+    asked = None  # (question, eval, max_new_tokens, intent), fixed once half the files are read
+    goal = target - 70  # until the question, and so its size, is known
+    # File sizes fit the budget: a small task has two or three files, a big one many.
+    while True:
+        if asked is None and candidates and conv.tokens >= target // 2:
+            asked = _question(rng, variant, rng.choice(candidates))
+            goal = target - conv.cost(asked[0])
+        left = goal - conv.tokens
+        if left < 120:
+            break
+        size = min(left - 50, rng.randint(300, 900))
+        lang = "py" if rng.random() < 0.75 else "js"
+        early = asked is None
+        # The last file is cut to the remainder instead of leaving it empty.
+        exact = not early and left - size < 300
+        funcs = _file_round(rng, conv, used, lang, left if exact else size,
+                            need if early else 1, exact)
+        if early:
+            candidates += [f for f in funcs if len(f.params) >= need]
+        if exact:
+            break
+        left = goal - conv.tokens
+        if left > 600 and rng.random() < 0.3:
+            filler.add_rounds(rng, conv, min(left - 450, rng.randint(150, 450)), list(used),
+                              ["tests", "logs", "search"], style="agent", round_tokens=(120, 400))
+    if asked is None:
+        if not candidates:
+            raise RuntimeError(f"{task_id}: no candidate function; target {target} too small")
+        asked = _question(rng, variant, rng.choice(candidates))
+    question, ev, max_new, intent, prefix = asked
     conv.add("user", question, intent="user: asks about a function")
-    return Task(task_id, FAMILY, seed, conv, max_new, intent, ev)
+    return Task(task_id, FAMILY, seed, conv, max_new, intent, ev, answer_prefix=prefix)

@@ -102,19 +102,26 @@ class Task:
     intent: str                   # the plan step of the generated turn; never the answer
     eval: dict
     extra_manifest: dict = field(default_factory=dict)
+    # The start of the reply, prefilled by the harness after the question
+    # ("The order number of Alice Park is"): a small model then continues
+    # with a copy instead of a paraphrase. Never contains the answer.
+    answer_prefix: str = ""
 
     @property
     def approx_tokens(self) -> int:
         return self.conv.tokens
 
     def generation_line(self) -> dict:
-        return {
+        line = {
             "role": "assistant",
             "id": self.task_id,
             "max_new_tokens": self.max_new_tokens,
             "intent": self.intent,
-            "eval": self.eval,
         }
+        if self.answer_prefix:
+            line["answer_prefix"] = self.answer_prefix
+        line["eval"] = self.eval
+        return line
 
     def check(self) -> None:
         msgs = self.conv.messages
@@ -127,6 +134,8 @@ class Task:
         for a in self.eval.get("answers", []):
             if a and a.lower() in self.intent.lower():
                 raise AssertionError(f"{self.task_id}: the intent leaks the answer")
+            if a and a.lower() in self.answer_prefix.lower():
+                raise AssertionError(f"{self.task_id}: the answer prefix leaks the answer")
 
 
 def write_task(out_dir: str, task: Task) -> str:
@@ -155,6 +164,28 @@ def fit_lines(lines: list[str], budget_tokens: int, keep_head: int = 0) -> str:
         out.append(line)
         used += cost
     return "\n".join(out)
+
+
+_PREFIXED_ID = re.compile(r"^[A-Za-z]+[0-9]?-([0-9A-Za-z]{4,})$")
+
+
+def answer_variants(value: str) -> list[str]:
+    """value first, then its distinctive core when it has a generic prefix.
+
+    SmolLM2-135M often copies the number of an id but drops the prefix
+    ("48213" for "ORD-48213", "6.6.6" for "v6.6.6"); that is still the fact.
+    Cores are at least four characters, so a chance match stays unlikely.
+    """
+    out = [value]
+    if m := _PREFIXED_ID.match(value):
+        out.append(m.group(1))
+    elif re.fullmatch(r"v\d+\.\d+\.\d+", value):
+        out.append(value[1:])
+    elif value.endswith(".internal"):
+        out.append(value.removesuffix(".internal"))
+    elif value.startswith("s3://"):
+        out.append(value.removeprefix("s3://"))
+    return [a for i, a in enumerate(out) if i == 0 or len(a) >= 4]
 
 
 def contains_any(text: str, needles: list[str]) -> bool:

@@ -5,16 +5,19 @@ system prompt, byte for byte: the team's instructions, the JSON schemas of the
 tools every agent may call, and working agreements (about 1500 tokens). After
 it each agent has its own short conversation, built like a `recall` task
 (facts in the first user turns, distractors after) or a `tools` task (an
-incident and a tool trace), and the final question is about that agent's own
-turns. Sizes, over the whole task, spread over the run's range.
+incident and a tool trace, the detail noted by the assistant or not, as in
+`tools`), and the final question is about that agent's own turns. Sizes,
+prefix included, spread over the run's range; with --min-tokens under 1950
+the prefix shrinks to min-tokens - 450 to leave each agent room.
 
 eval carries "shared_prefix_messages" (how many leading messages all agents of
-the group share, here 1), "group" and "agent", so the harness can run a group
-concurrently and account for a prefix the daemon stores once. Scoring:
-"contains", as in recall and tools.
+the group share, here 1), "group", "agent" and "kind" (recall or tools), so
+the harness can run a group concurrently and account for a prefix the daemon
+stores once. Scoring: "contains", as in recall and tools.
 
-Groups: `--per-family N` gives ceil(N / 16) groups, i.e. N rounded up to a
-multiple of 16 tasks.
+Groups: `--per-family N` gives N tasks, whole groups of 16 and, for a count
+that is not a multiple of 16, the first agents of one more group (agent a of
+a group is the same task whatever N is).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import random
 import recall
 import text
 import tools
-from common import Conversation, Task, est_tokens, size_targets, task_seed
+from common import Conversation, Task, answer_variants, est_tokens, size_targets, task_seed
 
 FAMILY = "multiagent"
 AGENTS_PER_GROUP = 16
@@ -127,15 +130,18 @@ def generate_group(run_seed: int, group: int, lo: int, hi: int) -> list[Task]:
         # The prefix mixes prose and JSON; count it as code, the cautious estimate.
         conv.add("system", prefix)
         budget = targets[a] - conv.tokens
+        extra = {}
         if rng.random() < 0.5:
-            question, answer = recall.build_turns(rng, conv, budget)
+            question, answer, answer_prefix = recall.build_turns(rng, conv, budget)
             kind = "recall"
         else:
-            question, answer, _ = tools.build_turns(rng, conv, budget, style="agent")
+            extra["noted"] = rng.random() < 0.5
+            question, answer, answer_prefix, _ = tools.build_turns(rng, conv, budget, noted=extra["noted"])
             kind = "tools"
         conv.add("user", question, intent="user: asks about an earlier detail")
         tasks.append(Task(task_id, FAMILY, seed, conv, 24, "answer: recall a detail from this agent's turns",
-                          {"family": FAMILY, "scorer": "contains", "answers": [answer],
-                           "shared_prefix_messages": 1, "group": group, "agent": a, "kind": kind},
-                          {"group": group}))
+                          {"family": FAMILY, "scorer": "contains", "answers": answer_variants(answer),
+                           "shared_prefix_messages": 1, "group": group, "agent": a, "kind": kind,
+                           **extra},
+                          {"group": group}, answer_prefix=answer_prefix))
     return tasks

@@ -9,10 +9,14 @@ answer is a short string to copy:
 
     What is the order number of Alice Park? Answer with the order number only.
 
+and the generation line's answer_prefix starts the reply ("The order number
+of Alice Park is"), so the model's next tokens are the copy itself.
+
 Every value in a scenario is distinct and no distractor line contains a
 fact's value or subject, so the only correct source is the early turn.
-Scoring: "contains" -- the normalized answer must occur in the normalized
-output.
+Scoring: "contains" -- some answer must occur in the normalized output; the
+answers are the value and, for a prefixed id, its core ("ORD-48213",
+"48213"), since the small model tends to drop the prefix when it copies.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import random
 
 import filler
 import text
-from common import Conversation, Task
+from common import Conversation, Task, answer_variants
 
 FAMILY = "recall"
 SYSTEM = ("You are a helpful assistant for an operations team. You can call tools. "
@@ -55,10 +59,13 @@ def orders(rng):
     for p, prod, city, oid, d in zip(people, products, cities, ids, dates):
         lines.append(f"- {p}: order {oid}, a {prod}, ordered on {d}, ships to {city}.")
         qa += [
-            (f"What is the order number of {p}? Answer with the order number only.", oid, p),
-            (f"What did {p} order? Answer with the product only.", prod, p),
-            (f"Which city does the order of {p} ship to? Answer with the city only.", city, p),
-            (f"On what date did {p} place the order? Answer with the date only.", d, p),
+            (f"What is the order number of {p}? Answer with the order number only.", oid,
+             f"The order number of {p} is"),
+            (f"What did {p} order? Answer with the product only.", prod, f"{p} ordered a"),
+            (f"Which city does the order of {p} ship to? Answer with the city only.", city,
+             f"The order of {p} ships to"),
+            (f"On what date did {p} place the order? Answer with the date only.", d,
+             f"{p} placed the order on"),
         ]
     turns = ["\n".join(lines)]
     return turns, qa, people + ids + products + cities + dates, (
@@ -83,13 +90,20 @@ def traveller(rng):
         f"already gave me the confirmation code {hotel}.",
     ]
     qa = [
-        ("What is my frequent flyer number? Answer with the number only.", ff, "frequent flyer"),
-        ("What is my hotel confirmation code? Answer with the code only.", hotel, "hotel"),
-        ("When does my passport expire? Answer with the date only.", passport, "passport"),
-        ("Who is my emergency contact? Answer with the name only.", contact, "emergency contact"),
-        ("Which seat do I prefer? Answer with the seat type only.", seat, "seat"),
-        ("Which meal should be requested for me? Answer with the meal only.", meal, "meal"),
-        ("In which city is my home airport? Answer with the city only.", home, "home airport"),
+        ("What is my frequent flyer number? Answer with the number only.", ff,
+         "Your frequent flyer number is"),
+        ("What is my hotel confirmation code? Answer with the code only.", hotel,
+         "Your hotel confirmation code is"),
+        ("When does my passport expire? Answer with the date only.", passport,
+         "Your passport expires on"),
+        ("Who is my emergency contact? Answer with the name only.", contact,
+         "Your emergency contact is"),
+        ("Which seat do I prefer? Answer with the seat type only.", seat, "You prefer an"
+         if seat[0] in "aeiou" else "You prefer a"),
+        ("Which meal should be requested for me? Answer with the meal only.", meal,
+         "You should get a"),
+        ("In which city is my home airport? Answer with the city only.", home,
+         "Your home airport is in"),
     ]
     return turns, qa, [ff, hotel, passport, contact, me[0], home, seat, meal], (
         "Noted. I have your frequent flyer number, passport date, seat and meal preferences, "
@@ -113,14 +127,16 @@ def project(rng):
         f"and backups go to {bucket}.",
     ]
     qa = [
-        ("What is the staging database host? Answer with the host name only.", host, "staging database"),
-        ("What is the release tag? Answer with the tag only.", tag, "release tag"),
-        ("Who is the on-call engineer this week? Answer with the name only.", oncall, "on-call"),
+        ("What is the staging database host? Answer with the host name only.", host,
+         "The staging database host is"),
+        ("What is the release tag? Answer with the tag only.", tag, "The release tag is"),
+        ("Who is the on-call engineer this week? Answer with the name only.", oncall,
+         "The on-call engineer this week is"),
         ("What is the ticket id of last week's incident? Answer with the ticket id only.",
-         ticket, "incident"),
+         ticket, "Last week's incident is tracked as"),
         ("What is the name of the feature flag for the rollout? Answer with the flag name only.",
-         flag, "feature flag"),
-        ("Where do backups go? Answer with the bucket only.", bucket, "backups"),
+         flag, "The feature flag is"),
+        ("Where do backups go? Answer with the bucket only.", bucket, "Backups go to"),
     ]
     return turns, qa, [host, tag, oncall, ticket, flag, bucket], (
         "Understood. I have the staging host, release tag, on-call engineer, feature flag, "
@@ -138,8 +154,10 @@ def contacts(rng):
     qa = []
     for p, r, e in zip(people, rooms, exts):
         lines.append(f"- {p} sits in room {r}, phone extension {e}.")
-        qa += [(f"In which room does {p} sit? Answer with the room only.", r, p),
-               (f"What is the phone extension of {p}? Answer with the extension only.", e, p)]
+        qa += [(f"In which room does {p} sit? Answer with the room only.", r,
+                f"{p} sits in room"),
+               (f"What is the phone extension of {p}? Answer with the extension only.", e,
+                f"The phone extension of {p} is")]
     return ["\n".join(lines)], qa, people + rooms + exts, (
         f"Thanks, I have the rooms and extensions of all {n} people.")
 
@@ -147,27 +165,28 @@ def contacts(rng):
 SCENARIOS = [orders, traveller, project, contacts]
 
 
-def build_turns(rng: random.Random, conv: Conversation, budget: int) -> tuple[str, str]:
+def build_turns(rng: random.Random, conv: Conversation, budget: int) -> tuple[str, str, str]:
     """Adds the fact turns and distractors (about budget tokens) to conv.
 
-    Returns (question, answer). Shared with the multiagent family.
+    Returns (question, answer, answer_prefix). Shared with the multiagent family.
     """
     start = conv.tokens
     turns, qa, avoid, ack = rng.choice(SCENARIOS)(rng)
-    question, answer, _ = rng.choice(qa)
+    question, answer, prefix = rng.choice(qa)
     for i, t in enumerate(turns):
         conv.add("user", t, intent="user: shares details")
         conv.add("assistant", ack if i == len(turns) - 1 else "Noted, go on.",
                  intent="plan: acknowledge")
     spent = conv.tokens - start
     filler.add_rounds(rng, conv, budget - spent - conv.cost(question), avoid)
-    return question, answer
+    return question, answer, prefix
 
 
 def generate(rng: random.Random, task_id: str, seed: int, target: int) -> Task:
     conv = Conversation()
     conv.add("system", SYSTEM)
-    question, answer = build_turns(rng, conv, target - conv.tokens)
+    question, answer, prefix = build_turns(rng, conv, target - conv.tokens)
     conv.add("user", question, intent="user: asks about an earlier detail")
     return Task(task_id, FAMILY, seed, conv, 24, "answer: recall a detail from the earlier turns",
-                {"family": FAMILY, "scorer": "contains", "answers": [answer]})
+                {"family": FAMILY, "scorer": "contains", "answers": answer_variants(answer)},
+                answer_prefix=prefix)

@@ -14,8 +14,17 @@ first part of the trace and the final question asks for one detail of it:
 
 Each key kind occurs at most once per task (distractor logs carry no 5xx,
 distractor test runs pass, distractor listings hold no jobs), so the answer is
-unambiguous and occurs verbatim in the context. The assistant's own summaries
-mention that something failed but never the answer. Scoring: "contains".
+unambiguous and occurs verbatim in the context. In half of the tasks ("noted":
+true in eval) the assistant's short note after the key output repeats the
+detail, as an agent writing down what it found would; in the other half the
+notes say that something failed but not the answer, which then lives only in
+the long tool output. The 135M model rarely finds a detail buried in a long
+output even with the full cache; a noted one it copies more often, and
+whether a cache policy keeps such short assistant turns is worth measuring.
+The answer_prefix starts the reply, with the id's fixed part where there is
+one ("The failed job is job-"), so the model's first tokens are the copy.
+Scoring: "contains", with the id's core as a second answer ("req-8f3a2c91",
+"8f3a2c91").
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import random
 
 import filler
 import text
-from common import Conversation, Task, est_tokens
+from common import Conversation, Task, answer_variants, est_tokens
 
 FAMILY = "tools"
 SYSTEM = ("You are a debugging agent. You can read logs, call HTTP APIs, run tests and read "
@@ -67,10 +76,13 @@ def key_log5xx(rng: random.Random, size: int, avoid: list[str]):
     ]
     return (f"Checking the {service} logs around the time of the incident.",
             f"tool: tail_logs {service}", "\n".join(lines),
-            f"One request in the {service} logs failed with status {status} because {upstream} "
-            f"did not answer; everything else succeeded.",
+            (f"One request in the {service} logs failed with status {status} because {upstream} "
+             f"did not answer; everything else succeeded.",
+             f"Request {rid} failed with status {status} because {upstream} did not answer; "
+             "everything else succeeded."),
             f"In the {service} logs, what is the request id of the request that failed with status "
-            f"{status}? Answer with the request id only.", rid)
+            f"{status}? Answer with the request id only.", rid,
+            f"The request that failed with status {status} is req-")
 
 
 def key_java(rng: random.Random, size: int, avoid: list[str]):
@@ -85,9 +97,10 @@ def key_java(rng: random.Random, size: int, avoid: list[str]):
                             trace]
     return (f"Reading the {service} service log.",
             f"tool: tail_logs {service}", "\n".join(lines),
-            f"The {service} service crashed with {_a(short)} while processing a batch.",
+            (f"The {service} service crashed with {_a(short)} while processing a batch.",
+             f"The {service} service crashed with {_a(short)} thrown at {where}."),
             f"In the {service} log, at which file and line was the {short} thrown? Answer in the "
-            f"form File.java:line only.", where)
+            f"form File.java:line only.", where, f"The {short} was thrown at")
 
 
 def _pytest_key(rng, size, avoid):
@@ -102,16 +115,19 @@ def _pytest_key(rng, size, avoid):
 def key_pytest_where(rng: random.Random, size: int, avoid: list[str]):
     test, exc, run, where = _pytest_key(rng, size, avoid)
     return ("Running the test suite.", "tool: run_tests", run,
-            f"One test fails with {_a(exc[0])}; the others pass.",
+            (f"One test fails with {_a(exc[0])}; the others pass.",
+             f"One test fails with {_a(exc[0])} raised at {where}; the others pass."),
             f"In the test run, which file and line raised the {exc[0]}? Answer in the form "
-            f"path:line only.", where)
+            f"path:line only.", where, f"The {exc[0]} was raised at src/")
 
 
 def key_pytest_name(rng: random.Random, size: int, avoid: list[str]):
     test, exc, run, where = _pytest_key(rng, size, avoid)
     return ("Running the test suite.", "tool: run_tests", run,
-            f"Exactly one test fails, with {_a(exc[0])}.",
-            "Which test failed in the test run? Answer with the test function name only.", test[1])
+            (f"Exactly one test fails, with {_a(exc[0])}.",
+             f"Exactly one test fails: {test[1]}, with {_a(exc[0])}."),
+            "Which test failed in the test run? Answer with the test function name only.", test[1],
+            "The failing test is test_")
 
 
 def key_jobs(rng: random.Random, size: int, avoid: list[str]):
@@ -131,20 +147,22 @@ def key_jobs(rng: random.Random, size: int, avoid: list[str]):
         recs.append(json.dumps(rec))
     body = '{"jobs": [\n  ' + ",\n  ".join(recs) + f'\n], "total": {n}}}'
     return ("Listing the scheduler's recent jobs.", "tool: http_get /v1/jobs?limit=" + str(n), body,
-            "One job in the list has failed after 3 attempts; the others are fine.",
+            ("One job in the list has failed after 3 attempts; the others are fine.",
+             f"Job job-{ids[failed]} has failed after 3 attempts; the others are fine."),
             "In the jobs API response, what is the id of the job whose status is failed? Answer "
-            "with the job id only.", f"job-{ids[failed]}")
+            "with the job id only.", f"job-{ids[failed]}", "The failed job is job-")
 
 
 KEYS = {"log5xx": key_log5xx, "java": key_java, "pytest_where": key_pytest_where,
         "pytest_name": key_pytest_name, "jobs": key_jobs}
 
 
-def build_turns(rng: random.Random, conv: Conversation, budget: int,
-                style: str = "agent") -> tuple[str, str, str]:
+def build_turns(rng: random.Random, conv: Conversation, budget: int, style: str = "agent",
+                noted: bool = False) -> tuple[str, str, str, str]:
     """Adds an incident, key outputs and distractors (about budget tokens).
 
-    Returns (question, answer, key kind). Shared with the multiagent family.
+    noted: the assistant's note after the asked output repeats the answer.
+    Returns (question, answer, answer_prefix, key kind). Shared with the multiagent family.
     """
     goal = conv.tokens + budget
     conv.add("user", rng.choice(INCIDENTS), intent="user: reports an incident")
@@ -163,26 +181,29 @@ def build_turns(rng: random.Random, conv: Conversation, budget: int,
     answer = question = None
     avoid: list[str] = []
     for i, k in enumerate(keys):
-        plan, intent, body, summary, q, a = KEYS[k](rng, key_size, list(avoid))
+        plan, intent, body, (buried, with_answer), q, a, p = KEYS[k](rng, key_size, list(avoid))
         conv.add("assistant", plan, intent="plan: " + intent.split(":", 1)[1].strip())
         conv.add("tool", body, intent=intent)
-        conv.add("assistant", summary, intent="plan: note the failure")
+        conv.add("assistant", with_answer if noted and k == asked else buried,
+                 intent="plan: note the failure")
         avoid.append(a)
         if k == asked:
-            question, answer = q, a
+            question, answer, prefix = q, a, p
         pending = len(keys) - 1 - i
         left = goal - conv.tokens - 30 - pending * (key_size + 70)
         share = left // (pending + 1)
         # A passing rerun after a failing one would contradict it.
         kinds = [f for f in FILLER_KINDS if f != "tests" or not any(x.startswith("pytest") for x in keys)]
         filler.add_rounds(rng, conv, share, avoid, kinds, style=style)
-    return question, answer, asked
+    return question, answer, prefix, asked
 
 
 def generate(rng: random.Random, task_id: str, seed: int, target: int) -> Task:
     conv = Conversation()
     conv.add("system", SYSTEM)
-    question, answer, kind = build_turns(rng, conv, target - conv.tokens)
+    noted = rng.random() < 0.5
+    question, answer, prefix, kind = build_turns(rng, conv, target - conv.tokens, noted=noted)
     conv.add("user", question, intent="user: asks about a tool output")
     return Task(task_id, FAMILY, seed, conv, 24, "answer: report one detail from the tool outputs",
-                {"family": FAMILY, "scorer": "contains", "answers": [answer], "detail": kind})
+                {"family": FAMILY, "scorer": "contains", "answers": answer_variants(answer),
+                 "detail": kind, "noted": noted}, answer_prefix=prefix)
