@@ -460,6 +460,9 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # The commit the tasks and binaries come from: taken now, since a long run
+    # may outlive later commits to the tree.
+    commit = git_commit()
     preset = expand_preset(args.preset)
     families = split_list(args.families) or preset["families"]
     unknown = [f for f in families if f not in FAMILIES]
@@ -556,7 +559,7 @@ def main(argv=None) -> int:
         "command": command,
         "model": model,
         "model_sha256": sha256_file(model),
-        "git_commit": git_commit(),
+        "git_commit": commit,
         "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model()},
         "matrix": configs,
         "task_counts": task_counts(records),
