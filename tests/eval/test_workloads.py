@@ -297,9 +297,8 @@ class DataFamiliesTest(unittest.TestCase):
             ev = lines[-1]["eval"]
             if e["family"] == "humaneval":
                 self.assertIn(ev["prompt"].strip(), lines[-2]["content"])
-                # The reply is prefilled with the fenced prompt; a body completes it.
-                self.assertTrue(lines[-1]["answer_prefix"].startswith("```python\n"))
-                self.assertFalse(score.score(ev, lines[-1]["answer_prefix"] + "    pass\n",
+                self.assertEqual(lines[-1]["answer_prefix"], "```python\n")
+                self.assertFalse(score.score(ev, "```python\n" + ev["prompt"] + "    pass\n",
                                              timeout_s=5, cpu_s=2)["success"])
                 self.assertTrue(lines[-2]["content"].startswith("Complete this Python function."))
                 for key in ("prompt", "test", "entry_point", "task_id"):

@@ -13,12 +13,13 @@ listings, other source files, test runs -- then the final user message
     ```python
     <prompt>```
 
-and the reply is prefilled (answer_prefix) with "```python" and the prompt,
-so the model continues the function body as in HumanEval's completion
-setting. Nothing in the context helps; the family measures how much a
-compressed cache of unrelated context disturbs generation itself. Scoring "humaneval":
-eval carries the prompt, test, entry_point and task_id, and score.py runs the
-program with the problem's check() in a sandboxed subprocess.
+and the reply is prefilled (answer_prefix) with "```python", so that it
+starts with code. Nothing in the context helps; the family measures how much
+a compressed cache of unrelated context disturbs generation itself.
+
+Scoring "humaneval": eval carries the prompt, test, entry_point and task_id,
+and score.py runs the program with the problem's check() in a sandboxed
+subprocess.
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ def generate(rng: random.Random, task_id: str, seed: int, target: int, ctx: dict
     budget = target - conv.tokens - conv.cost(question)
     filler.add_rounds(rng, conv, budget, [p["entry_point"]])
     conv.add("user", question, intent="user: asks for a function")
-    # The reply starts as a fenced copy of the prompt, so the model continues
-    # the function body, HumanEval's completion setting.
+    # Only the fence: prefilled with the prompt too (HumanEval's completion
+    # setting), SmolLM2-135M-Instruct closes the fence right after the
+    # docstring instead of writing a body.
     return Task(task_id, FAMILY, seed, conv, 160, "answer: write the function body",
                 {"family": FAMILY, "scorer": "humaneval", "answers": [], "task_id": p["task_id"],
                  "prompt": p["prompt"], "test": p["test"], "entry_point": p["entry_point"]},
-                answer_prefix="```python\n" + prompt)
+                answer_prefix="```python\n")
