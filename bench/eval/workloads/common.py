@@ -3,8 +3,9 @@
 A task is one JSONL file in polykv-worker's script format. Every line but the
 last is a chat message; the line before the last is the final user question
 and the last is the generation line, an assistant line without "content" that
-carries the task id, max_new_tokens, a plan-step intent and the "eval" object
-the scorer reads. Everything before the question is context: the harness
+carries the task id, max_new_tokens, a plan-step intent, the answer_prefix
+(the start of the reply, prefilled by the harness) and the "eval" object the
+scorer reads. Everything before the question is context: the harness
 prefills it and lets the cache policy under test compress it before the
 question arrives, so an answer is only reachable if the policy kept it.
 

@@ -127,7 +127,6 @@ def generate_group(run_seed: int, group: int, lo: int, hi: int) -> list[Task]:
         rng = random.Random(seed)
         task_id = f"{FAMILY}-g{group:02d}-a{a:02d}"
         conv = Conversation()
-        # The prefix mixes prose and JSON; count it as code, the cautious estimate.
         conv.add("system", prefix)
         budget = targets[a] - conv.tokens
         extra = {}
