@@ -73,13 +73,19 @@ void RunAgents(int budget, bool expect_pressure) {
     auto r = (*admin)->SetQos(q);
     ASSERT_TRUE(r.ok()) << r.status();
   }
+  // Every agent opens its session, then waits for the others: on a loaded
+  // machine agents start seconds apart, and without the barrier the first
+  // could finish before the last begins, so the pool would never be short.
+  const std::string barrier = absl::StrCat(dir, "/barrier-", budget);
+  mkdir(barrier.c_str(), 0700);
   std::vector<std::unique_ptr<Subprocess>> agents;
   for (int i = 0; i < kAgents; ++i) {
     agents.push_back(std::make_unique<Subprocess>(std::vector<std::string>{
         BinDir() + "/polykv-test-worker", "agent", "--socket", socket, "--tenant",
         expect_pressure || i % 2 ? "team-b" : "team-a", "--agent", absl::StrCat("agent-", i), "--tokens",
         std::to_string(kTokensEach), "--seed", std::to_string(100 + i), "--step",
-        std::to_string(kStep), "--budget", std::to_string(kBudget)}));
+        std::to_string(kStep), "--budget", std::to_string(kBudget), "--barrier", barrier,
+        "--barrier-count", std::to_string(kAgents)}));
   }
   for (int i = 0; i < kAgents; ++i) {
     const std::string out = agents[i]->ReadLine(120000);

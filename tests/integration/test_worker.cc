@@ -12,6 +12,9 @@
 //         slot holds the pattern of the position the daemon says it holds),
 //         Reserve (retrying pressure refusals), write, Commit, ReportSlots.
 //         Adds "epoch", "compactions", "max_committed", "refusals" to the line.
+//         With --barrier DIR --barrier-count N it opens its session, then
+//         waits until N agents have (files in DIR) before writing, so that
+//         all agents hold pages at once however slowly they start.
 //
 // Prints one JSON line: {"ok":..., "code":..., "session_id":..., "token":"hex",
 // "arenas":[...], "bytes":..., "message":"..."}. Exit 0 when ok.
@@ -19,6 +22,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <set>
@@ -127,6 +131,18 @@ int RunAgent(const std::map<std::string, std::string>& f) {
   auto session = (*client)->OpenSession(o);
   if (!session.ok()) return Report(session.status());
   auto& s = **session;
+  if (auto it = f.find("--barrier"); it != f.end()) {
+    const std::string dir = it->second;
+    const uint64_t want = Num(f, "--barrier-count", 1);
+    if (std::FILE* mark = std::fopen((dir + "/" + f.at("--agent")).c_str(), "w")) std::fclose(mark);
+    for (int waited_ms = 0;; waited_ms += 10) {
+      uint64_t ready = 0;
+      for (const auto& e : std::filesystem::directory_iterator(dir)) ready += e.is_regular_file();
+      if (ready >= want) break;
+      if (waited_ms > 120000) return Report(absl::DeadlineExceededError("barrier: agents missing"));
+      usleep(10000);
+    }
+  }
   const uint64_t seed = Num(f, "--seed", 1);
   const uint64_t total = Num(f, "--tokens", 1024);
   const uint64_t step = Num(f, "--step", 16);
