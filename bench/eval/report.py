@@ -51,6 +51,12 @@ FORMAT_ORDER = ["f32", "f16", "K8V4", "K4V8", "K4V4", "K2V2"]
 # The live capacity measurement: eval.py runs `polykv-bench capacity` with the
 # strategies of summary.json's capacity.live_inputs and saves its JSON here.
 LIVE_CAPACITY_FILE = "capacity_live.json"
+# polykv-bench rpc --json, run by eval.py: what negotiating with polykvd costs.
+NEGOTIATION_FILE = "rpc.json"
+# The reference worker's cadence (client/worker): one Commit (+ Sync) every 8
+# decode steps and a Reserve every 64 tokens, so at most one reserve+commit
+# round trip per 8 generated tokens.
+COMMIT_EVERY_STEPS = 8
 # Page formats polykv-bench capacity accepts (its --session KFMT:VFMT).
 BENCH_FORMATS = ("f32", "f16", "bf16", "fp8", "int8", "int4", "int2")
 _BITS_FORMAT = {"32": "f32", "16": "f16", "8": "int8", "4": "int4", "2": "int2"}
@@ -244,6 +250,7 @@ class Analysis:
     target: dict = field(default_factory=dict)
     capacity: dict = field(default_factory=dict)  # live_inputs and live included
     throughput: list = field(default_factory=list)
+    negotiation: dict = field(default_factory=dict)  # from rpc.json, when present
     notes: list = field(default_factory=list)
     summary: str = ""
     resamples: int = stats.DEFAULT_RESAMPLES
@@ -1332,6 +1339,22 @@ def render_markdown(a: Analysis, plots: dict) -> str:
             L += md_table([head, "records", "decode tok/s", "compaction ms", "prefill tok/s"],
                           rows) + [""]
 
+    ng = a.negotiation
+    if ng:
+        line = (f"Negotiation (`polykv-bench rpc`, {NEGOTIATION_FILE}): a reserve+commit round trip "
+                f"to polykvd takes p50 {ng['reserve_commit_p50_us']:.0f} µs / p99 "
+                f"{ng['reserve_commit_p99_us']:.0f} µs with one client (gRPC echo floor "
+                f"{ng['echo_p50_us']:.0f} µs)")
+        if "reserve_commit_p50_us_8_clients" in ng:
+            line += f", p50 {ng['reserve_commit_p50_us_8_clients']:.0f} µs with 8 clients"
+        line += (f". The worker makes at most one per {COMMIT_EVERY_STEPS} decode steps: "
+                 f"{ng['per_token_us']:.0f} µs per generated token")
+        if "share_of_decode_step" in ng:
+            line += (f", {100 * ng['share_of_decode_step']:.2f}% of the reference's decode step "
+                     f"({ng['decode_step_us'] / 1e3:.1f} ms here)")
+        L += [line + ". Compaction ms above is the in-process plan + gather + re-encode of "
+              "one compaction (`polykv-eval`), paid once per compaction, not per token.", ""]
+
     L += ["## Plots", ""]
     captions = {
         "pareto.png": "Task success vs memory; dashed: Pareto front; dotted: target.",
@@ -1390,8 +1413,35 @@ def summary_json(a: Analysis, plots: dict) -> dict:
                     "capacity_vs_static_min": TARGET_CAPACITY_VS_STATIC},
         "configs": configs, "headline": a.headline, "winners": a.winners,
         "keys_values": a.keys_values, "target": a.target, "capacity": a.capacity,
-        "throughput": a.throughput, "plots": plots, "notes": a.notes, "summary": a.summary,
+        "throughput": a.throughput, "negotiation": a.negotiation, "plots": plots, "notes": a.notes, "summary": a.summary,
     })
+
+
+def negotiation(path: str, a: Analysis) -> dict:
+    """Reserve+commit round trips from polykv-bench rpc, set against the
+    reference's measured decode step: the negotiation cost per token."""
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            rpc = json.load(f)
+        one = rpc["clients_1"]
+        out = {"reserve_commit_p50_us": one["reserve_commit"]["p50_us"],
+               "reserve_commit_p99_us": one["reserve_commit"]["p99_us"],
+               "echo_p50_us": one["echo"]["p50_us"]}
+        eight = rpc.get("clients_8") or {}
+        if eight:
+            out["reserve_commit_p50_us_8_clients"] = eight["reserve_commit"]["p50_us"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        a.notes.append(f"{NEGOTIATION_FILE} is not usable ({e}); negotiation cost not reported")
+        return {}
+    ref = next((t for t in a.throughput if t["by"] == "policy" and t["policy"] == "full"), None)
+    tps = ref and ref.get("decode_tokens_per_s")
+    out["per_token_us"] = out["reserve_commit_p50_us"] / COMMIT_EVERY_STEPS
+    if tps:
+        out["decode_step_us"] = 1e6 / tps
+        out["share_of_decode_step"] = out["per_token_us"] / out["decode_step_us"]
+    return out
 
 
 def write_report(results_dir: str, resamples: int = stats.DEFAULT_RESAMPLES,
@@ -1401,6 +1451,7 @@ def write_report(results_dir: str, resamples: int = stats.DEFAULT_RESAMPLES,
         raise SystemExit(f"report: {scored} not found (run score.py first, or eval.py)")
     a = analyze(load_records(scored), load_meta(os.path.join(results_dir, "meta.json")),
                 resamples, seed, load_live(os.path.join(results_dir, LIVE_CAPACITY_FILE)))
+    a.negotiation = negotiation(os.path.join(results_dir, NEGOTIATION_FILE), a)
     files, notes = make_plots(a, results_dir) if plots and a.configs else ({}, [])
     a.notes.extend(notes)
     with open(os.path.join(results_dir, "report.md"), "w", encoding="utf-8") as f:

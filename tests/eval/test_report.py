@@ -365,6 +365,32 @@ class ReportFileTest(unittest.TestCase):
             self.assertEqual(summary["configs"][0]["rel_success"]["value"], 1.0)
             self.assertTrue(summary["summary"])
 
+    def test_negotiation_cost_per_token(self):
+        rpc = {"clients_1": {"reserve_commit": {"p50_us": 400.0, "p99_us": 900.0},
+                             "echo": {"p50_us": 150.0, "p99_us": 300.0}},
+               "clients_8": {"reserve_commit": {"p50_us": 1800.0, "p99_us": 5000.0},
+                             "echo": {"p50_us": 800.0, "p99_us": 2000.0}}}
+        with tempfile.TemporaryDirectory() as d:
+            self.write(d, make_records(FULL_SET, num_tasks=8), META)
+            with open(os.path.join(d, "rpc.json"), "w") as f:
+                json.dump(rpc, f)
+            a = report.write_report(d, resamples=FAST, plots=False)
+            md = read(os.path.join(d, "report.md"))
+        ng = a.negotiation
+        self.assertEqual(ng["per_token_us"], 400.0 / report.COMMIT_EVERY_STEPS)
+        ref = next(t for t in a.throughput if t["by"] == "policy" and t["policy"] == "full")
+        self.assertAlmostEqual(ng["share_of_decode_step"],
+                               50.0 / (1e6 / ref["decode_tokens_per_s"]))
+        self.assertIn("reserve+commit round trip", md)
+        self.assertIn("p50 1800 µs with 8 clients", md)
+        with tempfile.TemporaryDirectory() as d:
+            self.write(d, make_records(FULL_SET, num_tasks=8), META)
+            with open(os.path.join(d, "rpc.json"), "w") as f:
+                f.write("{}")
+            a = report.write_report(d, resamples=FAST, plots=False)
+        self.assertEqual(a.negotiation, {})
+        self.assertTrue(any("rpc.json is not usable" in n for n in a.notes))
+
     def test_graceful_skips(self):
         recs = make_records({"full@1/f16": None, "h2o@0.25/f16": 0.8}, num_tasks=8)
         with tempfile.TemporaryDirectory() as d:
