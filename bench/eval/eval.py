@@ -69,15 +69,16 @@ _FULL_CONFIGS = (
 )
 
 PRESETS = {
-    # ~10 minutes of polykv-eval on 2 cores (11 tasks x 14 configurations).
+    # 11 tasks x 14 configurations: 7 min 49 s end to end on 2 cores (2026-11-30).
     "quick": {
         "families": FAMILIES,
         "per_family": {"*": 1, "recall": 2, "tools": 2, "multiagent": 4},
         "min_tokens": 1500, "max_tokens": 2500,
         "configs": _QUICK_CONFIGS,
     },
-    # ~75 minutes on 2 cores (39 tasks x 57 configurations). One HumanEval
-    # task: its 160-token answers cost ~9 s per configuration.
+    # 39 tasks x 53 configurations: 47 min end to end on 2 cores (2026-11-30,
+    # docs/results/full-2026-11-30). One HumanEval task: its 160-token
+    # answers cost ~4-6 s per configuration.
     "full": {
         "families": FAMILIES,
         "per_family": {"*": 4, "recall": 8, "tools": 6, "humaneval": 1, "multiagent": 16},
