@@ -69,7 +69,8 @@ _FULL_CONFIGS = (
 )
 
 PRESETS = {
-    # 11 tasks x 14 configurations: 7 min 49 s end to end on 2 cores (2026-11-30).
+    # 11 tasks x 14 configurations: 4 min 42 s end to end on 2 cores (2026-11-30;
+    # 7 min 49 s with other work beside it).
     "quick": {
         "families": FAMILIES,
         "per_family": {"*": 1, "recall": 2, "tools": 2, "multiagent": 4},
