@@ -319,6 +319,17 @@ absl::StatusOr<PageId> KvPool::AllocGrowing(Tenant& t, uint64_t bytes,
   return t.allocator.Alloc(bytes);
 }
 
+void KvPool::ChargeBlock(Session& s, const std::vector<PageId>& pages) {
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const bool is_value = i % 2 == 1;
+    const uint64_t b = is_value ? s.value_page_bytes : s.key_page_bytes;
+    s.bytes += b;
+    used_bytes_ += b;
+    agent_bytes_[s.agent_id] += b;
+    ++pages_by_format_[{is_value ? s.value_format : s.key_format, is_value}];
+  }
+}
+
 void KvPool::FreeBlock(Session& s, std::vector<PageId>& pages) {
   Tenant& t = *tenants_.at(s.tenant);
   for (size_t i = 0; i < pages.size(); ++i) {
@@ -457,14 +468,7 @@ absl::StatusOr<ReserveResult> KvPool::Reserve(uint64_t session_id, absl::string_
   }
   ReserveResult out;
   for (auto& pages : added) {
-    for (size_t i = 0; i < pages.size(); ++i) {
-      const bool is_value = i % 2 == 1;
-      const uint64_t b = is_value ? s.value_page_bytes : s.key_page_bytes;
-      s.bytes += b;
-      used_bytes_ += b;
-      agent_bytes_[s.agent_id] += b;
-      ++pages_by_format_[{is_value ? s.value_format : s.key_format, is_value}];
-    }
+    ChargeBlock(s, pages);
     s.blocks.push_back(std::move(pages));
     out.blocks.push_back(Describe(s, static_cast<uint32_t>(s.blocks.size() - 1)));
   }
@@ -983,16 +987,7 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
   }
   // The new pages belong to the session from now on (staged), so every
   // count stays exact while the copy runs without the lock.
-  for (auto& pages : added) {
-    for (size_t i = 0; i < pages.size(); ++i) {
-      const bool is_value = i % 2 == 1;
-      const uint64_t b = is_value ? s.value_page_bytes : s.key_page_bytes;
-      s.bytes += b;
-      used_bytes_ += b;
-      agent_bytes_[s.agent_id] += b;
-      ++pages_by_format_[{is_value ? s.value_format : s.key_format, is_value}];
-    }
-  }
+  for (const auto& pages : added) ChargeBlock(s, pages);
   s.staged_blocks = added;
   if (copy.num_out() > 0) {
     // Copy without the pool lock: other sessions' calls go on. This session

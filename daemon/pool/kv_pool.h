@@ -215,6 +215,10 @@ class KvPool {
                                       std::vector<uint32_t>& grown)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint32_t> NextArenaId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a newly allocated block's pages (K, V, K, V... by layer) as the
+  // session's: its bytes, the pool's, its agent's and the per-format gauges.
+  // FreeBlock is the inverse.
+  void ChargeBlock(Session& s, const std::vector<PageId>& pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeBlock(Session& s, std::vector<PageId>& pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   BlockDesc Describe(const Session& s, uint32_t block_index) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
