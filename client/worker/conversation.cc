@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace polykv::worker {
@@ -51,16 +52,41 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& gguf_p
   return out;
 }
 
+namespace {
+std::string ModelDir() {
+  if (const char* d = std::getenv("POLYKV_MODEL_DIR"); d != nullptr && *d != '\0') return d;
+  const char* home = std::getenv("HOME");
+  return absl::StrCat(home != nullptr ? home : "", "/.cache/polykv/models");
+}
+
+// The file names scripts/fetch-model.sh writes; keep the two in step.
+struct ModelFile {
+  std::string_view name;
+  std::string_view file;
+};
+constexpr ModelFile kModelFiles[] = {
+    {"smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf"},
+    {"qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct.gguf"},
+    {"qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct.gguf"},
+};
+}  // namespace
+
 std::string DefaultModelPath() {
   if (const char* p = std::getenv("POLYKV_MODEL_PATH"); p != nullptr && *p != '\0') return p;
-  std::string dir;
-  if (const char* d = std::getenv("POLYKV_MODEL_DIR"); d != nullptr && *d != '\0') {
-    dir = d;
-  } else {
-    const char* home = std::getenv("HOME");
-    dir = absl::StrCat(home != nullptr ? home : "", "/.cache/polykv/models");
+  return absl::StrCat(ModelDir(), "/", kModelFiles[0].file);
+}
+
+absl::StatusOr<std::string> ModelPath(std::string_view name) {
+  if (name.find('/') != std::string_view::npos || absl::EndsWith(name, ".gguf")) {
+    return std::string(name);
   }
-  return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  std::string known;
+  for (const ModelFile& m : kModelFiles) {
+    if (m.name == name) return absl::StrCat(ModelDir(), "/", m.file);
+    absl::StrAppend(&known, known.empty() ? "" : ", ", m.name);
+  }
+  return absl::NotFoundError(absl::StrCat("unknown model \"", name, "\" (known: ", known,
+                                          "; or a path to a .gguf file)"));
 }
 
 absl::StatusOr<Role> ParseRole(std::string_view role) {

@@ -32,6 +32,12 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& gguf_p
 // SmolLM2-135M-Instruct.Q4_1.gguf (where scripts/fetch-model.sh puts it).
 std::string DefaultModelPath();
 
+// Where scripts/fetch-model.sh NAME puts the model NAME ("smollm2-135m",
+// "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"), under $POLYKV_MODEL_DIR or
+// $HOME/.cache/polykv/models; NotFound naming the known names otherwise. A
+// NAME holding a '/' or ending in ".gguf" is taken as a path.
+absl::StatusOr<std::string> ModelPath(std::string_view name);
+
 absl::StatusOr<Role> ParseRole(std::string_view role);
 
 struct ConversationOptions {

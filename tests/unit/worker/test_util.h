@@ -3,6 +3,7 @@
 #pragma once
 
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,35 @@ inline const LoadedModel* SharedModel() {
   }();
   return model;
 }
+
+// A model by its scripts/fetch-model.sh name, loaded once per name; nullptr
+// when the file is absent.
+inline const LoadedModel* SharedModelNamed(const std::string& name) {
+  static std::map<std::string, const LoadedModel*>* models = new std::map<std::string, const LoadedModel*>();
+  auto it = models->find(name);
+  if (it != models->end()) return it->second;
+  const LoadedModel* loaded = nullptr;
+  auto path = ModelPath(name);
+  if (path.ok() && std::ifstream(*path).good()) {
+    auto m = LoadModel(*path);
+    if (m.ok()) {
+      loaded = m->release();
+    } else {
+      ADD_FAILURE() << "loading " << *path << ": " << m.status();
+    }
+  }
+  (*models)[name] = loaded;
+  return loaded;
+}
+
+// Skips the test unless the named model is present (binds `model`).
+#define POLYKV_REQUIRE_MODEL_NAMED(NAME)                                           \
+  const ::polykv::worker::LoadedModel* model =                                     \
+      ::polykv::worker::testing::SharedModelNamed(NAME);                           \
+  if (model == nullptr) {                                                          \
+    GTEST_SKIP() << "model " << (NAME) << " is absent: run scripts/fetch-model.sh " \
+                 << (NAME);                                                        \
+  }
 
 #define POLYKV_REQUIRE_MODEL()                                                     \
   const ::polykv::worker::LoadedModel* model =                                     \
