@@ -27,17 +27,19 @@ size_t CompleteUtf8Prefix(std::string_view s) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& gguf_path) {
+absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& gguf_path,
+                                                      const ModelLoadOptions& options) {
   auto file = GgufFile::Open(gguf_path);
   if (!file.ok()) return file.status();
   auto out = std::make_unique<LoadedModel>();
-  auto model = LlamaModel::Load(**file);
+  std::shared_ptr<const GgufFile> shared(std::move(*file));
+  auto model = LlamaModel::Load(shared, options);
   if (!model.ok()) return model.status();
   out->model = std::move(*model);
-  auto tok = Tokenizer::FromGguf(**file);
+  auto tok = Tokenizer::FromGguf(*shared);
   if (!tok.ok()) return tok.status();
   out->tokenizer = std::move(*tok);
-  auto tmpl = ChatTemplate::FromGguf(**file);
+  auto tmpl = ChatTemplate::FromGguf(*shared);
   if (!tmpl.ok()) return tmpl.status();
   out->chat_template = *tmpl;
   if (out->tokenizer->vocab_size() != out->model->config().vocab_size) {
@@ -61,8 +63,8 @@ std::string ModelDir() {
 
 // The file names scripts/fetch-model.sh writes; keep the two in step.
 struct ModelFile {
-  std::string_view name;
-  std::string_view file;
+  const char* name;
+  const char* file;
 };
 constexpr ModelFile kModelFiles[] = {
     {"smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf"},
@@ -76,10 +78,9 @@ std::string DefaultModelPath() {
   return absl::StrCat(ModelDir(), "/", kModelFiles[0].file);
 }
 
-absl::StatusOr<std::string> ModelPath(std::string_view name) {
-  if (name.find('/') != std::string_view::npos || absl::EndsWith(name, ".gguf")) {
-    return std::string(name);
-  }
+absl::StatusOr<std::string> ModelPath(std::string_view name_view) {
+  const std::string name(name_view);
+  if (name.find('/') != std::string::npos || absl::EndsWith(name, ".gguf")) return name;
   std::string known;
   for (const ModelFile& m : kModelFiles) {
     if (m.name == name) return absl::StrCat(ModelDir(), "/", m.file);

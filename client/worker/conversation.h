@@ -26,7 +26,8 @@ struct LoadedModel {
   std::unique_ptr<Tokenizer> tokenizer;
   ChatTemplate chat_template;
 };
-absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& gguf_path);
+absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& gguf_path,
+                                                      const ModelLoadOptions& options = {});
 
 // $POLYKV_MODEL_PATH, else ${POLYKV_MODEL_DIR:-$HOME/.cache/polykv/models}/
 // SmolLM2-135M-Instruct.Q4_1.gguf (where scripts/fetch-model.sh puts it).

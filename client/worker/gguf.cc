@@ -24,39 +24,6 @@ enum ValueType : uint32_t {
   kBool = 7, kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
 };
 
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  uint32_t exp = (h >> 10) & 0x1f;
-  uint32_t mant = h & 0x3ff;
-  uint32_t bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {  // Subnormal: normalize.
-      exp = 127 - 15 + 1;
-      while ((mant & 0x400) == 0) {
-        mant <<= 1;
-        --exp;
-      }
-      mant &= 0x3ff;
-      bits = sign | (exp << 23) | (mant << 13);
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000 | (mant << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-uint16_t LoadU16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
 // Sequential reader over the mapping; every read is bounds-checked.
 class Cursor {
  public:
@@ -183,83 +150,6 @@ absl::Status ReadValue(Cursor& c, uint32_t type, GgufValue* out,
 }
 
 }  // namespace
-
-std::string GgmlTypeName(uint32_t type) {
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::kF32: return "f32";
-    case GgmlType::kF16: return "f16";
-    case GgmlType::kQ4_0: return "q4_0";
-    case GgmlType::kQ4_1: return "q4_1";
-    case GgmlType::kQ8_0: return "q8_0";
-  }
-  return absl::StrCat("type#", type);
-}
-
-bool GgmlBlockInfo(uint32_t type, int* block_elems, int* block_bytes) {
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::kF32: *block_elems = 1; *block_bytes = 4; return true;
-    case GgmlType::kF16: *block_elems = 1; *block_bytes = 2; return true;
-    case GgmlType::kQ4_0: *block_elems = 32; *block_bytes = 2 + 16; return true;
-    case GgmlType::kQ4_1: *block_elems = 32; *block_bytes = 2 + 2 + 16; return true;
-    case GgmlType::kQ8_0: *block_elems = 32; *block_bytes = 2 + 32; return true;
-  }
-  return false;
-}
-
-absl::Status Dequantize(uint32_t type, const void* src_v, int64_t n, float* dst) {
-  const uint8_t* src = static_cast<const uint8_t*>(src_v);
-  int be, bb;
-  if (!GgmlBlockInfo(type, &be, &bb)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot dequantize tensor type ", GgmlTypeName(type)));
-  }
-  if (n % be != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        n, " elements is not a multiple of the ", GgmlTypeName(type), " block (", be, ")"));
-  }
-  const int64_t num_blocks = n / be;
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::kF32:
-      std::memcpy(dst, src, n * sizeof(float));
-      break;
-    case GgmlType::kF16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = HalfToFloat(LoadU16(src + 2 * i));
-      break;
-    case GgmlType::kQ4_0:
-      // Block: f16 scale d, 16 bytes of nibbles; low nibbles are elements
-      // 0..15, high nibbles 16..31; x = (q - 8) * d.
-      for (int64_t b = 0; b < num_blocks; ++b, src += bb, dst += 32) {
-        const float d = HalfToFloat(LoadU16(src));
-        const uint8_t* qs = src + 2;
-        for (int j = 0; j < 16; ++j) {
-          dst[j] = (static_cast<int>(qs[j] & 0xf) - 8) * d;
-          dst[j + 16] = (static_cast<int>(qs[j] >> 4) - 8) * d;
-        }
-      }
-      break;
-    case GgmlType::kQ4_1:
-      // Block: f16 scale d, f16 minimum m, 16 bytes of nibbles; x = q * d + m.
-      for (int64_t b = 0; b < num_blocks; ++b, src += bb, dst += 32) {
-        const float d = HalfToFloat(LoadU16(src));
-        const float m = HalfToFloat(LoadU16(src + 2));
-        const uint8_t* qs = src + 4;
-        for (int j = 0; j < 16; ++j) {
-          dst[j] = (qs[j] & 0xf) * d + m;
-          dst[j + 16] = (qs[j] >> 4) * d + m;
-        }
-      }
-      break;
-    case GgmlType::kQ8_0:
-      // Block: f16 scale d, 32 int8; x = q * d.
-      for (int64_t b = 0; b < num_blocks; ++b, src += bb, dst += 32) {
-        const float d = HalfToFloat(LoadU16(src));
-        const int8_t* qs = reinterpret_cast<const int8_t*>(src + 2);
-        for (int j = 0; j < 32; ++j) dst[j] = qs[j] * d;
-      }
-      break;
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -449,7 +339,7 @@ absl::StatusOr<const GgufTensorInfo*> GgufFile::Tensor(const std::string& name) 
   if (it->second.data == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         path_, ": tensor ", name, " has unsupported type ",
-        GgmlTypeName(it->second.type), " (supported: f32, f16, q4_0, q4_1, q8_0)"));
+        GgmlTypeName(it->second.type), " (supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, q8_k)"));
   }
   return &it->second;
 }

@@ -1,7 +1,8 @@
 // GGUF reader: metadata and tensors of a llama.cpp model file, memory-mapped.
 //
 // Supports GGUF versions 2 and 3, all metadata value types, and tensors of
-// types F32, F16, Q4_0, Q4_1 and Q8_0 (the ones dequantized here). Every
+// the types weights/ggml_types.h knows (F32, F16, BF16, Q4_0, Q4_1, Q5_0,
+// Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K). Every
 // offset and size read from the file is bounds-checked, so a wrong or
 // truncated file gives an InvalidArgument/DataLoss status with the file name,
 // never a crash.
@@ -17,28 +18,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "client/worker/weights/ggml_types.h"
 
 namespace polykv::worker {
-
-// Tensor element types; wire values are GGML's.
-enum class GgmlType : uint32_t {
-  kF32 = 0,
-  kF16 = 1,
-  kQ4_0 = 2,
-  kQ4_1 = 3,
-  kQ8_0 = 8,
-};
-
-// Name for messages ("q4_1"); "type#N" for types this reader does not know.
-std::string GgmlTypeName(uint32_t type);
-
-// Elements per quantization block and bytes per block; false for unsupported
-// types.
-bool GgmlBlockInfo(uint32_t type, int* block_elems, int* block_bytes);
-
-// Dequantizes `n` elements (n a multiple of the type's block size) from `src`
-// to f32. REQUIRES: `src` holds n / block_elems * block_bytes bytes.
-absl::Status Dequantize(uint32_t type, const void* src, int64_t n, float* dst);
 
 // A metadata value. Arrays keep their element type; arrays of strings become
 // std::vector<std::string>, numeric arrays are widened to int64 or double.

@@ -10,7 +10,6 @@
 // (optional "max_new_tokens"); any line may carry "intent" and "id".
 // Output: one JSON line per generated turn on stdout (stable field names;
 // fields are only ever added); progress and errors on stderr.
-#include <cblas.h>
 
 #include <cstdio>
 #include <fstream>
@@ -159,10 +158,19 @@ std::string TurnJson(const Flags& f, const std::string& id, int turn, const Turn
       pre_tps, dec_tps, JsonQuote(r.stop), JsonQuote(store.name()), store.bytes());
 }
 
+// --model is a fetch-model.sh name or a path; --threads sizes the products.
+absl::StatusOr<std::unique_ptr<LoadedModel>> LoadFlagsModel(const Flags& f) {
+  auto path = ModelPath(f.model);
+  if (!path.ok()) return path.status();
+  ModelLoadOptions o;
+  o.threads = f.threads;
+  return LoadModel(*path, o);
+}
+
 int RunScript(const Flags& f) {
   std::ifstream in(f.script);
   if (!in) return Fail(absl::NotFoundError(absl::StrCat(f.script, ": cannot open the script")));
-  auto m = LoadModel(f.model);
+  auto m = LoadFlagsModel(f);
   if (!m.ok()) return Fail(m.status());
   auto store = MakeStore(f, **m);
   if (!store.ok()) return Fail(store.status());
@@ -255,7 +263,7 @@ int RunScript(const Flags& f) {
 }
 
 int Chat(const Flags& f) {
-  auto m = LoadModel(f.model);
+  auto m = LoadFlagsModel(f);
   if (!m.ok()) return Fail(m.status());
   auto store = MakeStore(f, **m);
   if (!store.ok()) return Fail(store.status());
@@ -295,7 +303,7 @@ int main(int argc, char** argv) {
   CLI::App app{"polykv-worker: reference LLM worker whose KV cache lives in polykvd's pool"};
   app.require_subcommand(1);
   auto add_common = [&f](CLI::App* c) {
-    c->add_option("--model", f.model, "GGUF model file (default: $POLYKV_MODEL_PATH or the fetch-model.sh cache)");
+    c->add_option("--model", f.model, "model: a scripts/fetch-model.sh name (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b) or a GGUF path (default: $POLYKV_MODEL_PATH or smollm2-135m)");
     c->add_option("--daemon", f.daemon, "polykvd socket: keep the KV cache in the daemon's pool");
     c->add_flag("--local-cache", f.local_cache, "keep the KV cache in process memory (dense f32; the baseline)");
     c->add_flag("--local-pages", f.local_pages, "keep the KV cache in process-memory pages (paged store without a daemon)");
@@ -312,7 +320,7 @@ int main(int argc, char** argv) {
     c->add_option("--temperature", f.temperature, "0 = greedy (default)")->check(CLI::NonNegativeNumber);
     c->add_option("--top-p", f.top_p, "nucleus sampling mass (with --temperature > 0)")->check(CLI::Range(0.0, 1.0));
     c->add_option("--prefill-chunk", f.prefill_chunk, "tokens per prefill step")->check(CLI::PositiveNumber);
-    c->add_option("--threads", f.threads, "BLAS and attention-kernel threads (0 = all cores); use 1 per worker when several share a host")->check(CLI::NonNegativeNumber);
+    c->add_option("--threads", f.threads, "threads of the weight products and attention kernels (0 = all cores); use 1 per worker when several share a host")->check(CLI::NonNegativeNumber);
     c->add_option("--max-context", f.max_context, "KV slots of the local cache")->check(CLI::PositiveNumber);
   };
   CLI::App* run = app.add_subcommand("run", "run a JSONL conversation script");
@@ -322,7 +330,6 @@ int main(int argc, char** argv) {
   CLI::App* chat = app.add_subcommand("chat", "interactive chat on stdin/stdout");
   add_common(chat);
   CLI11_PARSE(app, argc, argv);
-  if (f.threads > 0) openblas_set_num_threads(f.threads);
   if (run->parsed()) return polykv::worker::RunScript(f);
   return polykv::worker::Chat(f);
 }

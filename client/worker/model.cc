@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace polykv::worker {
 namespace {
@@ -16,21 +17,26 @@ namespace {
     if (absl::Status s_ = (expr); !s_.ok()) return s_;      \
   } while (0)
 
-// GGUF (llama.cpp) orders each head's Q/K rows as adjacent RoPE pairs
-// (2i, 2i+1); Hugging Face orders them as halves (i, i + d/2). Undo it.
-// w: [num_heads * head_dim, cols], permuted in place.
-void UnpermuteRows(std::vector<float>* w, int num_heads, int head_dim, int cols) {
-  std::vector<float> head(static_cast<size_t>(head_dim) * cols);
+// A "llama" GGUF holds each head's Q/K rows as adjacent RoPE pairs
+// (2i, 2i+1); Hugging Face orders them as halves (i, i + d/2). Undo it on the
+// projected vector v[num_heads * head_dim].
+void UnpermuteHeads(float* v, int num_heads, int head_dim) {
+  float tmp[512];
   const int half = head_dim / 2;
-  for (int h = 0; h < num_heads; ++h) {
-    float* base = w->data() + static_cast<size_t>(h) * head_dim * cols;
-    std::memcpy(head.data(), base, head.size() * sizeof(float));
+  for (int h = 0; h < num_heads; ++h, v += head_dim) {
+    std::memcpy(tmp, v, sizeof(float) * head_dim);
     for (int i = 0; i < half; ++i) {
-      for (int p = 0; p < 2; ++p) {
-        std::memcpy(base + static_cast<size_t>(p * half + i) * cols,
-                    head.data() + static_cast<size_t>(2 * i + p) * cols, cols * sizeof(float));
-      }
+      v[i] = tmp[2 * i];
+      v[half + i] = tmp[2 * i + 1];
     }
+  }
+}
+
+void AddBias(float* v, const std::vector<float>& bias, int n) {
+  if (bias.empty()) return;
+  for (int i = 0; i < n; ++i) {
+    float* row = v + static_cast<size_t>(i) * bias.size();
+    for (size_t j = 0; j < bias.size(); ++j) row[j] += bias[j];
   }
 }
 
@@ -53,44 +59,47 @@ void Rope(float* v, int d, int pos, const float* inv_freq) {
   }
 }
 
-// Y[n, out] = X[n, in] . W[out, in]^T + beta * Y
-void MatMulT(const float* x, int n, int in, const float* w, int out, float beta, float* y) {
-  if (n == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, beta, y, 1);
-  } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, beta,
-                y, out);
-  }
-}
-
 }  // namespace
 
 int64_t LlamaModel::weight_bytes() const {
-  int64_t n = embed_.size() + output_.size() + output_norm_.size();
+  int64_t n = static_cast<int64_t>(embed_.bytes()) + output_norm_.size() * sizeof(float);
+  if (!config_.tied_embeddings) n += static_cast<int64_t>(output_.bytes());
   for (const Layer& l : layers_) {
-    n += l.attn_norm.size() + l.wqkv.size() + l.wo.size() + l.ffn_norm.size() +
-         l.w_gate_up.size() + l.w_down.size();
+    for (const WeightMatrix* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) {
+      n += static_cast<int64_t>(w->bytes());
+    }
+    n += static_cast<int64_t>(sizeof(float)) *
+         (l.attn_norm.size() + l.ffn_norm.size() + l.q_bias.size() + l.k_bias.size() +
+          l.v_bias.size());
   }
-  return n * int64_t{sizeof(float)};
+  return n;
 }
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& f,
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(std::shared_ptr<const GgufFile> file,
                                                              const ModelLoadOptions& options) {
+  if (file == nullptr) return absl::InvalidArgumentError("LlamaModel::Load without a file");
+  const GgufFile& f = *file;
   std::unique_ptr<LlamaModel> m(new LlamaModel());
+  m->file_ = std::move(file);
+  m->options_ = options;
   ModelConfig& c = m->config_;
   auto arch = f.GetString("general.architecture");
   if (!arch.ok()) return arch.status();
-  if (*arch != "llama") {
+  if (*arch != "llama" && *arch != "qwen2") {
     return absl::InvalidArgumentError(absl::StrCat(
-        f.path(), ": architecture \"", *arch, "\" is not supported (supported: llama)"));
+        f.path(), ": architecture \"", *arch, "\" is not supported (supported: llama, qwen2)"));
   }
   c.architecture = *arch;
+  c.permuted_qk_rows = *arch == "llama";
+  c.qkv_bias = *arch == "qwen2";
   if (auto name = f.GetString("general.name"); name.ok()) c.name = *name;
+  // Hyper-parameters live under the architecture's own prefix ("qwen2.").
+  const std::string prefix = *arch + ".";
   auto geti = [&](const std::string& key, int* out) -> absl::Status {
-    auto v = f.GetInt("llama." + key);
+    auto v = f.GetInt(prefix + key);
     if (!v.ok()) return v.status();
     if (*v <= 0 || *v > (1 << 24)) {
-      return absl::InvalidArgumentError(absl::StrCat(f.path(), ": llama.", key, " = ", *v));
+      return absl::InvalidArgumentError(absl::StrCat(f.path(), ": ", prefix, key, " = ", *v));
     }
     *out = static_cast<int>(*v);
     return absl::OkStatus();
@@ -101,7 +110,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& f,
   RETURN_IF_ERROR_(geti("feed_forward_length", &c.ffn_hidden));
   RETURN_IF_ERROR_(geti("context_length", &c.context_length));
   c.num_kv_heads = c.num_heads;
-  if (f.Find("llama.attention.head_count_kv") != nullptr) {
+  if (f.Find(prefix + "attention.head_count_kv") != nullptr) {
     RETURN_IF_ERROR_(geti("attention.head_count_kv", &c.num_kv_heads));
   }
   if (c.hidden % c.num_heads != 0 || c.num_heads % c.num_kv_heads != 0) {
@@ -110,7 +119,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& f,
         ", kv heads ", c.num_kv_heads, ")"));
   }
   c.head_dim = c.hidden / c.num_heads;
-  if (f.Find("llama.rope.dimension_count") != nullptr) {
+  if (c.head_dim % 2 != 0 || c.head_dim > 512) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(f.path(), ": head dimension ", c.head_dim, " is not supported"));
+  }
+  if (f.Find(prefix + "rope.dimension_count") != nullptr) {
     int rope_dims = 0;
     RETURN_IF_ERROR_(geti("rope.dimension_count", &rope_dims));
     if (rope_dims != c.head_dim) {
@@ -118,17 +131,34 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& f,
           f.path(), ": partial RoPE (", rope_dims, " of ", c.head_dim, " dims) is not supported"));
     }
   }
-  if (auto v = f.GetFloat("llama.rope.freq_base"); v.ok()) c.rope_base = static_cast<float>(*v);
-  if (auto v = f.GetFloat("llama.attention.layer_norm_rms_epsilon"); v.ok()) {
+  if (auto v = f.GetFloat(prefix + "rope.freq_base"); v.ok()) c.rope_base = static_cast<float>(*v);
+  if (auto v = f.GetFloat(prefix + "attention.layer_norm_rms_epsilon"); v.ok()) {
     c.rms_eps = static_cast<float>(*v);
   }
-  if (f.Find("llama.rope.scaling.type") != nullptr) {
-    auto t = f.GetString("llama.rope.scaling.type");
+  if (f.Find(prefix + "rope.scaling.type") != nullptr) {
+    auto t = f.GetString(prefix + "rope.scaling.type");
     if (t.ok() && *t != "none") {
       return absl::InvalidArgumentError(
           absl::StrCat(f.path(), ": RoPE scaling \"", *t, "\" is not supported"));
     }
   }
+  const int64_t h = c.hidden, d = c.head_dim, nh = c.num_heads, kvh = c.num_kv_heads,
+                ff = c.ffn_hidden;
+  // A weight matrix [rows, cols] (GGUF dims {cols, rows}), used in place.
+  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols,
+                    WeightMatrix* out) -> absl::Status {
+    auto t = f.Tensor(name);
+    if (!t.ok()) return t.status();
+    if ((*t)->dims != std::vector<int64_t>{cols, rows}) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f.path(), ": tensor ", name, " has dims [", absl::StrJoin((*t)->dims, ", "),
+          "], expected [", cols, ", ", rows, "]"));
+    }
+    auto w = WeightMatrix::FromGguf(**t);
+    if (!w.ok()) return w.status();
+    *out = *w;
+    return absl::OkStatus();
+  };
   auto embd = f.Tensor("token_embd.weight");
   if (!embd.ok()) return embd.status();
   if ((*embd)->dims.size() != 2 || (*embd)->dims[0] != c.hidden) {
@@ -136,80 +166,34 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& f,
         absl::StrCat(f.path(), ": token_embd.weight has the wrong shape"));
   }
   c.vocab_size = static_cast<int>((*embd)->dims[1]);
-  const int64_t h = c.hidden, d = c.head_dim, nh = c.num_heads, kvh = c.num_kv_heads,
-                ff = c.ffn_hidden, vocab = c.vocab_size;
-  RETURN_IF_ERROR_(f.ReadF32("token_embd.weight", {h, vocab}, &m->embed_));
+  const int64_t vocab = c.vocab_size;
+  RETURN_IF_ERROR_(matrix("token_embd.weight", vocab, h, &m->embed_));
   if (f.tensors().count("output.weight") != 0) {
-    RETURN_IF_ERROR_(f.ReadF32("output.weight", {h, vocab}, &m->output_));
+    RETURN_IF_ERROR_(matrix("output.weight", vocab, h, &m->output_));
   } else {
     c.tied_embeddings = true;
+    m->output_ = m->embed_;
   }
   RETURN_IF_ERROR_(f.ReadF32("output_norm.weight", {h}, &m->output_norm_));
 
   m->layers_.resize(c.num_layers);
-  std::vector<float> q, k, v, gate, up;
   for (int l = 0; l < c.num_layers; ++l) {
     Layer& L = m->layers_[l];
     const std::string p = absl::StrCat("blk.", l, ".");
     RETURN_IF_ERROR_(f.ReadF32(p + "attn_norm.weight", {h}, &L.attn_norm));
     RETURN_IF_ERROR_(f.ReadF32(p + "ffn_norm.weight", {h}, &L.ffn_norm));
-    RETURN_IF_ERROR_(f.ReadF32(p + "attn_q.weight", {h, nh * d}, &q));
-    RETURN_IF_ERROR_(f.ReadF32(p + "attn_k.weight", {h, kvh * d}, &k));
-    RETURN_IF_ERROR_(f.ReadF32(p + "attn_v.weight", {h, kvh * d}, &v));
-    UnpermuteRows(&q, c.num_heads, c.head_dim, c.hidden);
-    UnpermuteRows(&k, c.num_kv_heads, c.head_dim, c.hidden);
-    L.wqkv.reserve(q.size() + k.size() + v.size());
-    L.wqkv.insert(L.wqkv.end(), q.begin(), q.end());
-    L.wqkv.insert(L.wqkv.end(), k.begin(), k.end());
-    L.wqkv.insert(L.wqkv.end(), v.begin(), v.end());
-    RETURN_IF_ERROR_(f.ReadF32(p + "attn_output.weight", {nh * d, h}, &L.wo));
-    RETURN_IF_ERROR_(f.ReadF32(p + "ffn_gate.weight", {h, ff}, &gate));
-    RETURN_IF_ERROR_(f.ReadF32(p + "ffn_up.weight", {h, ff}, &up));
-    L.w_gate_up.reserve(gate.size() + up.size());
-    L.w_gate_up.insert(L.w_gate_up.end(), gate.begin(), gate.end());
-    L.w_gate_up.insert(L.w_gate_up.end(), up.begin(), up.end());
-    RETURN_IF_ERROR_(f.ReadF32(p + "ffn_down.weight", {ff, h}, &L.w_down));
-  }
-  if (options.quantized_decode) {
-    // Output row r of a Q/K matrix takes GGUF row (head, 2i + p) for
-    // r = (head, p * d/2 + i): the same un-permutation as UnpermuteRows.
-    auto order = [&](int heads) {
-      std::vector<int> o(static_cast<size_t>(heads) * d);
-      for (int hh = 0; hh < heads; ++hh) {
-        for (int p = 0; p < 2; ++p) {
-          for (int i = 0; i < d / 2; ++i) o[hh * d + p * (d / 2) + i] = hh * d + 2 * i + p;
-        }
-      }
-      return o;
-    };
-    const std::vector<int> q_order = order(c.num_heads), k_order = order(c.num_kv_heads);
-    bool all = true;
-    for (int l = 0; l < c.num_layers && all; ++l) {
-      const std::string p = absl::StrCat("blk.", l, ".");
-      std::vector<QMatrix> qs;
-      for (const char* name : {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
-                               "ffn_down"}) {
-        auto t = f.Tensor(p + name + ".weight");
-        if (!t.ok() || !QMatrix::Supports((*t)->type)) {
-          all = false;
-          break;
-        }
-        const std::string n = name;
-        auto qm = QMatrix::FromGguf(**t, n == "attn_q" ? &q_order : n == "attn_k" ? &k_order : nullptr);
-        if (!qm.ok()) return qm.status();
-        qs.push_back(*std::move(qm));
-      }
-      if (all) m->layers_[l].q = std::move(qs);
+    RETURN_IF_ERROR_(matrix(p + "attn_q.weight", nh * d, h, &L.q));
+    RETURN_IF_ERROR_(matrix(p + "attn_k.weight", kvh * d, h, &L.k));
+    RETURN_IF_ERROR_(matrix(p + "attn_v.weight", kvh * d, h, &L.v));
+    if (c.qkv_bias) {
+      RETURN_IF_ERROR_(f.ReadF32(p + "attn_q.bias", {nh * d}, &L.q_bias));
+      RETURN_IF_ERROR_(f.ReadF32(p + "attn_k.bias", {kvh * d}, &L.k_bias));
+      RETURN_IF_ERROR_(f.ReadF32(p + "attn_v.bias", {kvh * d}, &L.v_bias));
     }
-    auto out = f.Tensor(c.tied_embeddings ? "token_embd.weight" : "output.weight");
-    if (all && out.ok() && QMatrix::Supports((*out)->type)) {
-      auto qm = QMatrix::FromGguf(**out);
-      if (!qm.ok()) return qm.status();
-      m->q_output_.push_back(*std::move(qm));
-    }
-    if (!all) {
-      for (Layer& L : m->layers_) L.q.clear();  // All or nothing: one code path per step.
-    }
+    RETURN_IF_ERROR_(matrix(p + "attn_output.weight", h, nh * d, &L.o));
+    RETURN_IF_ERROR_(matrix(p + "ffn_gate.weight", ff, h, &L.gate));
+    RETURN_IF_ERROR_(matrix(p + "ffn_up.weight", ff, h, &L.up));
+    RETURN_IF_ERROR_(matrix(p + "ffn_down.weight", h, ff, &L.down));
   }
   // Computed in f32 the way the reference implementations do.
   m->rope_inv_freq_.resize(d / 2);
@@ -217,7 +201,18 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const GgufFile& f,
     m->rope_inv_freq_[i] =
         1.0f / std::pow(c.rope_base, static_cast<float>(2 * i) / static_cast<float>(d));
   }
+  // The model runs its products on the kernels' pool, one sgemm per thread.
+  openblas_set_num_threads(1);
   return m;
+}
+
+void LlamaModel::Project(const WeightMatrix& w, const float* x, int n, float* y, bool accumulate,
+                         Activations mode) const {
+  if (n == 1) {
+    w.MatVec(x, y, accumulate, mode, options_.threads);
+  } else {
+    w.MatMul(x, n, y, accumulate ? 1.0f : 0.0f, options_.threads);
+  }
 }
 
 absl::Status LlamaModel::Forward(std::span<const TokenMeta> tokens, KvStore* store,
@@ -239,15 +234,15 @@ absl::Status LlamaModel::Forward(std::span<const TokenMeta> tokens, KvStore* sto
   }
   const int hd = c.hidden, d = c.head_dim, nh = c.num_heads, kvh = c.num_kv_heads,
             ff = c.ffn_hidden;
-  const int qkv_cols = (nh + 2 * kvh) * d;
   std::vector<float> x(static_cast<size_t>(n) * hd), hbuf(x.size()),
-      qkv(static_cast<size_t>(n) * qkv_cols), q(static_cast<size_t>(n) * nh * d),
-      k(static_cast<size_t>(n) * kvh * d), v(k.size()), attn(q.size()),
-      gu(static_cast<size_t>(n) * 2 * ff), act(static_cast<size_t>(n) * ff);
+      q(static_cast<size_t>(n) * nh * d), k(static_cast<size_t>(n) * kvh * d), v(k.size()),
+      attn(q.size()), gate(static_cast<size_t>(n) * ff), up(gate.size());
   for (int i = 0; i < n; ++i) {
-    std::memcpy(x.data() + static_cast<size_t>(i) * hd,
-                embed_.data() + static_cast<size_t>(tokens[i].token_id) * hd, hd * sizeof(float));
+    embed_.DequantizeRows(tokens[i].token_id, 1, x.data() + static_cast<size_t>(i) * hd);
   }
+  // Decode steps take the configured (fast) numerics; prefill stays exact,
+  // down to the last token's logits.
+  const Activations mode = n == 1 ? options_.decode : Activations::kF32;
   RETURN_IF_ERROR_(store->BeginStep(tokens));
   for (int l = 0; l < c.num_layers; ++l) {
     const Layer& L = layers_[l];
@@ -255,57 +250,38 @@ absl::Status LlamaModel::Forward(std::span<const TokenMeta> tokens, KvStore* sto
       RmsNorm(&x[static_cast<size_t>(i) * hd], L.attn_norm.data(), hd, c.rms_eps,
               &hbuf[static_cast<size_t>(i) * hd]);
     }
-    const bool quant = n == 1 && !L.q.empty();
-    if (quant) {
-      L.q[0].MatVec(hbuf.data(), qkv.data(), false);
-      L.q[1].MatVec(hbuf.data(), qkv.data() + nh * d, false);
-      L.q[2].MatVec(hbuf.data(), qkv.data() + (nh + kvh) * d, false);
-    } else {
-      MatMulT(hbuf.data(), n, hd, L.wqkv.data(), qkv_cols, 0.0f, qkv.data());
-    }
+    Project(L.q, hbuf.data(), n, q.data(), false, mode);
+    Project(L.k, hbuf.data(), n, k.data(), false, mode);
+    Project(L.v, hbuf.data(), n, v.data(), false, mode);
+    AddBias(q.data(), L.q_bias, n);
+    AddBias(k.data(), L.k_bias, n);
+    AddBias(v.data(), L.v_bias, n);
     for (int i = 0; i < n; ++i) {
-      const float* row = &qkv[static_cast<size_t>(i) * qkv_cols];
       float* qi = &q[static_cast<size_t>(i) * nh * d];
       float* ki = &k[static_cast<size_t>(i) * kvh * d];
-      std::memcpy(qi, row, sizeof(float) * nh * d);
-      std::memcpy(ki, row + nh * d, sizeof(float) * kvh * d);
-      std::memcpy(&v[static_cast<size_t>(i) * kvh * d], row + (nh + kvh) * d,
-                  sizeof(float) * kvh * d);
+      if (c.permuted_qk_rows) {
+        UnpermuteHeads(qi, nh, d);
+        UnpermuteHeads(ki, kvh, d);
+      }
       for (int hh = 0; hh < nh; ++hh) Rope(qi + hh * d, d, tokens[i].position, rope_inv_freq_.data());
       for (int hh = 0; hh < kvh; ++hh) Rope(ki + hh * d, d, tokens[i].position, rope_inv_freq_.data());
     }
     RETURN_IF_ERROR_(store->Append(l, k.data(), v.data()));
     RETURN_IF_ERROR_(store->Attend(l, nh, q.data(), attn.data()));
-    if (quant) {
-      L.q[3].MatVec(attn.data(), x.data(), true);  // Residual.
-    } else {
-      MatMulT(attn.data(), n, nh * d, L.wo.data(), hd, 1.0f, x.data());  // Residual.
-    }
+    Project(L.o, attn.data(), n, x.data(), true, mode);  // Residual.
     for (int i = 0; i < n; ++i) {
       RmsNorm(&x[static_cast<size_t>(i) * hd], L.ffn_norm.data(), hd, c.rms_eps,
               &hbuf[static_cast<size_t>(i) * hd]);
     }
-    if (quant) {
-      L.q[4].MatVec(hbuf.data(), gu.data(), false);
-      L.q[5].MatVec(hbuf.data(), gu.data() + ff, false);
-    } else {
-      MatMulT(hbuf.data(), n, hd, L.w_gate_up.data(), 2 * ff, 0.0f, gu.data());
+    Project(L.gate, hbuf.data(), n, gate.data(), false, mode);
+    Project(L.up, hbuf.data(), n, up.data(), false, mode);
+    for (size_t j = 0; j < gate.size(); ++j) {
+      gate[j] = gate[j] / (1.0f + std::exp(-gate[j])) * up[j];  // SiLU(g) * u
     }
-    for (int i = 0; i < n; ++i) {
-      const float* g = &gu[static_cast<size_t>(i) * 2 * ff];
-      const float* u = g + ff;
-      float* a = &act[static_cast<size_t>(i) * ff];
-      for (int j = 0; j < ff; ++j) a[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];  // SiLU(g)*u
-    }
-    if (quant) {
-      L.q[6].MatVec(act.data(), x.data(), true);  // Residual.
-    } else {
-      MatMulT(act.data(), n, ff, L.w_down.data(), hd, 1.0f, x.data());  // Residual.
-    }
+    Project(L.down, gate.data(), n, x.data(), true, mode);  // Residual.
   }
   RETURN_IF_ERROR_(store->EndStep());
 
-  const float* wout = output_.empty() ? embed_.data() : output_.data();
   const int first = all_logits != nullptr ? 0 : n - 1;
   const int rows = n - first;
   for (int i = first; i < n; ++i) {
@@ -313,11 +289,7 @@ absl::Status LlamaModel::Forward(std::span<const TokenMeta> tokens, KvStore* sto
             &hbuf[static_cast<size_t>(i - first) * hd]);
   }
   std::vector<float> logits(static_cast<size_t>(rows) * c.vocab_size);
-  if (rows == 1 && n == 1 && !q_output_.empty()) {
-    q_output_[0].MatVec(hbuf.data(), logits.data(), false);
-  } else {
-    MatMulT(hbuf.data(), rows, hd, wout, c.vocab_size, 0.0f, logits.data());
-  }
+  Project(output_, hbuf.data(), rows, logits.data(), false, mode);
   if (last_logits != nullptr) {
     last_logits->assign(logits.end() - c.vocab_size, logits.end());
   }

@@ -1,10 +1,14 @@
-// Llama-architecture decoder (SmolLM2 and kin) over weights from a GGUF file,
-// dequantized to f32 at load and multiplied with OpenBLAS.
+// Decoder of the Llama family over weights used in place from a GGUF file:
+// "llama" (SmolLM2 and kin) and "qwen2" (Qwen2.5-Coder: Q/K/V biases,
+// untied output head). Weights stay in their file encoding
+// (weights/weight_matrix.h): decode steps multiply the quantized blocks with
+// int8 activations, prefill dequantizes tiles and uses OpenBLAS sgemm.
 //
-// GGUF stores Q and K rows permuted for llama.cpp's adjacent-pair RoPE; the
-// loader undoes that permutation, so the cache holds keys in the Hugging Face
-// layout (rotate-half RoPE: dims i and i + head_dim/2 form a pair), the layout
-// other engines that share polykvd pages use.
+// The cache holds keys in the Hugging Face layout (rotate-half RoPE: dims i
+// and i + head_dim/2 form a pair), the layout other engines that share
+// polykvd pages use. llama.cpp's converter permutes a "llama" file's Q and K
+// rows into adjacent pairs; the forward pass undoes that on the projected
+// vectors. "qwen2" rows are not permuted.
 #pragma once
 
 #include <cstdint>
@@ -16,12 +20,12 @@
 #include "absl/status/statusor.h"
 #include "client/worker/gguf.h"
 #include "client/worker/kv_store.h"
-#include "client/worker/qmatvec.h"
+#include "client/worker/weights/weight_matrix.h"
 
 namespace polykv::worker {
 
 struct ModelConfig {
-  std::string architecture;  // "llama"
+  std::string architecture;  // "llama" or "qwen2"
   std::string name;
   int num_layers = 0;
   int hidden = 0;        // d_model
@@ -34,28 +38,37 @@ struct ModelConfig {
   float rope_base = 10000.0f;
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;
+  bool qkv_bias = false;          // qwen2: attn_{q,k,v}.bias.
+  bool permuted_qk_rows = false;  // llama: GGUF Q/K rows in adjacent RoPE pairs.
 
   KvShape kv_shape() const { return {num_layers, num_kv_heads, head_dim}; }
 };
 
 struct ModelLoadOptions {
-  // Decode steps (one token) multiply straight from the GGUF's quantized
-  // blocks (qmatvec.h) instead of the f32 weights; prefill always uses BLAS.
-  bool quantized_decode = true;
+  // Decode steps (one token): int8 activations against the quantized blocks
+  // (fast, llama.cpp's numerics) or exact f32 (prefill's numerics; tests that
+  // compare decode with prefill use it).
+  Activations decode = Activations::kInt8;
+  // Threads of the shared kernel pool per matrix product (0 = all).
+  int threads = 0;
 };
 
 // Immutable after Load; Forward is thread-safe (each call uses its own
 // scratch and its own store), so one model serves many sequences.
 class LlamaModel {
  public:
-  // Reads config and weights. InvalidArgument for a different architecture,
-  // missing tensors or wrong shapes.
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const GgufFile& file,
+  // Reads config and weights; the model keeps `file` (its mapping holds the
+  // weights). InvalidArgument for a different architecture, missing tensors,
+  // wrong shapes or tensor types it cannot multiply.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(std::shared_ptr<const GgufFile> file,
                                                            const ModelLoadOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
-  // Bytes of f32 weights held.
+  // Bytes of the weights a forward pass reads: matrices in their GGUF
+  // encoding (mapped, not copied) plus the small f32 vectors (norms, biases)
+  // copied at load.
   int64_t weight_bytes() const;
+  const ModelLoadOptions& options() const { return options_; }
 
   // Runs one step: `tokens` (prefill chunk or one decode token) through all
   // layers, caching their K/V in `store`. Writes the logits of the last token
@@ -69,24 +82,29 @@ class LlamaModel {
  private:
   struct Layer {
     std::vector<float> attn_norm;  // [hidden]
-    std::vector<float> wqkv;       // [(heads + 2 * kv_heads) * head_dim, hidden]
-    std::vector<float> wo;         // [hidden, heads * head_dim]
     std::vector<float> ffn_norm;   // [hidden]
-    std::vector<float> w_gate_up;  // [2 * ffn_hidden, hidden]: gate rows, then up rows
-    std::vector<float> w_down;     // [hidden, ffn_hidden]
-    // Decode path (empty when the tensor type is not block-quantized):
-    // q, k, v, o, gate, up, down.
-    std::vector<QMatrix> q;
+    // Empty without qkv_bias; else [heads * head_dim], [kv_heads * head_dim] x2.
+    std::vector<float> q_bias, k_bias, v_bias;
+    WeightMatrix q, k, v;    // [heads * head_dim | kv_heads * head_dim, hidden]
+    WeightMatrix o;          // [hidden, heads * head_dim]
+    WeightMatrix gate, up;   // [ffn_hidden, hidden]
+    WeightMatrix down;       // [hidden, ffn_hidden]
   };
   LlamaModel() = default;
 
+  // Y = X W^T (+ Y when accumulate): a matvec in `mode` for one row, the
+  // exact tiled sgemm for more.
+  void Project(const WeightMatrix& w, const float* x, int n, float* y, bool accumulate,
+               Activations mode) const;
+
+  std::shared_ptr<const GgufFile> file_;
   ModelConfig config_;
-  std::vector<float> embed_;       // [vocab, hidden]
-  std::vector<float> output_;      // [vocab, hidden]; empty when tied to embed_
-  std::vector<float> output_norm_; // [hidden]
+  ModelLoadOptions options_;
+  WeightMatrix embed_;              // [vocab, hidden]
+  WeightMatrix output_;             // [vocab, hidden]; == embed_ when tied
+  std::vector<float> output_norm_;  // [hidden]
   std::vector<Layer> layers_;
   std::vector<float> rope_inv_freq_;  // [head_dim / 2]
-  std::vector<QMatrix> q_output_;     // Quantized output head (decode), or empty.
 };
 
 }  // namespace polykv::worker

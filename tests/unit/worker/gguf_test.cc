@@ -153,7 +153,7 @@ std::string SampleFile(std::vector<float>* q4_0, std::vector<float>* q4_1,
   w.Tensor("f16", {4}, 1, U16(0x3C00) + U16(0xC000) + U16(0x0001) + U16(0x7C00));
   float f32[2] = {1.5f, -0.25f};
   w.Tensor("f32", {2}, 0, std::string(reinterpret_cast<const char*>(f32), sizeof(f32)));
-  w.Tensor("q4_k", {256}, 12, std::string(144, '\0'));  // A type we do not decode.
+  w.Tensor("q2_k", {256}, 10, std::string(144, '\0'));  // A type we do not decode.
   return w.Build();
 }
 
@@ -202,7 +202,7 @@ TEST_F(GgufTest, RejectsWrongShapesAndUnsupportedTypes) {
   absl::Status s = (*f)->ReadF32("q4_0", {64}, &out);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_NE(s.message().find("expected [64]"), std::string::npos) << s;
-  s = (*f)->ReadF32("q4_k", {256}, &out);
+  s = (*f)->ReadF32("q2_k", {256}, &out);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_NE(s.message().find("unsupported type"), std::string::npos) << s;
   EXPECT_TRUE(absl::IsNotFound((*f)->ReadF32("missing", {1}, &out)));
@@ -213,7 +213,7 @@ TEST_F(GgufTest, EveryTruncationIsAClearError) {
   const std::string full = SampleFile(&a, &b, &c);
   ASSERT_TRUE(GgufFile::Open(WriteFile(full)).ok());
   // Cutting the file anywhere before the end of the last decodable tensor
-  // (f32: 8 bytes, then 24 bytes of padding and the unsupported q4_k tensor's
+  // (f32: 8 bytes, then 24 bytes of padding and the unsupported q2_k tensor's
   // 144 bytes, which are never read) must give an error, not a crash.
   const size_t needed = full.size() - 144 - 24;
   for (size_t len = 0; len < needed; len += (len < 400 ? 1 : 7)) {

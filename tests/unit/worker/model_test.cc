@@ -126,6 +126,48 @@ TEST(ModelTest, GreedyDecodeMatchesTransformers) {
   }
 }
 
+// The worker's default decode multiplies int8-quantized activations with the
+// quantized weights (llama.cpp's numerics): teacher-forced on the exact
+// model's greedy path, its logits stay within a bound of the exact ones and
+// it picks the same token wherever the exact margin exceeds that bound.
+TEST(ModelTest, FastDecodeStaysCloseToExactDecode) {
+  POLYKV_REQUIRE_MODEL();
+  const LoadedModel* fast = testing::SharedModelFor(DefaultModelPath(), Activations::kInt8);
+  ASSERT_NE(fast, nullptr);
+  const LlamaModel& exact = *model->model;
+  constexpr float kBound = 1.0f;  // Logit units (SmolLM2's logits span ~30).
+  float worst = 0, sum = 0;
+  int steps = 0, checked = 0;
+  for (const JsonValue& row : ReadFixture("greedy_cases.jsonl")) {
+    const auto ids = IntArray(Field(row, "ids"));
+    auto a = NewStore(exact);
+    auto b = NewStore(*fast->model);
+    std::vector<float> la = Prefill(exact, a.get(), ids, 64);
+    std::vector<float> lb = Prefill(*fast->model, b.get(), ids, 64);
+    int32_t pos = static_cast<int32_t>(ids.size());
+    for (int step = 0; step < 24; ++step) {
+      std::vector<float> sorted = la;
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      const float d = MaxAbsDiff(la, lb);
+      worst = std::max(worst, d);
+      sum += d;
+      ++steps;
+      const int32_t next = Argmax(la);
+      if (sorted[0] - sorted[1] > 2 * kBound) {
+        EXPECT_EQ(Argmax(lb), next) << "step " << step;
+        ++checked;
+      }
+      const TokenMeta t{next, pos++, 0, Role::kAssistant};
+      ASSERT_TRUE(exact.Forward(std::span(&t, 1), a.get(), &la).ok());
+      ASSERT_TRUE(fast->model->Forward(std::span(&t, 1), b.get(), &lb).ok());
+    }
+  }
+  std::printf("int8 vs exact decode: %d steps, max |dlogit| %.4f, mean %.4f; top-1 checked at %d\n",
+              steps, worst, sum / steps, checked);
+  EXPECT_LT(worst, kBound);
+  EXPECT_GT(checked, steps / 2);
+}
+
 TEST(ModelTest, ChunkedPrefillEqualsTokenByToken) {
   POLYKV_REQUIRE_MODEL();
   const LlamaModel& m = *model->model;

@@ -13,40 +13,38 @@
 
 namespace polykv::worker::testing {
 
-// The model from scripts/fetch-model.sh ($POLYKV_MODEL_PATH or the default
-// cache), loaded once; nullptr when the file is absent.
-inline const LoadedModel* SharedModel() {
-  static const LoadedModel* model = [] () -> const LoadedModel* {
-    const std::string path = DefaultModelPath();
-    if (!std::ifstream(path).good()) return nullptr;
-    auto m = LoadModel(path);
-    if (!m.ok()) {
-      ADD_FAILURE() << "loading " << path << ": " << m.status();
-      return nullptr;
-    }
-    return m->release();
-  }();
-  return model;
-}
-
-// A model by its scripts/fetch-model.sh name, loaded once per name; nullptr
-// when the file is absent.
-inline const LoadedModel* SharedModelNamed(const std::string& name) {
-  static std::map<std::string, const LoadedModel*>* models = new std::map<std::string, const LoadedModel*>();
-  auto it = models->find(name);
-  if (it != models->end()) return it->second;
+// A model (a scripts/fetch-model.sh name or a path) loaded once per name and
+// decode numerics; nullptr when the file is absent.
+inline const LoadedModel* SharedModelFor(const std::string& name, Activations decode) {
+  static auto* models = new std::map<std::pair<std::string, int>, const LoadedModel*>();
+  const auto key = std::make_pair(name, static_cast<int>(decode));
+  if (auto it = models->find(key); it != models->end()) return it->second;
   const LoadedModel* loaded = nullptr;
   auto path = ModelPath(name);
   if (path.ok() && std::ifstream(*path).good()) {
-    auto m = LoadModel(*path);
+    ModelLoadOptions o;
+    o.decode = decode;
+    auto m = LoadModel(*path, o);
     if (m.ok()) {
       loaded = m->release();
     } else {
       ADD_FAILURE() << "loading " << *path << ": " << m.status();
     }
   }
-  (*models)[name] = loaded;
+  (*models)[key] = loaded;
   return loaded;
+}
+
+// The fast-test model ($POLYKV_MODEL_PATH or SmolLM2) with exact (f32)
+// decode numerics, so decode steps and prefill compute the same function:
+// the tests of cache properties compare the two.
+inline const LoadedModel* SharedModel() {
+  return SharedModelFor(DefaultModelPath(), Activations::kF32);
+}
+
+// A model by name with the worker's default (int8-activation) decode.
+inline const LoadedModel* SharedModelNamed(const std::string& name) {
+  return SharedModelFor(name, ModelLoadOptions().decode);
 }
 
 // Skips the test unless the named model is present (binds `model`).
