@@ -83,7 +83,7 @@ def chatml(*turns):
 
 # (kind, text); each must tokenize to 8..80 tokens (checked).
 PROMPTS = [
-    ("raw", "The capital of France is"),
+    ("raw", "The capital of France is Paris. The capital of Japan is"),
     ("raw", "Once upon a time, in a small village at the edge of a dark forest, there lived"),
     ("chat", FIB_PROMPT),
     ("chat", chatml(("system", SYSTEM), ("user", "What does HTTP status 404 mean?"))),
@@ -101,7 +101,8 @@ PROMPTS = [
              '{"id": 18, "title": "Add Q4_K dequant", "state": "'),
     ("tool_output", chatml(("user", "What's the weather in Paris?"),
                            ("assistant", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
-                           ("tool", '{"temperature_c": 14.5, "condition": "light rain", "humidity": 0.82}'))),
+                           ("user", '<tool_response>\n{"temperature_c": 14.5, "condition": "light rain", '
+                                    '"humidity": 0.82}\n</tool_response>'))),
     ("tool_call", "<|im_start|>user\nList the files in /tmp please.<|im_end|>\n<|im_start|>assistant\n"
                   '<tool_call>\n{"name": "list_dir", "arguments": {"path": "'),
     ("cjk", "北京是中华人民共和国的首都，也是全国的政治、文化中心。它的历史"),
@@ -430,16 +431,20 @@ def real_dequant_cases(name):
         x = w.get(n)
         if x.ndim == 1:
             x = x.reshape(1, -1)
-        x64 = x.astype(np.float64)
+        s1 = s2 = 0.0  # float64, numpy pairwise within 4096-row chunks, chunks added in order
+        for r0 in range(0, x.shape[0], 4096):
+            c = x[r0:r0 + 4096].astype(np.float64)
+            s1 += float(np.sum(c))
+            s2 += float(np.sum(c * c))
         last = x.shape[0] - 1
         rows.append({
             "case": "real", "model": name, "model_sha256": digest, "tensor": n,
             "type": t.tensor_type.name, "dims": [int(d) for d in t.shape],  # GGUF order: ne0, ne1
             "row_len": int(x.shape[1]), "num_rows": int(x.shape[0]),
-            "rows": {"0": F32List(x[0]), "1": F32List(x[min(1, last)]), str(last): F32List(x[last])},
-            "sum": float(np.sum(x64)), "sum_sq": float(np.sum(x64 * x64)),
+            "rows": {str(r): F32List(x[r]) for r in sorted({0, min(1, last), last})},  # 1-D: row 0 only
+            "sum": s1, "sum_sq": s2,
         })
-        del x, x64
+        del x
     return rows
 
 
