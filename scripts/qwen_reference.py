@@ -407,6 +407,26 @@ def dumps_with_f32(obj):
     return s
 
 
+# gguf-py 0.19.0's dequantization, per block (float32; d, dmin f16 -> f32 exactly; q unsigned
+# unless noted; "lo/hi" = low/high nibble). Every product below is exact in float32 (at most
+# 24 significant bits), so the only rounding is the final add/sub of the *_1 and *_K types:
+# evaluation order and FMA do not change a bit (checked against a float64 ggml-style version).
+#   Q4_0 [d|qs16]       y[i] = d*(lo(qs[i])-8), y[i+16] = d*(hi(qs[i])-8)
+#   Q4_1 [d|m|qs16]     y[i] = d*lo(qs[i]) + m, y[i+16] = d*hi(qs[i]) + m
+#   Q5_0 [d|qh u32le|qs16]  q[j] = nibble as Q4_0 | ((qh>>j)&1)<<4;  y[j] = d*(q[j]-16)
+#   Q5_1 [d|m|qh|qs16]  y[j] = d*q[j] + m
+#   Q8_0 [d|qs int8 32] y[j] = qs[j]*d
+#   Q4_K [d|dmin|scales12|qs128] sub-block s (0..7, 32 values): sc,mn = 6-bit pairs:
+#        s<4: sc=b[s]&63, mn=b[s+4]&63;  s>=4: sc=(b[s+4]&15)|(b[s-4]>>6)<<4, mn=(b[s+4]>>4)|(b[s]>>6)<<4
+#        q = s even: lo(qs[32*(s/2)+l]), odd: hi(...);  y = (d*sc)*q - (dmin*mn)
+#   Q5_K [d|dmin|scales12|qh32|qs128] as Q4_K, q |= ((qh[l]>>s)&1)<<4
+#   Q6_K [ql128|qh64|scales int8 16|d] (at the END): for n in 0,1; l in 0..31; base 128n:
+#        y[l]   = d*sc[8n+l/16]  *((lo(ql[64n+l])    | (qh[32n+l]>>0&3)<<4)-32)
+#        y[l+32]= d*sc[8n+l/16+2]*((lo(ql[64n+l+32]) | (qh[32n+l]>>2&3)<<4)-32)
+#        y[l+64]= d*sc[8n+l/16+4]*((hi(ql[64n+l])    | (qh[32n+l]>>4&3)<<4)-32)
+#        y[l+96]= d*sc[8n+l/16+6]*((hi(ql[64n+l+32]) | (qh[32n+l]>>6&3)<<4)-32)
+#   Q8_K [d f32|qs int8 256|bsums i16 16] y = d*qs (one rounding); gguf-py lacks it (ggml's).
+
 # Real tensors to record per model: every non-F32 type present gets up to 3 of these
 # candidates (first ones of that type), plus one small F32 tensor.
 DEQUANT_CANDIDATES = [
