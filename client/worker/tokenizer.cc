@@ -207,7 +207,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
     for (int32_t i = 0; i < n; ++i) t->token_types_[i] = static_cast<int32_t>((**types)[i]);
   }
   t->token_ids_.reserve(n);
-  for (int32_t i = 0; i < n; ++i) t->token_ids_.emplace(t->tokens_[i], i);
+  for (int32_t i = 0; i < n; ++i) t->token_ids_.emplace(std::string_view(t->tokens_[i]), i);
 
   uint32_t chars[256];
   ByteLevelChars(chars);
@@ -231,7 +231,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
 
   auto merges = file.GetStringArray("tokenizer.ggml.merges");
   if (!merges.ok()) return merges.status();
-  t->merges_.reserve((*merges)->size() * 2);
+  t->merges_.reserve((*merges)->size());
+  std::string merged;  // Reused: no allocation per merge.
   for (size_t rank = 0; rank < (*merges)->size(); ++rank) {
     const std::string& m = (**merges)[rank];
     const size_t sp = m.find(' ', 1);
@@ -239,8 +240,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": merge #", rank, " \"", m, "\" has no space"));
     }
-    const std::string a = m.substr(0, sp), b = m.substr(sp + 1);
-    const int32_t ia = t->TokenId(a), ib = t->TokenId(b), im = t->TokenId(a + b);
+    const std::string_view a = std::string_view(m).substr(0, sp);
+    const std::string_view b = std::string_view(m).substr(sp + 1);
+    merged.assign(a).append(b);
+    const int32_t ia = t->TokenId(a), ib = t->TokenId(b), im = t->TokenId(merged);
     if (ia < 0 || ib < 0 || im < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ": merge #", rank, " \"", m, "\" names a token not in the vocabulary"));
@@ -270,7 +273,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
 }
 
 int32_t Tokenizer::TokenId(std::string_view token) const {
-  auto it = token_ids_.find(std::string(token));
+  auto it = token_ids_.find(token);
   return it == token_ids_.end() ? -1 : it->second;
 }
 

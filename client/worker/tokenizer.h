@@ -14,9 +14,9 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "client/worker/gguf.h"
 
@@ -75,9 +75,11 @@ class Tokenizer {
   bool nfc_ = false;  // Normalize text segments to NFC before splitting.
   std::vector<std::string> tokens_;
   std::vector<int32_t> token_types_;
-  std::unordered_map<std::string, int32_t> token_ids_;
+  // Keys view tokens_, which never changes after construction. Flat maps and
+  // views (no per-token strings) keep FromGguf fast for 150K-token vocabularies.
+  absl::flat_hash_map<std::string_view, int32_t> token_ids_;
   // (left id << 32 | right id) -> (rank << 32 | merged id).
-  std::unordered_map<uint64_t, uint64_t> merges_;
+  absl::flat_hash_map<uint64_t, uint64_t> merges_;
   int32_t byte_token_[256] = {};        // Token id of each byte; -1: none (dropped).
   int byte_of_char_[0x200] = {};        // Byte-level char (< 0x200) -> byte, -1 if none.
   std::vector<std::pair<std::string, int32_t>> specials_;  // Longest first.
