@@ -1,6 +1,9 @@
 // Unicode Normalization Form C (canonical decomposition, canonical ordering,
 // canonical composition; UAX #15), the normalizer Qwen2's tokenizer.json names.
-// Tables come from Python's unicodedata (unicode_nfc_tables.inc).
+// Tables come from Python's unicodedata (unicode_nfc_tables.inc, Unicode
+// 14.0). Hugging Face's NFC has Unicode 9.0 data, so marks added since (about
+// 100 code points, e.g. Wancho tones) and U+11938 may normalize differently;
+// the fixture generator finds and avoids them.
 #pragma once
 
 #include <cstdint>
