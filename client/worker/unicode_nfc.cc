@@ -136,7 +136,8 @@ uint8_t CanonicalCombiningClass(uint32_t cp) {
 }
 
 std::string NormalizeNfc(std::string_view text) {
-  if (std::all_of(text.begin(), text.end(), [](char ch) { return static_cast<uint8_t>(ch) < 0x80; })) {
+  const auto is_ascii = [](char ch) { return static_cast<uint8_t>(ch) < 0x80; };
+  if (std::all_of(text.begin(), text.end(), is_ascii)) {
     return std::string(text);
   }
   std::string out;

@@ -140,8 +140,8 @@ const QwenTokenizer* SharedQwenTokenizer() {
 
 TEST(QwenTokenizerTest, LoadsFromGguf) {
   POLYKV_REQUIRE_QWEN_TOKENIZER();
-  std::printf("GgufFile::Open %.1f ms; Tokenizer::FromGguf (151,936 tokens, 151,387 merges) %.1f ms\n",
-              qwen->open_ms, qwen->load_ms);
+  std::printf("GgufFile::Open %.1f ms; Tokenizer::FromGguf (151,936 tokens, "
+              "151,387 merges) %.1f ms\n", qwen->open_ms, qwen->load_ms);
   ::testing::Test::RecordProperty("from_gguf_ms", static_cast<int>(qwen->load_ms));
   EXPECT_EQ(tok.pre_tokenizer(), Tokenizer::PreTokenizer::kQwen2);
   EXPECT_EQ(tok.vocab_size(), 151936);
