@@ -62,6 +62,8 @@ std::string ModelDir() {
 }
 
 // The file names scripts/fetch-model.sh writes; keep the two in step.
+// const char*, not std::string_view: this absl's string_view is its own type,
+// so StrCat does not take std::string_view.
 struct ModelFile {
   const char* name;
   const char* file;

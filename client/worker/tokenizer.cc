@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "client/worker/unicode_nfc.h"
 #include "client/worker/utf8.h"
 
 namespace polykv::worker {
@@ -36,50 +37,16 @@ constexpr uint32_t kInvalidCp = 0xFFFFFFFF;
 std::vector<Cp> DecodeUtf8(std::string_view s) {
   std::vector<Cp> out;
   out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    const uint8_t c = static_cast<uint8_t>(s[i]);
+  for (size_t i = 0; i < s.size();) {
     uint32_t cp;
-    int len;
-    if (c < 0x80) {
-      cp = c;
-      len = 1;
-    } else if ((c & 0xE0) == 0xC0) {
-      cp = c & 0x1F;
-      len = 2;
-    } else if ((c & 0xF0) == 0xE0) {
-      cp = c & 0x0F;
-      len = 3;
-    } else if ((c & 0xF8) == 0xF0) {
-      cp = c & 0x07;
-      len = 4;
+    const int len = DecodeUtf8At(s, i, &cp);
+    if (len == 0) {
+      out.push_back({kInvalidCp, static_cast<uint32_t>(i), 1});
+      ++i;
     } else {
-      out.push_back({kInvalidCp, static_cast<uint32_t>(i), 1});
-      ++i;
-      continue;
+      out.push_back({cp, static_cast<uint32_t>(i), static_cast<uint32_t>(len)});
+      i += len;
     }
-    bool ok = i + len <= s.size();
-    for (int k = 1; ok && k < len; ++k) {
-      const uint8_t cc = static_cast<uint8_t>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) {
-        ok = false;
-      } else {
-        cp = (cp << 6) | (cc & 0x3F);
-      }
-    }
-    // Reject overlong forms, surrogates and out-of-range values.
-    if (ok && ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
-               (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-               (cp >= 0xD800 && cp <= 0xDFFF))) {
-      ok = false;
-    }
-    if (!ok) {
-      out.push_back({kInvalidCp, static_cast<uint32_t>(i), 1});
-      ++i;
-      continue;
-    }
-    out.push_back({cp, static_cast<uint32_t>(i), static_cast<uint32_t>(len)});
-    i += len;
   }
   return out;
 }
@@ -119,6 +86,61 @@ size_t MatchGpt2(const std::vector<Cp>& cps, size_t i, size_t end) {
   if (k == i) return 1;  // Unreachable for valid classes; keep progress.
   if (k == end) return k - i;
   if (k - i >= 2) return k - 1 - i;  // Leave the last space to prefix the word.
+  return 1;
+}
+
+bool IsNewline(uint32_t cp) { return cp == '\r' || cp == '\n'; }
+
+// What (?i:x) matches for the ASCII letters of the contractions: the ASCII
+// case pair, and U+017F LONG S, whose case folding is 's'.
+uint32_t FoldContractionLetter(uint32_t cp) {
+  if (cp >= 'A' && cp <= 'Z') return cp + ('a' - 'A');
+  return cp == 0x17F ? 's' : cp;
+}
+
+// Length (in code points) of the Qwen2 pattern's match at cps[i..end):
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|
+//    ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// Alternatives are tried in order (leftmost-first), as Oniguruma does.
+size_t MatchQwen2(const std::vector<Cp>& cps, size_t i, size_t end) {
+  const uint32_t c = cps[i].cp;
+  if (c == '\'' && i + 1 < end) {
+    const uint32_t a = FoldContractionLetter(cps[i + 1].cp);
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+    if (i + 2 < end) {
+      const uint32_t b = FoldContractionLetter(cps[i + 2].cp);
+      if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) {
+        return 3;
+      }
+    }
+  }
+  // [^\r\n\p{L}\p{N}]?\p{L}+ : one leading char of any other kind (a space,
+  // a tab, punctuation) joins the letters after it.
+  size_t j = i;
+  if (!IsL(c) && !IsN(c) && !IsNewline(c) && i + 1 < end && IsL(cps[i + 1].cp)) j = i + 1;
+  if (IsL(cps[j].cp)) {
+    size_t k = j + 1;
+    while (k < end && IsL(cps[k].cp)) ++k;
+    return k - i;
+  }
+  if (IsN(c)) return 1;  // \p{N}: one digit per piece.
+  //  ?[^\s\p{L}\p{N}]+[\r\n]*
+  j = (c == ' ' && i + 1 < end && IsOther(cps[i + 1].cp)) ? i + 1 : i;
+  if (IsOther(cps[j].cp)) {
+    size_t k = j + 1;
+    while (k < end && IsOther(cps[k].cp)) ++k;
+    while (k < end && IsNewline(cps[k].cp)) ++k;
+    return k - i;
+  }
+  // c is whitespace. \s*[\r\n]+ : through the run's last \r or \n.
+  size_t k = i;
+  while (k < end && IsS(cps[k].cp)) ++k;
+  for (size_t p = k; p > i; --p) {
+    if (IsNewline(cps[p - 1].cp)) return p - i;
+  }
+  // \s+(?!\S) then \s+, as for GPT-2.
+  if (k == end) return k - i;
+  if (k - i >= 2) return k - 1 - i;
   return 1;
 }
 
@@ -163,10 +185,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
     t->pre_ = PreTokenizer::kSmolLm;
   } else if (pre == "gpt-2" || pre == "default") {
     t->pre_ = PreTokenizer::kGpt2;
+  } else if (pre == "qwen2") {
+    t->pre_ = PreTokenizer::kQwen2;
+    t->nfc_ = true;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": tokenizer.ggml.pre \"", pre,
-        "\" is not supported (supported: smollm, starcoder, refact, gpt-2, default)"));
+        "\" is not supported (supported: smollm, starcoder, refact, gpt-2, default, qwen2)"));
   }
   auto tokens = file.GetStringArray("tokenizer.ggml.tokens");
   if (!tokens.ok()) return tokens.status();
@@ -182,7 +207,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
     for (int32_t i = 0; i < n; ++i) t->token_types_[i] = static_cast<int32_t>((**types)[i]);
   }
   t->token_ids_.reserve(n);
-  for (int32_t i = 0; i < n; ++i) t->token_ids_.emplace(t->tokens_[i], i);
+  for (int32_t i = 0; i < n; ++i) t->token_ids_.emplace(std::string_view(t->tokens_[i]), i);
 
   uint32_t chars[256];
   ByteLevelChars(chars);
@@ -206,7 +231,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
 
   auto merges = file.GetStringArray("tokenizer.ggml.merges");
   if (!merges.ok()) return merges.status();
-  t->merges_.reserve((*merges)->size() * 2);
+  t->merges_.reserve((*merges)->size());
+  std::string merged;  // Reused: no allocation per merge.
   for (size_t rank = 0; rank < (*merges)->size(); ++rank) {
     const std::string& m = (**merges)[rank];
     const size_t sp = m.find(' ', 1);
@@ -214,8 +240,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": merge #", rank, " \"", m, "\" has no space"));
     }
-    const std::string a = m.substr(0, sp), b = m.substr(sp + 1);
-    const int32_t ia = t->TokenId(a), ib = t->TokenId(b), im = t->TokenId(a + b);
+    const std::string_view a = std::string_view(m).substr(0, sp);
+    const std::string_view b = std::string_view(m).substr(sp + 1);
+    merged.assign(a).append(b);
+    const int32_t ia = t->TokenId(a), ib = t->TokenId(b), im = t->TokenId(merged);
     if (ia < 0 || ib < 0 || im < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ": merge #", rank, " \"", m, "\" names a token not in the vocabulary"));
@@ -245,7 +273,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
 }
 
 int32_t Tokenizer::TokenId(std::string_view token) const {
-  auto it = token_ids_.find(std::string(token));
+  auto it = token_ids_.find(token);
   return it == token_ids_.end() ? -1 : it->second;
 }
 
@@ -268,6 +296,14 @@ std::vector<std::string> Tokenizer::PreTokenize(std::string_view text) const {
   };
   if (pre_ == PreTokenizer::kGpt2) {
     split_gpt2(0, cps.size());
+    return pieces;
+  }
+  if (pre_ == PreTokenizer::kQwen2) {
+    for (size_t i = 0; i < cps.size();) {
+      const size_t len = MatchQwen2(cps, i, cps.size());
+      pieces.push_back(bytes(i, i + len));
+      i += len;
+    }
     return pieces;
   }
   // Digits(individual_digits): every \p{N} is its own piece; the text between
@@ -311,6 +347,10 @@ void Tokenizer::EncodePiece(std::string_view piece, std::vector<int32_t>* out) c
 
 void Tokenizer::EncodeText(std::string_view text, std::vector<int32_t>* out) const {
   if (text.empty()) return;
+  if (nfc_) {
+    for (const std::string& piece : PreTokenize(NormalizeNfc(text))) EncodePiece(piece, out);
+    return;
+  }
   for (const std::string& piece : PreTokenize(text)) EncodePiece(piece, out);
 }
 

@@ -1,9 +1,15 @@
 // Byte-level BPE tokenizer built from a GGUF file's vocabulary and merges
 // (tokenizer.ggml.model == "gpt2"), with the pre-tokenizer the file names in
-// tokenizer.ggml.pre. Matches Hugging Face `tokenizers` for SmolLM2
-// ("smollm": individual digits, then the GPT-2 split pattern
-//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// implemented by hand over Unicode category tables, no regex library).
+// tokenizer.ggml.pre. Matches Hugging Face `tokenizers` for
+//  * SmolLM2 ("smollm": individual digits, then the GPT-2 split pattern
+//      's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ )
+//  * Qwen2 ("qwen2": NFC, then
+//      (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|
+//       ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ )
+// with the patterns implemented by hand over Unicode tables, no regex library.
+// The tables are Python's unicodedata (14.0); the reference's Oniguruma has
+// Unicode 16.0, so ~9,400 letters and digits assigned since count as "other"
+// here (scripts/make-qwen-tokenizer-fixture.py counts them).
 #pragma once
 
 #include <cstdint>
@@ -11,9 +17,9 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "client/worker/gguf.h"
 
@@ -30,6 +36,7 @@ class Tokenizer {
   enum class PreTokenizer {
     kGpt2,     // GPT-2 pattern only ("gpt-2", "default").
     kSmolLm,   // Each \p{N} alone, then the GPT-2 pattern ("smollm", "starcoder").
+    kQwen2,    // The Qwen2 pattern, on NFC text ("qwen2").
   };
 
   // Builds the tokenizer from tokenizer.ggml.{model,pre,tokens,token_type,merges,
@@ -40,16 +47,20 @@ class Tokenizer {
   // Encodes UTF-8 text. With `parse_special`, control tokens written in the
   // text (e.g. "<|im_start|>") become their ids, as Hugging Face does for
   // added special tokens; without it they are tokenized as plain text.
-  // Invalid UTF-8 bytes are kept and tokenized as single bytes.
+  // Invalid UTF-8 bytes are kept and tokenized as single bytes. For "qwen2"
+  // the text between special tokens is NFC-normalized first (special tokens
+  // are matched in the raw text, as Hugging Face does for added tokens).
   std::vector<int32_t> Encode(std::string_view text, bool parse_special) const;
 
   // Concatenated bytes of the tokens; control tokens are rendered as their
   // text unless `skip_special`. May end inside a UTF-8 sequence.
   std::string Decode(std::span<const int32_t> ids, bool skip_special = false) const;
 
-  // Splits `text` the way the pre-tokenizer does (no special-token handling).
+  // Splits `text` the way the pre-tokenizer does (no special-token handling,
+  // no normalization).
   std::vector<std::string> PreTokenize(std::string_view text) const;
 
+  PreTokenizer pre_tokenizer() const { return pre_; }
   int vocab_size() const { return static_cast<int>(tokens_.size()); }
   int32_t bos_id() const { return bos_id_; }
   int32_t eos_id() const { return eos_id_; }
@@ -64,11 +75,14 @@ class Tokenizer {
   void EncodeText(std::string_view text, std::vector<int32_t>* out) const;
 
   PreTokenizer pre_ = PreTokenizer::kGpt2;
+  bool nfc_ = false;  // Normalize text segments to NFC before splitting.
   std::vector<std::string> tokens_;
   std::vector<int32_t> token_types_;
-  std::unordered_map<std::string, int32_t> token_ids_;
+  // Keys view tokens_, which never changes after construction. Flat maps and
+  // views (no per-token strings) keep FromGguf fast for 150K-token vocabularies.
+  absl::flat_hash_map<std::string_view, int32_t> token_ids_;
   // (left id << 32 | right id) -> (rank << 32 | merged id).
-  std::unordered_map<uint64_t, uint64_t> merges_;
+  absl::flat_hash_map<uint64_t, uint64_t> merges_;
   int32_t byte_token_[256] = {};        // Token id of each byte; -1: none (dropped).
   int byte_of_char_[0x200] = {};        // Byte-level char (< 0x200) -> byte, -1 if none.
   std::vector<std::pair<std::string, int32_t>> specials_;  // Longest first.
