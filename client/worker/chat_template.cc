@@ -14,8 +14,8 @@ constexpr char kQwenToolsHead[] =
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
 constexpr char kQwenToolsTail[] =
     "\n</tools>\n\nFor each function call, return a json object with function name and "
-    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": "
-    "<function-name>, \"arguments\": <args-json-object>}}\n</tool_call><|im_end|>\n";
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+    "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
 
 // `text` as the body of a double-quoted Jinja string literal.
 std::string JinjaDoubleQuoted(const std::string& text) {

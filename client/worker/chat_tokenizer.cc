@@ -80,7 +80,9 @@ void ChatTokenizer::Append(const std::string& piece, int32_t turn, Role role,
 
 void ChatTokenizer::Emit(size_t n, std::vector<TaggedToken>* out) {
   if (n == 0) return;
-  const std::vector<int32_t> ids = tok_->Encode(std::string_view(held_).substr(0, n), true);
+  const std::vector<int32_t> ids = tok_ == nullptr
+                                       ? std::vector<int32_t>()
+                                       : tok_->Encode(std::string_view(held_).substr(0, n), true);
   // A token is tagged with the segment its first byte is in. (Byte offsets
   // from decoding; a normalizer that changes the text shifts them, which
   // only moves a tag across a boundary.)

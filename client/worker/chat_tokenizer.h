@@ -33,7 +33,9 @@ struct TaggedToken {
 };
 
 // Copyable (Conversation::Fork copies it). The template and tokenizer are
-// borrowed and must outlive it. Not thread-safe.
+// borrowed and must outlive it; a null tokenizer renders text only (no
+// tokens: template tests for models whose tokenizer is not supported yet).
+// Not thread-safe.
 class ChatTokenizer {
  public:
   ChatTokenizer(const ChatTemplate* chat_template, const Tokenizer* tokenizer)
