@@ -88,7 +88,7 @@ absl::StatusOr<std::string> ModelPath(std::string_view name_view) {
     if (m.name == name) return absl::StrCat(ModelDir(), "/", m.file);
     absl::StrAppend(&known, known.empty() ? "" : ", ", m.name);
   }
-  return absl::NotFoundError(absl::StrCat("unknown model \"", name, "\" (known: ", known,
+  return absl::NotFoundError(absl::StrCat("unknown model \"", std::string(name), "\" (known: ", known,
                                           "; or a path to a .gguf file)"));
 }
 
@@ -103,7 +103,11 @@ absl::StatusOr<Role> ParseRole(std::string_view role) {
 
 Conversation::Conversation(const LoadedModel* model, KvStore* store,
                            const ConversationOptions& options)
-    : m_(model), store_(store), options_(options), sampler_(options.sampler) {
+    : m_(model),
+      store_(store),
+      options_(options),
+      sampler_(options.sampler),
+      chat_(&model->chat_template, model->tokenizer.get()) {
   end_of_turn_id_ = m_->tokenizer->TokenId(m_->chat_template.end_of_turn());
 }
 
@@ -113,19 +117,28 @@ void Conversation::Queue(const std::vector<int32_t>& ids, Role role) {
   }
 }
 
-absl::Status Conversation::AddMessage(Role role, std::string_view content,
-                                      std::string_view intent) {
-  if (absl::Status s = store_->BeginTurn(TurnInfo{turn_, role, std::string(intent)}); !s.ok()) {
+void Conversation::Queue(const std::vector<TaggedToken>& tokens) {
+  for (const TaggedToken& t : tokens) {
+    pending_.push_back(TokenMeta{t.id, next_position_++, t.turn, t.role});
+  }
+}
+
+absl::Status Conversation::AddMessage(const ChatMessage& message, std::string_view intent) {
+  if (absl::Status s = store_->BeginTurn(TurnInfo{turn_, message.role, std::string(intent)});
+      !s.ok()) {
     return s;
   }
-  const std::string text =
-      m_->chat_template.RenderMessage(RoleName(role), content, next_position_ == 0 && pending_.empty());
-  Queue(m_->tokenizer->Encode(text, /*parse_special=*/true), role);
+  std::vector<TaggedToken> tokens;
+  chat_.AddMessage(message, turn_, &tokens);
+  Queue(tokens);
   ++turn_;
   return absl::OkStatus();
 }
 
 absl::Status Conversation::Flush(std::vector<float>* last_logits) {
+  std::vector<TaggedToken> held;
+  chat_.Flush(&held);
+  Queue(held);
   const int chunk = std::max(1, options_.prefill_chunk);
   for (size_t i = 0; i < pending_.size(); i += chunk) {
     const size_t n = std::min(pending_.size() - i, static_cast<size_t>(chunk));
@@ -146,8 +159,9 @@ absl::StatusOr<TurnResult> Conversation::Generate(
       !s.ok()) {
     return s;
   }
-  const bool first = next_position_ == 0 && pending_.empty();
-  Queue(m_->tokenizer->Encode(m_->chat_template.GenerationPrompt(first), true), Role::kAssistant);
+  std::vector<TaggedToken> prompt;
+  chat_.AddGenerationPrompt(turn_, &prompt);
+  Queue(prompt);
   if (!answer_prefix.empty()) Queue(m_->tokenizer->Encode(answer_prefix, false), Role::kAssistant);
   TurnResult r;
   r.prompt_tokens = static_cast<int>(pending_.size());
@@ -191,7 +205,9 @@ absl::StatusOr<TurnResult> Conversation::Generate(
     pending_.push_back(TokenMeta{r.tokens.back(), next_position_++, turn_, Role::kAssistant});
   }
   pending_.push_back(TokenMeta{end_of_turn_id_, next_position_++, turn_, Role::kAssistant});
-  Queue(m_->tokenizer->Encode(m_->chat_template.AfterEndOfTurn(), false), Role::kAssistant);
+  std::vector<TaggedToken> after;
+  chat_.AddAfterGeneratedTurn(turn_, &after);
+  Queue(after);
   ++turn_;
   r.cached_tokens = store_->num_slots();
   return r;

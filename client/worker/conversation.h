@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/worker/chat_template.h"
+#include "client/worker/chat_tokenizer.h"
 #include "client/worker/kv_store.h"
 #include "client/worker/model.h"
 #include "client/worker/sampler.h"
@@ -64,9 +65,17 @@ class Conversation {
  public:
   Conversation(const LoadedModel* model, KvStore* store, const ConversationOptions& options);
 
+  // The tools (JSON Schemas) the system turn declares, for templates that
+  // render them (Qwen2.5). REQUIRES: no message added yet.
+  absl::Status SetTools(std::vector<JsonValue> tools) { return chat_.SetTools(std::move(tools)); }
+
   // Queues a message (role "system", "user", "tool" or "assistant" with
-  // content). `intent` is reported to the store with the turn.
-  absl::Status AddMessage(Role role, std::string_view content, std::string_view intent = "");
+  // content, or an assistant's tool calls). `intent` is reported to the
+  // store with the turn.
+  absl::Status AddMessage(const ChatMessage& message, std::string_view intent = "");
+  absl::Status AddMessage(Role role, std::string_view content, std::string_view intent = "") {
+    return AddMessage(ChatMessage{role, std::string(content), {}}, intent);
+  }
 
   // Generates an assistant turn of at most `max_new_tokens` tokens.
   // `on_text`, when set, receives the text as it is produced (whole UTF-8).
@@ -94,11 +103,13 @@ class Conversation {
 
  private:
   void Queue(const std::vector<int32_t>& ids, Role role);
+  void Queue(const std::vector<TaggedToken>& tokens);
 
   const LoadedModel* m_;
   KvStore* store_;
   const ConversationOptions options_;
   Sampler sampler_;
+  ChatTokenizer chat_;  // Rendered and tokenized prompt pieces.
   std::vector<TokenMeta> pending_;
   int32_t next_position_ = 0;
   int32_t turn_ = 0;          // Index of the next message.

@@ -1,7 +1,11 @@
 #include "client/worker/json.h"
 
+#include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 
 #include "absl/strings/str_cat.h"
 #include "client/worker/utf8.h"
@@ -41,7 +45,7 @@ class Parser {
     const char c = s_[i_];
     if (c == '{') {
       ++i_;
-      auto obj = std::make_shared<JsonValue::Object>();
+      auto obj = std::make_shared<JsonObject>();
       Ws();
       if (i_ < s_.size() && s_[i_] == '}') {
         ++i_;
@@ -56,7 +60,7 @@ class Parser {
           ++i_;
           auto val = Value(depth + 1);
           if (!val.ok()) return val;
-          (*obj)[*key] = std::move(*val);
+          obj->Set(std::move(*key), std::move(*val));
           Ws();
           if (i_ < s_.size() && s_[i_] == ',') { ++i_; continue; }
           if (i_ < s_.size() && s_[i_] == '}') { ++i_; break; }
@@ -100,6 +104,7 @@ class Parser {
       const double d = std::strtod(num.c_str(), &end);
       if (end != num.c_str() + num.size()) return Error("bad number");
       out.v = d;
+      out.number_text = std::move(num);
     } else {
       return Error("unexpected character");
     }
@@ -173,6 +178,29 @@ class Parser {
 
 }  // namespace
 
+JsonObject::const_iterator JsonObject::find(std::string_view key) const {
+  for (auto it = members_.begin(); it != members_.end(); ++it) {
+    if (it->first == key) return it;
+  }
+  return members_.end();
+}
+
+const JsonValue& JsonObject::at(std::string_view key) const {
+  auto it = find(key);
+  if (it == end()) throw std::out_of_range(absl::StrCat("JSON object has no key ", std::string(key)));
+  return it->second;
+}
+
+void JsonObject::Set(std::string key, JsonValue value) {
+  for (Member& m : members_) {
+    if (m.first == key) {
+      m.second = std::move(value);
+      return;
+    }
+  }
+  members_.emplace_back(std::move(key), std::move(value));
+}
+
 absl::StatusOr<JsonValue> ParseJson(std::string_view text) { return Parser(text).ParseTop(); }
 
 std::string JsonQuote(std::string_view s) {
@@ -206,6 +234,115 @@ std::string JsonQuote(std::string_view s) {
     }
   }
   out.push_back('"');
+  return out;
+}
+
+namespace {
+
+// Python's json.dumps string escaping with ensure_ascii=False (its ESCAPE
+// table: only '"', '\\' and U+0000..U+001F; DEL and non-ASCII stay raw).
+void AppendPythonString(std::string_view s, std::string* out) {
+  out->push_back('"');
+  for (const char ch : s) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': *out += "\\\""; break;
+      case '\\': *out += "\\\\"; break;
+      case '\n': *out += "\\n"; break;
+      case '\r': *out += "\\r"; break;
+      case '\t': *out += "\\t"; break;
+      case '\b': *out += "\\b"; break;
+      case '\f': *out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          *out += buf;
+        } else {
+          out->push_back(ch);
+        }
+    }
+  }
+  out->push_back('"');
+}
+
+// json.loads makes an int of a literal without fraction or exponent, a float
+// otherwise; json.dumps writes str(int) and float.__repr__ respectively.
+void AppendPythonNumber(const JsonValue& v, std::string* out) {
+  const std::string& text = v.number_text;
+  if (!text.empty() && text.find_first_of(".eE") == std::string::npos) {
+    *out += text == "-0" ? "0" : text;
+    return;
+  }
+  const double d = v.num();
+  if (std::isinf(d)) {
+    *out += d < 0 ? "-Infinity" : "Infinity";
+    return;
+  }
+  // Shortest round-trip digits (as repr), then Python's layout: exponent
+  // form when the decimal exponent is < -4 or >= 16.
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), std::fabs(d), std::chars_format::scientific);
+  const std::string sci(buf, r.ptr);
+  const size_t e = sci.find('e');
+  std::string digits = sci.substr(0, e);
+  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+  const int exp10 = std::atoi(sci.c_str() + e + 1);
+  const int decpt = exp10 + 1;  // Value = 0.DIGITS x 10^decpt.
+  const int n = static_cast<int>(digits.size());
+  if (std::signbit(d)) out->push_back('-');
+  if (decpt <= -4 || decpt > 16) {
+    *out += digits.substr(0, 1);
+    if (n > 1) absl::StrAppend(out, ".", digits.substr(1));
+    char ebuf[16];
+    std::snprintf(ebuf, sizeof(ebuf), "e%c%02d", exp10 < 0 ? '-' : '+', std::abs(exp10));
+    *out += ebuf;
+  } else if (decpt <= 0) {
+    absl::StrAppend(out, "0.", std::string(-decpt, '0'), digits);
+  } else if (decpt < n) {
+    absl::StrAppend(out, digits.substr(0, decpt), ".", digits.substr(decpt));
+  } else {
+    absl::StrAppend(out, digits, std::string(decpt - n, '0'), ".0");
+  }
+}
+
+void AppendPython(const JsonValue& v, std::string* out) {
+  if (std::holds_alternative<std::nullptr_t>(v.v)) {
+    *out += "null";
+  } else if (const bool* b = std::get_if<bool>(&v.v)) {
+    *out += *b ? "true" : "false";
+  } else if (v.is_number()) {
+    AppendPythonNumber(v, out);
+  } else if (v.is_string()) {
+    AppendPythonString(v.str(), out);
+  } else if (v.is_array()) {
+    out->push_back('[');
+    bool first = true;
+    for (const JsonValue& e : v.arr()) {
+      if (!first) *out += ", ";
+      first = false;
+      AppendPython(e, out);
+    }
+    out->push_back(']');
+  } else {
+    out->push_back('{');
+    bool first = true;
+    for (const auto& [key, val] : v.obj()) {
+      if (!first) *out += ", ";
+      first = false;
+      AppendPythonString(key, out);
+      *out += ": ";
+      AppendPython(val, out);
+    }
+    out->push_back('}');
+  }
+}
+
+}  // namespace
+
+std::string PythonJsonDumps(const JsonValue& value) {
+  std::string out;
+  AppendPython(value, &out);
   return out;
 }
 

@@ -6,8 +6,10 @@
 //   polykv-worker chat --local-cache
 //
 // Script: one JSON object per line, {"role": "system"|"user"|"tool"|"assistant",
-// "content": "..."}; an assistant line without "content" generates that turn
-// (optional "max_new_tokens"); any line may carry "intent" and "id".
+// "content": "..."}; an assistant line without "content" or "tool_calls"
+// generates that turn (optional "max_new_tokens"); any line may carry
+// "intent" and "id". An optional first line {"tools": [...]} declares tools
+// (client/worker/README.md has the details).
 // Output: one JSON line per generated turn on stdout (stable field names;
 // fields are only ever added); progress and errors on stderr.
 
@@ -201,6 +203,13 @@ int RunScript(const Flags& f) {
       *out = it->second.str();
       return absl::OkStatus();
     };
+    if (auto t = o.find("tools"); t != o.end()) {
+      // {"tools": [schema, ...]}: declared once, before the first message.
+      if (o.count("role") != 0) return Fail(where("a \"tools\" line is a line of its own"));
+      if (!t->second.is_array()) return Fail(where("\"tools\" must be an array of JSON Schemas"));
+      if (auto s = conv.SetTools(t->second.arr()); !s.ok()) return Fail(where(s.message()));
+      continue;
+    }
     std::string role_s, content, intent, id = absl::StrCat(line_no);
     if (auto s = get_str("role", &role_s); !s.ok()) {
       return Fail(absl::IsNotFound(s) ? where("missing \"role\"") : s);
@@ -215,11 +224,14 @@ int RunScript(const Flags& f) {
     }
     const absl::Status cs = get_str("content", &content);
     if (!cs.ok() && !absl::IsNotFound(cs)) return Fail(cs);
-    if (cs.ok()) {
-      if (auto s = conv.AddMessage(*role, content, intent); !s.ok()) return Fail(where(s.message()));
+    if (cs.ok() || o.count("tool_calls") != 0) {  // History: a message, or calls made.
+      auto message = ChatMessageFromJson(*v);
+      if (!message.ok()) return Fail(where(message.status().message()));
+      if (auto s = conv.AddMessage(*message, intent); !s.ok()) return Fail(where(s.message()));
       continue;
     }
     if (*role != Role::kAssistant) return Fail(where("only an assistant line may omit \"content\""));
+    // A generated turn; an assistant line with "tool_calls" was history above.
     int max_new = f.max_new_tokens;
     if (auto it = o.find("max_new_tokens"); it != o.end()) {
       if (!it->second.is_number() || it->second.num() < 1) {

@@ -32,5 +32,30 @@ TEST(JsonTest, QuoteRoundTrips) {
   EXPECT_EQ(JsonQuote("a\xFF"), "\"a\xEF\xBF\xBD\"");
 }
 
+TEST(JsonTest, ObjectsKeepDocumentOrder) {
+  auto v = ParseJson(R"({"z": 1, "a": 2, "z": 3})");
+  ASSERT_TRUE(v.ok()) << v.status();
+  std::string keys;
+  for (const auto& [k, val] : v->obj()) keys += k;
+  EXPECT_EQ(keys, "za");  // A repeated key keeps its place, takes the last value (as Python).
+  EXPECT_EQ(v->obj().at("z").num(), 3.0);
+}
+
+TEST(JsonTest, PythonJsonDumps) {
+  // Expected strings from Python: json.dumps(json.loads(text), ensure_ascii=False).
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"b":[1,2.0,-0,-0.0,1e16,1e15,0.0001,1e-5,3e-7,2.50,12345678901234567890,1e999]})",
+       R"({"b": [1, 2.0, 0, -0.0, 1e+16, 1000000000000000.0, 0.0001, 1e-05, 3e-07, 2.5, 12345678901234567890, Infinity]})"},
+      {R"({"s":"q\"\\\/\b\f\n\r\t\u0001\u007f\u00e9\u2028","t":true,"n":null,"e":{},"a":[]})",
+       "{\"s\": \"q\\\"\\\\/\\b\\f\\n\\r\\t\\u0001\x7f\xC3\xA9\xE2\x80\xA8\", \"t\": true, "
+       "\"n\": null, \"e\": {}, \"a\": []}"},
+  };
+  for (const auto& [in, want] : cases) {
+    auto v = ParseJson(in);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(PythonJsonDumps(*v), want) << in;
+  }
+}
+
 }  // namespace
 }  // namespace polykv::worker
