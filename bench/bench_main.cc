@@ -4,6 +4,7 @@
 #include <string>
 
 #include "bench/bench_registry.h"
+#include "client/worker/blas_core.h"
 
 namespace polykv::bench {
 std::map<std::string, BenchEntry>& Registry() {
@@ -21,6 +22,7 @@ static void Usage(FILE* out) {
 }
 
 int main(int argc, char** argv) {
+  polykv::worker::UseFastBlasKernels(argv);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     Usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "client/worker/blas_core.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -59,6 +60,7 @@ std::set<std::string> CompletedTasks(const std::string& path, size_t configs) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  polykv::worker::UseFastBlasKernels(argv);
   CLI::App app{"polykv-eval: task answers under cache configurations (policy x budget x K/V formats)"};
   std::vector<std::string> task_paths;
   std::string configs_text, configs_file, out_path, model_path = worker::DefaultModelPath();

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/worker/conversation.h"
+#include "client/worker/blas_core.h"
 #include "client/worker/json.h"
 #include "client/worker/kv_store.h"
 #include "client/worker/paged_kv_store.h"
@@ -309,6 +310,7 @@ int Chat(const Flags& f) {
 }  // namespace polykv::worker
 
 int main(int argc, char** argv) {
+  polykv::worker::UseFastBlasKernels(argv);
   using polykv::worker::Flags;
   Flags f;
   f.model = polykv::worker::DefaultModelPath();
