@@ -76,8 +76,11 @@ bool GgmlBlockInfo(uint32_t type, int* block_elems, int* block_bytes) {
 
 namespace {
 
+// Inlined into each clone of Dequantize (a call would run the baseline copy).
+#define POLYKV_BLOCK_FN inline __attribute__((always_inline))
+
 // Each function dequantizes one block at `x` to `y` (ggml's dequantize_row_*).
-void BlockQ4_0(const uint8_t* x, float* y) {
+POLYKV_BLOCK_FN void BlockQ4_0(const uint8_t* x, float* y) {
   // f16 d, 16 bytes of nibbles: low nibbles are elements 0..15, high 16..31.
   const float d = LoadHalf(x);
   const uint8_t* qs = x + 2;
@@ -87,7 +90,7 @@ void BlockQ4_0(const uint8_t* x, float* y) {
   }
 }
 
-void BlockQ4_1(const uint8_t* x, float* y) {
+POLYKV_BLOCK_FN void BlockQ4_1(const uint8_t* x, float* y) {
   const float d = LoadHalf(x), m = LoadHalf(x + 2);
   const uint8_t* qs = x + 4;
   for (int j = 0; j < 16; ++j) {
@@ -97,36 +100,37 @@ void BlockQ4_1(const uint8_t* x, float* y) {
 }
 
 // Q5_0 / Q5_1: the fifth bit of element j is bit j of the 32-bit qh.
-void BlockQ5(const uint8_t* x, float* y, bool with_min) {
+// Integers first, then one float pass: the shape the vectorizer takes.
+template <bool kWithMin>
+POLYKV_BLOCK_FN void BlockQ5(const uint8_t* x, float* y) {
   const float d = LoadHalf(x);
-  const float m = with_min ? LoadHalf(x + 2) : 0.0f;
-  const uint8_t* p = x + (with_min ? 4 : 2);
+  const float m = kWithMin ? LoadHalf(x + 2) : 0.0f;
+  const uint8_t* p = x + (kWithMin ? 4 : 2);
   uint32_t qh;
   std::memcpy(&qh, p, sizeof(qh));
   const uint8_t* qs = p + 4;
+  int32_t q[32];
   for (int j = 0; j < 16; ++j) {
-    const uint8_t h0 = ((qh >> j) << 4) & 0x10;
-    const uint8_t h1 = (qh >> (j + 12)) & 0x10;
-    const int32_t x0 = (qs[j] & 0x0F) | h0;
-    const int32_t x1 = (qs[j] >> 4) | h1;
-    if (with_min) {
-      y[j] = x0 * d + m;
-      y[j + 16] = x1 * d + m;
+    q[j] = (qs[j] & 0x0F) | (((qh >> j) & 1) << 4);
+    q[j + 16] = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+  }
+  for (int j = 0; j < 32; ++j) {
+    if constexpr (kWithMin) {
+      y[j] = q[j] * d + m;
     } else {
-      y[j] = (x0 - 16) * d;
-      y[j + 16] = (x1 - 16) * d;
+      y[j] = (q[j] - 16) * d;
     }
   }
 }
 
-void BlockQ8_0(const uint8_t* x, float* y) {
+POLYKV_BLOCK_FN void BlockQ8_0(const uint8_t* x, float* y) {
   const float d = LoadHalf(x);
   const int8_t* qs = reinterpret_cast<const int8_t*>(x + 2);
   for (int j = 0; j < 32; ++j) y[j] = qs[j] * d;
 }
 
 // Q4_K / Q5_K: 8 sub-blocks of 32, each with a 6-bit scale and min.
-void BlockQ45K(const uint8_t* x, float* y, bool five) {
+POLYKV_BLOCK_FN void BlockQ45K(const uint8_t* x, float* y, bool five) {
   using namespace kquant;
   const float d = LoadHalf(x), dmin = LoadHalf(x + 2);
   const uint8_t* scales = x + (five ? kQ5KScales : kQ4KScales);
@@ -152,28 +156,29 @@ void BlockQ45K(const uint8_t* x, float* y, bool five) {
   }
 }
 
-void BlockQ6K(const uint8_t* x, float* y) {
+POLYKV_BLOCK_FN void BlockQ6K(const uint8_t* x, float* y) {
   using namespace kquant;
   const float d = LoadHalf(x + kQ6KD);
   const uint8_t* ql = x;
   const uint8_t* qh = x + kQ6KQh;
   const int8_t* sc = reinterpret_cast<const int8_t*>(x + kQ6KScales);
   for (int n = 0; n < kQkK; n += 128, y += 128, ql += 64, qh += 32, sc += 8) {
+    int32_t q[128];
     for (int l = 0; l < 32; ++l) {
-      const int is = l / 16;
-      const int q1 = static_cast<int8_t>((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-      const int q2 = static_cast<int8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-      const int q3 = static_cast<int8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-      const int q4 = static_cast<int8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-      y[l] = d * sc[is + 0] * q1;
-      y[l + 32] = d * sc[is + 2] * q2;
-      y[l + 64] = d * sc[is + 4] * q3;
-      y[l + 96] = d * sc[is + 6] * q4;
+      q[l] = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      q[l + 32] = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      q[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      q[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+    }
+    // y = (d * scale) * q, scale per 16 elements: ggml's order of operations.
+    for (int g = 0; g < 8; ++g) {
+      const float ds = d * sc[g];
+      for (int l = 0; l < 16; ++l) y[16 * g + l] = ds * q[16 * g + l];
     }
   }
 }
 
-void BlockQ8K(const uint8_t* x, float* y) {
+POLYKV_BLOCK_FN void BlockQ8K(const uint8_t* x, float* y) {
   float d;
   std::memcpy(&d, x, sizeof(d));
   const int8_t* qs = reinterpret_cast<const int8_t*>(x + kquant::kQ8KQs);
@@ -182,6 +187,11 @@ void BlockQ8K(const uint8_t* x, float* y) {
 
 }  // namespace
 
+// Cloned for AVX-512 and AVX2 (chosen at load by the CPU): the same IEEE
+// operations, unfused (-ffp-contract=off), so every clone gives the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 absl::Status Dequantize(uint32_t type, const void* src_v, int64_t n, float* dst) {
   const uint8_t* src = static_cast<const uint8_t*>(src_v);
   int be, bb;
@@ -205,8 +215,8 @@ absl::Status Dequantize(uint32_t type, const void* src_v, int64_t n, float* dst)
       case GgmlType::kBF16: *dst = BF16ToFloat(LoadU16(src)); break;
       case GgmlType::kQ4_0: BlockQ4_0(src, dst); break;
       case GgmlType::kQ4_1: BlockQ4_1(src, dst); break;
-      case GgmlType::kQ5_0: BlockQ5(src, dst, false); break;
-      case GgmlType::kQ5_1: BlockQ5(src, dst, true); break;
+      case GgmlType::kQ5_0: BlockQ5<false>(src, dst); break;
+      case GgmlType::kQ5_1: BlockQ5<true>(src, dst); break;
       case GgmlType::kQ8_0: BlockQ8_0(src, dst); break;
       case GgmlType::kQ4_K: BlockQ45K(src, dst, false); break;
       case GgmlType::kQ5_K: BlockQ45K(src, dst, true); break;
