@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
 # The main job: builds polykv, fetches the model, starts polykvd on the CPU
 # (shared-memory) pool and runs four agents — four polykv-worker processes
-# with a real model (SmolLM2-135M-Instruct), each a multi-turn agent script —
-# concurrently through the one daemon. Prints a summary: tokens, tokens/s and
-# pool bytes per agent; then stops polykvd with SIGTERM (it drains).
+# with a real model (Qwen2.5-Coder-0.5B-Instruct by default), each a
+# multi-turn agent script (one calls tools) — concurrently through the one
+# daemon. Prints each agent's answers and a summary: tokens, tokens/s and pool
+# bytes per agent; then stops polykvd with SIGTERM (it drains).
 #
+# Usage: scripts/demo.sh [--model NAME]   (NAME as scripts/fetch-model.sh
+#        takes it: qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m)
 # While it runs, metrics are at http://127.0.0.1:9464/metrics.
 # Env: POLYKV_DEMO_DIR (run folder, default a fresh temp dir),
 #      POLYKV_DEMO_SKIP_BUILD=1 to reuse an existing build/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+model_name=qwen2.5-coder-0.5b
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --model) [ $# -ge 2 ] || { echo "demo: --model needs a NAME" >&2; exit 2; }; model_name=$2; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "demo: unknown argument '$1' (--help)" >&2; exit 2 ;;
+  esac
+done
 if [ "${POLYKV_DEMO_SKIP_BUILD:-0}" != 1 ]; then bash scripts/build.sh; fi
-model=$(bash scripts/fetch-model.sh)
+model=$(bash scripts/fetch-model.sh "$model_name")
 bin=build/bin
 dir=${POLYKV_DEMO_DIR:-$(mktemp -d /tmp/polykv-demo.XXXXXX)}
 sock=$dir/polykvd.sock
@@ -28,9 +39,10 @@ for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 echo "== four agents, four worker processes, one daemon (model $model)"
 start=$(date +%s.%N)
 pids=()
-for spec in "team-a coder" "team-a researcher" "team-b planner" "team-b support"; do
+for spec in "team-a coder tool_coder" "team-a researcher researcher" "team-b planner planner" \
+            "team-b support support"; do
   set -- $spec
-  "$bin/polykv-worker" run "tests/fixtures/worker/scripts/$2.jsonl" --model "$model" \
+  "$bin/polykv-worker" run "tests/fixtures/worker/scripts/$3.jsonl" --model "$model" \
       --daemon "$sock" --tenant "$1" --agent "$2" --key-format f16 --value-format f16 \
       --threads 1 --summary >"$dir/$2.jsonl" 2>"$dir/$2.err" &
   pids+=($!)
@@ -59,8 +71,8 @@ for a in coder researcher planner support; do
 import json, sys
 for line in sys.stdin:
     t = json.loads(line)
-    print("%-10s %-12s %4d prompt %3d generated  %s" % (t["agent"], t.get("id", ""),
-          t["prompt_tokens"], t["completion_tokens"], t["text"][:70].replace("\n", " ")))'
+    print("%-10s %-14s %4d prompt %3d generated  %s" % (t["agent"], t.get("id", ""),
+          t["prompt_tokens"], t["completion_tokens"], t["text"][:110].replace("\n", " ")))'
 done
 echo
 echo "== summary"
