@@ -60,9 +60,11 @@ std::string ModelDir() {
 }
 
 // The file names scripts/fetch-model.sh writes; keep the two in step.
+// const char*, not std::string_view: this absl's string_view is its own type,
+// so StrCat does not take std::string_view.
 struct ModelFile {
-  std::string_view name;
-  std::string_view file;
+  const char* name;
+  const char* file;
 };
 constexpr ModelFile kModelFiles[] = {
     {"smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf"},
@@ -76,10 +78,9 @@ std::string DefaultModelPath() {
   return absl::StrCat(ModelDir(), "/", kModelFiles[0].file);
 }
 
-absl::StatusOr<std::string> ModelPath(std::string_view name) {
-  if (name.find('/') != std::string_view::npos || absl::EndsWith(name, ".gguf")) {
-    return std::string(name);
-  }
+absl::StatusOr<std::string> ModelPath(std::string_view name_view) {
+  const std::string name(name_view);
+  if (name.find('/') != std::string::npos || absl::EndsWith(name, ".gguf")) return name;
   std::string known;
   for (const ModelFile& m : kModelFiles) {
     if (m.name == name) return absl::StrCat(ModelDir(), "/", m.file);
