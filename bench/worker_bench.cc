@@ -1,20 +1,36 @@
 // polykv-bench worker: prefill and decode tokens/s of the reference worker
-// (SmolLM2-135M, OpenBLAS) with its KV cache in process memory
+// (SmolLM2-135M by default, OpenBLAS) with its KV cache in process memory
 // (--local-cache, the baseline) versus in pages: polykvd's pool when --daemon
 // is given, and process-memory pages (the same paged store and kernels,
 // without the daemon) always. Stores run interleaved, round after round, in
 // one process, and the ratios are medians of the same run.
 //
+// Beside it, the anchor: llama.cpp (bench/anchor/llamacpp_bench.py in the
+// bench-only venv of scripts/setup-bench-venv.sh) on the same GGUF, thread
+// count, prompt token ids, decode count and rounds, run as a subprocess after
+// the worker's rounds; and the worker's peak RSS against the bound
+// GGUF bytes + KV bytes + 300 MiB. docs/worker-performance.md has the method.
+//
 //   polykv-bench worker [--json] [--daemon SOCKET] [--prompt-tokens 256]
 //                       [--decode-tokens 64] [--rounds 3] [--threads N]
-//                       [--key-format f32] [--value-format f32] [--model PATH]
+//                       [--key-format f32] [--value-format f32] [--model NAME|PATH]
+//                       [--anchor auto|off|PYTHON] [--anchor-script PATH]
+#include <cblas.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/bench_registry.h"
@@ -44,7 +60,13 @@ struct Options {
   int chunk = 64;
   std::string key_format = "f32";
   std::string value_format = "f32";
+  // "auto": the bench venv's python if present, else no anchor (with the
+  // reason); "off"; or the python interpreter to run the anchor with.
+  std::string anchor = "auto";
+  std::string anchor_script = POLYKV_SOURCE_DIR "/bench/anchor/llamacpp_bench.py";
 };
+
+constexpr int64_t kRssSlackBytes = 300ll << 20;  // The bound's allowance beyond GGUF + KV.
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -60,8 +82,131 @@ struct Kind {
   std::string name;
   std::vector<double> prefill_tps, decode_tps;
   int64_t kv_bytes = 0;
+  int64_t peak_rss_bytes = 0;  // Max over rounds of VmHWM during this store's runs.
   std::string store_name;
 };
+
+// Fields of /proc/self/status in bytes ("VmHWM", "VmRSS", "RssAnon", ...);
+// those absent (not Linux) are missing from the map.
+std::map<std::string, int64_t> ProcStatus() {
+  std::map<std::string, int64_t> out;
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos || line.find(" kB") == std::string::npos) continue;
+    out[line.substr(0, colon)] = std::atoll(line.c_str() + colon + 1) * 1024;
+  }
+  return out;
+}
+
+// Resets VmHWM to the current RSS (Linux >= 4.0), so that the next reading is
+// the peak of what ran in between. False where the kernel refuses.
+bool ResetPeakRss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+    out += c;
+  }
+  return out + "\"";
+}
+
+// What the anchor gave: its JSON object verbatim, or why there is none.
+struct Anchor {
+  std::string json;    // One JSON object; empty when there is no anchor.
+  std::string reason;  // Why json is empty.
+  double prefill_tps = 0, decode_tps = 0;
+};
+
+// Reads the number after "key": in a flat JSON object; 0 if absent.
+double JsonNumber(const std::string& json, const std::string& key) {
+  const size_t at = json.find("\"" + key + "\":");
+  return at == std::string::npos ? 0 : std::atof(json.c_str() + at + key.size() + 3);
+}
+
+// Runs the llama.cpp anchor on the same GGUF, threads, prompt ids, decode
+// count and rounds. Its progress goes to our stderr; its stdout's last line
+// is its JSON.
+Anchor RunAnchor(const Options& o, const std::string& model_path, int threads,
+                 const std::vector<int32_t>& prompt) {
+  Anchor a;
+  std::string python = o.anchor;
+  if (o.anchor == "off") {
+    a.reason = "--anchor off";
+    return a;
+  }
+  if (o.anchor == "auto") {
+    const char* venv = std::getenv("POLYKV_BENCH_VENV");
+    const char* home = std::getenv("HOME");
+    python = (venv && *venv ? std::string(venv)
+                            : std::string(home ? home : "") + "/.cache/polykv/bench-venv") +
+             "/bin/python";
+    if (access(python.c_str(), X_OK) != 0) {
+      a.reason = "no bench venv (" + python +
+                 " is missing): run scripts/setup-bench-venv.sh (builds llama-cpp-python "
+                 "from source, ~10+ min), or pass --anchor PYTHON";
+      return a;
+    }
+  }
+  if (access(o.anchor_script.c_str(), R_OK) != 0) {
+    a.reason = "anchor script " + o.anchor_script + " not found (pass --anchor-script PATH)";
+    return a;
+  }
+  char tmpl[] = "/tmp/polykv-bench-anchor-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd < 0) {
+    a.reason = std::string("mkstemp: ") + std::strerror(errno);
+    return a;
+  }
+  std::string ids;
+  for (int32_t t : prompt) ids += std::to_string(t) + "\n";
+  const bool wrote = write(fd, ids.data(), ids.size()) == static_cast<ssize_t>(ids.size());
+  close(fd);
+  const std::string cmd =
+      ShellQuote(python) + " " + ShellQuote(o.anchor_script) + " --model " +
+      ShellQuote(model_path) + " --threads " + std::to_string(threads) + " --prompt-tokens " +
+      std::to_string(prompt.size()) + " --decode-tokens " + std::to_string(o.decode_tokens) +
+      " --rounds " + std::to_string(o.rounds) + " --prompt-ids " + ShellQuote(tmpl);
+  std::fprintf(stderr, "anchor: %s\n", cmd.c_str());
+  std::string out;
+  int status = -1;
+  if (wrote) {
+    std::fflush(stderr);
+    if (FILE* p = popen(cmd.c_str(), "r")) {
+      char buf[4096];
+      for (size_t n; (n = std::fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+      status = pclose(p);
+    }
+  }
+  unlink(tmpl);
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  const size_t nl = out.rfind('\n');
+  const std::string last = nl == std::string::npos ? out : out.substr(nl + 1);
+  if (!wrote || status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
+      last.empty() || last.front() != '{') {
+    a.reason = "the anchor failed (exit status " +
+               std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + "; its stderr is above): " + cmd;
+    return a;
+  }
+  a.json = last;
+  a.prefill_tps = JsonNumber(last, "prefill_tokens_per_s");
+  a.decode_tps = JsonNumber(last, "decode_tokens_per_s");
+  return a;
+}
 
 absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const std::string& kind, const Options& o,
                                                    const worker::LoadedModel& m) {
@@ -158,14 +303,22 @@ int Main(int argc, char** argv) {
     else if (a == "--chunk") o.chunk = std::atoi(next());
     else if (a == "--key-format") o.key_format = next();
     else if (a == "--value-format") o.value_format = next();
+    else if (a == "--anchor") o.anchor = next();
+    else if (a == "--anchor-script") o.anchor_script = next();
     else if (a == "--help" || a == "-h") {
       std::printf("polykv-bench worker [--json] [--daemon SOCKET] [--prompt-tokens N] "
                   "[--decode-tokens N] [--rounds R] [--threads N] [--chunk N] "
-                  "[--key-format F] [--value-format F] [--model PATH]\n"
+                  "[--key-format F] [--value-format F] [--model NAME|PATH] "
+                  "[--anchor auto|off|PYTHON] [--anchor-script PATH]\n"
                   "Prefill and decode tokens/s with the KV cache in process memory "
                   "(local), in process-memory pages (pages) and in polykvd's pool (pool: "
                   "the daemon at --daemon SOCKET, else one started in this process); "
-                  "ratios vs local from one interleaved run.\n");
+                  "ratios vs local from one interleaved run. Then llama.cpp on the same "
+                  "GGUF, threads and prompt ids (--anchor auto: the venv of "
+                  "scripts/setup-bench-venv.sh if present), and the worker's peak RSS "
+                  "against GGUF + KV + 300 MiB.\n"
+                  "--model: smollm2-135m (default), qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, "
+                  "or a .gguf path.\n");
       return 0;
     } else {
       std::fprintf(stderr, "worker bench: unknown option %s\n", a.c_str());
@@ -176,9 +329,35 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "worker bench: counts must be positive\n");
     return 2;
   }
+  if (auto path = worker::ModelPath(o.model); path.ok()) {
+    o.model = *path;
+  } else {
+    std::fprintf(stderr, "worker bench: --model: %s\n", std::string(path.status().message()).c_str());
+    return 2;
+  }
+  struct stat st;
+  if (stat(o.model.c_str(), &st) != 0) {
+    std::fprintf(stderr,
+                 "worker bench: model file %s: %s (scripts/fetch-model.sh NAME fetches "
+                 "smollm2-135m, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b)\n",
+                 o.model.c_str(), std::strerror(errno));
+    return 1;
+  }
+  const int64_t gguf_bytes = st.st_size;
+  // One thread count for both engines: the worker's kernels and OpenBLAS, and
+  // llama.cpp's n_threads / n_threads_batch.
+  const int threads =
+      o.threads > 0 ? o.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  openblas_set_num_threads(threads);
+  o.threads = threads;
   auto m = worker::LoadModel(o.model);
   if (!m.ok()) {
-    std::fprintf(stderr, "worker bench: %s\n", std::string(m.status().message()).c_str());
+    std::fprintf(stderr,
+                 "worker bench: the reference worker cannot load %s: %s (a GGUF whose "
+                 "architecture or tensor types the worker does not support yet fails here; "
+                 "llama.cpp alone: ~/.cache/polykv/bench-venv/bin/python "
+                 "bench/anchor/llamacpp_bench.py --model %s)\n",
+                 o.model.c_str(), std::string(m.status().message()).c_str(), o.model.c_str());
     return 1;
   }
   std::string text;
@@ -213,9 +392,11 @@ int Main(int argc, char** argv) {
   }
   std::vector<std::string> kinds = {"local", "pages", "pool"};
   std::vector<Kind> results(kinds.size());
+  bool peak_per_store = true;
   for (int r = 0; r < o.rounds; ++r) {
     for (size_t k = 0; k < kinds.size(); ++k) {
       results[k].name = kinds[k];
+      peak_per_store = ResetPeakRss() && peak_per_store;
       auto store = MakeStore(kinds[k], o, **m);
       if (!store.ok()) {
         std::fprintf(stderr, "worker bench: %s store: %s\n", kinds[k].c_str(),
@@ -227,11 +408,26 @@ int Main(int argc, char** argv) {
                      std::string(s.message()).c_str());
         return 1;
       }
+      results[k].peak_rss_bytes = std::max(results[k].peak_rss_bytes, ProcStatus()["VmHWM"]);
       std::fprintf(stderr, "round %d %-6s prefill %7.1f tok/s  decode %6.1f tok/s\n", r,
                    kinds[k].c_str(), results[k].prefill_tps.back(), results[k].decode_tps.back());
     }
   }
   const double lp = Median(results[0].prefill_tps), ld = Median(results[0].decode_tps);
+
+  // RSS: the peak over the whole run (the max of the per-store peaks, as each
+  // store's run resets VmHWM first) against GGUF + the largest store's KV +
+  // 300 MiB. The in-process polykvd (without --daemon) is in this process too:
+  // its mapping of the pool's pages counts here, beside the worker's.
+  std::map<std::string, int64_t> rss = ProcStatus();
+  int64_t peak = rss["VmHWM"], kv_max = 0;
+  for (const Kind& k : results) {
+    peak = std::max(peak, k.peak_rss_bytes);
+    kv_max = std::max(kv_max, k.kv_bytes);
+  }
+  const int64_t bound = gguf_bytes + kv_max + kRssSlackBytes;
+  const bool within = peak <= bound;
+  const Anchor anchor = RunAnchor(o, o.model, threads, prompt);
   if (o.json) {
     std::string out = "{\"bench\":\"worker\",\"model\":\"" + (*m)->model->config().name +
                       "\",\"prompt_tokens\":" + std::to_string(o.prompt_tokens) +
@@ -252,17 +448,65 @@ int Main(int argc, char** argv) {
     }
     out += "}";
     if (own_daemon) out += ",\"daemon\":\"in-process polykvd (host tier)\"";
+    char buf[1024];
+    std::snprintf(buf, sizeof(buf),
+                  ",\"model_path\":%s,\"threads\":%d,\"rss\":{\"peak_bytes\":%lld,"
+                  "\"peak_per_store\":%s,\"vm_rss_bytes\":%lld,\"rss_anon_bytes\":%lld,"
+                  "\"rss_file_bytes\":%lld,\"rss_shmem_bytes\":%lld,\"gguf_bytes\":%lld,"
+                  "\"kv_bytes\":%lld,\"slack_bytes\":%lld,\"bound_bytes\":%lld,"
+                  "\"within_bound\":%s,\"per_store_peak_bytes\":{",
+                  JsonString(o.model).c_str(), threads, static_cast<long long>(peak),
+                  peak_per_store ? "true" : "false", static_cast<long long>(rss["VmRSS"]),
+                  static_cast<long long>(rss["RssAnon"]), static_cast<long long>(rss["RssFile"]),
+                  static_cast<long long>(rss["RssShmem"]), static_cast<long long>(gguf_bytes),
+                  static_cast<long long>(kv_max), static_cast<long long>(kRssSlackBytes),
+                  static_cast<long long>(bound), within ? "true" : "false");
+    out += buf;
+    for (size_t k = 0; k < results.size(); ++k) {
+      out += (k ? ",\"" : "\"") + results[k].name +
+             "\":" + std::to_string(results[k].peak_rss_bytes);
+    }
+    out += "}}";
+    // The anchor compares with the local store: the worker's own cache.
+    if (anchor.json.empty()) {
+      out += ",\"anchor\":null,\"anchor_reason\":" + JsonString(anchor.reason) +
+             ",\"vs_llama_cpp\":null";
+    } else {
+      std::snprintf(buf, sizeof(buf),
+                    ",\"vs_llama_cpp\":{\"worker_store\":\"local\","
+                    "\"worker_prefill_tokens_per_s\":%.2f,\"worker_decode_tokens_per_s\":%.2f,"
+                    "\"llama_cpp_prefill_tokens_per_s\":%.2f,"
+                    "\"llama_cpp_decode_tokens_per_s\":%.2f,\"prefill_ratio\":%.4f,"
+                    "\"decode_ratio\":%.4f}",
+                    lp, ld, anchor.prefill_tps, anchor.decode_tps,
+                    anchor.prefill_tps > 0 ? lp / anchor.prefill_tps : 0.0,
+                    anchor.decode_tps > 0 ? ld / anchor.decode_tps : 0.0);
+      out += ",\"anchor\":" + anchor.json + buf;
+    }
     out += "}";
     std::printf("%s\n", out.c_str());
   } else {
     for (const Kind& k : results) {
-      std::printf("%-6s %-16s prefill %8.1f tok/s (x%.3f)  decode %7.1f tok/s (x%.3f)  kv %lld B\n",
+      std::printf("%-6s %-16s prefill %8.1f tok/s (x%.3f)  decode %7.1f tok/s (x%.3f)  kv %lld B"
+                  "  peak rss %.1f MiB\n",
                   k.name.c_str(), k.store_name.c_str(), Median(k.prefill_tps),
                   Median(k.prefill_tps) / lp, Median(k.decode_tps), Median(k.decode_tps) / ld,
-                  static_cast<long long>(k.kv_bytes));
+                  static_cast<long long>(k.kv_bytes), k.peak_rss_bytes / 1048576.0);
     }
+    if (anchor.json.empty()) {
+      std::printf("llama.cpp: none (%s)\n", anchor.reason.c_str());
+    } else {
+      std::printf("llama.cpp               prefill %8.1f tok/s          decode %7.1f tok/s "
+                  "(worker local / llama.cpp: prefill x%.3f, decode x%.3f; %d threads)\n",
+                  anchor.prefill_tps, anchor.decode_tps, lp / anchor.prefill_tps,
+                  ld / anchor.decode_tps, threads);
+    }
+    std::printf("rss: peak %.1f MiB %s bound %.1f MiB (GGUF %.1f + KV %.1f + 300 MiB)\n",
+                peak / 1048576.0, within ? "<=" : "> (over)", bound / 1048576.0,
+                gguf_bytes / 1048576.0, kv_max / 1048576.0);
   }
-  return 0;
+  if (!anchor.json.empty() || o.anchor == "auto" || o.anchor == "off") return 0;
+  return 1;  // An anchor asked for by --anchor PYTHON that failed.
 }
 
 }  // namespace
