@@ -15,7 +15,6 @@
 //                       [--decode-tokens 64] [--rounds 3] [--threads N]
 //                       [--key-format f32] [--value-format f32] [--model NAME|PATH]
 //                       [--anchor auto|off|PYTHON] [--anchor-script PATH]
-#include <cblas.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -344,13 +343,14 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const int64_t gguf_bytes = st.st_size;
-  // One thread count for both engines: the worker's kernels and OpenBLAS, and
-  // llama.cpp's n_threads / n_threads_batch.
+  // One thread count for both engines: the worker's weight products and
+  // attention kernels, and llama.cpp's n_threads / n_threads_batch.
   const int threads =
       o.threads > 0 ? o.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  openblas_set_num_threads(threads);
   o.threads = threads;
-  auto m = worker::LoadModel(o.model);
+  worker::ModelLoadOptions load;
+  load.threads = threads;
+  auto m = worker::LoadModel(o.model, load);
   if (!m.ok()) {
     std::fprintf(stderr,
                  "worker bench: the reference worker cannot load %s: %s (a GGUF whose "
