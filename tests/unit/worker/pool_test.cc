@@ -50,8 +50,10 @@ std::vector<std::string> Texts(const std::string& out) {
   return texts;
 }
 
-TEST(WorkerPoolTest, F32PoolGreedyEqualsLocalCache) {
-  POLYKV_REQUIRE_MODEL();
+// Runs `script` (a fixture script) with `model` (a fetch-model.sh name, or
+// "" for the default) against --local-cache and a fresh polykvd with f32
+// pages; both must give the same greedy texts, `turns` of them.
+void CheckPoolEqualsLocal(const std::string& model, const std::string& script_name, size_t turns) {
   const std::string daemon = Polykvd();
   struct stat st;
   if (daemon.empty() || stat(daemon.c_str(), &st) != 0) {
@@ -60,6 +62,7 @@ TEST(WorkerPoolTest, F32PoolGreedyEqualsLocalCache) {
   const std::string dir = ::testing::TempDir() + "/polykv_worker_pool_" + std::to_string(getpid());
   mkdir(dir.c_str(), 0700);
   const std::string sock = dir + "/polykvd.sock";
+  unlink(sock.c_str());
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -71,15 +74,31 @@ TEST(WorkerPoolTest, F32PoolGreedyEqualsLocalCache) {
   for (int i = 0; i < 100 && stat(sock.c_str(), &st) != 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  const std::string script = std::string(POLYKV_WORKER_FIXTURES) + "/scripts/coder.jsonl";
-  const std::string base = std::string(POLYKV_WORKER_BIN) + " run " + script + " --max-new-tokens 32 ";
+  const std::string script = std::string(POLYKV_WORKER_FIXTURES) + "/scripts/" + script_name;
+  std::string base = std::string(POLYKV_WORKER_BIN) + " run " + script + " --max-new-tokens 32 ";
+  if (!model.empty()) base += "--model " + model + " ";
   const auto local = Texts(Capture(base + "--local-cache"));
   const auto pool = Texts(Capture(base + "--daemon " + sock + " --key-format f32 --value-format f32 2>&1"));
   kill(pid, SIGTERM);
   int status = 0;
   waitpid(pid, &status, 0);
-  ASSERT_EQ(local.size(), 3u);
+  ASSERT_EQ(local.size(), turns);
   EXPECT_EQ(pool, local);
+}
+
+TEST(WorkerPoolTest, F32PoolGreedyEqualsLocalCache) {
+  POLYKV_REQUIRE_MODEL();
+  CheckPoolEqualsLocal("", "coder.jsonl", 3);
+}
+
+// Qwen2.5-Coder-0.5B on the tool-calling agent (tools, tool calls, tool runs).
+TEST(WorkerPoolTest, F32PoolGreedyEqualsLocalCacheQwen) {
+  auto path = ModelPath("qwen2.5-coder-0.5b");
+  struct stat st;
+  if (!path.ok() || stat(path->c_str(), &st) != 0) {
+    GTEST_SKIP() << "run scripts/fetch-model.sh qwen2.5-coder-0.5b";
+  }
+  CheckPoolEqualsLocal("qwen2.5-coder-0.5b", "tool_coder.jsonl", 2);
 }
 
 }  // namespace
