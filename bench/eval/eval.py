@@ -243,13 +243,22 @@ def ensure_venv() -> str:
     return py
 
 
+# The evaluation's model: the first one worth measuring (docs: issue [qwen]).
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+FETCHABLE_MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
+
+
 def ensure_model(path: str | None) -> str:
-    if path:
+    """--model is a path or a scripts/fetch-model.sh name (fetched if needed)."""
+    name = DEFAULT_MODEL
+    if path and path not in FETCHABLE_MODELS:
         if not os.path.isfile(path):
-            die(f"model {path} not found (bash scripts/fetch-model.sh fetches the default one)")
+            die(f"model {path} not found (pass a path or one of {', '.join(FETCHABLE_MODELS)})")
         return os.path.abspath(path)
-    out = run(["bash", "scripts/fetch-model.sh"], "fetching the model", capture=True,
-              hint="run bash scripts/fetch-model.sh by hand to see why, or pass --model PATH")
+    if path:
+        name = path
+    out = run(["bash", "scripts/fetch-model.sh", name], f"fetching the model {name}", capture=True,
+              hint=f"run bash scripts/fetch-model.sh {name} by hand to see why, or pass --model PATH")
     lines = [x for x in out.splitlines() if x.strip()]
     if not lines or not os.path.isfile(lines[-1].strip()):
         die("scripts/fetch-model.sh printed no model path; pass --model PATH")
@@ -447,7 +456,8 @@ def parse_args(argv):
                     help="task or plain worker-script files to run instead of generating tasks")
     ap.add_argument("--min-tokens", type=int, help="override the preset's context length range")
     ap.add_argument("--max-tokens", type=int)
-    ap.add_argument("--model", help="GGUF model (default: scripts/fetch-model.sh)")
+    ap.add_argument("--model", help="GGUF model: a path or a scripts/fetch-model.sh name "
+                    f"(default: {DEFAULT_MODEL})")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--data-dir", default=os.path.join(HOME_CACHE, "eval-data"),

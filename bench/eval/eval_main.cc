@@ -72,7 +72,9 @@ int main(int argc, char** argv) {
                  "h2o@0.25/K8V4,full@1/f16 (full@1/f16, the reference, always runs)");
   app.add_option("--configs-file", configs_file, "one configuration per line (# comments)");
   app.add_option("--out", out_path, "JSONL result records (appended with --resume)")->required();
-  app.add_option("--model", model_path, "GGUF model file")->capture_default_str();
+  app.add_option("--model", model_path,
+                 "GGUF model: a path or a scripts/fetch-model.sh name (qwen2.5-coder-0.5b, ...)")
+      ->capture_default_str();
   app.add_option("--threads", threads, "configurations answered concurrently (BLAS threads for the shared prefill)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--prefill-chunk", prefill_chunk, "tokens per prefill step")
@@ -122,6 +124,12 @@ int main(int argc, char** argv) {
   std::FILE* out = std::fopen(out_path.c_str(), resume ? "a" : "w");
   if (out == nullptr) return Fail(absl::StrCat(out_path, ": cannot write"));
 
+  if (auto p = worker::ModelPath(model_path); p.ok()) {
+    model_path = *p;
+  } else {
+    std::fprintf(stderr, "polykv-eval: %s\n", std::string(p.status().message()).c_str());
+    return 2;
+  }
   std::fprintf(stderr, "polykv-eval: loading %s\n", model_path.c_str());
   auto model = worker::LoadModel(model_path);
   if (!model.ok()) {
