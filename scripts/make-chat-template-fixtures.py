@@ -46,6 +46,8 @@ FIXTURES = os.path.join(ROOT, "tests", "fixtures", "worker")
 MODEL_DIR = os.environ.get("POLYKV_MODEL_DIR", os.path.expanduser("~/.cache/polykv/models"))
 MODELS = {
     "qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B-Instruct.gguf",
+    # Its template doubles the braces of the example tool call.
+    "qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B-Instruct.gguf",
     "smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf",
 }
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"

@@ -12,10 +12,16 @@ namespace {
 constexpr char kQwenToolsHead[] =
     "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
-constexpr char kQwenToolsTail[] =
+// The 1.5B file's template doubles the braces of the example call (they are
+// inside a string literal, so they render doubled); the 0.5B's does not.
+constexpr const char* kQwenToolsTails[] = {
     "\n</tools>\n\nFor each function call, return a json object with function name and "
     "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
-    "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
+    "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n",
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": "
+    "<function-name>, \"arguments\": <args-json-object>}}\n</tool_call><|im_end|>\n",
+};
 
 // `text` as the body of a double-quoted Jinja string literal.
 std::string JinjaDoubleQuoted(const std::string& text) {
@@ -118,10 +124,13 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromGguf(const GgufFile& file) {
       tmpl->find("<tool_response>") != std::string::npos) {
     // Qwen2.5: the default system prompt appears twice (with and without
     // tools); both tool texts must be the ones rendered below.
+    for (const char* tail : kQwenToolsTails) {
+      if (tmpl->find(JinjaDoubleQuoted(tail)) != std::string::npos) t.tools_tail_ = tail;
+    }
     const bool known = !t.default_system_.empty() &&
                        tmpl->find(absl::StrCat("'", t.default_system_, "'")) != std::string::npos &&
                        tmpl->find(JinjaDoubleQuoted(kQwenToolsHead)) != std::string::npos &&
-                       tmpl->find(JinjaDoubleQuoted(kQwenToolsTail)) != std::string::npos &&
+                       !t.tools_tail_.empty() &&
                        tmpl->find("'\\n<tool_call>\\n{\"name\": \"'") != std::string::npos &&
                        tmpl->find("'\\n<tool_response>\\n'") != std::string::npos;
     if (!known) {
@@ -143,7 +152,7 @@ std::string ChatTemplate::SystemTurn(const std::string* system,
   if (dialect_ == Dialect::kQwen && !tools.empty()) {
     std::string out = absl::StrCat(start_, "system\n", body, kQwenToolsHead);
     for (const JsonValue& tool : tools) absl::StrAppend(&out, "\n", PythonJsonDumps(tool));
-    absl::StrAppend(&out, kQwenToolsTail);
+    absl::StrAppend(&out, tools_tail_);
     return out;
   }
   if (system == nullptr && default_system_.empty()) return "";

@@ -98,6 +98,7 @@ class ChatTemplate {
   std::string start_ = "<|im_start|>";
   std::string end_ = "<|im_end|>";
   std::string default_system_;  // Empty: none.
+  std::string tools_tail_;      // Qwen: the system-turn text after the tool schemas.
 };
 
 }  // namespace polykv::worker
