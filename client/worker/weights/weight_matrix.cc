@@ -49,11 +49,17 @@ absl::StatusOr<WeightMatrix> WeightMatrix::FromGguf(const GgufTensorInfo& t) {
   m.cols_ = static_cast<int>(t.dims[0]);
   m.rows_ = static_cast<int>(t.dims[1]);
   m.row_bytes_ = static_cast<size_t>(m.cols_ / be) * bb;
+  m.blocks_per_row_ = m.cols_ / be;
+  m.dequant_ = DequantKernel(t.type, BestIsa());
   if (m.cols_ % 32 == 0) m.dot_ = RowDot(t.type, BestIsa());
   return m;
 }
 
 void WeightMatrix::DequantizeRows(int first, int count, float* out) const {
+  if (dequant_ != nullptr) {
+    dequant_(data_ + static_cast<size_t>(first) * row_bytes_, blocks_per_row_ * count, out);
+    return;
+  }
   // Cannot fail: type and sizes were checked in FromGguf.
   (void)Dequantize(type_, data_ + static_cast<size_t>(first) * row_bytes_,
                    static_cast<int64_t>(count) * cols_, out);

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/worker/gguf.h"
+#include "client/worker/weights/dequant.h"
 #include "client/worker/weights/qdot.h"
 
 namespace polykv::worker {
@@ -43,7 +44,8 @@ class WeightMatrix {
   // Y = X . W^T + beta * Y. X: [n, cols]; Y: [n, rows] (row stride rows).
   void MatMul(const float* x, int n, float* y, float beta, int threads = 0) const;
 
-  // out: [count, cols] = rows [first, first + count) in f32.
+  // out: [count, cols] = rows [first, first + count) in f32, Dequantize's bits
+  // (with the widest ISA's kernel, dequant.h).
   void DequantizeRows(int first, int count, float* out) const;
 
  private:
@@ -52,6 +54,8 @@ class WeightMatrix {
   uint32_t type_ = 0;
   int rows_ = 0, cols_ = 0;
   size_t row_bytes_ = 0;
+  int64_t blocks_per_row_ = 0;
+  DequantFn dequant_ = nullptr;  // nullptr: the scalar Dequantize.
   RowDotFn dot_ = nullptr;  // nullptr: no integer kernel (f32/f16/bf16).
 };
 
