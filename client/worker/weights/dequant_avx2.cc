@@ -13,10 +13,14 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "client/worker/weights/x86_blocks.h"
+
 namespace polykv::worker {
 namespace {
 
-inline float Half(const uint8_t* p) { return _cvtsh_ss(LoadU16(p)); }
+using x86::Half;
+using x86::Nibbles16;
+using x86::FifthBits;
 
 inline __m128i Load16(const uint8_t* p) {
   return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -54,25 +58,6 @@ inline void ScaleSub32(__m256i q, __m256 d1, __m256 m1, float* y) {
     _mm256_storeu_ps(y, _mm256_sub_ps(_mm256_mul_ps(d1, Widen8(h[i])), m1));
     _mm256_storeu_ps(y + 8, _mm256_sub_ps(_mm256_mul_ps(d1, Widen8(_mm_srli_si128(h[i], 8))), m1));
   }
-}
-
-// 16 bytes of nibbles -> 32 bytes: low nibbles (elements 0..15), then high.
-inline __m256i Nibbles16(const uint8_t* p) {
-  const __m128i q = Load16(p);
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-}
-
-// 32 bits -> 32 bytes, byte i = 0x10 if bit i is set (Q5's fifth bit).
-inline __m256i FifthBits(const uint8_t* p) {
-  uint32_t bits;
-  std::memcpy(&bits, p, 4);
-  const __m256i shuffle = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                            0x0101010101010101, 0x0000000000000000);
-  __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), shuffle);
-  bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-  const __m256i set = _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
-  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
 void Q4_0(const uint8_t* x, int64_t nb, float* y) {

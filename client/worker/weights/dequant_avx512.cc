@@ -12,10 +12,13 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "client/worker/weights/x86_blocks.h"
+
 namespace polykv::worker {
 namespace {
 
-inline float Half(const uint8_t* p) { return _cvtsh_ss(LoadU16(p)); }
+using x86::Half;
+using x86::Nibbles16;
 
 inline __m128i Load16(const uint8_t* p) {
   return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -45,13 +48,6 @@ inline void ScaleAdd16(__m128i q, __m512 d, __m512 m, float* y) {
 // y[0, 16) = d1 * q - m1.
 inline void ScaleSub16(__m128i q, __m512 d1, __m512 m1, float* y) {
   _mm512_storeu_ps(y, _mm512_sub_ps(_mm512_mul_ps(d1, Widen16(q)), m1));
-}
-
-// 16 bytes of nibbles -> 32 bytes: low nibbles (elements 0..15), then high.
-inline __m256i Nibbles16(const uint8_t* p) {
-  const __m128i q = Load16(p);
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
 }
 
 // Nibbles of the block with 16 added where the block's 32-bit qh (element i:

@@ -10,10 +10,14 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "client/worker/weights/x86_blocks.h"
+
 namespace polykv::worker {
 namespace {
 
-inline float Half(const uint8_t* p) { return _cvtsh_ss(LoadU16(p)); }
+using x86::Half;
+using x86::Nibbles16;
+using x86::FifthBits;
 
 inline __m512i LoadX2(const Q8Block& a, const Q8Block& b) {
   return _mm512_inserti64x4(
@@ -23,20 +27,6 @@ inline __m512i LoadX2(const Q8Block& a, const Q8Block& b) {
 
 inline __m512 Scales2(float a, float b) {
   return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1);
-}
-
-inline __m256i Nibbles16(const uint8_t* p) {
-  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-}
-
-// Byte i = 0x10 if bit i of the 32 bits at p is set.
-inline __m256i FifthBits(const uint8_t* p) {
-  uint32_t bits;
-  std::memcpy(&bits, p, 4);
-  const __mmask32 k = bits;
-  return _mm256_maskz_mov_epi8(k, _mm256_set1_epi8(0x10));
 }
 
 int Sum(const Q8Block& x) { return x.sum[0] + x.sum[1]; }
