@@ -32,11 +32,36 @@ inline float HorizontalSum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-inline __m512 Scales2(float a, float b) {
-  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1);
+
+// The activation side of one super-block (8 blocks of 32): d and d * sum of
+// each block as 8 floats, gathered once per super-block instead of 8 scalar
+// conversions in the inner loop.
+static_assert(sizeof(Q8Block) == 40, "the gathers below step 10 floats per block");
+inline void GatherBlocks(const Q8Block* x, __m256* d, __m256i* sums) {
+  const __m256i vindex = _mm256_setr_epi32(0, 10, 20, 30, 40, 50, 60, 70);
+  *d = _mm256_i32gather_ps(&x[0].d, vindex, 4);
+  // Each int32 holds the block's two int16 half sums (sum[0] low, sum[1] high).
+  *sums = _mm256_i32gather_epi32(reinterpret_cast<const int*>(x[0].sum), vindex, 4);
 }
 
-int Sum(const Q8Block& x) { return x.sum[0] + x.sum[1]; }
+// Lanes 0..7 take factor 2j, lanes 8..15 factor 2j+1 of an 8-float vector.
+inline __m512i PickPair(int j) {
+  return _mm512_add_epi32(_mm512_set1_epi32(2 * j),
+                          _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0));
+}
+
+// The f16 fields at p + i * stride, i in [0, 8), as 8 floats.
+inline __m256 GatherHalves(const uint8_t* p, int stride) {
+  const __m256i offsets = _mm256_mullo_epi32(_mm256_set1_epi32(stride),
+                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i raw = _mm256_i32gather_epi32(reinterpret_cast<const int*>(p), offsets, 1);
+  return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(raw));  // The low 16 bits of each.
+}
+
+inline __m256 BlockSums(__m256i raw) {
+  return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_srai_epi32(_mm256_slli_epi32(raw, 16), 16),
+                                             _mm256_srai_epi32(raw, 16)));
+}
 
 template <int kKind>  // 0: q4_0, 1: q4_1, 2: q5_0, 3: q5_1
 inline __m256i LegacyWeights(const uint8_t* row) {
@@ -56,60 +81,67 @@ float DotLegacy(const uint8_t* row, const Q8Block* x, int ncols) {
   constexpr int kOffset = kMin ? 0 : (kKind >= 2 ? 16 : 8);
   const int nb = ncols / 32;
   __m512 acc = _mm512_setzero_ps();
-  float bias = 0.0f;
+  __m256 bias = _mm256_setzero_ps();
   int b = 0;
-  for (; b + 1 < nb; b += 2, row += 2 * kBytes) {
-    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(LegacyWeights<kKind>(row)),
-                                         LegacyWeights<kKind>(row + kBytes), 1);
-    const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, LoadX2(x[b], x[b + 1]));
-    const float d0 = Half(row) * x[b].d, d1 = Half(row + kBytes) * x[b + 1].d;
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), Scales2(d0, d1), acc);
+  // Eight blocks at a time: their scales (and mins) and the activation
+  // factors as vectors, the products two blocks per vpdpbusd.
+  for (; b + 8 <= nb; b += 8, row += 8 * kBytes) {
+    __m256 xd;
+    __m256i raw;
+    GatherBlocks(x + b, &xd, &raw);
+    const __m256 dd = _mm256_mul_ps(GatherHalves(row, kBytes), xd);
     if constexpr (kMin) {
-      bias += Half(row + 2) * x[b].d * static_cast<float>(Sum(x[b])) +
-              Half(row + kBytes + 2) * x[b + 1].d * static_cast<float>(Sum(x[b + 1]));
+      bias = _mm256_fmadd_ps(_mm256_mul_ps(GatherHalves(row + 2, kBytes), xd), BlockSums(raw), bias);
     } else {
-      bias -= d0 * static_cast<float>(kOffset * Sum(x[b])) +
-              d1 * static_cast<float>(kOffset * Sum(x[b + 1]));
+      bias = _mm256_fnmadd_ps(dd, _mm256_mul_ps(_mm256_set1_ps(kOffset), BlockSums(raw)), bias);
+    }
+    const __m512 dd512 = _mm512_castps256_ps512(dd);
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t* r = row + 2 * j * kBytes;
+      const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(LegacyWeights<kKind>(r)),
+                                           LegacyWeights<kKind>(r + kBytes), 1);
+      const __m512i p =
+          _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, LoadX2(x[b + 2 * j], x[b + 2 * j + 1]));
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(PickPair(j), dd512), acc);
     }
   }
   float tail = 0.0f;
-  if (b < nb) tail = qdot_internal::Avx2Kernel(static_cast<uint32_t>(
-                         kKind == 0 ? GgmlType::kQ4_0 : kKind == 1 ? GgmlType::kQ4_1
-                         : kKind == 2 ? GgmlType::kQ5_0 : GgmlType::kQ5_1))(row, x + b, 32);
-  return _mm512_reduce_add_ps(acc) + bias + tail;
+  if (b < nb) {
+    tail = qdot_internal::Avx2Kernel(static_cast<uint32_t>(
+        kKind == 0 ? GgmlType::kQ4_0 : kKind == 1 ? GgmlType::kQ4_1
+        : kKind == 2 ? GgmlType::kQ5_0 : GgmlType::kQ5_1))(row, x + b, (nb - b) * 32);
+  }
+  return _mm512_reduce_add_ps(acc) + HorizontalSum8(bias) + tail;
 }
 
 float DotQ8_0(const uint8_t* row, const Q8Block* x, int ncols) {
   const int nb = ncols / 32;
   __m512 acc = _mm512_setzero_ps();
   int b = 0;
-  for (; b + 1 < nb; b += 2, row += 68) {
-    const __m512i w = _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2))),
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 36)), 1);
-    const __m512i xq = LoadX2(x[b], x[b + 1]);
-    // |w| as unsigned, the sign moved onto x (vpdpbusd is u8 x s8).
-    const __mmask64 neg = _mm512_movepi8_mask(w);
-    const __m512i aw = _mm512_abs_epi8(w);
-    const __m512i sx = _mm512_mask_sub_epi8(xq, neg, _mm512_setzero_si512(), xq);
-    const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, sx);
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
-                          Scales2(Half(row) * x[b].d, Half(row + 34) * x[b + 1].d), acc);
+  for (; b + 8 <= nb; b += 8, row += 8 * 34) {
+    __m256 xd;
+    __m256i raw;
+    GatherBlocks(x + b, &xd, &raw);
+    const __m512 dd512 = _mm512_castps256_ps512(_mm256_mul_ps(GatherHalves(row, 34), xd));
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t* r = row + 2 * j * 34;
+      const __m512i w = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 2))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 36)), 1);
+      const __m512i xq = LoadX2(x[b + 2 * j], x[b + 2 * j + 1]);
+      // |w| as unsigned, the sign moved onto x (vpdpbusd is u8 x s8).
+      const __mmask64 neg = _mm512_movepi8_mask(w);
+      const __m512i sx = _mm512_mask_sub_epi8(xq, neg, _mm512_setzero_si512(), xq);
+      const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), sx);
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(PickPair(j), dd512), acc);
+    }
   }
   float tail = 0.0f;
-  if (b < nb) tail = qdot_internal::Avx2Kernel(static_cast<uint32_t>(GgmlType::kQ8_0))(row, x + b, 32);
+  if (b < nb) {
+    tail = qdot_internal::Avx2Kernel(static_cast<uint32_t>(GgmlType::kQ8_0))(row, x + b,
+                                                                           (nb - b) * 32);
+  }
   return _mm512_reduce_add_ps(acc) + tail;
-}
-
-// The activation side of one super-block (8 blocks of 32): d and d * sum of
-// each block as 8 floats, gathered once per super-block instead of 8 scalar
-// conversions in the inner loop.
-static_assert(sizeof(Q8Block) == 40, "the gathers below step 10 floats per block");
-inline void GatherBlocks(const Q8Block* x, __m256* d, __m256i* sums) {
-  const __m256i vindex = _mm256_setr_epi32(0, 10, 20, 30, 40, 50, 60, 70);
-  *d = _mm256_i32gather_ps(&x[0].d, vindex, 4);
-  // Each int32 holds the block's two int16 half sums (sum[0] low, sum[1] high).
-  *sums = _mm256_i32gather_epi32(reinterpret_cast<const int*>(x[0].sum), vindex, 4);
 }
 
 // The 8 six-bit scales and 8 mins of a Q4_K/Q5_K super-block as bytes
@@ -133,12 +165,6 @@ float DotQ45K(const uint8_t* row, const Q8Block* x, int ncols) {
   using namespace kquant;
   constexpr int kBytes = kFive ? kQ5KBytes : kQ4KBytes;
   const __m512i m4 = _mm512_set1_epi8(0x0F);
-  // Lanes 0..7 take sub-block 2j's factor, lanes 8..15 sub-block 2j+1's.
-  const __m512i pick[4] = {
-      _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
-      _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2),
-      _mm512_set_epi32(5, 5, 5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 4, 4, 4, 4),
-      _mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 6, 6, 6, 6, 6, 6, 6, 6)};
   __m512 acc = _mm512_setzero_ps();
   __m256 bias = _mm256_setzero_ps();
   for (int sb = 0; sb < ncols / kQkK; ++sb, row += kBytes, x += 8) {
@@ -149,11 +175,9 @@ float DotQ45K(const uint8_t* row, const Q8Block* x, int ncols) {
     __m256 xd;
     __m256i raw;
     GatherBlocks(x, &xd, &raw);
-    const __m256i sums = _mm256_add_epi32(_mm256_srai_epi32(_mm256_slli_epi32(raw, 16), 16),
-                                          _mm256_srai_epi32(raw, 16));
     // - dmin * m_j * d_j * sum_j, all j.
     bias = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), BytesToFloats(sm + 2)),
-                           _mm256_mul_ps(xd, _mm256_cvtepi32_ps(sums)), bias);
+                           _mm256_mul_ps(xd, BlockSums(raw)), bias);
     // d * sc_j * d_j, all j, picked per lane below.
     const __m512 scale = _mm512_castps256_ps512(
         _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), BytesToFloats(sm)), xd));
@@ -173,7 +197,7 @@ float DotQ45K(const uint8_t* row, const Q8Block* x, int ncols) {
       }
       const __m512i p =
           _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, LoadX2(x[2 * j], x[2 * j + 1]));
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(pick[j], scale), acc);
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(PickPair(j), scale), acc);
     }
   }
   return _mm512_reduce_add_ps(acc) - HorizontalSum8(bias);
