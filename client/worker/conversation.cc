@@ -88,7 +88,7 @@ absl::StatusOr<std::string> ModelPath(std::string_view name_view) {
     if (m.name == name) return absl::StrCat(ModelDir(), "/", m.file);
     absl::StrAppend(&known, known.empty() ? "" : ", ", m.name);
   }
-  return absl::NotFoundError(absl::StrCat("unknown model \"", std::string(name), "\" (known: ", known,
+  return absl::NotFoundError(absl::StrCat("unknown model \"", name, "\" (known: ", known,
                                           "; or a path to a .gguf file)"));
 }
 
