@@ -39,7 +39,10 @@ import jinja2
 import jinja2.ext
 import jinja2.sandbox
 import tokenizers
-from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from qwen2_hf_tokenizer import qwen2_tokenizer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "worker")
@@ -50,8 +53,6 @@ MODELS = {
     "qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B-Instruct.gguf",
     "smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf",
 }
-QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
-               r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def field_str(reader, key):
@@ -83,19 +84,16 @@ def hf_template_env():
 def build_tokenizer(reader, pre):
     tokens = [bytes(p).decode("utf-8") for p in field_list(reader, "tokenizer.ggml.tokens")]
     types = [int(p[0]) for p in field_list(reader, "tokenizer.ggml.token_type")]
-    merges = [tuple(bytes(p).decode("utf-8").split(" ", 1))
-              for p in field_list(reader, "tokenizer.ggml.merges")]
-    tok = tokenizers.Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges,
-                                          fuse_unk=False, byte_fallback=False))
+    merges = [bytes(p).decode("utf-8") for p in field_list(reader, "tokenizer.ggml.merges")]
     if pre == "qwen2":
-        tok.normalizer = normalizers.NFC()
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    else:  # SmolLM2's tokenizer.json.
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False)])
+        return qwen2_tokenizer(tokens, types, merges)
+    # SmolLM2's tokenizer.json.
+    tok = tokenizers.Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)},
+                                          [tuple(m.split(" ", 1)) for m in merges],
+                                          fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t, ty in zip(tokens, types) if ty in (3, 4)])

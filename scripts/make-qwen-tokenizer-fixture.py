@@ -12,7 +12,7 @@ The reference is independent of our C++ and of transformers: a Hugging Face
 `tokenizers` Tokenizer built from the GGUF's OWN vocabulary and merges (read
 with gguf-py), configured as Qwen2's tokenizer.json is:
   normalizer     NFC
-  pre_tokenizer  Sequence[Split(<QWEN2_PATTERN>, Isolated),
+  pre_tokenizer  Sequence[Split(<QWEN2_SPLIT>, Isolated),
                           ByteLevel(add_prefix_space=False, trim_offsets=False,
                                     use_regex=False)]
   decoder        ByteLevel
@@ -35,12 +35,13 @@ import random
 import sys
 import unicodedata
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from qwen2_hf_tokenizer import QWEN2_SPLIT, qwen2_tokenizer  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures", "worker")
 MODEL_FILE = "Qwen2.5-Coder-0.5B-Instruct.gguf"
 SEED = 20261201
-QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
-                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def model_path():
@@ -66,28 +67,14 @@ def write_jsonl(name, rows):
 
 def reference_tokenizer(path):
     from gguf import GGUFReader
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-    from tokenizers import pre_tokenizers
     r = GGUFReader(path)
     field = lambda k: r.fields[k].contents()
     assert field("tokenizer.ggml.model") == "gpt2" and field("tokenizer.ggml.pre") == "qwen2"
     tokens = field("tokenizer.ggml.tokens")
     types = field("tokenizer.ggml.token_type")
-    merges = [tuple(m.split(" ")) for m in field("tokenizer.ggml.merges")]
-    vocab = {t: i for i, t in enumerate(tokens)}
-    assert len(vocab) == len(tokens), "duplicate token strings"
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    specials = [tokens[i] for i in range(len(tokens)) if types[i] in (3, 4)]
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
-    for s in specials:  # Added tokens keep their GGUF ids.
-        assert tok.token_to_id(s) == vocab[s], s
-    return tok, len(tokens), len(merges), len(specials)
+    merges = field("tokenizer.ggml.merges")
+    tok = qwen2_tokenizer(tokens, types, merges)
+    return tok, len(tokens), len(merges), sum(1 for t in types if t in (3, 4))
 
 
 # ---------------------------------------------------------------- strings

@@ -52,7 +52,9 @@ import time
 import numpy as np
 import gguf
 import tokenizers
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from qwen2_hf_tokenizer import qwen2_tokenizer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures", "worker")
@@ -67,9 +69,6 @@ MODELS = {
                            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
 }
 
-QWEN2_PRETOKENIZE_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 FIB_PROMPT = ("<|im_start|>system\n" + SYSTEM + "<|im_end|>\n<|im_start|>user\n"
@@ -266,25 +265,8 @@ def forward(w, hp, batch, dtype=np.float32):
 
 
 def build_tokenizer(w):
-    toks = w.field("tokenizer.ggml.tokens")
-    types = w.field("tokenizer.ggml.token_type")
-    merges = w.field("tokenizer.ggml.merges")
-    vocab = {t: i for i, t in enumerate(toks)}
-    bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
-                     byte_fallback=False, fuse_unk=False)
-    tk = Tokenizer(bpe)
-    tk.normalizer = normalizers.NFC()
-    tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tk.decoder = decoders.ByteLevel()
-    special = [AddedToken(toks[i], special=True, normalized=False)
-               for i in range(len(toks)) if int(types[i]) in (3, 4)]
-    tk.add_special_tokens(special)
-    for a in special:  # added tokens must keep their GGUF ids
-        assert tk.token_to_id(a.content) == vocab[a.content], a.content
-    return tk
+    return qwen2_tokenizer(w.field("tokenizer.ggml.tokens"), w.field("tokenizer.ggml.token_type"),
+                           w.field("tokenizer.ggml.merges"))
 
 
 def load(name, keep=False):
