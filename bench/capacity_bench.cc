@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_json.h"
 #include "bench/bench_registry.h"
 #include "daemon/daemon.h"
 #include "polykv/client.h"
@@ -185,10 +186,13 @@ int CapacityMain(int argc, char** argv) {
     strategies.push_back(*st);
   }
   const uint64_t pool_bytes = pool_mib << 20;
-  std::string out = absl::StrCat("{\"bench\":\"capacity\",\"pool_bytes\":", pool_bytes,
-                                 ",\"profile\":{\"layers\":", profile.num_layers, ",\"kv_heads\":",
-                                 profile.num_kv_heads, ",\"head_dim\":", profile.head_dim,
-                                 "},\"strategies\":[");
+  Json out = {{"bench", "capacity"},
+              {"pool_bytes", pool_bytes},
+              {"profile",
+               {{"layers", profile.num_layers},
+                {"kv_heads", profile.num_kv_heads},
+                {"head_dim", profile.head_dim}}},
+              {"strategies", Json::array()}};
   if (!json) std::printf("%-28s %8s %14s %10s %12s\n", "STRATEGY", "TOKENS", "SESSION BYTES", "ADMITTED", "POOL/BYTES");
   for (size_t i = 0; i < strategies.size(); ++i) {
     const Strategy& st = strategies[i];
@@ -203,12 +207,13 @@ int CapacityMain(int argc, char** argv) {
                   static_cast<unsigned long long>(st.tokens),
                   static_cast<unsigned long long>(r->session_bytes), r->admitted, ideal);
     }
-    absl::StrAppend(&out, i ? "," : "", "{\"name\":\"", st.name, "\",\"tokens\":", st.tokens,
-                    ",\"session_bytes\":", r->session_bytes, ",\"admitted\":", r->admitted,
-                    ",\"pool_over_session_bytes\":", absl::StrFormat("%.2f", ideal), "}");
+    out["strategies"].push_back({{"name", st.name},
+                                 {"tokens", st.tokens},
+                                 {"session_bytes", r->session_bytes},
+                                 {"admitted", r->admitted},
+                                 {"pool_over_session_bytes", Round(ideal, 2)}});
   }
-  out += "]}";
-  if (json) std::printf("%s\n", out.c_str());
+  if (json) PrintJson(out);
   return 0;
 }
 

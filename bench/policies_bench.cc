@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_json.h"
 #include "bench/bench_registry.h"
 #include "policies/decay.h"
 #include "policies/merge.h"
@@ -196,9 +197,13 @@ int Main(int argc, char** argv) {
   specs.erase(std::remove(specs.begin(), specs.end(), "full"), specs.end());
   specs.insert(specs.begin(), "full");
   specs.push_back("sinks+structural+intent");
-  std::string out = "{\"bench\":\"policies\",\"layers\":" + std::to_string(layers) +
-                    ",\"key_dim\":16,\"unit\":\"ms per step (all layers)\",\"decide\":[";
-  bool first = true;
+  using bench::Round;
+  bench::Json out = {{"bench", "policies"},
+                     {"layers", layers},
+                     {"key_dim", 16},
+                     {"unit", "ms per step (all layers)"},
+                     {"decide", bench::Json::array()},
+                     {"h2o_update", bench::Json::array()}};
   for (int n : sizes) {
     SyntheticOptions o;
     o.num_layers = layers;
@@ -225,18 +230,14 @@ int Main(int argc, char** argv) {
       }
       std::fprintf(stderr, "%-26s %6d tokens: trigger %8.3f ms  quarter %8.3f ms\n", spec.c_str(),
                    n, ms[0], ms[1]);
-      char buf[512];
-      std::snprintf(buf, sizeof(buf),
-                    "%s{\"policy\":\"%s\",\"tokens\":%d,\"trigger_ms\":%.4f,\"quarter_ms\":%.4f,"
-                    "\"trigger_merge_groups\":%lld,\"quarter_merge_groups\":%lld}",
-                    first ? "" : ",", spec.c_str(), n, ms[0], ms[1],
-                    static_cast<long long>(merges[0]), static_cast<long long>(merges[1]));
-      out += buf;
-      first = false;
+      out["decide"].push_back({{"policy", spec},
+                               {"tokens", n},
+                               {"trigger_ms", Round(ms[0], 4)},
+                               {"quarter_ms", Round(ms[1], 4)},
+                               {"trigger_merge_groups", merges[0]},
+                               {"quarter_merge_groups", merges[1]}});
     }
   }
-  out += "],\"h2o_update\":[";
-  first = true;
   for (int n : sizes) {
     DecayAccumulator acc(0.99f);
     acc.Append(n);
@@ -248,34 +249,22 @@ int Main(int argc, char** argv) {
     const double sparse = 1e6 * Time([&] { acc.StepSparse(idx, wk); }, min_ms / 4);
     std::fprintf(stderr, "h2o update %6d tokens: dense %.2f us  top-64 %.3f us per layer\n", n,
                  dense, sparse);
-    char buf[256];
-    std::snprintf(buf, sizeof(buf),
-                  "%s{\"tokens\":%d,\"dense_us_per_layer\":%.3f,\"top64_us_per_layer\":%.4f}",
-                  first ? "" : ",", n, dense, sparse);
-    out += buf;
-    first = false;
+    out["h2o_update"].push_back({{"tokens", n},
+                                 {"dense_us_per_layer", Round(dense, 3)},
+                                 {"top64_us_per_layer", Round(sparse, 4)}});
   }
   const MergeError me = MeasureMergeBias(4096, 1);
-  char buf[256];
-  std::snprintf(
-      buf, sizeof(buf),
-      "],\"merge_bias\":{\"tokens\":%lld,\"slots_after\":%lld,\"rel_l2_error_with_bias\":%.5f,"
-      "\"rel_l2_error_without_bias\":%.5f}}",
-      static_cast<long long>(me.slots_before), static_cast<long long>(me.slots_after), me.with_bias,
-      me.without_bias);
-  out += buf;
+  out["merge_bias"] = {{"tokens", me.slots_before},
+                       {"slots_after", me.slots_after},
+                       {"rel_l2_error_with_bias", Round(me.with_bias, 5)},
+                       {"rel_l2_error_without_bias", Round(me.without_bias, 5)}};
   std::fprintf(stderr, "merge bias: rel L2 error with %.5f, without %.5f\n", me.with_bias,
                me.without_bias);
   size_t tagged = 0;
   const double tag_ns = TaggerNsPerToken(&tagged);
-  out.pop_back();  // reopen the object
-  std::snprintf(buf, sizeof(buf), ",\"tagger\":{\"tokens\":%zu,\"ns_per_token\":%.1f}}", tagged,
-                tag_ns);
-  out += buf;
+  out["tagger"] = {{"tokens", tagged}, {"ns_per_token", Round(tag_ns, 1)}};
   std::fprintf(stderr, "tagger: %.1f ns per token (%zu tokens)\n", tag_ns, tagged);
-  if (json) {
-    std::printf("%s\n", out.c_str());
-  }
+  if (json) bench::PrintJson(out);
   return 0;
 }
 

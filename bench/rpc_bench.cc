@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_json.h"
 #include "bench/bench_registry.h"
 #include "bench/echo.grpc.pb.h"
 #include "daemon/daemon.h"
@@ -49,11 +50,11 @@ Latency Summarize(std::vector<double> us) {
   return l;
 }
 
-std::string Json(const Latency& l) {
-  char buf[160];
-  std::snprintf(buf, sizeof(buf), "{\"p50_us\": %.1f, \"p99_us\": %.1f, \"mean_us\": %.1f, \"samples\": %zu}",
-                l.p50_us, l.p99_us, l.mean_us, l.samples);
-  return buf;
+bench::Json ToJson(const Latency& l) {
+  return {{"p50_us", bench::Round(l.p50_us, 1)},
+          {"p99_us", bench::Round(l.p99_us, 1)},
+          {"mean_us", bench::Round(l.mean_us, 1)},
+          {"samples", l.samples}};
 }
 
 class EchoService final : public Echo::Service {
@@ -129,7 +130,7 @@ int Main(int argc, char** argv) {
   }
   (*listener)->Start();
 
-  std::string out = "{\"benchmark\": \"rpc\", \"iters_per_client\": " + std::to_string(iters);
+  bench::Json out = {{"benchmark", "rpc"}, {"iters_per_client", iters}};
   for (int clients : {1, 8}) {
     std::fprintf(stderr, "rpc: echo, %d client(s)...\n", clients);
     std::vector<std::unique_ptr<Echo::Stub>> stubs;
@@ -166,12 +167,10 @@ int Main(int argc, char** argv) {
     }));
     if (errors) std::fprintf(stderr, "rpc: %d failed calls\n", errors.load());
     const std::string k = std::to_string(clients);
-    out += ", \"clients_" + k + "\": {\"reserve_commit\": " + Json(rc_lat) + ", \"echo\": " +
-           Json(echo_lat);
-    char ratio[128];
-    std::snprintf(ratio, sizeof(ratio), ", \"p50_ratio_vs_echo\": %.2f, \"p99_ratio_vs_echo\": %.2f}",
-                  rc_lat.p50_us / echo_lat.p50_us, rc_lat.p99_us / echo_lat.p99_us);
-    out += ratio;
+    out["clients_" + k] = {{"reserve_commit", ToJson(rc_lat)},
+                           {"echo", ToJson(echo_lat)},
+                           {"p50_ratio_vs_echo", bench::Round(rc_lat.p50_us / echo_lat.p50_us, 2)},
+                           {"p99_ratio_vs_echo", bench::Round(rc_lat.p99_us / echo_lat.p99_us, 2)}};
   }
 
   // Allocator: bursts of 1024 allocations then 1024 frees, mixed sizes.
@@ -195,19 +194,16 @@ int Main(int argc, char** argv) {
   }
   const double malloc_s = std::chrono::duration<double>(Clock::now() - t0).count();
   const double ops = 2.0 * rounds * burst;
-  char buf[256];
-  std::snprintf(buf, sizeof(buf),
-                ", \"allocator\": {\"alloc_free_ops_per_s\": %.0f, \"malloc_free_ops_per_s\": %.0f, "
-                "\"ratio_vs_malloc\": %.2f}}",
-                ops / alloc_s, ops / malloc_s, malloc_s / alloc_s);
-  out += buf;
+  out["allocator"] = {{"alloc_free_ops_per_s", bench::Round(ops / alloc_s, 0)},
+                      {"malloc_free_ops_per_s", bench::Round(ops / malloc_s, 0)},
+                      {"ratio_vs_malloc", bench::Round(malloc_s / alloc_s, 2)}};
   (*listener)->Stop();
   echo_server->Shutdown();
   (*d)->Shutdown();
   // The output is the same JSON with or without --json (kept for the common
   // polykv-bench interface); progress went to stderr.
   (void)json;
-  std::printf("%s\n", out.c_str());
+  bench::PrintJson(out);
   return 0;
 }
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_json.h"
 #include "bench/bench_registry.h"
 #include "client/worker/conversation.h"
 #include "client/worker/gguf.h"
@@ -167,20 +168,20 @@ int Main(int argc, char** argv) {
   };
   const std::string fast = kind_name(kinds.back());
   if (o.json) {
-    std::printf("{\"bench\":\"weights\",\"best_isa\":\"%s\",\"threads\":1,\"tile_rows\":%d,"
-                "\"rounds\":%d,\"checksum\":%.6g,\"types\":[",
-                worker::IsaName(worker::BestIsa()), kTileRows, o.rounds, checksum);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const TypeRow& r = rows[i];
-      std::printf("%s{\"model\":\"%s\",\"type\":\"%s\",\"elements\":%lld", i ? "," : "",
-                  r.model.c_str(), worker::GgmlTypeName(r.type).c_str(),
-                  static_cast<long long>(r.elements));
-      for (Isa isa : kinds) {
-        std::printf(",\"%s_gelem_per_s\":%.3f", kind_name(isa).c_str(), gelem(r, kind_name(isa)));
-      }
-      std::printf(",\"fast_over_reference\":%.2f}", gelem(r, fast) / gelem(r, "reference"));
+    bench::Json types = bench::Json::array();
+    for (const TypeRow& r : rows) {
+      bench::Json row = {{"model", r.model}, {"type", worker::GgmlTypeName(r.type)}, {"elements", r.elements}};
+      for (Isa isa : kinds) row[kind_name(isa) + "_gelem_per_s"] = bench::Round(gelem(r, kind_name(isa)), 3);
+      row["fast_over_reference"] = bench::Round(gelem(r, fast) / gelem(r, "reference"), 2);
+      types.push_back(std::move(row));
     }
-    std::printf("]}\n");
+    bench::PrintJson({{"bench", "weights"},
+                      {"best_isa", worker::IsaName(worker::BestIsa())},
+                      {"threads", 1},
+                      {"tile_rows", kTileRows},
+                      {"rounds", o.rounds},
+                      {"checksum", checksum},
+                      {"types", std::move(types)}});
   } else {
     std::printf("%-20s %-6s %12s", "model", "type", "elements");
     for (Isa isa : kinds) std::printf(" %10s", kind_name(isa).c_str());

@@ -16,6 +16,7 @@
 #include "daemon/rpc/fd_broker.h"
 #include "daemon/rpc/peer_registry.h"
 #include "daemon/rpc/session_service.h"
+#include "daemon/rpc/status_map.h"
 #include "daemon/rpc/uds_listener.h"
 
 namespace polykv::daemon {
@@ -96,6 +97,8 @@ absl::Status Daemon::Start() {
   ctx.pool = pool_.get();
   ctx.peers = peers_.get();
   ctx.metrics = metrics_.get();
+  errors_ = std::make_unique<ErrorLog>(ErrorLog::Options{.logger = DaemonLogger()});
+  ctx.errors = errors_.get();
   ctx.admin_uids = OrDefaultUids(config_.admin_uids);
   ctx.fd_socket_path = fd_socket_path_;
   ctx.metrics_address = metrics_address_;

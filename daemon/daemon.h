@@ -30,6 +30,7 @@ namespace polykv::daemon {
 class Metrics;
 class PoolCollector;
 class PeerRegistry;
+class ErrorLog;
 class UdsListener;
 class FdBroker;
 class SessionService;
@@ -67,6 +68,7 @@ class Daemon {
   std::shared_ptr<PoolCollector> collector_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<PeerRegistry> peers_;
+  std::unique_ptr<ErrorLog> errors_;  // Unexpected RPC errors, logged once each.
   std::unique_ptr<SessionService> session_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -9,6 +9,7 @@
 #include "daemon/config/config.h"
 #include "daemon/daemon.h"
 #include "daemon/log.h"
+#include "policies/byte_size.h"
 
 namespace {
 
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
                                    std::tuple{"--low-watermark-bytes", &low_watermark,
                                               &config.low_watermark_bytes}}) {
     if (text->empty()) continue;
-    auto b = polykv::daemon::ParseBytes(*text);
+    auto b = polykv::policies::ParseByteSize(*text);
     if (!b.ok()) return Fail(std::string(flag) + ": " + std::string(b.status().message()));
     *field = *b;
   }

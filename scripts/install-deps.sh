@@ -8,7 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git curl unzip python3 python3-pip
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
-  libyaml-cpp-dev libspdlog-dev libopenblas-dev
+  libyaml-cpp-dev libspdlog-dev libopenblas-dev nlohmann-json3-dev
 )
 
 missing=()

@@ -45,10 +45,10 @@ std::set<std::string> CompletedTasks(const std::string& path, size_t configs) {
   while (std::getline(in, line)) {
     auto v = worker::ParseJson(line);
     if (!v.ok() || !v->is_object()) continue;
-    const auto& o = v->obj();
+    const auto& o = *v;
     auto t = o.find("file"), c = o.find("config");
-    if (t == o.end() || c == o.end() || !t->second.is_string() || !c->second.is_string()) continue;
-    seen[t->second.str()].insert(c->second.str());
+    if (t == o.end() || c == o.end() || !t->is_string() || !c->is_string()) continue;
+    seen[t->get_ref<const std::string&>()].insert(c->get_ref<const std::string&>());
   }
   std::set<std::string> done;
   for (const auto& [task, cs] : seen) {

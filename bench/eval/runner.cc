@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -22,7 +23,8 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::string Num(double v) { return absl::StrFormat("%.6g", v); }
+// Six significant digits, as the records have always carried.
+double Num(double v) { return std::strtod(absl::StrFormat("%.6g", v).c_str(), nullptr); }
 
 // The most recent f32 window queries SnapKV observes (its paper's default).
 constexpr int kObservationWindow = 32;
@@ -216,37 +218,45 @@ absl::StatusOr<std::vector<std::string>> RunTask(
   for (size_t i = 0; i < configs.size(); ++i) {
     const CacheConfig& c = configs[i];
     const Outcome& o = outcomes[i];
-    std::string rec = absl::StrCat(
-        "{\"task\":", worker::JsonQuote(task.id), ",\"family\":", worker::JsonQuote(task.family),
-        ",\"file\":", worker::JsonQuote(task.file), ",\"config\":", worker::JsonQuote(c.text),
-        ",\"policy\":", worker::JsonQuote(c.policy), ",\"budget\":", Num(c.budget),
-        ",\"formats\":", worker::JsonQuote(c.formats), ",\"k_format\":\"",
-        std::string(kernels::FormatShortName(c.k_format)), "\",\"v_format\":\"",
-        std::string(kernels::FormatShortName(c.v_format)), "\",\"context_tokens\":", context_tokens,
-        ",\"prefill_tokens_per_s\":", Num(context_tokens / std::max(prefill_s, 1e-9)),
-        ",\"bytes_per_token_f16\":", Num(bytes_per_token_f16),
-        ",\"bytes_full_f16\":", reference.bytes_peak, ",\"eval\":", task.eval_json);
+    worker::JsonValue rec = {
+        {"task", task.id},
+        {"family", task.family},
+        {"file", task.file},
+        {"config", c.text},
+        {"policy", c.policy},
+        {"budget", Num(c.budget)},
+        {"formats", c.formats},
+        {"k_format", std::string(kernels::FormatShortName(c.k_format))},
+        {"v_format", std::string(kernels::FormatShortName(c.v_format))},
+        {"context_tokens", context_tokens},
+        {"prefill_tokens_per_s", Num(context_tokens / std::max(prefill_s, 1e-9))},
+        {"bytes_per_token_f16", Num(bytes_per_token_f16)},
+        {"bytes_full_f16", reference.bytes_peak},
+        {"eval", worker::JsonValue::parse(task.eval_json)}};
     if (!o.status.ok()) {
-      absl::StrAppend(&rec, ",\"error\":", worker::JsonQuote(o.status.ToString()), "}");
-      records.push_back(std::move(rec));
+      rec["error"] = o.status.ToString();
+      records.push_back(worker::DumpJson(rec));
       continue;
     }
     const Agreement a = Compare(reference.tokens, o.tokens);
-    std::string ids;
-    for (size_t t = 0; t < o.tokens.size(); ++t) absl::StrAppend(&ids, t ? "," : "", o.tokens[t]);
-    absl::StrAppend(
-        &rec, ",\"question_tokens\":", o.question_tokens, ",\"kept_slots_mean\":",
-        Num(o.kept_slots_mean), ",\"merged_groups\":", o.merged_groups,
-        ",\"bytes_context\":", o.bytes_context, ",\"bytes_peak\":", o.bytes_peak,
-        ",\"bytes_mean\":", Num((o.bytes_context + o.bytes_peak) / 2.0), ",\"bytes_fraction\":",
-        Num(static_cast<double>(o.bytes_peak) / std::max<int64_t>(1, reference.bytes_peak)),
-        ",\"answer_prefix\":", worker::JsonQuote(task.generation.answer_prefix),
-        ",\"output\":", worker::JsonQuote(o.text), ",\"output_tokens\":[", ids,
-        "],\"stop\":", worker::JsonQuote(o.stop), ",\"ref_tokens_len\":", reference.tokens.size(),
-        ",\"prefix_agreement\":", Num(a.prefix), ",\"token_agreement\":", Num(a.token),
-        ",\"decode_tokens_per_s\":", Num(o.decode_tps), ",\"compaction_ms\":", Num(o.compaction_ms),
-        "}");
-    records.push_back(std::move(rec));
+    rec.update({{"question_tokens", o.question_tokens},
+                {"kept_slots_mean", Num(o.kept_slots_mean)},
+                {"merged_groups", o.merged_groups},
+                {"bytes_context", o.bytes_context},
+                {"bytes_peak", o.bytes_peak},
+                {"bytes_mean", Num((o.bytes_context + o.bytes_peak) / 2.0)},
+                {"bytes_fraction",
+                 Num(static_cast<double>(o.bytes_peak) / std::max<int64_t>(1, reference.bytes_peak))},
+                {"answer_prefix", task.generation.answer_prefix},
+                {"output", o.text},
+                {"output_tokens", o.tokens},
+                {"stop", o.stop},
+                {"ref_tokens_len", reference.tokens.size()},
+                {"prefix_agreement", Num(a.prefix)},
+                {"token_agreement", Num(a.token)},
+                {"decode_tokens_per_s", Num(o.decode_tps)},
+                {"compaction_ms", Num(o.compaction_ms)}});
+    records.push_back(worker::DumpJson(rec));
   }
   return records;
 }

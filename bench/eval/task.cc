@@ -4,7 +4,6 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/worker/conversation.h"
 #include "client/worker/json.h"
@@ -14,29 +13,6 @@ namespace {
 
 using worker::JsonValue;
 
-std::string ToJson(const JsonValue& v) {
-  struct Visit {
-    std::string operator()(std::nullptr_t) const { return "null"; }
-    std::string operator()(bool b) const { return b ? "true" : "false"; }
-    std::string operator()(double d) const { return absl::StrFormat("%.17g", d); }
-    std::string operator()(const std::string& s) const { return worker::JsonQuote(s); }
-    std::string operator()(const std::shared_ptr<JsonValue::Array>& a) const {
-      std::string out = "[";
-      for (size_t i = 0; i < a->size(); ++i) absl::StrAppend(&out, i ? "," : "", ToJson((*a)[i]));
-      return out + "]";
-    }
-    std::string operator()(const std::shared_ptr<JsonValue::Object>& o) const {
-      std::string out = "{";
-      bool first = true;
-      for (const auto& [k, val] : *o) {
-        absl::StrAppend(&out, first ? "" : ",", worker::JsonQuote(k), ":", ToJson(val));
-        first = false;
-      }
-      return out + "}";
-    }
-  };
-  return std::visit(Visit{}, v.v);
-}
 
 }  // namespace
 
@@ -60,10 +36,10 @@ absl::StatusOr<Task> ParseTask(const std::string& file, const std::string& text,
     auto parsed = worker::ParseJson(line);
     if (!parsed.ok()) return where(parsed.status().message());
     if (!parsed->is_object()) return where("expected a JSON object");
-    const auto& o = parsed->obj();
+    const auto& o = *parsed;
     const auto str = [&](const char* key, std::string* out) {
       auto it = o.find(key);
-      if (it != o.end() && it->second.is_string()) *out = it->second.str();
+      if (it != o.end() && it->is_string()) *out = it->get_ref<const std::string&>();
       return it != o.end();
     };
     TaskMessage m;
@@ -79,22 +55,22 @@ absl::StatusOr<Task> ParseTask(const std::string& file, const std::string& text,
       str("answer_prefix", &m.answer_prefix);
       m.max_new_tokens = default_max_new_tokens;
       if (auto it = o.find("max_new_tokens"); it != o.end()) {
-        if (!it->second.is_number() || it->second.num() < 1) {
+        if (!it->is_number() || it->get<double>() < 1) {
           return where("\"max_new_tokens\" must be a positive number");
         }
-        m.max_new_tokens = static_cast<int>(it->second.num());
+        m.max_new_tokens = static_cast<int>(it->get<double>());
       }
       last_generate = static_cast<int>(messages.size());
       last_id.clear();
-      if (auto it = o.find("id"); it != o.end() && it->second.is_string()) last_id = it->second.str();
+      if (auto it = o.find("id"); it != o.end() && it->is_string()) last_id = it->get_ref<const std::string&>();
       last_eval = "null";
       last_family.clear();
       if (auto it = o.find("eval"); it != o.end()) {
-        if (!it->second.is_object()) return where("\"eval\" must be an object");
-        last_eval = ToJson(it->second);
-        if (auto f = it->second.obj().find("family");
-            f != it->second.obj().end() && f->second.is_string()) {
-          last_family = f->second.str();
+        if (!it->is_object()) return where("\"eval\" must be an object");
+        last_eval = it->dump();
+        if (auto f = it->find("family");
+            f != it->end() && f->is_string()) {
+          last_family = f->get_ref<const std::string&>();
         }
       }
     }

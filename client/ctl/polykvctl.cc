@@ -5,8 +5,10 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "policies/byte_size.h"
 #include "polykv/admin.h"
 
 namespace {
@@ -24,14 +26,30 @@ std::string Human(uint64_t b) {
   return buf;
 }
 
-std::string Json(const google::protobuf::Message& m) {
+using Json = nlohmann::ordered_json;
+
+// A reply as JSON: protobuf's mapping (proto field names, every field, 64-bit
+// integers as strings), as a value so that replies can be combined.
+Json ToJson(const google::protobuf::Message& m) {
   std::string out;
   google::protobuf::util::JsonPrintOptions o;
-  o.add_whitespace = true;
   o.always_print_primitive_fields = true;
   o.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(m, &out, o);
-  return out;
+  return Json::parse(out);
+}
+
+void PrintJson(const Json& j) { std::cout << j.dump(1, ' ', false, Json::error_handler_t::replace) << "\n"; }
+
+// "--max-bytes 256MiB": a byte size, or a message for the person who typed it.
+bool ParseBytesFlag(const std::string& flag, const std::string& text, uint64_t* out, std::string* error) {
+  auto b = polykv::policies::ParseByteSize(text);
+  if (!b.ok()) {
+    *error = absl::StrCat(flag, ": ", b.status().message());
+    return false;
+  }
+  *out = *b;
+  return true;
 }
 
 const char* FormatName(int f) {
@@ -56,24 +74,6 @@ int ParsePriority(const std::string& s) {
     if (s == PriorityName(p)) return p;
   }
   return -1;
-}
-
-bool ParseBytes(const std::string& s, uint64_t* out) {
-  size_t pos = 0;
-  unsigned long long n = 0;
-  try {
-    n = std::stoull(s, &pos);
-  } catch (...) {
-    return false;
-  }
-  std::string suffix = s.substr(pos);
-  uint64_t mult = 1;
-  if (suffix == "KiB" || suffix == "K") mult = 1ull << 10;
-  else if (suffix == "MiB" || suffix == "M") mult = 1ull << 20;
-  else if (suffix == "GiB" || suffix == "G") mult = 1ull << 30;
-  else if (!suffix.empty() && suffix != "B") return false;
-  *out = n * mult;
-  return true;
 }
 
 int Fail(const absl::Status& s) {
@@ -153,12 +153,9 @@ int main(int argc, char** argv) {
       // One object: the stats plus the session list, so a script needs one call.
       auto l = c.ListSessions();
       if (!l.ok()) return Fail(l.status());
-      std::string stats = Json(*s), list = Json(*l);
-      // Merge {"pool":...} and {"sessions":[...]} into one JSON object.
-      stats.erase(stats.find_last_of('}'));
-      while (!stats.empty() && (stats.back() == '\n' || stats.back() == ' ')) stats.pop_back();
-      const size_t first = list.find_first_not_of(" \n", list.find('{') + 1);
-      std::cout << stats << ",\n " << list.substr(first) << "\n";
+      Json out = ToJson(*s);
+      out.update(ToJson(*l));  // {"pool": ..., ...} plus {"sessions": [...]}.
+      PrintJson(out);
       return 0;
     }
     const auto& p = s->pool();
@@ -184,7 +181,7 @@ int main(int argc, char** argv) {
     auto l = c.ListSessions(tenant, agent_filter);
     if (!l.ok()) return Fail(l.status());
     if (json) {
-      std::cout << Json(*l) << "\n";
+      PrintJson(ToJson(*l));
       return 0;
     }
     std::printf("%-8s %-20s %-12s %-11s %9s %9s %11s %5s %-9s %7s\n", "ID", "AGENT", "TENANT",
@@ -202,7 +199,7 @@ int main(int argc, char** argv) {
   if (qos_get->parsed()) {
     auto q = c.GetQos(agent);
     if (!q.ok()) return Fail(q.status());
-    if (json) std::cout << Json(*q) << "\n";
+    if (json) PrintJson(ToJson(*q));
     else PrintQos(*q);
     return 0;
   }
@@ -221,12 +218,13 @@ int main(int argc, char** argv) {
       q.set_priority(static_cast<polykv::v1::PriorityClass>(p));
     }
     uint64_t b = 0;
+    std::string error;
     if (!max_bytes.empty()) {
-      if (!ParseBytes(max_bytes, &b)) return bad("--max-bytes: not a byte size (e.g. 1048576, 256MiB)");
+      if (!ParseBytesFlag("--max-bytes", max_bytes, &b, &error)) return bad(error);
       q.set_max_bytes(b);
     }
     if (!guaranteed_bytes.empty()) {
-      if (!ParseBytes(guaranteed_bytes, &b)) return bad("--guaranteed-bytes: not a byte size");
+      if (!ParseBytesFlag("--guaranteed-bytes", guaranteed_bytes, &b, &error)) return bad(error);
       q.set_guaranteed_bytes(b);
     }
     if (!key_floor.empty()) {
@@ -248,21 +246,21 @@ int main(int argc, char** argv) {
     }
     auto out = c.SetQos(q);
     if (!out.ok()) return Fail(out.status());
-    if (json) std::cout << Json(*out) << "\n";
+    if (json) PrintJson(ToJson(*out));
     else PrintQos(*out);
     return 0;
   }
   if (evict->parsed()) {
     auto freed = c.EvictSession(session_id);
     if (!freed.ok()) return Fail(freed.status());
-    if (json) std::cout << "{\"session_id\": " << session_id << ", \"freed_bytes\": " << *freed << "}\n";
+    if (json) PrintJson({{"session_id", session_id}, {"freed_bytes", *freed}});
     else std::printf("evicted session %llu, freed %s\n", (unsigned long long)session_id, Human(*freed).c_str());
     return 0;
   }
   if (drain->parsed()) {
     auto n = c.Drain(evict_after_ms);
     if (!n.ok()) return Fail(n.status());
-    if (json) std::cout << "{\"draining\": true, \"num_sessions\": " << *n << "}\n";
+    if (json) PrintJson({{"draining", true}, {"num_sessions", *n}});
     else std::printf("draining; %u sessions open\n", *n);
     return 0;
   }

@@ -50,19 +50,19 @@ absl::StatusOr<ToolCall> ToolCallFromJson(const JsonValue& json) {
   if (!json.is_object()) return absl::InvalidArgumentError("each tool call must be an object");
   const JsonValue* call = &json;
   // The template's own rule: `if tool_call.function is defined`.
-  if (auto f = json.obj().find("function"); f != json.obj().end()) call = &f->second;
+  if (auto f = json.find("function"); f != json.end()) call = &*f;
   if (!call->is_object()) return absl::InvalidArgumentError("tool call \"function\" must be an object");
   ToolCall out;
-  auto name = call->obj().find("name");
-  if (name == call->obj().end() || !name->second.is_string()) {
+  auto name = call->find("name");
+  if (name == call->end() || !name->is_string()) {
     return absl::InvalidArgumentError("a tool call needs a string \"name\"");
   }
-  out.name = name->second.str();
-  auto args = call->obj().find("arguments");
-  if (args == call->obj().end()) {
+  out.name = name->get_ref<const std::string&>();
+  auto args = call->find("arguments");
+  if (args == call->end()) {
     return absl::InvalidArgumentError(absl::StrCat("tool call ", out.name, " has no \"arguments\""));
   }
-  out.arguments = args->second;
+  out.arguments = *args;
   return out;
 }
 
@@ -70,13 +70,13 @@ absl::StatusOr<ToolCall> ToolCallFromJson(const JsonValue& json) {
 
 absl::StatusOr<ChatMessage> ChatMessageFromJson(const JsonValue& json) {
   if (!json.is_object()) return absl::InvalidArgumentError("a message must be a JSON object");
-  const auto& o = json.obj();
+  const auto& o = json;
   ChatMessage m;
   auto role = o.find("role");
-  if (role == o.end() || !role->second.is_string()) {
+  if (role == o.end() || !role->is_string()) {
     return absl::InvalidArgumentError("a message needs a string \"role\"");
   }
-  const std::string& r = role->second.str();
+  const std::string& r = role->get_ref<const std::string&>();
   if (r == "system") {
     m.role = Role::kSystem;
   } else if (r == "user") {
@@ -90,15 +90,15 @@ absl::StatusOr<ChatMessage> ChatMessageFromJson(const JsonValue& json) {
         "unknown role \"", r, "\" (expected system, user, tool or assistant)"));
   }
   if (auto c = o.find("content"); c != o.end()) {
-    if (!c->second.is_string()) return absl::InvalidArgumentError("\"content\" must be a string");
-    m.content = c->second.str();
+    if (!c->is_string()) return absl::InvalidArgumentError("\"content\" must be a string");
+    m.content = c->get_ref<const std::string&>();
   }
   if (auto t = o.find("tool_calls"); t != o.end()) {
     if (m.role != Role::kAssistant) {
       return absl::InvalidArgumentError("only an assistant message may carry \"tool_calls\"");
     }
-    if (!t->second.is_array()) return absl::InvalidArgumentError("\"tool_calls\" must be an array");
-    for (const JsonValue& c : t->second.arr()) {
+    if (!t->is_array()) return absl::InvalidArgumentError("\"tool_calls\" must be an array");
+    for (const JsonValue& c : t->get<std::vector<JsonValue>>()) {
       auto call = ToolCallFromJson(c);
       if (!call.ok()) return call.status();
       m.tool_calls.push_back(std::move(*call));

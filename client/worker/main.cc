@@ -13,6 +13,7 @@
 // Output: one JSON line per generated turn on stdout (stable field names;
 // fields are only ever added); progress and errors on stderr.
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -151,14 +152,21 @@ std::string TurnJson(const Flags& f, const std::string& id, int turn, const Turn
                      const KvStore& store) {
   const double pre_tps = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0;
   const double dec_tps = r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0;
-  return absl::StrFormat(
-      "{\"agent\":%s,\"id\":%s,\"turn\":%d,\"text\":%s,\"prompt_tokens\":%d,"
-      "\"completion_tokens\":%d,\"cached_tokens\":%d,\"prefill_ms\":%.3f,\"decode_ms\":%.3f,"
-      "\"prefill_tokens_per_s\":%.2f,\"decode_tokens_per_s\":%.2f,\"stop\":%s,\"cache\":%s,"
-      "\"kv_bytes\":%d}",
-      JsonQuote(f.agent), JsonQuote(id), turn, JsonQuote(r.text), r.prompt_tokens,
-      r.completion_tokens, r.cached_tokens, r.prefill_seconds * 1e3, r.decode_seconds * 1e3,
-      pre_tps, dec_tps, JsonQuote(r.stop), JsonQuote(store.name()), store.bytes());
+  const auto round = [](double x, double unit) { return std::round(x / unit) * unit; };
+  return DumpJson({{"agent", f.agent},
+                   {"id", id},
+                   {"turn", turn},
+                   {"text", r.text},
+                   {"prompt_tokens", r.prompt_tokens},
+                   {"completion_tokens", r.completion_tokens},
+                   {"cached_tokens", r.cached_tokens},
+                   {"prefill_ms", round(r.prefill_seconds * 1e3, 1e-3)},
+                   {"decode_ms", round(r.decode_seconds * 1e3, 1e-3)},
+                   {"prefill_tokens_per_s", round(pre_tps, 1e-2)},
+                   {"decode_tokens_per_s", round(dec_tps, 1e-2)},
+                   {"stop", r.stop},
+                   {"cache", store.name()},
+                   {"kv_bytes", store.bytes()}});
 }
 
 // --model is a fetch-model.sh name or a path; --threads sizes the products.
@@ -196,19 +204,19 @@ int RunScript(const Flags& f) {
     auto v = ParseJson(line);
     if (!v.ok()) return Fail(where(v.status().message()));
     if (!v->is_object()) return Fail(where("expected a JSON object"));
-    const auto& o = v->obj();
+    const auto& o = *v;
     auto get_str = [&](const char* key, std::string* out) -> absl::Status {
       auto it = o.find(key);
       if (it == o.end()) return absl::NotFoundError(key);
-      if (!it->second.is_string()) return where(absl::StrCat("\"", key, "\" must be a string"));
-      *out = it->second.str();
+      if (!it->is_string()) return where(absl::StrCat("\"", key, "\" must be a string"));
+      *out = it->get_ref<const std::string&>();
       return absl::OkStatus();
     };
     if (auto t = o.find("tools"); t != o.end()) {
       // {"tools": [schema, ...]}: declared once, before the first message.
       if (o.count("role") != 0) return Fail(where("a \"tools\" line is a line of its own"));
-      if (!t->second.is_array()) return Fail(where("\"tools\" must be an array of JSON Schemas"));
-      if (auto s = conv.SetTools(t->second.arr()); !s.ok()) return Fail(where(s.message()));
+      if (!t->is_array()) return Fail(where("\"tools\" must be an array of JSON Schemas"));
+      if (auto s = conv.SetTools(t->get<std::vector<JsonValue>>()); !s.ok()) return Fail(where(s.message()));
       continue;
     }
     std::string role_s, content, intent, id = absl::StrCat(line_no);
@@ -220,8 +228,8 @@ int RunScript(const Flags& f) {
     if (auto s = get_str("intent", &intent); !s.ok() && !absl::IsNotFound(s)) return Fail(s);
     if (auto s = get_str("id", &id); !s.ok() && !absl::IsNotFound(s)) {
       auto it = o.find("id");  // Numbers are fine as ids too.
-      if (!it->second.is_number()) return Fail(s);
-      id = absl::StrCat(it->second.num());
+      if (!it->is_number()) return Fail(s);
+      id = absl::StrCat(it->get<double>());
     }
     const absl::Status cs = get_str("content", &content);
     if (!cs.ok() && !absl::IsNotFound(cs)) return Fail(cs);
@@ -235,10 +243,10 @@ int RunScript(const Flags& f) {
     // A generated turn; an assistant line with "tool_calls" was history above.
     int max_new = f.max_new_tokens;
     if (auto it = o.find("max_new_tokens"); it != o.end()) {
-      if (!it->second.is_number() || it->second.num() < 1) {
+      if (!it->is_number() || it->get<double>() < 1) {
         return Fail(where("\"max_new_tokens\" must be a positive number"));
       }
-      max_new = static_cast<int>(it->second.num());
+      max_new = static_cast<int>(it->get<double>());
     }
     const int turn = conv.turns();
     auto r = conv.Generate(max_new, intent);
@@ -261,16 +269,18 @@ int RunScript(const Flags& f) {
                static_cast<long long>(total_completion), pre_tps, dec_tps,
                (*store)->name().c_str(), static_cast<long long>((*store)->bytes()));
   if (f.summary) {
-    std::printf(
-        "%s\n",
-        absl::StrFormat("{\"agent\":%s,\"summary\":true,\"turns\":%d,\"prompt_tokens\":%d,"
-                        "\"completion_tokens\":%d,\"prefill_tokens_per_s\":%.2f,"
-                        "\"decode_tokens_per_s\":%.2f,\"cached_tokens\":%d,\"cache\":%s,"
-                        "\"kv_bytes\":%d}",
-                        JsonQuote(f.agent), generated, total_prompt, total_completion, pre_tps,
-                        dec_tps, (*store)->num_slots(), JsonQuote((*store)->name()),
-                        (*store)->bytes())
-            .c_str());
+    const auto round2 = [](double x) { return std::round(x * 100) / 100; };
+    std::printf("%s\n", DumpJson({{"agent", f.agent},
+                                  {"summary", true},
+                                  {"turns", generated},
+                                  {"prompt_tokens", total_prompt},
+                                  {"completion_tokens", total_completion},
+                                  {"prefill_tokens_per_s", round2(pre_tps)},
+                                  {"decode_tokens_per_s", round2(dec_tps)},
+                                  {"cached_tokens", (*store)->num_slots()},
+                                  {"cache", (*store)->name()},
+                                  {"kv_bytes", (*store)->bytes()}})
+                             .c_str());
   }
   return 0;
 }

@@ -8,35 +8,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "policies/byte_size.h"
 
 namespace polykv::daemon {
-
-absl::StatusOr<uint64_t> ParseBytes(absl::string_view text) {
-  std::string t(absl::StripAsciiWhitespace(text));
-  struct Suffix {
-    const char* s;
-    uint64_t mult;
-  };
-  static const Suffix kSuffixes[] = {{"GiB", 1ull << 30}, {"MiB", 1ull << 20}, {"KiB", 1ull << 10},
-                                     {"G", 1ull << 30},   {"M", 1ull << 20},   {"K", 1ull << 10},
-                                     {"B", 1}};
-  uint64_t mult = 1;
-  for (const auto& s : kSuffixes) {
-    const std::string sv(s.s);
-    if (t.size() > sv.size() && t.compare(t.size() - sv.size(), sv.size(), sv) == 0) {
-      mult = s.mult;
-      t.resize(t.size() - sv.size());
-      break;
-    }
-  }
-  uint64_t n = 0;
-  if (!absl::SimpleAtoi(t, &n)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "' is not a byte size (examples: 1073741824, 1GiB, 512MiB)"));
-  }
-  if (n > UINT64_MAX / mult) return absl::InvalidArgumentError(absl::StrCat("'", text, "' is too large"));
-  return n * mult;
-}
 
 namespace {
 
@@ -61,7 +35,7 @@ absl::StatusOr<QosRecord> ParseQos(const YAML::Node& n, QosRecord base, const st
   }
   for (const char* key : {"guaranteed_bytes", "max_bytes"}) {
     if (!n[key]) continue;
-    auto b = ParseBytes(n[key].as<std::string>());
+    auto b = policies::ParseByteSize(n[key].as<std::string>());
     if (!b.ok()) return KeyError(absl::StrCat(where, ".", key), std::string(b.status().message()));
     (absl::string_view(key) == "max_bytes" ? base.max_bytes : base.guaranteed_bytes) = *b;
   }
@@ -112,7 +86,7 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
                               std::pair{"arena_bytes", &c.arena_bytes},
                               std::pair{"superblock_bytes", &c.superblock_bytes}}) {
       if (!root[key]) continue;
-      auto b = ParseBytes(root[key].as<std::string>());
+      auto b = policies::ParseByteSize(root[key].as<std::string>());
       if (!b.ok()) return KeyError(key, std::string(b.status().message()));
       *field = *b;
     }

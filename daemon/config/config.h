@@ -38,8 +38,6 @@ struct DaemonConfig {
   std::string log_level = "info";
 };
 
-// "1073741824", "1GiB", "512MiB", "64KiB", "2G", "10M".
-absl::StatusOr<uint64_t> ParseBytes(absl::string_view text);
 // Reads `path` over `base`; unknown keys are an error (typos must not pass).
 absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfig base);
 // Cross-field checks (sizes, tier, address) with messages naming the key.

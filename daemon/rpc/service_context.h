@@ -21,6 +21,7 @@ struct ServiceContext {
   KvPool* pool = nullptr;              // Not owned.
   const PeerRegistry* peers = nullptr; // Not owned.
   Metrics* metrics = nullptr;          // Not owned; may be null in tests.
+  ErrorLog* errors = nullptr;          // Not owned; may be null in tests.
   std::set<uid_t> admin_uids;          // Who may call the Admin service.
   std::string fd_socket_path;
   std::string metrics_address;         // Bound exposer address, for Stats.
@@ -43,7 +44,7 @@ grpc::Status Handle(const ServiceContext& ctx, grpc::ServerContext* server_ctx,
     ctx.metrics->ObserveRpc(rpc, GrpcCodeName(static_cast<int>(status.code())),
                             absl::ToDoubleSeconds(absl::Now() - start));
   }
-  return ToGrpc(status);
+  return ToGrpc(status, rpc, ctx.errors);
 }
 
 }  // namespace polykv::daemon

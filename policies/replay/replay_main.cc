@@ -21,10 +21,11 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "policies/plan.h"
 #include "policies/policy.h"
-#include "policies/replay/json.h"
 #include "policies/replay/trace.h"
 #include "policies/synthetic.h"
 
@@ -51,19 +52,20 @@ struct Counts {
   int64_t total = 0, kept = 0, merged = 0, evicted = 0;
 };
 
-std::string CountsJson(const Counts& c) {
-  return absl::StrCat("{\"total\":", c.total, ",\"kept\":", c.kept, ",\"merged\":", c.merged,
-                      ",\"evicted\":", c.evicted, "}");
+using Json = nlohmann::ordered_json;
+
+Json CountsJson(const Counts& c) {
+  return {{"total", c.total}, {"kept", c.kept}, {"merged", c.merged}, {"evicted", c.evicted}};
 }
 
-std::string MapJson(const std::map<std::string, Counts>& m) {
-  std::string out = "{";
-  bool first = true;
-  for (const auto& [k, c] : m) {
-    absl::StrAppend(&out, first ? "" : ",", "\"", k, "\":", CountsJson(c));
-    first = false;
-  }
-  return out + "}";
+Json MapJson(const std::map<std::string, Counts>& m) {
+  Json out = Json::object();
+  for (const auto& [k, c] : m) out[k] = CountsJson(c);
+  return out;
+}
+
+void Print(const Json& j) {
+  std::printf("%s\n", j.dump(-1, ' ', false, Json::error_handler_t::replace).c_str());
 }
 
 int Fail(const std::string& msg) {
@@ -72,24 +74,15 @@ int Fail(const std::string& msg) {
 }
 
 int List() {
-  std::string out = "{\"presets\":{";
-  bool first = true;
+  Json presets = Json::object();
   for (const std::string& p : PresetNames()) {
     auto params = DescribeParams(p);
     auto policy = MakePolicy(p);
-    absl::StrAppend(&out, first ? "" : ",", "\"", p, "\":{\"spec\":\"",
-                    JsonEscape(policy.ok() ? (*policy)->spec() : ""), "\",\"params\":{");
-    first = false;
-    bool f2 = true;
-    for (const ParamDoc& d : *params) {
-      absl::StrAppend(&out, f2 ? "" : ",", "\"", d.key, "\":{\"default\":\"",
-                      JsonEscape(d.default_value), "\",\"doc\":\"", JsonEscape(d.doc), "\"}");
-      f2 = false;
-    }
-    out += "}}";
+    Json docs = Json::object();
+    for (const ParamDoc& d : *params) docs[d.key] = {{"default", d.default_value}, {"doc", d.doc}};
+    presets[p] = {{"spec", policy.ok() ? (*policy)->spec() : ""}, {"params", std::move(docs)}};
   }
-  out += "}}";
-  std::printf("%s\n", out.c_str());
+  Print({{"presets", std::move(presets)}});
   return 0;
 }
 
@@ -313,27 +306,35 @@ int Main(int argc, char** argv) {
   double mean = 0;
   for (double x : sorted) mean += x;
   mean = sorted.empty() ? 0 : mean / sorted.size();
-  std::string out = absl::StrCat("{\"tool\":\"polykv-replay\",\"policy\":\"",
-                                 JsonEscape((*policy)->spec()), "\",\"mode\":\"",
-                                 once ? "once" : "online", "\",\"tokens\":", n, ",\"layers\":", L,
-                                 ",\"budget\":{\"unit\":\"", unit, "\",\"per_layer_tokens\":[");
-  for (int l = 0; l < L; ++l) {
-    absl::StrAppend(&out, l ? "," : "", layer_budgets.ok() ? (*layer_budgets)[l] : -1);
-  }
-  absl::StrAppend(&out, "]},\"compactions\":", decision_us.size(), ",\"merge_groups\":", groups,
-                  ",\"requant_targets\":", requants, ",\"decision_us\":{\"mean\":", mean,
-                  ",\"p50\":", sorted.empty() ? 0 : sorted[sorted.size() / 2],
-                  ",\"max\":", sorted.empty() ? 0 : sorted.back(), "},\"per_layer\":[");
+  Json per_layer_tokens = Json::array();
+  for (int l = 0; l < L; ++l) per_layer_tokens.push_back(layer_budgets.ok() ? (*layer_budgets)[l] : -1);
+  Json per_layer = Json::array();
   for (int l = 0; l < L; ++l) {
     Counts c;
     for (int64_t t = 0; t < n; ++t) add(&c, fate[l][t]);
-    absl::StrAppend(&out, l ? "," : "", "{\"layer\":", l, ",\"slots\":", cur.layers[l].slots.size(),
-                    ",\"tokens\":", CountsJson(c), ",\"merge_groups\":", groups_per_layer[l],
-                    ",\"requant_targets\":", requant_per_layer[l], "}");
+    per_layer.push_back({{"layer", l},
+                         {"slots", cur.layers[l].slots.size()},
+                         {"tokens", CountsJson(c)},
+                         {"merge_groups", groups_per_layer[l]},
+                         {"requant_targets", requant_per_layer[l]}});
   }
-  absl::StrAppend(&out, "],\"protected\":", MapJson(protected_classes),
-                  ",\"kinds\":", MapJson(kinds), ",\"roles\":", MapJson(roles), "}");
-  std::printf("%s\n", out.c_str());
+  Print({{"tool", "polykv-replay"},
+         {"policy", (*policy)->spec()},
+         {"mode", once ? "once" : "online"},
+         {"tokens", n},
+         {"layers", L},
+         {"budget", {{"unit", unit}, {"per_layer_tokens", std::move(per_layer_tokens)}}},
+         {"compactions", decision_us.size()},
+         {"merge_groups", groups},
+         {"requant_targets", requants},
+         {"decision_us",
+          {{"mean", mean},
+           {"p50", sorted.empty() ? 0 : sorted[sorted.size() / 2]},
+           {"max", sorted.empty() ? 0 : sorted.back()}}},
+         {"per_layer", std::move(per_layer)},
+         {"protected", MapJson(protected_classes)},
+         {"kinds", MapJson(kinds)},
+         {"roles", MapJson(roles)}});
   return 0;
 }
 

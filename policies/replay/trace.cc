@@ -1,38 +1,60 @@
 #include "policies/replay/trace.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
-#include "policies/replay/json.h"
 #include "policies/tagger.h"
 
 namespace polykv::policies::replay {
 namespace {
 
+using Json = nlohmann::ordered_json;
+
 // A per-layer stream: a number (same for every layer) or an array [L].
 bool Stream(const Json* j, int layers, std::vector<float>* out) {
   out->assign(layers, 0.f);
   if (j == nullptr) return true;
-  if (j->type == Json::Type::kNumber) {
-    out->assign(layers, static_cast<float>(j->num));
+  if (j->is_number()) {
+    out->assign(layers, j->get<float>());
     return true;
   }
-  if (j->type != Json::Type::kArray || static_cast<int>(j->arr.size()) != layers) return false;
+  if (!j->is_array() || static_cast<int>(j->size()) != layers) return false;
   for (int l = 0; l < layers; ++l) {
-    if (j->arr[l].type != Json::Type::kNumber) return false;
-    (*out)[l] = static_cast<float>(j->arr[l].num);
+    if (!(*j)[l].is_number()) return false;
+    (*out)[l] = (*j)[l].get<float>();
   }
   return true;
 }
 
+// The member `key`, or null when absent.
+const Json* Get(const Json& o, const char* key) {
+  auto it = o.find(key);
+  return it == o.end() ? nullptr : &*it;
+}
+
 double Num(const Json& o, const char* key, double def) {
-  const Json* j = o.get(key);
-  return j != nullptr && j->type == Json::Type::kNumber ? j->num : def;
+  const Json* j = Get(o, key);
+  return j != nullptr && j->is_number() ? j->get<double>() : def;
 }
 
 std::string Str(const Json& o, const char* key, const std::string& def) {
-  const Json* j = o.get(key);
-  return j != nullptr && j->type == Json::Type::kString ? j->str : def;
+  const Json* j = Get(o, key);
+  return j != nullptr && j->is_string() ? j->get<std::string>() : def;
+}
+
+bool Bool(const Json& o, const char* key) {
+  const Json* j = Get(o, key);
+  return j != nullptr && j->is_boolean() && j->get<bool>();
+}
+
+// A stream value as WriteTrace has always written it: six significant digits.
+double Six(float x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6g", x);
+  return std::strtod(buf, nullptr);
 }
 
 }  // namespace
@@ -53,9 +75,9 @@ absl::StatusOr<Trace> ParseTrace(std::string_view jsonl) {
     auto bad = [&](const std::string& what) {
       return absl::InvalidArgumentError(absl::StrCat("trace line ", line_no, ": ", what));
     };
-    auto parsed = ParseJson(line);
-    if (!parsed.ok()) return bad(std::string(parsed.status().message()));
-    const Json& o = *parsed;
+    const Json o = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (o.is_discarded()) return bad("not a JSON value");
+    if (!o.is_object()) return bad("expected a JSON object");
     const std::string type = Str(o, "type", "");
     if (type == "header") {
       layers = static_cast<int>(Num(o, "num_layers", -1));
@@ -72,7 +94,7 @@ absl::StatusOr<Trace> ParseTrace(std::string_view jsonl) {
       kf = *k;
       vf = *vv;
       std::vector<float> ent;
-      if (const Json* e = o.get("layer_entropy"); e != nullptr) {
+      if (const Json* e = Get(o, "layer_entropy"); e != nullptr) {
         if (!Stream(e, layers, &ent)) return bad("layer_entropy must be [num_layers]");
         for (int l = 0; l < layers; ++l) v.layers[l].entropy = ent[l];
       }
@@ -91,25 +113,23 @@ absl::StatusOr<Trace> ParseTrace(std::string_view jsonl) {
     m.tag.kind = *kind;
     m.tag.block_id = static_cast<uint32_t>(Num(o, "block", 0));
     m.tag.depth = static_cast<uint16_t>(Num(o, "depth", 0));
-    const Json* boundary = o.get("boundary");
-    m.tag.boundary = boundary != nullptr && boundary->b;
-    const Json* pinned = o.get("pinned");
-    m.pinned = pinned != nullptr && pinned->b;
+    m.tag.boundary = Bool(o, "boundary");
+    m.pinned = Bool(o, "pinned");
     v.current_turn = std::max(v.current_turn, m.turn);
     std::vector<float> attn, obs, intent, count, present;
-    if (!Stream(o.get("attn"), layers, &attn) || !Stream(o.get("obs"), layers, &obs) ||
-        !Stream(o.get("intent"), layers, &intent)) {
+    if (!Stream(Get(o, "attn"), layers, &attn) || !Stream(Get(o, "obs"), layers, &obs) ||
+        !Stream(Get(o, "intent"), layers, &intent)) {
       return bad("attn / obs / intent must be a number or [num_layers] numbers");
     }
-    if (!Stream(o.get("count"), layers, &count)) return bad("count must be [num_layers]");
-    if (o.get("present") != nullptr) {
-      if (!Stream(o.get("present"), layers, &present)) return bad("present must be [num_layers]");
+    if (!Stream(Get(o, "count"), layers, &count)) return bad("count must be [num_layers]");
+    if (Get(o, "present") != nullptr) {
+      if (!Stream(Get(o, "present"), layers, &present)) return bad("present must be [num_layers]");
     } else {
       present.assign(layers, 1.f);
     }
-    const Json* key = o.get("key");
+    const Json* key = Get(o, "key");
     if (key != nullptr && v.key_dim > 0) {
-      if (key->type != Json::Type::kArray || static_cast<int>(key->arr.size()) != layers) {
+      if (!key->is_array() || static_cast<int>(key->size()) != layers) {
         return bad("key must be [num_layers][key_dim]");
       }
     }
@@ -132,11 +152,14 @@ absl::StatusOr<Trace> ParseTrace(std::string_view jsonl) {
         if (key == nullptr) {
           v.layers[l].keys.insert(v.layers[l].keys.end(), v.key_dim, 0.f);
         } else {
-          const Json& row = key->arr[l];
-          if (row.type != Json::Type::kArray || static_cast<int>(row.arr.size()) != v.key_dim) {
+          const Json& row = (*key)[l];
+          if (!row.is_array() || static_cast<int>(row.size()) != v.key_dim) {
             return bad("key rows must have key_dim numbers");
           }
-          for (const Json& x : row.arr) v.layers[l].keys.push_back(static_cast<float>(x.num));
+          for (const Json& x : row) {
+            if (!x.is_number()) return bad("key rows must have key_dim numbers");
+            v.layers[l].keys.push_back(x.get<float>());
+          }
         }
       }
     }
@@ -148,13 +171,18 @@ absl::StatusOr<Trace> ParseTrace(std::string_view jsonl) {
 
 std::string WriteTrace(const SessionView& view, const std::vector<std::string>& texts) {
   const int L = view.num_layers();
-  std::string out = absl::StrCat(
-      "{\"type\":\"header\",\"version\":1,\"num_layers\":", L, ",\"key_dim\":", view.key_dim,
-      ",\"block_tokens\":", view.shape.block_tokens, ",\"num_kv_heads\":", view.shape.num_kv_heads,
-      ",\"head_dim\":", view.shape.head_dim, ",\"k_format\":\"bf16\",\"v_format\":\"bf16\"");
-  out += ",\"layer_entropy\":[";
-  for (int l = 0; l < L; ++l) absl::StrAppend(&out, l ? "," : "", view.layers[l].entropy);
-  out += "]}\n";
+  Json header = {{"type", "header"},
+                 {"version", 1},
+                 {"num_layers", L},
+                 {"key_dim", view.key_dim},
+                 {"block_tokens", view.shape.block_tokens},
+                 {"num_kv_heads", view.shape.num_kv_heads},
+                 {"head_dim", view.shape.head_dim},
+                 {"k_format", "bf16"},
+                 {"v_format", "bf16"}};
+  Json& entropy = header["layer_entropy"] = Json::array();
+  for (int l = 0; l < L; ++l) entropy.push_back(view.layers[l].entropy);
+  std::string out = header.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
   // slot index of each token per layer (-1 = absent)
   std::vector<std::vector<int64_t>> where(L, std::vector<int64_t>(view.tokens.size(), -1));
   for (int l = 0; l < L; ++l) {
@@ -162,56 +190,50 @@ std::string WriteTrace(const SessionView& view, const std::vector<std::string>& 
       where[l][view.layers[l].slots[i].token] = static_cast<int64_t>(i);
     }
   }
-  char buf[32];
-  auto f = [&](float x) {
-    std::snprintf(buf, sizeof(buf), "%.6g", x);
-    return std::string(buf);
-  };
   for (size_t t = 0; t < view.tokens.size(); ++t) {
     const TokenMeta& m = view.tokens[t];
-    absl::StrAppend(&out, "{\"type\":\"token\",\"pos\":", m.position, ",\"turn\":", m.turn,
-                    ",\"role\":\"", std::string(RoleName(m.role)), "\",\"kind\":\"",
-                    std::string(BlockKindName(m.tag.kind)), "\",\"block\":", m.tag.block_id,
-                    ",\"depth\":", m.tag.depth,
-                    ",\"boundary\":", m.tag.boundary ? "true" : "false");
-    if (m.pinned) out += ",\"pinned\":true";
-    if (t < texts.size()) absl::StrAppend(&out, ",\"text\":\"", JsonEscape(texts[t]), "\"");
+    Json rec = {{"type", "token"},
+                {"pos", m.position},
+                {"turn", m.turn},
+                {"role", std::string(RoleName(m.role))},
+                {"kind", std::string(BlockKindName(m.tag.kind))},
+                {"block", m.tag.block_id},
+                {"depth", m.tag.depth},
+                {"boundary", m.tag.boundary}};
+    if (m.pinned) rec["pinned"] = true;
+    if (t < texts.size()) rec["text"] = texts[t];
     bool all = true, any_count = false;
     for (int l = 0; l < L; ++l) {
       all &= where[l][t] >= 0;
       any_count |= where[l][t] >= 0 && view.layers[l].slots[where[l][t]].count != 1;
     }
     auto stream = [&](const char* name, auto get) {
-      absl::StrAppend(&out, ",\"", name, "\":[");
+      Json& a = rec[name] = Json::array();
       for (int l = 0; l < L; ++l) {
-        out += l ? "," : "";
-        out += where[l][t] >= 0 ? get(view.layers[l].slots[where[l][t]]) : "0";
+        if (where[l][t] >= 0) a.push_back(get(view.layers[l].slots[where[l][t]]));
+        else a.push_back(0);
       }
-      out += "]";
     };
-    stream("attn", [&](const Slot& s) { return f(s.attn); });
-    stream("obs", [&](const Slot& s) { return f(s.obs); });
-    stream("intent", [&](const Slot& s) { return f(s.intent); });
-    if (any_count) stream("count", [&](const Slot& s) { return absl::StrCat(s.count); });
+    stream("attn", [&](const Slot& s) { return Six(s.attn); });
+    stream("obs", [&](const Slot& s) { return Six(s.obs); });
+    stream("intent", [&](const Slot& s) { return Six(s.intent); });
+    if (any_count) stream("count", [&](const Slot& s) { return s.count; });
     if (!all) {
-      out += ",\"present\":[";
-      for (int l = 0; l < L; ++l) absl::StrAppend(&out, l ? "," : "", where[l][t] >= 0 ? 1 : 0);
-      out += "]";
+      Json& present = rec["present"] = Json::array();
+      for (int l = 0; l < L; ++l) present.push_back(where[l][t] >= 0 ? 1 : 0);
     }
     if (view.key_dim > 0) {
-      out += ",\"key\":[";
+      Json& key = rec["key"] = Json::array();
       for (int l = 0; l < L; ++l) {
-        out += l ? ",[" : "[";
+        Json row = Json::array();
         for (int j = 0; j < view.key_dim; ++j) {
-          out += j ? "," : "";
-          out += where[l][t] >= 0 && !view.layers[l].keys.empty() ? f(view.key(l, where[l][t])[j])
-                                                                  : "0";
+          const bool have = where[l][t] >= 0 && !view.layers[l].keys.empty();
+          row.push_back(have ? Six(view.key(l, where[l][t])[j]) : 0.0);
         }
-        out += "]";
+        key.push_back(std::move(row));
       }
-      out += "]";
     }
-    out += "}\n";
+    out += rec.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
   }
   return out;
 }

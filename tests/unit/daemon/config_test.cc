@@ -13,15 +13,6 @@ std::string WriteTemp(const std::string& text) {
   return path;
 }
 
-TEST(ConfigTest, ParsesByteSizes) {
-  EXPECT_EQ(*ParseBytes("1024"), 1024u);
-  EXPECT_EQ(*ParseBytes("1GiB"), 1ull << 30);
-  EXPECT_EQ(*ParseBytes("64MiB"), 64ull << 20);
-  EXPECT_EQ(*ParseBytes("2G"), 2ull << 30);
-  EXPECT_FALSE(ParseBytes("lots").ok());
-  EXPECT_FALSE(ParseBytes("12XB").ok());
-}
-
 TEST(ConfigTest, LoadsAFileWithAgents) {
   auto c = LoadConfigFile(WriteTemp(R"(
 socket: /tmp/x.sock

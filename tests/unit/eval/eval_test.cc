@@ -306,17 +306,17 @@ TEST(RunTask, FullF32CacheAnswersAsTheWorkerDoes) {
     ASSERT_TRUE(v.ok()) << r;
     rec.push_back(*v);
   }
-  const auto field = [](const worker::JsonValue& v, const char* k) { return v.obj().at(k); };
-  EXPECT_EQ(field(rec[0], "config").str(), "full@1/f16");
-  EXPECT_EQ(field(rec[0], "token_agreement").num(), 1.0);
-  EXPECT_EQ(field(rec[0], "bytes_fraction").num(), 1.0);
-  EXPECT_EQ(field(rec[1], "config").str(), "full@1/f32");
-  EXPECT_EQ(field(rec[1], "output").str(), "Your order number is" + want->text);
-  EXPECT_NEAR(field(rec[1], "bytes_fraction").num(), 2.0, 1e-9);
+  const auto field = [](const worker::JsonValue& v, const char* k) { return v.at(k); };
+  EXPECT_EQ(field(rec[0], "config").get_ref<const std::string&>(), "full@1/f16");
+  EXPECT_EQ(field(rec[0], "token_agreement").get<double>(), 1.0);
+  EXPECT_EQ(field(rec[0], "bytes_fraction").get<double>(), 1.0);
+  EXPECT_EQ(field(rec[1], "config").get_ref<const std::string&>(), "full@1/f32");
+  EXPECT_EQ(field(rec[1], "output").get_ref<const std::string&>(), "Your order number is" + want->text);
+  EXPECT_NEAR(field(rec[1], "bytes_fraction").get<double>(), 2.0, 1e-9);
   // Compressed configurations hold less.
-  EXPECT_LT(field(rec[2], "bytes_fraction").num(), 0.75);
-  EXPECT_LT(field(rec[3], "bytes_fraction").num(), field(rec[2], "bytes_fraction").num());
-  EXPECT_GT(field(rec[0], "context_tokens").num(), 40);
+  EXPECT_LT(field(rec[2], "bytes_fraction").get<double>(), 0.75);
+  EXPECT_LT(field(rec[3], "bytes_fraction").get<double>(), field(rec[2], "bytes_fraction").get<double>());
+  EXPECT_GT(field(rec[0], "context_tokens").get<double>(), 40);
 }
 
 }  // namespace

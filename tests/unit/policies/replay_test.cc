@@ -3,9 +3,10 @@
 #include <cstdlib>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "policies/replay/json.h"
 #include "policies/replay/trace.h"
 #include "policies/synthetic.h"
 
@@ -13,6 +14,7 @@ namespace polykv::policies::replay {
 namespace {
 
 using ::testing::HasSubstr;
+using Json = nlohmann::json;
 
 TEST(TraceTest, RoundTrip) {
   SyntheticOptions o;
@@ -77,8 +79,7 @@ TEST(TraceTest, RetagFromText) {
   std::string jsonl = "{\"type\":\"header\",\"num_layers\":1}\n";
   const char* pieces[] = {"def", " f", "(x", "):", "\n", "    return", " x", "\n"};
   for (const char* p : pieces) {
-    jsonl += std::string("{\"type\":\"token\",\"role\":\"tool_output\",\"turn\":1,\"text\":\"") +
-             JsonEscape(p) + "\"}\n";
+    jsonl += Json{{"type", "token"}, {"role", "tool_output"}, {"turn", 1}, {"text", p}}.dump() + "\n";
   }
   auto t = ParseTrace(jsonl);
   ASSERT_TRUE(t.ok()) << t.status();
@@ -106,17 +107,16 @@ TEST(ReplayToolTest, OnlineReplayKeepsSinksAndReportsJson) {
       "--param window.size=256,pool=64 --budget-tokens 600",
       &rc);
   ASSERT_EQ(rc, 0) << out;
-  auto j = ParseJson(out);
-  ASSERT_TRUE(j.ok()) << j.status() << out;
-  EXPECT_EQ(j->get("mode")->str, "online");
-  EXPECT_GT(j->get("compactions")->num, 3);
-  const Json* sinks = j->get("protected")->get("sink4");
-  ASSERT_NE(sinks, nullptr);
-  EXPECT_EQ(sinks->get("evicted")->num, 0);
-  EXPECT_EQ(sinks->get("kept")->num, 8);  // 4 sinks x 2 layers
-  const Json* sys = j->get("protected")->get("system");
-  EXPECT_EQ(sys->get("evicted")->num, 0);  // anchors fit the pool
-  for (const Json& l : j->get("per_layer")->arr) EXPECT_LE(l.get("slots")->num, 660);
+  const Json j = Json::parse(out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["mode"], "online");
+  EXPECT_GT(j["compactions"], 3);
+  ASSERT_TRUE(j["protected"].contains("sink4"));
+  const Json& sinks = j["protected"]["sink4"];
+  EXPECT_EQ(sinks["evicted"], 0);
+  EXPECT_EQ(sinks["kept"], 8);  // 4 sinks x 2 layers
+  EXPECT_EQ(j["protected"]["system"]["evicted"], 0);  // anchors fit the pool
+  for (const Json& l : j["per_layer"]) EXPECT_LE(l["slots"].get<int>(), 660);
 }
 
 TEST(ReplayToolTest, OnceWithMergeReportsGroups) {
@@ -126,11 +126,11 @@ TEST(ReplayToolTest, OnceWithMergeReportsGroups) {
       "--budget-ratio 0.3",
       &rc);
   ASSERT_EQ(rc, 0) << out;
-  auto j = ParseJson(out);
-  ASSERT_TRUE(j.ok()) << j.status();
-  EXPECT_EQ(j->get("compactions")->num, 1);
-  EXPECT_GT(j->get("merge_groups")->num, 0);
-  for (const Json& l : j->get("per_layer")->arr) EXPECT_LE(l.get("slots")->num, 600);
+  const Json j = Json::parse(out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["compactions"], 1);
+  EXPECT_GT(j["merge_groups"], 0);
+  for (const Json& l : j["per_layer"]) EXPECT_LE(l["slots"].get<int>(), 600);
 }
 
 TEST(ReplayToolTest, BadPolicyFails) {

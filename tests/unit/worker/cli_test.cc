@@ -71,19 +71,19 @@ TEST(WorkerCliTest, RunPrintsOneLinePerGeneratedTurn) {
   for (const char* key : {"id", "text", "prompt_tokens", "completion_tokens", "cached_tokens",
                           "prefill_ms", "decode_ms", "prefill_tokens_per_s",
                           "decode_tokens_per_s", "stop", "agent", "turn", "cache", "kv_bytes"}) {
-    EXPECT_EQ(lines[0].obj().count(key), 1u) << key;
+    EXPECT_EQ(lines[0].count(key), 1u) << key;
   }
-  EXPECT_EQ(testing::Field(lines[0], "id").str(), "t1");
-  EXPECT_EQ(testing::Field(lines[1], "id").str(), "7");
-  EXPECT_LE(testing::Field(lines[0], "completion_tokens").num(), 6);
-  EXPECT_LE(testing::Field(lines[1], "completion_tokens").num(), 5);
-  EXPECT_EQ(testing::Field(lines[0], "cache").str(), "local-f32");
+  EXPECT_EQ(testing::Field(lines[0], "id").get_ref<const std::string&>(), "t1");
+  EXPECT_EQ(testing::Field(lines[1], "id").get_ref<const std::string&>(), "7");
+  EXPECT_LE(testing::Field(lines[0], "completion_tokens").get<double>(), 6);
+  EXPECT_LE(testing::Field(lines[1], "completion_tokens").get<double>(), 5);
+  EXPECT_EQ(testing::Field(lines[0], "cache").get_ref<const std::string&>(), "local-f32");
   // Same seed, same output text.
   const Result b = RunWorker("run " + script + " --local-cache --max-new-tokens 5 --seed 3 --temperature 0.8 --top-p 0.9");
   const auto lines_b = Lines(b.out);
   ASSERT_EQ(lines_b.size(), 2u);
   for (int i = 0; i < 2; ++i) {
-    EXPECT_EQ(testing::Field(lines[i], "text").str(), testing::Field(lines_b[i], "text").str());
+    EXPECT_EQ(testing::Field(lines[i], "text").get_ref<const std::string&>(), testing::Field(lines_b[i], "text").get_ref<const std::string&>());
   }
 }
 

@@ -66,13 +66,13 @@ TEST(ModelTest, LogitsMatchTransformers) {
   float worst = 0, smallest_margin = 1e9f;
   for (const JsonValue& row : rows) {
     const auto ids = IntArray(Field(row, "ids"));
-    SCOPED_TRACE(JsonQuote(Field(row, "text").str()));
+    SCOPED_TRACE(JsonQuote(Field(row, "text").get_ref<const std::string&>()));
     // The fixture's ids are the reference tokenizer's; ours must agree.
-    EXPECT_EQ(model->tokenizer->Encode(Field(row, "text").str(), true), ids);
+    EXPECT_EQ(model->tokenizer->Encode(Field(row, "text").get_ref<const std::string&>(), true), ids);
     auto store = NewStore(m);
     const std::vector<float> logits = Prefill(m, store.get(), ids, 64);
     ASSERT_EQ(logits.size(), static_cast<size_t>(m.config().vocab_size));
-    EXPECT_EQ(Argmax(logits), static_cast<int32_t>(Field(row, "argmax").num()));
+    EXPECT_EQ(Argmax(logits), static_cast<int32_t>(Field(row, "argmax").get<double>()));
     float diff = 0;
     for (const char* which : {"top", "probe"}) {
       const auto want_ids = IntArray(Field(row, std::string(which) + "_ids"));
@@ -83,7 +83,7 @@ TEST(ModelTest, LogitsMatchTransformers) {
     }
     EXPECT_LT(diff, 2e-3f);
     worst = std::max(worst, diff);
-    smallest_margin = std::min(smallest_margin, static_cast<float>(Field(row, "margin").num()));
+    smallest_margin = std::min(smallest_margin, static_cast<float>(Field(row, "margin").get<double>()));
   }
   std::printf("logits: %zu prompts, max |ours - transformers| = %.3g (top-64 + 256 probes), "
               "smallest reference top-1 margin %.3g\n",
@@ -119,7 +119,7 @@ TEST(ModelTest, GreedyDecodeMatchesTransformers) {
       // Past a near-tie the two implementations may legitimately diverge.
       if (margins[step] < 1e-2) break;
       const int32_t next = Argmax(logits);
-      ASSERT_EQ(next, want[step]) << "step " << step << " of " << JsonQuote(Field(row, "text").str());
+      ASSERT_EQ(next, want[step]) << "step " << step << " of " << JsonQuote(Field(row, "text").get_ref<const std::string&>());
       const TokenMeta t{next, pos++, 0, Role::kAssistant};
       ASSERT_TRUE(m.Forward(std::span(&t, 1), store.get(), &logits).ok());
     }
@@ -181,7 +181,7 @@ TEST(ModelTest, FastDecodeStaysCloseToExactDecode) {
 TEST(ModelTest, FastDecodeStaysCloseToExactDecodeQwen) {
   std::vector<std::vector<int32_t>> prompts;
   for (const JsonValue& row : ReadFixture("qwen_logits_cases.jsonl")) {
-    if (Field(row, "model").str() == "qwen2.5-coder-0.5b" && prompts.size() < 4) {
+    if (Field(row, "model").get_ref<const std::string&>() == "qwen2.5-coder-0.5b" && prompts.size() < 4) {
       prompts.push_back(IntArray(Field(row, "ids")));
     }
   }

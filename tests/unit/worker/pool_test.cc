@@ -44,7 +44,7 @@ std::vector<std::string> Texts(const std::string& out) {
     size_t end = out.find('\n', start);
     if (end == std::string::npos) end = out.size();
     auto v = ParseJson(out.substr(start, end - start));
-    if (v.ok() && v->is_object() && v->obj().count("text")) texts.push_back(v->obj().at("text").str());
+    if (v.ok() && v->is_object() && (*v).count("text")) texts.push_back((*v).at("text").get_ref<const std::string&>());
     start = end + 1;
   }
   return texts;

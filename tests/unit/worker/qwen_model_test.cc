@@ -62,11 +62,11 @@ TEST(QwenDequantTest, EqualsGgufPy) {
   ASSERT_GE(rows.size(), 20u);
   int real = 0, synthetic = 0;
   for (const JsonValue& row : rows) {
-    const uint32_t type = TypeByName(Field(row, "type").str());
-    ASSERT_NE(type, 999u) << Field(row, "type").str();
-    if (Field(row, "case").str() == "synthetic") {
-      SCOPED_TRACE("synthetic " + Field(row, "type").str());
-      const auto bytes = FromHex(Field(row, "hex").str());
+    const uint32_t type = TypeByName(Field(row, "type").get_ref<const std::string&>());
+    ASSERT_NE(type, 999u) << Field(row, "type").get_ref<const std::string&>();
+    if (Field(row, "case").get_ref<const std::string&>() == "synthetic") {
+      SCOPED_TRACE("synthetic " + Field(row, "type").get_ref<const std::string&>());
+      const auto bytes = FromHex(Field(row, "hex").get_ref<const std::string&>());
       const auto want = NumArray(Field(row, "values"));
       std::vector<float> got(want.size());
       ASSERT_TRUE(Dequantize(type, bytes.data(), static_cast<int64_t>(got.size()), got.data()).ok());
@@ -76,18 +76,18 @@ TEST(QwenDequantTest, EqualsGgufPy) {
       ++synthetic;
       continue;
     }
-    const std::string model = Field(row, "model").str();
+    const std::string model = Field(row, "model").get_ref<const std::string&>();
     auto file = OpenModelFile(model);
     if (file == nullptr) continue;  // Counted below.
-    const std::string name = Field(row, "tensor").str();
+    const std::string name = Field(row, "tensor").get_ref<const std::string&>();
     SCOPED_TRACE(model + " " + name);
     auto t = file->Tensor(name);
     ASSERT_TRUE(t.ok()) << t.status();
     ASSERT_EQ((*t)->type, type);
     std::vector<float> all((*t)->num_elements);
     ASSERT_TRUE(Dequantize(type, (*t)->data, (*t)->num_elements, all.data()).ok());
-    const int64_t row_len = static_cast<int64_t>(Field(row, "row_len").num());
-    for (const auto& [r, values] : Field(row, "rows").obj()) {
+    const int64_t row_len = static_cast<int64_t>(Field(row, "row_len").get<double>());
+    for (const auto& [r, values] : Field(row, "rows").items()) {
       const auto want = NumArray(values);
       const int64_t base = std::stoll(r) * row_len;
       for (size_t i = 0; i < want.size(); ++i) {
@@ -96,8 +96,8 @@ TEST(QwenDequantTest, EqualsGgufPy) {
     }
     double sum = 0, sum_sq = 0;
     for (float v : all) sum += v, sum_sq += static_cast<double>(v) * v;
-    EXPECT_NEAR(sum, Field(row, "sum").num(), 1e-9 * sum_sq + 1e-9);
-    EXPECT_NEAR(sum_sq, Field(row, "sum_sq").num(), 1e-9 * sum_sq);
+    EXPECT_NEAR(sum, Field(row, "sum").get<double>(), 1e-9 * sum_sq + 1e-9);
+    EXPECT_NEAR(sum_sq, Field(row, "sum_sq").get<double>(), 1e-9 * sum_sq);
     ++real;
   }
   std::printf("dequantization equal to gguf-py: %d real tensors, %d synthetic cases\n", real,
@@ -141,9 +141,9 @@ void CheckLogits(const std::string& name) {
   int cases = 0, positions = 0, ties = 0;
   float worst = 0;
   for (const JsonValue& row : ReadFixture("qwen_logits_cases.jsonl")) {
-    if (Field(row, "model").str() != name) continue;
+    if (Field(row, "model").get_ref<const std::string&>() != name) continue;
     ++cases;
-    SCOPED_TRACE(JsonQuote(Field(row, "text").str()));
+    SCOPED_TRACE(JsonQuote(Field(row, "text").get_ref<const std::string&>()));
     const auto ids = IntArray(Field(row, "ids"));
     LocalKvStoreOptions o;
     o.shape = m.config().kv_shape();
@@ -159,8 +159,8 @@ void CheckLogits(const std::string& name) {
     ASSERT_EQ(all.size(), ids.size() * vocab);
     const auto argmax = IntArray(Field(row, "argmax"));
     const auto margin = NumArray(Field(row, "margin"));
-    const auto& top_ids = *std::get<std::shared_ptr<JsonValue::Array>>(Field(row, "top_ids").v);
-    const auto& top_logits = *std::get<std::shared_ptr<JsonValue::Array>>(Field(row, "top_logits").v);
+    const auto& top_ids = Field(row, "top_ids");
+    const auto& top_logits = Field(row, "top_logits");
     for (size_t p = 0; p < ids.size(); ++p) {
       const std::vector<float> logits(all.begin() + p * vocab, all.begin() + (p + 1) * vocab);
       const int32_t got = Argmax(logits);

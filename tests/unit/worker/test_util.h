@@ -81,22 +81,22 @@ inline std::vector<JsonValue> ReadFixture(const std::string& name) {
 
 inline const JsonValue& Field(const JsonValue& row, const std::string& key) {
   static const JsonValue kNull;
-  auto it = row.obj().find(key);
-  return it == row.obj().end() ? kNull : it->second;
+  auto it = row.find(key);
+  return it == row.end() ? kNull : *it;
 }
 
 inline std::vector<int32_t> IntArray(const JsonValue& v) {
   std::vector<int32_t> out;
-  for (const JsonValue& e : *std::get<std::shared_ptr<JsonValue::Array>>(v.v)) {
-    out.push_back(static_cast<int32_t>(e.num()));
+  for (const JsonValue& e : v) {
+    out.push_back(static_cast<int32_t>(e.get<double>()));
   }
   return out;
 }
 
 inline std::vector<double> NumArray(const JsonValue& v) {
   std::vector<double> out;
-  for (const JsonValue& e : *std::get<std::shared_ptr<JsonValue::Array>>(v.v)) {
-    out.push_back(e.num());
+  for (const JsonValue& e : v) {
+    out.push_back(e.get<double>());
   }
   return out;
 }

@@ -44,7 +44,7 @@ TEST(TokenizerTest, MatchesReferenceOnFixtureStrings) {
   ASSERT_GE(rows.size(), 1000u);
   int mismatches = 0, decode_mismatches = 0;
   for (const JsonValue& row : rows) {
-    const std::string& text = Field(row, "text").str();
+    const std::string& text = Field(row, "text").get_ref<const std::string&>();
     const std::vector<int32_t> want = IntArray(Field(row, "ids"));
     const std::vector<int32_t> got = tok.Encode(text, /*parse_special=*/true);
     if (got != want && ++mismatches <= 10) {
@@ -52,7 +52,7 @@ TEST(TokenizerTest, MatchesReferenceOnFixtureStrings) {
                     << "\n  got  " << ::testing::PrintToString(got);
     }
     const std::string decoded = tok.Decode(want);
-    if (decoded != Field(row, "decoded").str() && ++decode_mismatches <= 10) {
+    if (decoded != Field(row, "decoded").get_ref<const std::string&>() && ++decode_mismatches <= 10) {
       ADD_FAILURE() << "decode of " << Escaped(text) << " gave " << Escaped(decoded);
     }
   }
@@ -83,12 +83,12 @@ TEST(ChatTemplateTest, MatchesJinjaRendering) {
   for (const JsonValue& row : rows) {
     std::string got;
     bool first = true;
-    for (const JsonValue& m : *std::get<std::shared_ptr<JsonValue::Array>>(Field(row, "messages").v)) {
-      got += t.RenderMessage(Field(m, "role").str(), Field(m, "content").str(), first);
+    for (const JsonValue& m : Field(row, "messages")) {
+      got += t.RenderMessage(Field(m, "role").get_ref<const std::string&>(), Field(m, "content").get_ref<const std::string&>(), first);
       first = false;
     }
-    if (std::get<bool>(Field(row, "add_generation_prompt").v)) got += t.GenerationPrompt(false);
-    EXPECT_EQ(got, Field(row, "text").str());
+    if (Field(row, "add_generation_prompt").get<bool>()) got += t.GenerationPrompt(false);
+    EXPECT_EQ(got, Field(row, "text").get_ref<const std::string&>());
   }
   // A conversation that starts with generation gets the default system message.
   EXPECT_EQ(t.GenerationPrompt(true).rfind("<|im_start|>system\n", 0), 0u);
@@ -157,7 +157,7 @@ TEST(QwenTokenizerTest, MatchesReferenceOnFixtureStrings) {
   ASSERT_GE(rows.size(), 1000u);
   int mismatches = 0, decode_mismatches = 0;
   for (const JsonValue& row : rows) {
-    const std::string& text = Field(row, "text").str();
+    const std::string& text = Field(row, "text").get_ref<const std::string&>();
     const std::vector<int32_t> want = IntArray(Field(row, "ids"));
     const std::vector<int32_t> got = tok.Encode(text, /*parse_special=*/true);
     if (got != want && ++mismatches <= 10) {
@@ -166,7 +166,7 @@ TEST(QwenTokenizerTest, MatchesReferenceOnFixtureStrings) {
     }
     // Decoding gives the text back after NFC (the fixture's "decoded").
     const std::string decoded = tok.Decode(got);
-    if (decoded != Field(row, "decoded").str() && ++decode_mismatches <= 10) {
+    if (decoded != Field(row, "decoded").get_ref<const std::string&>() && ++decode_mismatches <= 10) {
       ADD_FAILURE() << "decode of " << Escaped(text) << " gave " << Escaped(decoded);
     }
   }
