@@ -9,6 +9,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   libyaml-cpp-dev libspdlog-dev libopenblas-dev nlohmann-json3-dev
+  clang  # scripts/check-thread-safety.sh (the thread_safety_test)
 )
 
 missing=()

@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/include/polykv/client.h"
+#include "polykv/client.h"
 
 namespace polykv::worker {
 namespace {

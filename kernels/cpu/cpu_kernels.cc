@@ -1,5 +1,6 @@
 // Fast CPU kernels: one source (cpu_kernels.inc) compiled for the portable
 // baseline and for AVX2+FMA+F16C; the wider copy is chosen once at run time.
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -43,9 +44,16 @@ namespace avx2 {
 // enough because a kernel call reads it once and either copy is correct.
 std::atomic<bool> force_baseline{false};
 
+// F16C from CPUID leaf 1 (ECX bit 29): clang 14 does not accept "f16c" in
+// __builtin_cpu_supports, and scripts/check-thread-safety.sh compiles this with it.
+bool HasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
 bool UseAvx2() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          __builtin_cpu_supports("f16c");
+  static const bool has =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c();
   return has && !force_baseline.load(std::memory_order_relaxed);
 }
 

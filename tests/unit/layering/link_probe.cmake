@@ -1,0 +1,38 @@
+# cmake -DLAYERING=cmake/layering.cmake -DWORK_DIR=<scratch> -DGENERATOR=<gen> -P link_probe.cmake
+# Configures two scratch projects with the real cmake/layering.cmake: one whose
+# links follow the dependency direction (must configure) and one where policies
+# links the daemon's pool (must fail, naming the edge).
+foreach(variant good bad)
+  set(dir ${WORK_DIR}/${variant})
+  file(REMOVE_RECURSE ${dir})
+  file(MAKE_DIRECTORY ${dir}/src)
+  set(extra "")
+  if(variant STREQUAL "bad")
+    set(extra "target_link_libraries(policies INTERFACE daemon_pool)\n")
+  endif()
+  file(WRITE ${dir}/src/CMakeLists.txt
+"cmake_minimum_required(VERSION 3.25)
+project(layering_probe LANGUAGES NONE)
+include(${LAYERING})
+add_library(kernels INTERFACE)
+polykv_room(kernels ROOM kernels)
+add_library(policies INTERFACE)
+polykv_room(policies ROOM policies)
+target_link_libraries(policies INTERFACE kernels)
+add_library(daemon_pool INTERFACE)
+polykv_room(daemon_pool ROOM daemon/pool)
+target_link_libraries(daemon_pool INTERFACE policies kernels)
+${extra}polykv_check_layering()
+")
+  execute_process(COMMAND ${CMAKE_COMMAND} -S ${dir}/src -B ${dir}/build -G "${GENERATOR}"
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(variant STREQUAL "good" AND NOT rc EQUAL 0)
+    message(FATAL_ERROR "allowed links were refused:\n${out}")
+  endif()
+  if(variant STREQUAL "bad")
+    if(rc EQUAL 0 OR NOT out MATCHES "policies \\(room policies\\) links daemon_pool \\(room daemon/pool\\)")
+      message(FATAL_ERROR "policies -> daemon/pool was not refused (rc ${rc}):\n${out}")
+    endif()
+  endif()
+  message(STATUS "ok    ${variant} links: rc ${rc}")
+endforeach()
