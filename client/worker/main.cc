@@ -14,6 +14,8 @@
 // fields are only ever added); progress and errors on stderr.
 
 #include <cmath>
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -173,6 +175,10 @@ std::string TurnJson(const Flags& f, const std::string& id, int turn, const Turn
 absl::StatusOr<std::unique_ptr<LoadedModel>> LoadFlagsModel(const Flags& f) {
   auto path = ModelPath(f.model);
   if (!path.ok()) return path.status();
+  if (*path != f.model && ::access(path->c_str(), R_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("model ", f.model, " is not fetched (", *path,
+                                            "): run scripts/fetch-model.sh ", f.model));
+  }
   ModelLoadOptions o;
   o.threads = f.threads;
   return LoadModel(*path, o);
