@@ -13,9 +13,9 @@
 // Output: one JSON line per generated turn on stdout (stable field names;
 // fields are only ever added); progress and errors on stderr.
 
-#include <cmath>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
