@@ -17,6 +17,7 @@
 #include "client/worker/gguf.h"
 #include "client/worker/weights/ggml_types.h"
 #include "gtest/gtest.h"
+#include "tests/unit/worker/model_files.h"
 
 namespace polykv::worker {
 namespace {
@@ -142,13 +143,10 @@ TEST(DequantTest, FallsBackAndFailsLikeTheReference) {
 
 // Every tensor of a vector-kernel type, in slices of at most 1 Mi elements.
 void CheckRealTensors(const std::string& name) {
-  auto path = ModelPath(name);
-  ASSERT_TRUE(path.ok());
-  auto file = GgufFile::Open(*path);
-  if (!file.ok()) GTEST_SKIP() << *path << " is absent: run scripts/fetch-model.sh " << name;
+  POLYKV_REQUIRE_MODEL_FILE(file, name);
   if (VectorIsas().empty()) GTEST_SKIP() << "this CPU has no AVX2: nothing to compare";
   int64_t checked = 0;
-  for (const auto& [tname, t] : (*file)->tensors()) {
+  for (const auto& [tname, t] : file->tensors()) {
     if (DequantKernel(t.type, BestIsa()) == nullptr) continue;
     int be = 0, bb = 0;
     ASSERT_TRUE(GgmlBlockInfo(t.type, &be, &bb));

@@ -18,6 +18,7 @@
 #include "client/worker/weights/ggml_types.h"
 #include "client/worker/weights/weight_matrix.h"
 #include "gtest/gtest.h"
+#include "tests/unit/worker/model_files.h"
 
 namespace polykv::worker {
 namespace {
@@ -150,13 +151,10 @@ TEST(QdotTest, TypesWithoutIntegerKernelsSayNull) {
 
 // Real tensors: each weight type of both Qwen files, a few rows per tensor.
 void CheckRealTensors(const std::string& name) {
-  auto path = ModelPath(name);
-  ASSERT_TRUE(path.ok());
-  auto file = GgufFile::Open(*path);
-  if (!file.ok()) GTEST_SKIP() << *path << " is absent: run scripts/fetch-model.sh " << name;
+  POLYKV_REQUIRE_MODEL_FILE(file, name);
   std::mt19937 rng(11);
   std::map<uint32_t, int> seen;
-  for (const auto& [tname, t] : (*file)->tensors()) {
+  for (const auto& [tname, t] : file->tensors()) {
     if (t.dims.size() != 2 || RowDot(t.type, Isa::kScalar) == nullptr) continue;
     if (seen[t.type]++ >= 3) continue;  // Three tensors per type.
     SCOPED_TRACE(tname + " " + GgmlTypeName(t.type));
@@ -188,15 +186,12 @@ TEST(QdotTest, RealTensorsQwen15B) { CheckRealTensors("qwen2.5-coder-1.5b"); }
 
 // MatVec (both modes) and MatMul against a dense product of dequantized rows.
 TEST(WeightMatrixTest, ProductsMatchDenseDequantizedWeights) {
-  auto path = ModelPath("qwen2.5-coder-0.5b");
-  ASSERT_TRUE(path.ok());
-  auto file = GgufFile::Open(*path);
-  if (!file.ok()) GTEST_SKIP() << *path << " is absent: run scripts/fetch-model.sh qwen2.5-coder-0.5b";
+  POLYKV_REQUIRE_MODEL_FILE(file, "qwen2.5-coder-0.5b");
   std::mt19937 rng(3);
   for (const char* name : {"blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.0.ffn_down.weight",
                            "blk.3.ffn_down.weight"}) {
     SCOPED_TRACE(name);
-    auto t = (*file)->Tensor(name);
+    auto t = file->Tensor(name);
     ASSERT_TRUE(t.ok()) << t.status();
     auto m = WeightMatrix::FromGguf(**t);
     ASSERT_TRUE(m.ok());

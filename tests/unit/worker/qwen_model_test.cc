@@ -15,6 +15,7 @@
 #include "client/worker/model.h"
 #include "client/worker/sampler.h"
 #include "gtest/gtest.h"
+#include "tests/unit/worker/model_files.h"
 #include "tests/unit/worker/test_util.h"
 
 namespace polykv::worker {
@@ -23,22 +24,10 @@ namespace {
 using testing::Field;
 using testing::IntArray;
 using testing::NumArray;
+using testing::OpenModelFile;
 using testing::ReadFixture;
 
 constexpr const char* kModels[] = {"qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"};
-
-std::shared_ptr<const GgufFile> OpenModelFile(const std::string& name) {
-  auto path = ModelPath(name);
-  if (!path.ok()) return nullptr;
-  auto f = GgufFile::Open(*path);
-  if (!f.ok()) return nullptr;
-  return std::shared_ptr<const GgufFile>(std::move(*f));
-}
-
-#define REQUIRE_FILE(file, name)                                                       \
-  if ((file) == nullptr) {                                                             \
-    GTEST_SKIP() << (name) << " is absent: run scripts/fetch-model.sh " << (name);      \
-  }
 
 uint32_t TypeByName(const std::string& s) {
   for (uint32_t t = 0; t < 40; ++t) {
@@ -107,8 +96,7 @@ TEST(QwenDequantTest, EqualsGgufPy) {
 }
 
 TEST(QwenModelTest, ConfigFromQwen2Keys) {
-  auto file = OpenModelFile(kModels[0]);
-  REQUIRE_FILE(file, kModels[0]);
+  POLYKV_REQUIRE_MODEL_FILE(file, kModels[0]);
   auto m = LlamaModel::Load(file);
   ASSERT_TRUE(m.ok()) << m.status();
   const ModelConfig& c = (*m)->config();
@@ -133,8 +121,7 @@ TEST(QwenModelTest, ConfigFromQwen2Keys) {
 // reference: the same greedy token everywhere (a reference margin below 1e-3
 // is a tie within float noise and may go either way; counted and printed).
 void CheckLogits(const std::string& name) {
-  auto file = OpenModelFile(name);
-  REQUIRE_FILE(file, name);
+  POLYKV_REQUIRE_MODEL_FILE(file, name);
   auto loaded = LlamaModel::Load(file);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const LlamaModel& m = **loaded;
