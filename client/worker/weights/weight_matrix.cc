@@ -69,19 +69,25 @@ void WeightMatrix::MatVec(const float* x, float* y, bool accumulate, Activations
                           int threads) const {
   const int items = (rows_ + kMatVecRows - 1) / kMatVecRows;
   if (dot_ != nullptr && mode == Activations::kInt8) {
-    std::vector<Q8Block> xq(cols_ / 32);
+    // Per calling thread, reused: a decode step runs ~170 matvecs. The pool's
+    // threads read it through `blocks` (a name of a thread_local inside the
+    // lambda would be the executing thread's own) while this call waits.
+    thread_local std::vector<Q8Block> xq;
+    xq.resize(cols_ / 32);
     QuantizeQ8(x, cols_, xq.data());
+    const Q8Block* blocks = xq.data();
     Pool().ParallelFor(items, threads, [&](int item) {
       const int r1 = std::min(rows_, (item + 1) * kMatVecRows);
       for (int r = item * kMatVecRows; r < r1; ++r) {
-        const float d = dot_(data_ + static_cast<size_t>(r) * row_bytes_, xq.data(), cols_);
+        const float d = dot_(data_ + static_cast<size_t>(r) * row_bytes_, blocks, cols_);
         y[r] = accumulate ? y[r] + d : d;
       }
     });
     return;
   }
   Pool().ParallelFor(items, threads, [&](int item) {
-    std::vector<float> w(cols_);
+    thread_local std::vector<float> w;
+    w.resize(cols_);
     const int r1 = std::min(rows_, (item + 1) * kMatVecRows);
     for (int r = item * kMatVecRows; r < r1; ++r) {
       DequantizeRows(r, 1, w.data());
