@@ -1,6 +1,11 @@
-// KvPool: the daemon's state — tenants, their arenas and page allocators,
-// sessions with leases and block tables, per-agent QoS — and every operation
-// the Session and Admin services expose, in internal types.
+// KvPool: the façade the Session and Admin services call, in internal
+// types. It owns one mutex and four parts that each think in one unit:
+//   BlockPool    (block_pool.h)    bytes: tenants' arenas, blocks, accounting
+//   SessionTable (session_table.h) sessions: tokens, leases, block tables
+//   Admission    (admission.h)     QoS: guarantees, caps, watermarks, refusal
+//   compaction/  (compactor.h, pressure_ladder.h, policy_registry.h)
+//                decisions and copies over plain data, run WITHOUT the lock
+// and sequences them: authorize, admit, allocate, publish.
 //
 // Invariants (checked by CheckInvariants, asserted in tests):
 //  - used bytes of the pool == sum over tenants == sum over sessions == sum
@@ -15,10 +20,10 @@
 //  - a session holds one slot record per committed token.
 //
 // Compaction (docs/compaction.md) runs inside Sync, the worker's step
-// boundary; its copy releases mu_ for its duration (see Compact).
+// boundary: the policy decides on a snapshot and the pages are copied with
+// mu_ released; only allocation and publication hold it, in short steps.
 //
-// Thread-safety: all public methods are thread-safe (one mutex; shard only
-// after measuring contention).
+// Thread-safety: all public methods are thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -34,19 +39,17 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/compaction/executor.h"
+#include "daemon/compaction/compactor.h"
+#include "daemon/compaction/policy_registry.h"
 #include "daemon/memory/arena.h"
+#include "daemon/pool/admission.h"
+#include "daemon/pool/block_pool.h"
 #include "daemon/pool/event_channel.h"
-#include "daemon/pool/page_allocator.h"
+#include "daemon/pool/session_table.h"
 #include "daemon/pool/types.h"
-
-namespace polykv::policies {
-class Policy;
-}
 
 namespace polykv::daemon {
 
-using ArenaFactory = std::function<absl::StatusOr<std::unique_ptr<Arena>>(const ArenaOptions&)>;
 using Clock = std::function<absl::Time()>;
 
 struct KvPoolOptions {
@@ -68,11 +71,6 @@ struct KvPoolOptions {
   ArenaFactory arena_factory;  // Required.
   Clock clock;                 // Defaults to absl::Now.
 };
-
-// OK when `text` names a policy the daemon can run: a preset or '+'-joined
-// components (policies::MakePolicy), optionally with parameters in braces,
-// e.g. "h2o{window.size=64}". INVALID_ARGUMENT otherwise.
-absl::Status ValidatePolicyName(const std::string& text);
 
 class KvPool {
  public:
@@ -145,119 +143,46 @@ class KvPool {
   absl::Status CheckInvariants() const;
 
  private:
-  struct Tenant {
-    explicit Tenant(const PageAllocatorOptions& o) : allocator(o) {}
-    PageAllocator allocator;
-    std::map<uint32_t, std::unique_ptr<Arena>> arenas;
-    uint32_t num_sessions = 0;
-  };
-  struct Session {
-    uint64_t id = 0;
-    std::string token;
-    std::string agent_id;
-    std::string tenant;
-    ModelProfile profile;
-    Priority priority = Priority::kNormal;
-    PageFormat key_format = PageFormat::kF16;
-    PageFormat value_format = PageFormat::kF16;
-    uint32_t block_tokens = 16;
-    uint32_t key_page_bytes = 0;    // size class
-    uint32_t value_page_bytes = 0;  // size class
-    std::vector<std::vector<PageId>> blocks;  // [block][2 * num_layers]
-    uint64_t committed_tokens = 0;
-    uint64_t epoch = 0;
-    uint64_t acked_epoch = 0;
-    uint64_t bytes = 0;
-    uint32_t lease_ms = 0;
-    absl::Time deadline;
-    absl::Time last_seen;
-    PeerCreds peer;
-    std::vector<uint32_t> known_arenas;  // sorted
-    std::shared_ptr<EventChannel> events;
-    // Policy engine state. slots: [committed_tokens] what the policy ranks.
-    std::vector<SlotRecord> slots;
-    int64_t next_position = 0;   // logical position of the next committed token
-    int32_t current_turn = 0;
-    uint64_t want_tokens = 0;    // compaction target asked by the ladder; 0 = none
-    // The previous epoch's tables, freed when the worker acks pending_epoch
-    // (or the session ends): the daemon never frees pages a worker may read.
-    std::vector<std::vector<PageId>> pending_blocks;
-    uint64_t pending_epoch = 0;
-    uint64_t pending_bytes = 0;
-    // New pages of a compaction being copied (the lock is released during the
-    // copy); while `compacting`, mutating calls are refused and destruction
-    // is deferred (`doomed`) to the end of the compaction.
-    std::vector<std::vector<PageId>> staged_blocks;
-    bool compacting = false;
-    bool doomed = false;
-    SessionEventMsg doom_event;
-    uint64_t reserved_tokens() const { return uint64_t(blocks.size()) * block_tokens; }
-    uint64_t block_bytes() const {
-      return uint64_t(profile.num_layers) * (key_page_bytes + value_page_bytes);
-    }
-  };
-
   explicit KvPool(const KvPoolOptions& options);
-  absl::StatusOr<Session*> Authorize(uint64_t session_id, absl::string_view token,
-                                     const PeerCreds& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Authorize, and FAILED_PRECONDITION while a compaction copies the
-  // session's pages (calls that change the session must wait for it).
-  absl::StatusOr<Session*> AuthorizeMutation(uint64_t session_id, absl::string_view token,
-                                             const PeerCreds& peer)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  const QosRecord& QosFor(const std::string& agent_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Adds one arena to `tenant` if the budget allows (after reclaiming empty
-  // arenas of tenants without sessions). Returns the new arena id.
-  absl::StatusOr<uint32_t> GrowTenant(Tenant& tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One page from the tenant's allocator, adding an arena when it is full;
-  // arenas added are appended to `grown` so a failed caller can roll back.
-  absl::StatusOr<PageId> AllocGrowing(Tenant& tenant, uint64_t bytes,
-                                      std::vector<uint32_t>& grown)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<uint32_t> NextArenaId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts a newly allocated block's pages (K, V, K, V... by layer) as the
-  // session's: its bytes, the pool's, its agent's and the per-format gauges.
-  // FreeBlock is the inverse.
-  void ChargeBlock(Session& s, const std::vector<PageId>& pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FreeBlock(Session& s, std::vector<PageId>& pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  BlockDesc Describe(const Session& s, uint32_t block_index) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  std::vector<ArenaExport> NewArenasFor(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Frees everything the session holds and forgets it. Returns bytes freed.
+  absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }
+  // Frees everything the session holds and forgets it (deferred to the end
+  // of its compaction if one is running). Returns bytes freed.
   uint64_t DestroySession(uint64_t session_id, SessionEventMsg last_event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleaseEmptyArenas(Tenant& tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint64_t TotalArenaBytes() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Compaction target for the session now (0 = none needed).
-  uint64_t CompactionTarget(const Session& s) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Runs the session's policy down to `target` tokens and, when the plan
   // changes anything, writes NEW pages and publishes them at epoch + 1; the
-  // old tables become pending. REQUIRES: no pending tables.
+  // old tables become pending. Releases mu_ while deciding and copying.
+  // NOT_FOUND when the session was destroyed meanwhile (then `s` is gone).
+  // REQUIRES: no pending tables, not compacting.
   absl::Status Compact(Session& s, uint64_t target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<const policies::Policy*> PolicyFor(const std::string& spec)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Host addresses of the block's layer-`layer` pages (0 for device arenas).
+  kernels::BlockEntry EntryOf(const Session& s, const Block& block, uint32_t layer) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Releases mu_ and takes it back (a compaction's pause, so other sessions'
+  // calls go on). False when `s` was doomed meanwhile: the caller must stop.
+  bool Yield(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees `blocks` (one of s's tables) from the back, a few blocks per hold
+  // of the lock. False when `s` was doomed meanwhile; what is left is freed
+  // by the deferred destruction.
+  bool FreeGradually(Session& s, std::vector<Block>& blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreePending(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Finishes a destruction deferred while `s` was compacting.
+  absl::Status FinishDoomed(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const KvPoolOptions options_;
   const absl::Time start_time_;
+  PolicyRegistry policies_;  // its own lock
 
   mutable absl::Mutex mu_;
   // State below is protected by mu_.
-  std::map<std::string, std::unique_ptr<Tenant>> tenants_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, QosRecord> qos_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, uint64_t> agent_bytes_ ABSL_GUARDED_BY(mu_);
-  std::map<std::pair<PageFormat, bool>, uint64_t> pages_by_format_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
-  uint32_t next_arena_id_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  BlockPool blocks_ ABSL_GUARDED_BY(mu_);
+  SessionTable sessions_ ABSL_GUARDED_BY(mu_);
+  Admission admission_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time drain_evict_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   uint64_t lease_expiries_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t refused_reservations_ ABSL_GUARDED_BY(mu_) = 0;
-  // Policy engine.
-  std::map<std::string, std::unique_ptr<policies::Policy>> policies_ ABSL_GUARDED_BY(mu_);
+  // Compaction counters (since start, by QoS policy text / ladder step).
   std::map<std::string, uint64_t> compactions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint64_t> evicted_tokens_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint64_t> merged_tokens_ ABSL_GUARDED_BY(mu_);
@@ -265,8 +190,6 @@ class KvPool {
   uint64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t shared_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // output blocks reusing old pages
   uint64_t copied_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // output blocks written anew
-  // Reservations of this class and below are refused (pressure ladder).
-  std::optional<Priority> refuse_up_to_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace polykv::daemon

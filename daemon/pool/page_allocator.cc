@@ -133,6 +133,15 @@ absl::StatusOr<PageId> PageAllocator::Alloc(uint64_t page_bytes) {
   return MakeId(r, slot);
 }
 
+PageLocation PageAllocator::LocationOf(PageId page, uint32_t class_bytes,
+                                       uint64_t superblock_bytes) {
+  const uint32_t arena = static_cast<uint32_t>(page >> 48);
+  const uint64_t index = (page >> 24) & kMaxIndex;
+  const uint64_t slot = page & kMaxIndex;
+  // AddArena places superblock i at i * superblock_bytes.
+  return PageLocation{arena, index * superblock_bytes + slot * class_bytes, class_bytes};
+}
+
 absl::StatusOr<std::pair<PageAllocator::SbRef, uint32_t>> PageAllocator::Resolve(
     PageId page) const {
   const uint32_t arena = static_cast<uint32_t>(page >> 48);

@@ -65,6 +65,10 @@ class PageAllocator {
   absl::Status Free(PageId page);
   // Location of an allocated page; INVALID_ARGUMENT otherwise.
   absl::StatusOr<PageLocation> Locate(PageId page) const;
+  // Location of a page this allocator handed out for `class_bytes`, from its
+  // id alone (no lookup, no check): for describing pages known to be
+  // allocated, e.g. outside the owner's lock.
+  static PageLocation LocationOf(PageId page, uint32_t class_bytes, uint64_t superblock_bytes);
   // How many pages of `page_bytes` could be allocated now without new arenas.
   uint64_t FreePagesFor(uint64_t page_bytes) const;
 

@@ -1,0 +1,79 @@
+#include "daemon/compaction/compactor.h"
+
+#include <algorithm>
+
+namespace polykv::daemon {
+
+uint64_t CompactionTarget(const TargetInputs& in) {
+  if (!in.compacting_policy || in.committed_tokens == 0) return 0;
+  uint64_t target = 0;
+  if (in.budget_tokens > 0 &&
+      in.committed_tokens > in.budget_tokens + std::max<uint64_t>(in.budget_tokens / 10, 1)) {
+    target = in.budget_tokens;
+  }
+  if (in.want_tokens > 0 && in.committed_tokens > in.want_tokens) {
+    target = target == 0 ? in.want_tokens : std::min(target, in.want_tokens);
+  }
+  if (target > 0) {
+    const uint64_t drop = (in.committed_tokens - target + in.block_tokens - 1) / in.block_tokens *
+                          in.block_tokens;
+    if (drop < in.committed_tokens) target = in.committed_tokens - drop;
+  }
+  return target;
+}
+
+size_t CompactionPlan::shared_blocks() const {
+  return static_cast<size_t>(std::count_if(shared.begin(), shared.end(),
+                                           [](int64_t i) { return i >= 0; }));
+}
+
+absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
+                                              const CompactionInputs& in) {
+  const policies::SessionView view =
+      BuildView(in.slots, in.shape, in.key_format, in.value_format, in.current_turn);
+  auto plan = policy.Decide(
+      view, policies::Budget::TokensPerLayer(1, static_cast<int64_t>(in.target_tokens)));
+  if (!plan.ok()) return plan.status();
+  CompactionPlan out;
+  if (!plan->changes()) return out;
+  auto groups = LowerPlan(in.slots, *plan);
+  if (!groups.ok()) return groups.status();
+  out.changes = true;
+  out.groups = *std::move(groups);
+
+  // An output block whose every slot is a plain copy of the same row of one
+  // source block IS that block: the new table shares its pages instead of
+  // copying them (the worker only appends to them after adopting the new
+  // table, and nobody reads the old one after that).
+  const CompactionGroups& g = out.groups;
+  const int bt = in.shape.block_tokens;
+  const int num_out = g.num_out();
+  const size_t out_blocks = (static_cast<size_t>(num_out) + bt - 1) / bt;
+  out.shared.assign(out_blocks, -1);
+  out.copy.group_offsets.push_back(0);
+  for (size_t j = 0; j < out_blocks; ++j) {
+    const int first = static_cast<int>(j) * bt;
+    const int last = std::min(num_out, first + bt);
+    const int32_t m0 = g.members[g.group_offsets[first]];
+    bool same = m0 % bt == 0;
+    for (int o = first; o < last && same; ++o) {
+      same = g.group_offsets[o + 1] - g.group_offsets[o] == 1 &&
+             g.members[g.group_offsets[o]] == m0 + (o - first);
+    }
+    if (same) {
+      out.shared[j] = m0 / bt;
+      continue;
+    }
+    for (int o = first; o < last; ++o) {
+      for (int k = g.group_offsets[o]; k < g.group_offsets[o + 1]; ++k) {
+        out.copy.members.push_back(g.members[k]);
+        out.copy.weights.push_back(g.weights[k]);
+      }
+      out.copy.group_offsets.push_back(static_cast<int32_t>(out.copy.members.size()));
+      out.copy.slots.push_back(g.slots[o]);
+    }
+  }
+  return out;
+}
+
+}  // namespace polykv::daemon

@@ -1,0 +1,61 @@
+// Compactor: the decision half of a compaction, over plain data. From a
+// snapshot of a session's slot records it runs the policy, lowers the plan
+// (executor.h) and works out which output blocks can keep their old pages
+// (a plain copy of one whole source block IS that block) and which need new
+// pages and a copy. The pool calls it WITHOUT its lock (the snapshot is the
+// session's state at a frozen epoch), then allocates, copies and publishes
+// (docs/compaction.md).
+//
+// Thread-safety: stateless; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/compaction/executor.h"
+#include "kernels/page_format.h"
+#include "kernels/page_layout.h"
+#include "policies/policy.h"
+
+namespace polykv::daemon {
+
+// What the compaction trigger looks at.
+struct TargetInputs {
+  bool compacting_policy = false;  // the agent's policy is not "full"
+  uint64_t committed_tokens = 0;
+  uint32_t block_tokens = 16;
+  uint64_t budget_tokens = 0;  // QoS budget; 0 = none
+  uint64_t want_tokens = 0;    // the pressure ladder's ask; 0 = none
+};
+
+// Tokens to compact down to now; 0 = no compaction. A session is compacted
+// past budget + budget/10 (so in batches, not every token) or when the ladder
+// asks for fewer tokens; the target is rounded so that whole blocks are
+// dropped, which lets window-like policies share every kept block.
+uint64_t CompactionTarget(const TargetInputs& in);
+
+// A session's state at one epoch, as the policy sees it.
+struct CompactionInputs {
+  std::vector<SlotRecord> slots;  // [committed tokens]
+  kernels::PageShape shape;       // of one page (block_tokens rows)
+  kernels::PageFormat key_format = kernels::PageFormat::kF16;
+  kernels::PageFormat value_format = kernels::PageFormat::kF16;
+  int32_t current_turn = 0;
+  uint64_t target_tokens = 0;
+};
+
+struct CompactionPlan {
+  bool changes = false;      // false: the policy keeps everything; nothing to do
+  CompactionGroups groups;   // every output slot
+  // [output block]: the source block it reuses unchanged, or -1 (new pages).
+  std::vector<int64_t> shared;
+  CompactionGroups copy;     // the groups of the output blocks that are not shared
+  size_t out_blocks() const { return shared.size(); }
+  size_t shared_blocks() const;
+};
+
+absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
+                                              const CompactionInputs& in);
+
+}  // namespace polykv::daemon

@@ -1,0 +1,257 @@
+#include "daemon/pool/block_pool.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace polykv::daemon {
+namespace {
+
+constexpr uint32_t kMaxArenaId = (1u << 16) - 1;
+
+}  // namespace
+
+BlockDesc DescribeBlock(const BlockShape& shape, uint64_t superblock_bytes, const Block& block,
+                        uint32_t block_index) {
+  BlockDesc b;
+  b.block_index = block_index;
+  b.pages.reserve(block.size());
+  for (size_t i = 0; i < block.size(); ++i) {
+    const PageLocation loc =
+        PageAllocator::LocationOf(block[i], shape.page_bytes(i), superblock_bytes);
+    PageDesc d;
+    d.page_id = block[i];
+    d.arena_id = loc.arena_id;
+    d.offset = loc.offset;
+    d.size_bytes = loc.size_bytes;
+    d.layer = static_cast<uint32_t>(i / 2);
+    d.is_value = i % 2 == 1;
+    d.format = d.is_value ? shape.value_format : shape.key_format;
+    d.block_index = block_index;
+    b.pages.push_back(d);
+  }
+  return b;
+}
+
+void BlockPool::AttachSession(const BlockAccount& account) {
+  auto& t = tenants_[account.tenant];
+  if (!t) t = std::make_unique<Tenant>(PageAllocatorOptions{options_.superblock_bytes});
+  ++t->num_sessions;
+  agent_bytes_.try_emplace(account.agent_id, 0);
+}
+
+void BlockPool::DetachSession(const BlockAccount& account) {
+  Tenant& t = *tenants_.at(account.tenant);
+  if (--t.num_sessions == 0) ReleaseEmptyArenas(t);
+}
+
+uint64_t BlockPool::TotalArenaBytes() const {
+  uint64_t n = 0;
+  for (const auto& [name, t] : tenants_) n += t->allocator.arena_bytes();
+  return n;
+}
+
+absl::StatusOr<uint32_t> BlockPool::NextArenaId() {
+  // Ids are 16 bits (they are part of page ids); reuse the lowest free one.
+  for (uint32_t tries = 0; tries < kMaxArenaId; ++tries) {
+    uint32_t id = next_arena_id_;
+    next_arena_id_ = next_arena_id_ % kMaxArenaId + 1;
+    bool used = false;
+    for (const auto& [name, t] : tenants_) used |= t->arenas.contains(id);
+    if (!used) return id;
+  }
+  return absl::ResourceExhaustedError("all 65535 arena ids are in use");
+}
+
+void BlockPool::ReleaseEmptyArenas(Tenant& t) {
+  for (uint32_t id : t.allocator.EmptyArenas()) {
+    if (t.allocator.RemoveArena(id).ok()) t.arenas.erase(id);
+  }
+}
+
+absl::StatusOr<uint32_t> BlockPool::Grow(Tenant& tenant) {
+  const uint64_t sb = options_.superblock_bytes;
+  uint64_t room = options_.pool_bytes - std::min(options_.pool_bytes, TotalArenaBytes());
+  if (room < sb) {
+    // Empty arenas of tenants with no sessions are budget nobody uses.
+    for (auto& [name, t] : tenants_) {
+      if (t.get() != &tenant && t->num_sessions == 0) ReleaseEmptyArenas(*t);
+    }
+    room = options_.pool_bytes - std::min(options_.pool_bytes, TotalArenaBytes());
+  }
+  const uint64_t size = std::min(options_.arena_bytes, room) / sb * sb;
+  if (size < sb) return absl::ResourceExhaustedError("pool budget exhausted");
+  auto id = NextArenaId();
+  if (!id.ok()) return id.status();
+  ArenaOptions ao;
+  ao.id = *id;
+  ao.size_bytes = size;
+  auto arena = options_.arena_factory(ao);
+  if (!arena.ok()) return arena.status();
+  if (auto s = tenant.allocator.AddArena(*id, size); !s.ok()) return s;
+  tenant.arenas.emplace(*id, *std::move(arena));
+  return *id;
+}
+
+void BlockPool::Count(BlockAccount& account, const BlockShape& shape, int64_t sign) {
+  const uint64_t b = shape.bytes();
+  if (sign > 0) {
+    account.bytes += b;
+    used_bytes_ += b;
+    agent_bytes_[account.agent_id] += b;
+  } else {
+    account.bytes -= b;
+    used_bytes_ -= b;
+    agent_bytes_[account.agent_id] -= b;
+  }
+  pages_by_format_[{shape.key_format, false}] += uint64_t(sign * int64_t(shape.layers));
+  pages_by_format_[{shape.value_format, true}] += uint64_t(sign * int64_t(shape.layers));
+}
+
+absl::StatusOr<std::vector<Block>> BlockPool::Allocate(BlockAccount& account,
+                                                       const BlockShape& shape, uint64_t count) {
+  Tenant& t = *tenants_.at(account.tenant);
+  std::vector<Block> out;
+  out.reserve(count);
+  std::vector<uint32_t> grown;
+  absl::Status failure;
+  for (uint64_t b = 0; b < count && failure.ok(); ++b) {
+    Block pages;
+    pages.reserve(2 * shape.layers);
+    for (uint32_t i = 0; i < 2 * shape.layers; ++i) {
+      const uint32_t bytes = shape.page_bytes(i);
+      auto page = t.allocator.Alloc(bytes);
+      if (!page.ok() && absl::IsResourceExhausted(page.status())) {
+        auto grew = Grow(t);
+        if (!grew.ok()) {
+          failure = grew.status();
+          break;
+        }
+        grown.push_back(*grew);
+        page = t.allocator.Alloc(bytes);
+      }
+      if (!page.ok()) {
+        failure = page.status();
+        break;
+      }
+      pages.push_back(*page);
+    }
+    out.push_back(std::move(pages));
+  }
+  if (!failure.ok()) {
+    for (const Block& pages : out) {
+      for (PageId p : pages) (void)t.allocator.Free(p);
+    }
+    for (uint32_t id : grown) {
+      if (t.allocator.RemoveArena(id).ok()) t.arenas.erase(id);
+    }
+    return failure;
+  }
+  for (size_t b = 0; b < out.size(); ++b) Count(account, shape, +1);
+  return out;
+}
+
+void BlockPool::Free(BlockAccount& account, const BlockShape& shape, Block& block) {
+  if (block.empty()) return;
+  Tenant& t = *tenants_.at(account.tenant);
+  // A page of a block is allocated by construction; a failure here is a bug
+  // that CheckInvariants reports as drifted counts.
+  bool all = true;
+  for (PageId p : block) all &= t.allocator.Free(p).ok();
+  if (all) Count(account, shape, -1);
+  block.clear();
+}
+
+uint64_t BlockPool::HostAddress(const std::string& tenant, PageId page) const {
+  const Tenant& t = TenantOf(tenant);
+  auto loc = t.allocator.Locate(page);
+  if (!loc.ok()) return 0;
+  auto* base = static_cast<uint8_t*>(t.arenas.at(loc->arena_id)->host_base());
+  return base == nullptr ? 0 : reinterpret_cast<uintptr_t>(base + loc->offset);
+}
+
+absl::StatusOr<PageLocation> BlockPool::Locate(const std::string& tenant, PageId page) const {
+  return TenantOf(tenant).allocator.Locate(page);
+}
+
+std::vector<ArenaExport> BlockPool::NewArenas(const std::string& tenant,
+                                              std::vector<uint32_t>& known) const {
+  std::vector<ArenaExport> out;
+  for (const auto& [id, arena] : TenantOf(tenant).arenas) {
+    if (!std::binary_search(known.begin(), known.end(), id)) {
+      out.push_back(arena->Export());
+      known.insert(std::upper_bound(known.begin(), known.end(), id), id);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<int> BlockPool::DupArenaFd(const std::string& tenant, uint32_t arena_id) const {
+  const Tenant& t = TenantOf(tenant);
+  auto it = t.arenas.find(arena_id);
+  if (it == t.arenas.end()) {
+    // Same answer whether the arena is another tenant's or does not exist.
+    return absl::PermissionDeniedError(
+        absl::StrCat("arena ", arena_id, " is not an arena of this session's tenant"));
+  }
+  if (it->second->fd() < 0) {
+    return absl::FailedPreconditionError("arena is device memory; map it with its CUDA IPC handle");
+  }
+  int fd = dup(it->second->fd());
+  if (fd < 0) return absl::InternalError("dup of arena fd failed");
+  return fd;
+}
+
+uint64_t BlockPool::agent_bytes(const std::string& agent_id) const {
+  auto it = agent_bytes_.find(agent_id);
+  return it == agent_bytes_.end() ? 0 : it->second;
+}
+
+void BlockPool::ForgetAgent(const std::string& agent_id) {
+  auto it = agent_bytes_.find(agent_id);
+  if (it != agent_bytes_.end() && it->second == 0) agent_bytes_.erase(it);
+}
+
+void BlockPool::Summarize(PoolSummary& p) const {
+  p.pool_bytes = options_.pool_bytes;
+  p.used_bytes = used_bytes_;
+  p.superblock_bytes = options_.superblock_bytes;
+  for (const auto& [name, t] : tenants_) {
+    p.arena_bytes += t->allocator.arena_bytes();
+    p.num_arenas += t->arenas.size();
+    p.num_pages += t->allocator.num_pages();
+    p.num_superblocks_used += t->allocator.num_superblocks() - t->allocator.num_free_superblocks();
+    p.tenants.push_back({name, t->allocator.used_bytes(), t->allocator.arena_bytes(), t->num_sessions});
+  }
+  for (const auto& [k, n] : pages_by_format_) p.pages_by_format.push_back({k, n});
+  for (const auto& [a, b] : agent_bytes_) p.bytes_by_agent.push_back({a, b});
+  std::stable_sort(p.bytes_by_agent.begin(), p.bytes_by_agent.end(),
+                   [](const auto& x, const auto& y) { return x.second > y.second; });
+}
+
+absl::Status BlockPool::CheckInvariants(const std::map<std::string, uint64_t>& agent_totals,
+                                        uint64_t account_total, uint64_t pages) const {
+  uint64_t tenant_used = 0;
+  for (const auto& [name, t] : tenants_) {
+    if (auto s = t->allocator.CheckInvariants(); !s.ok()) return s;
+    tenant_used += t->allocator.used_bytes();
+  }
+  if (account_total != used_bytes_ || tenant_used != used_bytes_) {
+    return absl::InternalError(absl::StrCat("used bytes: pool ", used_bytes_, ", tenants ",
+                                            tenant_used, ", sessions ", account_total));
+  }
+  for (const auto& [agent, b] : agent_bytes_) {
+    auto it = agent_totals.find(agent);
+    if ((it == agent_totals.end() ? 0 : it->second) != b) {
+      return absl::InternalError(absl::StrCat("agent ", agent, " bytes drifted"));
+    }
+  }
+  uint64_t format_pages = 0;
+  for (const auto& [k, n] : pages_by_format_) format_pages += n;
+  if (format_pages != pages) return absl::InternalError("pages-by-format count drifted");
+  return absl::OkStatus();
+}
+
+}  // namespace polykv::daemon

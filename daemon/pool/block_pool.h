@@ -1,0 +1,134 @@
+// BlockPool: the pool's memory, in blocks. Each tenant has its own arenas and
+// PageAllocator (arenas are never shared across tenants); the sum of all arena
+// sizes stays within pool_bytes. A block is the K and V page of every layer
+// for block_tokens tokens; blocks are allocated all-or-nothing and charged to
+// a BlockAccount (a session) as they are handed out, so the pool, tenant,
+// agent and per-format counts can never disagree.
+//
+// Thread-safety: none; the owner (KvPool) serializes calls under its mutex.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/memory/arena.h"
+#include "daemon/pool/page_allocator.h"
+#include "daemon/pool/types.h"
+
+namespace polykv::daemon {
+
+using ArenaFactory = std::function<absl::StatusOr<std::unique_ptr<Arena>>(const ArenaOptions&)>;
+
+// What one block of a session is made of.
+struct BlockShape {
+  uint32_t layers = 0;
+  uint32_t key_page_bytes = 0;    // size class
+  uint32_t value_page_bytes = 0;  // size class
+  PageFormat key_format = PageFormat::kF16;
+  PageFormat value_format = PageFormat::kF16;
+  uint64_t bytes() const { return uint64_t(layers) * (key_page_bytes + value_page_bytes); }
+  uint32_t page_bytes(size_t i) const { return i % 2 ? value_page_bytes : key_page_bytes; }
+};
+
+// pages[2 * layer] is K, pages[2 * layer + 1] is V.
+using Block = std::vector<PageId>;
+
+// Whose blocks: every page handed out is charged to exactly one account.
+struct BlockAccount {
+  std::string tenant;
+  std::string agent_id;
+  uint64_t bytes = 0;
+};
+
+// Where the block's pages are, for the worker. Pure arithmetic on page ids
+// (PageAllocator::LocationOf), so it needs no lock: REQUIRES the pages are
+// allocated with `shape`'s size classes.
+BlockDesc DescribeBlock(const BlockShape& shape, uint64_t superblock_bytes, const Block& block,
+                        uint32_t block_index);
+
+struct BlockPoolOptions {
+  uint64_t pool_bytes = 1ull << 30;
+  uint64_t arena_bytes = 64ull << 20;
+  uint64_t superblock_bytes = 2ull << 20;
+  ArenaFactory arena_factory;
+};
+
+class BlockPool {
+ public:
+  explicit BlockPool(BlockPoolOptions options) : options_(std::move(options)) {}
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  // A session with this account opens / ends. A tenant's arenas go back to
+  // the budget when its last session ends.
+  void AttachSession(const BlockAccount& account);
+  void DetachSession(const BlockAccount& account);
+
+  // `count` blocks for `account`, adding arenas within the budget as needed.
+  // All or nothing: on error no page stays allocated and arenas added for
+  // the call are removed again. RESOURCE_EXHAUSTED when the budget or the
+  // arena ids run out.
+  absl::StatusOr<std::vector<Block>> Allocate(BlockAccount& account, const BlockShape& shape,
+                                              uint64_t count);
+  // Frees the block's pages and uncharges them; `block` is left empty.
+  void Free(BlockAccount& account, const BlockShape& shape, Block& block);
+
+  // Host address of an allocated page; 0 for device arenas or unknown pages.
+  uint64_t HostAddress(const std::string& tenant, PageId page) const;
+  absl::StatusOr<PageLocation> Locate(const std::string& tenant, PageId page) const;
+  // Exports of the tenant's arenas whose ids are not in `known` (sorted),
+  // which gains them.
+  std::vector<ArenaExport> NewArenas(const std::string& tenant, std::vector<uint32_t>& known) const;
+  // A dup of the arena's fd; PERMISSION_DENIED unless it is the tenant's.
+  absl::StatusOr<int> DupArenaFd(const std::string& tenant, uint32_t arena_id) const;
+
+  uint64_t pool_bytes() const { return options_.pool_bytes; }
+  uint64_t superblock_bytes() const { return options_.superblock_bytes; }
+  uint64_t used_bytes() const { return used_bytes_; }
+  uint64_t free_bytes() const { return options_.pool_bytes - std::min(options_.pool_bytes, used_bytes_); }
+  uint64_t agent_bytes(const std::string& agent_id) const;
+  // Drops an agent's zero entry (its last session ended).
+  void ForgetAgent(const std::string& agent_id);
+  const std::map<std::string, uint64_t>& bytes_by_agent() const { return agent_bytes_; }
+
+  // Tenants, arenas, pages and the per-format counts of Stats.
+  void Summarize(PoolSummary& out) const;
+  // Allocator invariants, and the pool's / tenants' / agents' counts against
+  // the totals of `accounts` (every session) and `pages` (their page count).
+  absl::Status CheckInvariants(const std::map<std::string, uint64_t>& agent_totals,
+                               uint64_t account_total, uint64_t pages) const;
+
+ private:
+  struct Tenant {
+    explicit Tenant(const PageAllocatorOptions& o) : allocator(o) {}
+    PageAllocator allocator;
+    std::map<uint32_t, std::unique_ptr<Arena>> arenas;
+    uint32_t num_sessions = 0;
+  };
+
+  const Tenant& TenantOf(const std::string& name) const { return *tenants_.at(name); }
+  // Adds one arena to `tenant` if the budget allows (after reclaiming empty
+  // arenas of tenants without sessions). Returns the new arena id.
+  absl::StatusOr<uint32_t> Grow(Tenant& tenant);
+  absl::StatusOr<uint32_t> NextArenaId();
+  void ReleaseEmptyArenas(Tenant& tenant);
+  uint64_t TotalArenaBytes() const;
+  void Count(BlockAccount& account, const BlockShape& shape, int64_t sign);
+
+  const BlockPoolOptions options_;
+  std::map<std::string, std::unique_ptr<Tenant>> tenants_;
+  std::map<std::string, uint64_t> agent_bytes_;
+  std::map<std::pair<PageFormat, bool>, uint64_t> pages_by_format_;
+  uint64_t used_bytes_ = 0;
+  uint32_t next_arena_id_ = 1;
+};
+
+}  // namespace polykv::daemon

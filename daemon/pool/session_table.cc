@@ -1,0 +1,73 @@
+#include "daemon/pool/session_table.h"
+
+#include "absl/strings/str_cat.h"
+#include "daemon/pool/token.h"
+
+namespace polykv::daemon {
+
+absl::Status SessionTable::CheckRoom() const {
+  if (sessions_.size() >= max_sessions_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session limit reached (", max_sessions_, " sessions)"));
+  }
+  return absl::OkStatus();
+}
+
+Session& SessionTable::Insert(Session s) {
+  s.id = next_id_++;
+  const uint64_t id = s.id;
+  return sessions_.emplace(id, std::move(s)).first->second;
+}
+
+absl::StatusOr<Session*> SessionTable::Authorize(uint64_t id, absl::string_view token,
+                                                 const PeerCreds& peer, absl::Time now) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no session ", id, " (closed, evicted, or its lease expired); open a new one"));
+  }
+  Session& s = it->second;
+  if (!TokenEquals(token, s.token)) {
+    return absl::PermissionDeniedError(absl::StrCat("wrong capability token for session ", id));
+  }
+  if (peer.uid != s.lease.peer.uid) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "session ", id, " belongs to uid ", s.lease.peer.uid, ", not uid ", peer.uid));
+  }
+  s.lease.Renew(now);
+  return &s;
+}
+
+absl::StatusOr<Session*> SessionTable::AuthorizeMutation(uint64_t id, absl::string_view token,
+                                                         const PeerCreds& peer, absl::Time now) {
+  auto sp = Authorize(id, token, peer, now);
+  if (!sp.ok()) return sp;
+  if ((*sp)->compacting) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", id, " is being compacted (a Sync is in progress); call again after it"));
+  }
+  return sp;
+}
+
+Session* SessionTable::Find(uint64_t id) {
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : &it->second;
+}
+
+bool SessionTable::HasOtherOf(const std::string& agent_id, uint64_t except_id) const {
+  for (const auto& [id, s] : sessions_) {
+    if (id != except_id && s.agent_id() == agent_id) return true;
+  }
+  return false;
+}
+
+std::vector<uint64_t> SessionTable::Expired(absl::Time now, bool all) const {
+  std::vector<uint64_t> out;
+  for (const auto& [id, s] : sessions_) {
+    if (s.compacting) continue;
+    if (all || now >= s.lease.deadline) out.push_back(id);
+  }
+  return out;
+}
+
+}  // namespace polykv::daemon

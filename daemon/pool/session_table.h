@@ -1,0 +1,123 @@
+// Sessions: who holds what. A Session is one worker's claim on the pool — its
+// capability token and lease, its block tables by epoch, and what its policy
+// knows about each committed token. The SessionTable finds sessions by id and
+// authorizes callers (token, then uid), renewing the lease of every
+// authorized call.
+//
+// Thread-safety: none; the owner (KvPool) serializes calls under its mutex.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/compaction/executor.h"
+#include "daemon/pool/block_pool.h"
+#include "daemon/pool/event_channel.h"
+#include "daemon/pool/types.h"
+
+namespace polykv::daemon {
+
+// The worker end of a session: who it is and until when it is trusted.
+struct Lease {
+  PeerCreds peer;
+  uint32_t lease_ms = 0;
+  absl::Time deadline;
+  absl::Time last_seen;
+  void Renew(absl::Time now) {
+    last_seen = now;
+    deadline = now + absl::Milliseconds(lease_ms);
+  }
+};
+
+// A session's pages by epoch. Each page is in exactly one of: `blocks` (the
+// current tables), `pending` (the previous epoch's pages the new tables do
+// not share, freed when the worker acks `pending_epoch` — the daemon never
+// frees pages a worker may read), `staged` (a compaction's new pages while it
+// copies).
+struct BlockTables {
+  std::vector<Block> blocks;  // [block]
+  uint64_t committed_tokens = 0;
+  uint64_t epoch = 0;
+  uint64_t acked_epoch = 0;
+  std::vector<Block> pending;
+  uint64_t pending_epoch = 0;
+  uint64_t pending_bytes = 0;
+  std::vector<Block> staged;
+};
+
+// What the policy ranks: one record per committed token.
+struct PolicyInputs {
+  std::vector<SlotRecord> slots;  // [committed_tokens]
+  int64_t next_position = 0;      // logical position of the next committed token
+  int32_t current_turn = 0;
+  uint64_t want_tokens = 0;       // compaction target asked by the ladder; 0 = none
+};
+
+struct Session {
+  uint64_t id = 0;
+  std::string token;
+  BlockAccount account;  // tenant, agent, bytes held
+  ModelProfile profile;
+  Priority priority = Priority::kNormal;
+  uint32_t block_tokens = 16;
+  BlockShape shape;
+  Lease lease;
+  BlockTables tables;
+  PolicyInputs policy;
+  std::vector<uint32_t> known_arenas;  // sorted ids the worker has been sent
+  std::shared_ptr<EventChannel> events;
+  // While a compaction decides or copies without the pool lock, calls that
+  // change the session are refused and its destruction is deferred (`doomed`)
+  // until the compaction is back under the lock.
+  bool compacting = false;
+  bool doomed = false;
+  SessionEventMsg doom_event;
+
+  const std::string& agent_id() const { return account.agent_id; }
+  const std::string& tenant() const { return account.tenant; }
+  uint64_t reserved_tokens() const { return uint64_t(tables.blocks.size()) * block_tokens; }
+};
+
+class SessionTable {
+ public:
+  explicit SessionTable(uint32_t max_sessions) : max_sessions_(max_sessions) {}
+
+  // RESOURCE_EXHAUSTED at max_sessions.
+  absl::Status CheckRoom() const;
+  // Takes the next id; `s.id` is set.
+  Session& Insert(Session s);
+  void Erase(uint64_t id) { sessions_.erase(id); }
+
+  // The session if `token` and `peer.uid` match, its lease renewed at `now`.
+  // NOT_FOUND for an unknown id, PERMISSION_DENIED otherwise.
+  absl::StatusOr<Session*> Authorize(uint64_t id, absl::string_view token, const PeerCreds& peer,
+                                     absl::Time now);
+  // Authorize, and FAILED_PRECONDITION while a compaction works on the
+  // session's pages (calls that change the session must wait for it).
+  absl::StatusOr<Session*> AuthorizeMutation(uint64_t id, absl::string_view token,
+                                             const PeerCreds& peer, absl::Time now);
+
+  Session* Find(uint64_t id);
+  bool HasOtherOf(const std::string& agent_id, uint64_t except_id) const;
+  // Ids whose lease ran out at `now` (all of them if `all`), skipping
+  // compacting sessions: their worker is inside Sync, its lease just renewed.
+  std::vector<uint64_t> Expired(absl::Time now, bool all) const;
+
+  size_t size() const { return sessions_.size(); }
+  auto begin() { return sessions_.begin(); }
+  auto end() { return sessions_.end(); }
+  auto begin() const { return sessions_.begin(); }
+  auto end() const { return sessions_.end(); }
+
+ private:
+  const uint32_t max_sessions_;
+  std::map<uint64_t, Session> sessions_;
+  uint64_t next_id_ = 1;
+};
+
+}  // namespace polykv::daemon
