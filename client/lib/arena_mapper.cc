@@ -1,6 +1,7 @@
 #include "client/lib/arena_mapper.h"
 
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -15,6 +16,12 @@ namespace polykv {
 
 absl::StatusOr<int> FetchArenaFd(const std::string& path, const SessionRef& ref,
                                  uint32_t arena_id) {
+  // A dumpable process's fds can be taken from /proc/<pid>/fd by any process
+  // of its uid; an arena fd maps every page of the tenant. (Also stops
+  // same-uid ptrace and core dumps, which would expose the same memory.)
+  if (prctl(PR_SET_DUMPABLE, 0) != 0) {
+    return absl::InternalError(absl::StrCat("prctl(PR_SET_DUMPABLE, 0): ", std::strerror(errno)));
+  }
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) return absl::InvalidArgumentError("fd socket path too long");

@@ -22,11 +22,13 @@ const QosRecord& Admission::For(const std::string& agent_id) const {
 }
 
 absl::Status Admission::Set(const QosRecord& qos) {
+  // Each guarantee is at most the pool and so is their sum, so no sum of
+  // guarantees here or in UnusedGuarantees can wrap around.
   uint64_t promised = qos.guaranteed_bytes;
   for (const auto& [agent, q] : qos_) {
     if (agent != qos.agent_id) promised += q.guaranteed_bytes;
   }
-  if (promised > pool_bytes_) {
+  if (qos.guaranteed_bytes > pool_bytes_ || promised > pool_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat("guarantees would total ",
                                                      HumanBytes(promised), ", more than the pool (",
                                                      HumanBytes(pool_bytes_), ")"));
@@ -48,7 +50,12 @@ uint64_t Admission::UnusedGuarantees(const std::string& agent_id, const BlockPoo
 absl::Status Admission::AdmitReserve(const std::string& agent_id, Priority priority,
                                      uint64_t need, const BlockPool& blocks) {
   const uint64_t used = blocks.used_bytes();
-  if (need > 0 && refuse_up_to_ && priority <= *refuse_up_to_) {
+  const QosRecord& qos = For(agent_id);
+  const uint64_t agent_used = blocks.agent_bytes(agent_id);
+  // Memory within the agent's own guarantee is promised: pressure neither
+  // pauses it nor keeps it for compactions.
+  const bool guaranteed = agent_used + need <= qos.guaranteed_bytes;
+  if (need > 0 && !guaranteed && refuse_up_to_ && priority <= *refuse_up_to_) {
     ++refused_;
     return absl::ResourceExhaustedError(absl::StrCat(
         "pool is under memory pressure (", HumanBytes(blocks.free_bytes()), " free of ",
@@ -56,8 +63,6 @@ absl::Status Admission::AdmitReserve(const std::string& agent_id, Priority prior
         std::string(PriorityName(priority)), "' and below are paused while sessions compact; "
         "Sync (to adopt compacted tables), then retry in about 200 ms"));
   }
-  const QosRecord& qos = For(agent_id);
-  const uint64_t agent_used = blocks.agent_bytes(agent_id);
   if (qos.max_bytes != 0 && agent_used + need > qos.max_bytes) {
     ++refused_;
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -77,7 +82,8 @@ absl::Status Admission::AdmitReserve(const std::string& agent_id, Priority prior
   }
   // Sessions that can be compacted leave the last half low watermark to
   // compactions, which need new pages before they free old ones.
-  if (qos.policy != "full" && used + need + promised > pool_bytes_ - low_watermark_ / 2) {
+  if (!guaranteed && qos.policy != "full" &&
+      used + need + promised > pool_bytes_ - low_watermark_ / 2) {
     ++refused_;
     return absl::ResourceExhaustedError(absl::StrCat(
         "pool cannot fit ", HumanBytes(need), " more for agent '", agent_id, "' while keeping ",

@@ -2,8 +2,9 @@
 // the per-agent QoS records and applies, in order: the pressure ladder's
 // refusal of low priority classes, the agent's max_bytes, other agents'
 // unused guarantees, and the room compactions need (they write new pages
-// before they free old ones). Every refusal is RESOURCE_EXHAUSTED with what
-// to do about it, and is counted.
+// before they free old ones). A reservation that keeps its agent within its
+// own guarantee skips the ladder's refusal and the compactions' room. Every
+// refusal is RESOURCE_EXHAUSTED with what to do about it, and is counted.
 //
 // Thread-safety: none; the owner (KvPool) serializes calls under its mutex.
 #pragma once
@@ -28,8 +29,9 @@ class Admission {
   // The agent's record, or the default one (whose agent_id is not set).
   const QosRecord& For(const std::string& agent_id) const;
   bool HasRecord(const std::string& agent_id) const { return qos_.contains(agent_id); }
-  // Stores `qos` (validated by the caller for names and policy). 
-  // RESOURCE_EXHAUSTED when all guarantees together would exceed the pool.
+  // Stores `qos` (validated by the caller for names and policy).
+  // RESOURCE_EXHAUSTED when this guarantee, or all together, would exceed
+  // the pool.
   absl::Status Set(const QosRecord& qos);
 
   // OK when `need` more bytes may go to a session of `agent_id` with

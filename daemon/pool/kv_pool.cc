@@ -1,7 +1,10 @@
 #include "daemon/pool/kv_pool.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/compaction/pressure_ladder.h"
@@ -37,6 +40,14 @@ PageFormat ApplyFloor(PageFormat f, std::optional<PageFormat> floor) {
   return f;
 }
 
+// A nonzero instance number for session ids, from the kernel's CSPRNG (the
+// clock if that fails: restarts within one second are not the concern then).
+uint32_t DrawInstance() {
+  uint32_t v = 0;
+  if (getrandom(&v, sizeof(v), 0) != sizeof(v)) v = static_cast<uint32_t>(time(nullptr));
+  return v == 0 ? 1 : v;
+}
+
 kernels::PageShape ShapeOf(const Session& s) {
   return {static_cast<int>(s.block_tokens), static_cast<int>(s.profile.num_kv_heads),
           static_cast<int>(s.profile.head_dim)};
@@ -67,7 +78,7 @@ KvPool::KvPool(const KvPoolOptions& options)
       start_time_(options.clock ? options.clock() : absl::Now()),
       blocks_(BlockPoolOptions{options.pool_bytes, options.arena_bytes, options.superblock_bytes,
                                options.arena_factory}),
-      sessions_(options.max_sessions),
+      sessions_(options.max_sessions, options.instance ? options.instance : DrawInstance()),
       admission_(options.default_qos, options.pool_bytes, options.low_watermark_bytes) {}
 
 KvPool::~KvPool() {

@@ -68,6 +68,8 @@ struct KvPoolOptions {
   // reservations; at 2 x low_watermark free it stops refusing.
   // 0 = pool_bytes / 10.
   uint64_t low_watermark_bytes = 0;
+  // High half of every session id (session_table.h); 0 = drawn at random.
+  uint32_t instance = 0;
   ArenaFactory arena_factory;  // Required.
   Clock clock;                 // Defaults to absl::Now.
 };

@@ -23,6 +23,11 @@ absl::StatusOr<Session*> SessionTable::Authorize(uint64_t id, absl::string_view 
                                                  const PeerCreds& peer, absl::Time now) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
+    if (id >> 32 != instance_) {
+      return absl::NotFoundError(absl::StrCat(
+          "no session ", id, ": it was opened with an earlier polykvd (the daemon restarted "
+          "and its pool is new); open a new session"));
+    }
     return absl::NotFoundError(absl::StrCat(
         "no session ", id, " (closed, evicted, or its lease expired); open a new one"));
   }

@@ -83,13 +83,19 @@ struct Session {
   uint64_t reserved_tokens() const { return uint64_t(tables.blocks.size()) * block_tokens; }
 };
 
+// Session ids are [instance:32][counter:32]: `instance` is drawn anew each
+// time polykvd starts, so an id from before a restart is never another
+// session's, and the error can say what happened.
 class SessionTable {
  public:
-  explicit SessionTable(uint32_t max_sessions) : max_sessions_(max_sessions) {}
+  // instance: nonzero.
+  SessionTable(uint32_t max_sessions, uint32_t instance)
+      : max_sessions_(max_sessions), instance_(instance), next_id_((uint64_t(instance) << 32) | 1) {}
 
   // RESOURCE_EXHAUSTED at max_sessions.
   absl::Status CheckRoom() const;
   // Takes the next id; `s.id` is set.
+  // REQUIRES: fewer than 2^32 - 1 sessions opened by this instance.
   Session& Insert(Session s);
   void Erase(uint64_t id) { sessions_.erase(id); }
 
@@ -116,8 +122,9 @@ class SessionTable {
 
  private:
   const uint32_t max_sessions_;
+  const uint32_t instance_;
   std::map<uint64_t, Session> sessions_;
-  uint64_t next_id_ = 1;
+  uint64_t next_id_;
 };
 
 }  // namespace polykv::daemon

@@ -177,6 +177,18 @@ TEST_F(DaemonIntegrationTest, QosSetLowersMaxBytesAndTheNextReservationFails) {
   EXPECT_EQ(UsedBytes(), 0u);
 }
 
+// Finding 11 of issue 14: a worker holding arena fds was dumpable, so any
+// process of its uid could take the fds from /proc/<worker>/fd and map another
+// session's pages. libpolykv_client makes the process non-dumpable before it
+// receives its first arena fd.
+TEST_F(DaemonIntegrationTest, Finding11_WorkersHoldingArenaFdsAreNotDumpable) {
+  Subprocess holder(Worker("hang", "t", "holder", 16, 1));
+  const std::string held = holder.ReadLine();
+  ASSERT_EQ(Field(held, "ok"), "true") << held;
+  EXPECT_FALSE(Arenas(held).empty()) << held;
+  EXPECT_EQ(Field(held, "dumpable"), "0") << held;
+}
+
 TEST_F(DaemonIntegrationTest, MetricsEndpointListsPolykvMetrics) {
   auto stats = admin_->GetStats();
   ASSERT_TRUE(stats.ok());

@@ -17,7 +17,9 @@
 //         all agents hold pages at once however slowly they start.
 //
 // Prints one JSON line: {"ok":..., "code":..., "session_id":..., "token":"hex",
-// "arenas":[...], "bytes":..., "message":"..."}. Exit 0 when ok.
+// "arenas":[...], "bytes":..., "pid":..., "dumpable":0|1, "message":"..."}.
+// Exit 0 when ok.
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -92,7 +94,8 @@ int RunWorker(const std::map<std::string, std::string>& f, bool hang) {
   }
   if (auto st = s.Commit(s.reserved_tokens()); !st.ok()) return Report(st, id);
   const std::string extra = absl::StrCat(id, ",\"arenas\":[", absl::StrJoin(arenas, ","),
-                                         "],\"bytes\":", bytes, ",\"pid\":", getpid());
+                                         "],\"bytes\":", bytes, ",\"pid\":", getpid(),
+                                         ",\"dumpable\":", prctl(PR_GET_DUMPABLE));
   if (hang) {
     Report(absl::OkStatus(), extra);
     while (true) pause();
