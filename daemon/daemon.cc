@@ -2,7 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>
-#include <prometheus/exposer.h>
+#include <prometheus/text_serializer.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "daemon/log.h"
+#include "daemon/metrics/http_server.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/rpc/admin_service.h"
 #include "daemon/rpc/fd_broker.h"
@@ -76,20 +77,24 @@ absl::Status Daemon::Start() {
   registry_ = std::make_shared<prometheus::Registry>();
   metrics_ = std::make_unique<Metrics>(registry_);
   if (config_.metrics_address != "off" && !config_.metrics_address.empty()) {
-    try {
-      exposer_ = std::make_unique<prometheus::Exposer>(config_.metrics_address, 2);
-    } catch (const std::exception& e) {
+    collector_ = std::make_shared<PoolCollector>(pool_.get());
+    auto render = [registry = registry_, collector = collector_] {
+      std::vector<prometheus::MetricFamily> families = registry->Collect();
+      std::vector<prometheus::MetricFamily> state = collector->Collect();
+      families.insert(families.end(), std::make_move_iterator(state.begin()),
+                      std::make_move_iterator(state.end()));
+      return prometheus::TextSerializer().Serialize(families);
+    };
+    auto server = MetricsHttpServer::Start({.address = config_.metrics_address}, std::move(render));
+    if (!server.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "cannot serve metrics on ", config_.metrics_address, ": ", e.what(),
+          server.status().message(),
           " (is another polykvd running? use --metrics-address HOST:PORT or 'off')"));
     }
-    collector_ = std::make_shared<PoolCollector>(pool_.get());
-    exposer_->RegisterCollectable(registry_);
-    exposer_->RegisterCollectable(collector_);
+    metrics_server_ = *std::move(server);
     std::vector<std::string> host_port = absl::StrSplit(config_.metrics_address, ':');
-    const auto ports = exposer_->GetListeningPorts();
     metrics_address_ = absl::StrCat(host_port.empty() ? "127.0.0.1" : host_port[0], ":",
-                                    ports.empty() ? 0 : ports[0]);
+                                    metrics_server_->port());
   }
 
   peers_ = std::make_unique<PeerRegistry>();
@@ -212,7 +217,7 @@ void Daemon::Shutdown() {
   listener_.reset();
   fd_broker_.reset();
   server_.reset();
-  exposer_.reset();
+  metrics_server_.reset();
 }
 
 }  // namespace polykv::daemon

@@ -1,5 +1,5 @@
 // Daemon: wires the rooms together — pool, arenas, sockets, gRPC services,
-// metrics exposer, lease reaper — and owns their lifetimes.
+// metrics server, lease reaper — and owns their lifetimes.
 //
 //   auto d = Daemon::Create(config);   // validates, binds nothing yet
 //   d->Start();                        // sockets, gRPC, metrics, reaper
@@ -21,13 +21,13 @@ namespace grpc {
 class Server;
 }
 namespace prometheus {
-class Exposer;
 class Registry;
 }
 
 namespace polykv::daemon {
 
 class Metrics;
+class MetricsHttpServer;
 class PoolCollector;
 class PeerRegistry;
 class ErrorLog;
@@ -50,7 +50,7 @@ class Daemon {
   void Shutdown();
 
   KvPool* pool() { return pool_.get(); }
-  // host:port the metrics exposer is bound to ("" when disabled).
+  // host:port the metrics server is bound to ("" when disabled).
   const std::string& metrics_address() const { return metrics_address_; }
   const std::string& fd_socket_path() const { return fd_socket_path_; }
 
@@ -66,7 +66,7 @@ class Daemon {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<Metrics> metrics_;
   std::shared_ptr<PoolCollector> collector_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsHttpServer> metrics_server_;
   std::unique_ptr<PeerRegistry> peers_;
   std::unique_ptr<ErrorLog> errors_;  // Unexpected RPC errors, logged once each.
   std::unique_ptr<SessionService> session_service_;

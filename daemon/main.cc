@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_file, "YAML config file (see deploy/polykvd.yaml)");
   app.add_option("--socket", socket, "Unix socket for the gRPC API [/run/polykv/polykvd.sock]");
   app.add_option("--metrics-address", metrics_address,
-                 "Prometheus exposer HOST:PORT, or 'off' [127.0.0.1:9464]");
+                 "Prometheus /metrics HOST:PORT, or 'off' [127.0.0.1:9464]");
   app.add_option("--pool-bytes", pool_bytes, "Pool budget, e.g. 1GiB [1GiB]");
   app.add_option("--arena-bytes", arena_bytes, "Size of each arena, e.g. 64MiB [64MiB]");
   app.add_option("--low-watermark-bytes", low_watermark,

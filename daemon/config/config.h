@@ -16,7 +16,7 @@ namespace polykv::daemon {
 struct DaemonConfig {
   std::string socket = "/run/polykv/polykvd.sock";  // gRPC Unix socket
   mode_t socket_mode = 0660;
-  std::string metrics_address = "127.0.0.1:9464";   // "off" disables the exposer
+  std::string metrics_address = "127.0.0.1:9464";   // "off" disables the metrics server
   std::string tier = "host";                        // "host" | "cuda"
   int cuda_device = 0;
   uint64_t pool_bytes = 1ull << 30;

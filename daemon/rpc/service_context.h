@@ -24,7 +24,7 @@ struct ServiceContext {
   ErrorLog* errors = nullptr;          // Not owned; may be null in tests.
   std::set<uid_t> admin_uids;          // Who may call the Admin service.
   std::string fd_socket_path;
-  std::string metrics_address;         // Bound exposer address, for Stats.
+  std::string metrics_address;         // Bound metrics server address, for Stats.
   absl::Time start_time = absl::Now();
 };
 

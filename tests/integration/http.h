@@ -5,15 +5,21 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <string>
 
 namespace polykv::testing {
 
-// The whole response (headers and body), or "" when nothing listens.
-inline std::string HttpGet(int port, const std::string& path) {
+// The whole response (headers and body), or "" when nothing listens. With
+// timeout_ms > 0, each read gives up after that long (what arrived is returned).
+inline std::string HttpGet(int port, const std::string& path, int timeout_ms = 0) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (timeout_ms > 0) {
+    timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));

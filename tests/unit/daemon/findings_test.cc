@@ -1,10 +1,19 @@
 // Regression tests for the findings of the adversarial run in issue 14
 // ([harden]), named after them. Each failed before its fix.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
+#include "daemon/metrics/http_server.h"
 #include "daemon/pool/kv_pool.h"
 
 namespace polykv::daemon {
@@ -119,6 +128,76 @@ TEST_F(FindingsTest, Finding9_SessionIdsFromBeforeARestartAreNotFound) {
   ASSERT_FALSE(hb.ok());
   EXPECT_TRUE(absl::IsNotFound(hb.status())) << hb.status();
   EXPECT_NE(hb.status().message().find("restarted"), absl::string_view::npos) << hb.status();
+}
+
+// A TCP connection to 127.0.0.1:port, -1 on failure. Reads time out after
+// 10 s, so a blocked server fails the test instead of hanging it.
+int Connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+std::string Request(int port, const std::string& text) {
+  const int fd = Connect(port);
+  if (fd < 0) return "";
+  (void)!write(fd, text.data(), text.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
+}
+
+// Finding 8: the metrics endpoint (civetweb, two threads, 30 s request
+// timeout) let two idle TCP connections block every scrape for 29.7 s.
+TEST(MetricsHttpServerTest, Finding8_IdleConnectionsDoNotBlockAScrape) {
+  MetricsHttpOptions o;
+  o.address = "127.0.0.1:0";
+  o.max_connections = 8;
+  int renders = 0;
+  auto server = MetricsHttpServer::Start(o, [&] {
+    ++renders;
+    return std::string("polykv_up 1\n");
+  });
+  ASSERT_TRUE(server.ok()) << server.status();
+  // More idle connections than the server keeps: the oldest make room.
+  std::vector<int> idle;
+  for (int i = 0; i < 20; ++i) idle.push_back(Connect((*server)->port()));
+  for (int fd : idle) ASSERT_GE(fd, 0);
+  const std::string page = Request((*server)->port(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(page.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << page;
+  EXPECT_NE(page.find("Content-Length: 12\r\n"), std::string::npos) << page;
+  EXPECT_EQ(page.substr(page.size() - 12), "polykv_up 1\n");
+  EXPECT_EQ(renders, 1);
+  for (int fd : idle) close(fd);
+}
+
+TEST(MetricsHttpServerTest, AnswersOnlyGetOfMetricsAndBoundsRequests) {
+  MetricsHttpOptions o;
+  o.address = "127.0.0.1:0";
+  o.max_request_bytes = 256;
+  auto server = MetricsHttpServer::Start(o, [] { return std::string("x 1\n"); });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  EXPECT_EQ(Request(port, "GET /other HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 404", 0), 0u);
+  EXPECT_EQ(Request(port, "POST /metrics HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 405", 0), 0u);
+  EXPECT_EQ(Request(port, "garbage\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u);
+  EXPECT_EQ(Request(port, "GET /metrics HTTP/1.0\r\nX: " + std::string(400, 'a')).rfind("HTTP/1.1 431", 0), 0u);
+  const std::string head = Request(port, "HEAD /metrics?x=1 HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(head.rfind("HTTP/1.1 200 OK", 0), 0u) << head;
+  EXPECT_EQ(head.substr(head.size() - 4), "\r\n\r\n") << head;  // no body
+  EXPECT_FALSE(MetricsHttpServer::Start({.address = "no-port"}, [] { return std::string(); }).ok());
 }
 
 }  // namespace

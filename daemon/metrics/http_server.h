@@ -1,0 +1,59 @@
+// MetricsHttpServer: serves GET /metrics (Prometheus text format) on a TCP
+// address, from one thread that multiplexes every connection with poll().
+//
+// Why not prometheus-cpp's Exposer: it is civetweb with a thread per
+// connection (two by default) and a 30 s request timeout, so two idle TCP
+// connections blocked every scrape for ~30 s (issue 14, finding 8). Here an
+// idle connection costs one pollfd: it cannot delay anybody's request, it is
+// closed after `request_timeout`, and at `max_connections` the connection idle
+// the longest without a complete request is dropped to admit the new one.
+//
+// Thread-safety: Start/Stop from one thread; `render` is called on the
+// server's thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace polykv::daemon {
+
+struct MetricsHttpOptions {
+  std::string address = "127.0.0.1:9464";  // host:port; port 0 picks a free one
+  size_t max_connections = 64;
+  absl::Duration request_timeout = absl::Seconds(5);  // to read a request and write the reply
+  size_t max_request_bytes = 8192;
+};
+
+class MetricsHttpServer {
+ public:
+  // Binds and starts serving. `render` returns the page body.
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
+      const MetricsHttpOptions& options, std::function<std::string()> render);
+  ~MetricsHttpServer();
+  MetricsHttpServer(const MetricsHttpServer&) = delete;
+  MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
+
+  int port() const { return port_; }
+
+ private:
+  MetricsHttpServer(const MetricsHttpOptions& options, std::function<std::string()> render,
+                    int listen_fd, int wake_fd, int port);
+  void Loop();
+
+  const MetricsHttpOptions options_;
+  const std::function<std::string()> render_;
+  const int listen_fd_;
+  const int wake_fd_;  // eventfd: Stop wakes the poll
+  const int port_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace polykv::daemon
