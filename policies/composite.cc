@@ -376,7 +376,7 @@ class CompositePolicy final : public Policy {
     MarkTokens(view, stats, &w);
     for (int l = 0; l < view.num_layers(); ++l) {
       const int64_t b = l < static_cast<int>(layer_budgets.size()) ? layer_budgets[l] : 0;
-      MarkTiers(view, stats, l, b, &w);
+      MarkTiers(view, l, b, &w);
       out[l] = w.cls;
     }
     return out;
@@ -492,8 +492,7 @@ class CompositePolicy final : public Policy {
 
   // Tiers and protect classes of one layer (steps shared by Decide and
   // ProtectClasses). REQUIRES: MarkTokens(view, ...) ran on w.
-  void MarkTiers(const SessionView& view, const SessionStats& stats, int l, int64_t budget,
-                 LayerWork* w) const {
+  void MarkTiers(const SessionView& view, int l, int64_t budget, LayerWork* w) const {
     const size_t n = view.layers[l].slots.size();
     w->tier.resize(n);
     w->cls.resize(n);
@@ -623,7 +622,7 @@ class CompositePolicy final : public Policy {
       keep_all();
       return absl::OkStatus();
     }
-    MarkTiers(view, stats, l, budget, w);
+    MarkTiers(view, l, budget, w);
     if (w->hard > budget) {
       return absl::ResourceExhaustedError(
           absl::StrCat("layer ", l, ": ", w->hard,
