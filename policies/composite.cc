@@ -256,12 +256,29 @@ SessionStats Stats(const SessionView& view) {
   return s;
 }
 
+// Buffers of one layer's decision. Decide keeps one per thread and reuses it
+// across layers and calls, so a warm decision allocates only its Plan.
 struct LayerWork {
   std::vector<uint8_t> tier;  // [n]
   std::vector<uint8_t> cls;   // [n] ProtectClass bits
   std::vector<float> score;   // [n] combined
   std::vector<float> raw;     // [n] scratch
+  std::vector<float> src;     // [n] scratch (snapkv's pooling input)
   int64_t hard = 0;
+  std::vector<uint8_t> token_tier;  // [num_tokens] see MarkTokens
+  std::vector<uint8_t> token_cls;   // [num_tokens]
+  // [num_tokens] structural recency exp(-(newest - position) / tau) per token,
+  // computed once per decision instead of once per slot of every layer.
+  // Empty = compute per slot (the reference path, ProtectClasses).
+  std::vector<float> recency;
+  // Fast path only.
+  std::vector<uint8_t> fate;           // [n] 0 evict, 1 keep, 2 merged
+  std::vector<uint64_t> keys;          // [candidates] RankKey
+  std::vector<uint64_t> key_scratch;   // for the radix select / sort
+  std::vector<uint32_t> rest;          // [merge candidates] slot indices, best first
+  std::vector<uint8_t> flags;          // [merge candidates] scratch
+  std::vector<uint32_t> picked;        // scratch
+  KeyClusters clusters;
 };
 
 float StructuralPrior(BlockKind k) {
@@ -294,7 +311,10 @@ float StructuralPrior(BlockKind k) {
 
 class CompositePolicy final : public Policy {
  public:
-  explicit CompositePolicy(Config cfg) : cfg_(std::move(cfg)) {}
+  // reference: rank with the original full sorts over Ranked structs and
+  // vector-per-group clustering (MakeReferencePolicy) instead of packed keys,
+  // radix selection and flat clusters. Both make the same plans.
+  CompositePolicy(Config cfg, bool reference) : cfg_(std::move(cfg)), reference_(reference) {}
 
   const std::string& spec() const override { return cfg_.spec; }
 
@@ -353,18 +373,28 @@ class CompositePolicy final : public Policy {
     std::vector<std::vector<uint8_t>> out(view.num_layers());
     const SessionStats stats = Stats(view);
     LayerWork w;
+    MarkTokens(view, stats, &w);
     for (int l = 0; l < view.num_layers(); ++l) {
       const int64_t b = l < static_cast<int>(layer_budgets.size()) ? layer_budgets[l] : 0;
-      MarkTiers(view, stats, l, b, &w);
+      MarkTiers(view, l, b, &w);
       out[l] = w.cls;
     }
     return out;
   }
 
   absl::StatusOr<Plan> Decide(const SessionView& view, const Budget& budget) const override {
-    if (auto st = ValidateView(view); !st.ok()) return st;
+    // The view is validated layer by layer just before each layer is decided
+    // (one pass over the slots from memory, the others from cache). Any
+    // failure first asks ValidateView, so a bad view is reported as before.
+    auto view_error = [&view](absl::Status other) {
+      absl::Status st = ValidateView(view);
+      return st.ok() ? other : st;
+    };
+    if (view.num_layers() == 0) {
+      if (auto st = ValidateView(view); !st.ok()) return st;
+    }
     auto budgets = LayerBudgets(view, budget);
-    if (!budgets.ok()) return budgets.status();
+    if (!budgets.ok()) return view_error(budgets.status());
     const SessionStats stats = Stats(view);
     Plan plan;
     plan.policy = cfg_.spec;
@@ -373,7 +403,18 @@ class CompositePolicy final : public Policy {
     PlanChecks checks;
     checks.must_keep.resize(view.num_layers());
     checks.budget = &budget;
-    LayerWork w;
+    // One per thread: Decide may run concurrently on one Policy, and reusing
+    // the buffers across calls is most of what makes a decision cheap.
+    thread_local LayerWork w;
+    MarkTokens(view, stats, &w);
+    w.recency.clear();
+    if (!reference_ && cfg_.has("structural")) {
+      const double tau = std::max(1.0, cfg_.num("structural.tau"));
+      w.recency.resize(view.tokens.size());
+      for (size_t t = 0; t < view.tokens.size(); ++t) {
+        w.recency[t] = Recency(stats.newest_position, view.tokens[t].position, tau);
+      }
+    }
     for (int l = 0; l < view.num_layers(); ++l) {
       LayerPlan& lp = plan.layers[l];
       lp.budget_tokens = (*budgets)[l];
@@ -383,9 +424,15 @@ class CompositePolicy final : public Policy {
                 ? static_cast<int64_t>(std::ceil(lp.budget_tokens * MaxBytesPerToken(view, l)))
                 : budget.per_layer[l];
       }
-      if (auto st = DecideLayer(view, stats, l, lp.budget_tokens, &w, &lp); !st.ok()) return st;
-      for (size_t i = 0; i < w.tier.size(); ++i) {
-        if (w.tier[i] == kTierHard) checks.must_keep[l].push_back(static_cast<uint32_t>(i));
+      if (auto st = ValidateLayer(view, l); !st.ok()) return st;
+      if (auto st = DecideLayer(view, stats, l, lp.budget_tokens, &w, &lp); !st.ok()) {
+        return view_error(st);
+      }
+      if (w.hard > 0) {
+        checks.must_keep[l].reserve(static_cast<size_t>(w.hard));
+        for (size_t i = 0; i < w.tier.size(); ++i) {
+          if (w.tier[i] == kTierHard) checks.must_keep[l].push_back(static_cast<uint32_t>(i));
+        }
       }
     }
     if (budget.unit == Budget::Unit::kBytes && budget.per_layer.empty()) {
@@ -410,34 +457,60 @@ class CompositePolicy final : public Policy {
                : BytesPerToken(view.shape, kernels::PageFormat::kBF16, kernels::PageFormat::kBF16);
   }
 
-  // Tiers and protect classes of one layer (steps shared by Decide and
-  // ProtectClasses).
-  void MarkTiers(const SessionView& view, const SessionStats& stats, int l, int64_t budget,
-                 LayerWork* w) const {
-    const std::vector<Slot>& slots = view.layers[l].slots;
-    const size_t n = slots.size();
-    w->tier.assign(n, 0);
-    w->cls.assign(n, 0);
-    w->hard = 0;
+  static float Recency(int64_t newest, int64_t position, double tau) {
+    return static_cast<float>(std::exp(-static_cast<double>(newest - position) / tau));
+  }
+
+  // The protect classes that depend on the token alone (sinks, pinned,
+  // anchors) and their tiers, once per decision: every layer's slots then
+  // look them up in a table of one byte per token.
+  void MarkTokens(const SessionView& view, const SessionStats& stats, LayerWork* w) const {
+    const size_t num_tokens = view.tokens.size();
+    w->token_tier.resize(num_tokens);
+    w->token_cls.resize(num_tokens);
     const int64_t sinks = cfg_.has("sinks") ? static_cast<int64_t>(cfg_.num("sinks.count")) : -1;
     const bool sys = cfg_.has("anchors") && cfg_.num("anchors.system") != 0;
     const bool first = cfg_.has("anchors") && cfg_.num("anchors.first_user") != 0;
-    for (size_t i = 0; i < n; ++i) {
-      const TokenMeta& t = view.tokens[slots[i].token];
-      if (t.pinned) w->cls[i] |= kProtectPinned;
-      if (t.position < sinks) w->cls[i] |= kProtectSink;
-      if (w->cls[i] != 0) {
-        w->tier[i] = kTierHard;
-        ++w->hard;
-      }
-      if (sys && t.role == Role::kSystem) w->cls[i] |= kProtectSystem;
+    const TokenMeta* tokens = view.tokens.data();
+    uint8_t* tier = w->token_tier.data();
+    uint8_t* cls = w->token_cls.data();
+    for (size_t i = 0; i < num_tokens; ++i) {
+      const TokenMeta& t = tokens[i];
+      uint8_t c = 0, tr = 0;
+      if (t.pinned) c |= kProtectPinned;
+      if (t.position < sinks) c |= kProtectSink;
+      if (c != 0) tr = kTierHard;
+      if (sys && t.role == Role::kSystem) c |= kProtectSystem;
       if (first && t.role == Role::kUser && t.turn == stats.first_user_turn) {
-        w->cls[i] |= kProtectFirstUser;
+        c |= kProtectFirstUser;
       }
-      if (w->tier[i] == 0 && (w->cls[i] & (kProtectSystem | kProtectFirstUser))) {
-        w->tier[i] = kTierAnchor;
-      }
+      if (tr == 0 && (c & (kProtectSystem | kProtectFirstUser))) tr = kTierAnchor;
+      tier[i] = tr;
+      cls[i] = c;
     }
+  }
+
+  // Tiers and protect classes of one layer (steps shared by Decide and
+  // ProtectClasses). REQUIRES: MarkTokens(view, ...) ran on w.
+  void MarkTiers(const SessionView& view, int l, int64_t budget, LayerWork* w) const {
+    const size_t n = view.layers[l].slots.size();
+    w->tier.resize(n);
+    w->cls.resize(n);
+    // Raw pointers: a store through a uint8_t vector may alias anything, so
+    // indexing the vectors would reload every pointer after every store.
+    const Slot* slots = view.layers[l].slots.data();
+    const uint8_t* token_tier = w->token_tier.data();
+    const uint8_t* token_cls = w->token_cls.data();
+    uint8_t* tier = w->tier.data();
+    uint8_t* cls = w->cls.data();
+    int64_t hard = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t t = slots[i].token;
+      tier[i] = token_tier[t];
+      cls[i] = token_cls[t];
+      hard += token_tier[t] == kTierHard;
+    }
+    w->hard = hard;
     if (cfg_.has("window")) {
       const bool automatic = cfg_.values.at("window.size") == "auto";
       int64_t win = automatic ? static_cast<int64_t>(std::floor(cfg_.num("window.ratio") * budget))
@@ -484,7 +557,8 @@ class CompositePolicy final : public Policy {
         for (size_t i = 0; i < n; ++i) any |= slots[i].obs != 0.f;
         // Without observation scores (no user/tool turn ended yet) SnapKV has
         // nothing to go on; fall back to the decayed attention.
-        std::vector<float> src(n);
+        std::vector<float>& src = w->src;
+        src.resize(n);
         for (size_t i = 0; i < n; ++i) src[i] = any ? slots[i].obs : slots[i].attn;
         const int half = std::max(0, static_cast<int>(cfg_.num("snapkv.kernel")) / 2);
         MaxPool(src, half, &raw);
@@ -502,8 +576,9 @@ class CompositePolicy final : public Policy {
           const float s =
               std::min(1.f, StructuralPrior(t.tag.kind) + (t.tag.boundary ? bonus : 0.f));
           const float att = std::isfinite(slots[i].attn) ? slots[i].attn * ainv : 0.f;
-          const float rec = static_cast<float>(
-              std::exp(-static_cast<double>(stats.newest_position - t.position) / tau));
+          const float rec = w->recency.empty()
+                                ? Recency(stats.newest_position, t.position, tau)
+                                : w->recency[slots[i].token];
           raw[i] = a * s + b * att + g * rec;
         }
       } else if (c == "intent") {
@@ -519,12 +594,13 @@ class CompositePolicy final : public Policy {
   // hot tokens, so kept spans stay readable). O(n * half); half is small.
   static void MaxPool(const std::vector<float>& src, int half, std::vector<float>* out) {
     const int n = static_cast<int>(src.size());
+    const float* s = src.data();
+    float* o = out->data();
     for (int i = 0; i < n; ++i) {
-      float m = src[i];
-      for (int j = std::max(0, i - half); j <= std::min(n - 1, i + half); ++j) {
-        m = std::max(m, src[j]);
-      }
-      (*out)[i] = m;
+      float m = s[i];
+      const int hi = std::min(n - 1, i + half);
+      for (int j = std::max(0, i - half); j <= hi; ++j) m = std::max(m, s[j]);
+      o[i] = m;
     }
   }
 
@@ -532,12 +608,13 @@ class CompositePolicy final : public Policy {
                            int64_t budget, LayerWork* w, LayerPlan* lp) const {
     const std::vector<Slot>& slots = view.layers[l].slots;
     const size_t n = slots.size();
-    MarkTiers(view, stats, l, budget, w);
     auto keep_all = [&] {
       lp->keep.resize(n);
       for (size_t i = 0; i < n; ++i) lp->keep[i] = static_cast<uint32_t>(i);
     };
     if (cfg_.full) {
+      // Keeps every slot, so no protection to check: no tiers to mark.
+      w->hard = 0;
       if (static_cast<int64_t>(n) > budget) {
         return absl::ResourceExhaustedError(absl::StrCat("policy full keeps every slot: layer ", l,
                                                          " holds ", n, " > budget ", budget));
@@ -545,6 +622,7 @@ class CompositePolicy final : public Policy {
       keep_all();
       return absl::OkStatus();
     }
+    MarkTiers(view, l, budget, w);
     if (w->hard > budget) {
       return absl::ResourceExhaustedError(
           absl::StrCat("layer ", l, ": ", w->hard,
@@ -559,6 +637,23 @@ class CompositePolicy final : public Policy {
     } else {
       w->score.assign(n, 0.f);  // protection only: rank by tier, then recency
     }
+    if (reference_ || n > kRankIndexMask) {
+      SelectReference(view, l, budget, *w, lp);
+      RequantizeReference(view, l, *w, lp);
+    } else {
+      Select(view, l, budget, w, lp);
+      Requantize(view, l, w, lp);
+    }
+    return absl::OkStatus();
+  }
+
+  // The reference selection: Ranked structs, a heap or nth_element for the
+  // selective mode, a full std::sort and ClusterByKey for merge / hybrid.
+  void SelectReference(const SessionView& view, int l, int64_t budget, const LayerWork& w0,
+                       LayerPlan* lp) const {
+    const LayerWork* w = &w0;
+    const std::vector<Slot>& slots = view.layers[l].slots;
+    const size_t n = slots.size();
     std::vector<uint8_t> fate(n, 0);  // 0 evict, 1 keep, 2 merged
     std::vector<Ranked> cand;
     cand.reserve(n);
@@ -653,12 +748,158 @@ class CompositePolicy final : public Policy {
     std::sort(lp->merges.begin(), lp->merges.end(), [](const MergeGroup& a, const MergeGroup& b) {
       return a.representative < b.representative;
     });
-    Requantize(view, l, *w, lp);
-    return absl::OkStatus();
+  }
+
+  // The fast selection, the same choices as SelectReference: candidates as
+  // RankKeys (one integer compare instead of Better's four), the best `room`
+  // (selective) or the best `direct` (merge / hybrid) by radix select, and
+  // only the clustered rest sorted, by radix sort.
+  // REQUIRES: n <= kRankIndexMask.
+  void Select(const SessionView& view, int l, int64_t budget, LayerWork* w, LayerPlan* lp) const {
+    const size_t n = view.layers[l].slots.size();
+    w->fate.assign(n, 0);
+    uint8_t* fate = w->fate.data();  // a pointer, not the vector: see MarkTiers
+    std::vector<uint64_t>& keys = w->keys;
+    keys.resize(n);
+    size_t num_cand = 0;
+    int64_t fixed = 0, anchors = 0;
+    const bool scoring = cfg_.scoring();
+    const uint8_t* tier = w->tier.data();
+    const float* score = w->score.data();
+    for (size_t i = 0; i < n; ++i) {
+      if (tier[i] >= kTierWindow) {
+        fate[i] = 1;
+        ++fixed;
+      } else if (scoring || tier[i] > 0) {
+        keys[num_cand++] = RankKey(tier[i], score[i], static_cast<uint32_t>(i));
+        anchors += tier[i] > 0;
+      }
+    }
+    keys.resize(num_cand);
+    int64_t room = budget - fixed;
+    if (!cfg_.fill) room = std::min(room, cfg_.pool);
+    room = std::max<int64_t>(0, room);
+    const int64_t cand = static_cast<int64_t>(num_cand);
+    if (cfg_.mode == Mode::kSelective || !scoring) {
+      const size_t k = static_cast<size_t>(std::min(cand, room));
+      SelectLargest(absl::MakeSpan(keys), k, &w->key_scratch);
+      for (size_t c = 0; c < k; ++c) fate[RankKeyIndex(keys[c])] = 1;
+    } else {
+      int64_t direct = std::min(anchors, room);
+      if (cfg_.mode == Mode::kHybrid) {
+        direct = std::max(direct, static_cast<int64_t>(std::floor(static_cast<double>(room) *
+                                                                  (1.0 - cfg_.merge_share))));
+      }
+      direct = std::min<int64_t>(direct, cand);
+      const int64_t excess = cand - room;
+      const int64_t pool_size = static_cast<int64_t>(
+          std::ceil(cfg_.merge_span * static_cast<double>(std::max<int64_t>(excess, 0))));
+      direct = std::max(direct, cand - pool_size);
+      direct = std::min(direct, room);
+      SelectLargest(absl::MakeSpan(keys), static_cast<size_t>(direct), &w->key_scratch);
+      for (int64_t c = 0; c < direct; ++c) fate[RankKeyIndex(keys[c])] = 1;
+      const absl::Span<uint64_t> rest_keys = absl::MakeSpan(keys).subspan(direct);
+      RadixSortAscending(rest_keys, &w->key_scratch);
+      std::vector<uint32_t>& rest = w->rest;  // best first
+      rest.resize(rest_keys.size());
+      for (size_t c = 0; c < rest.size(); ++c) {
+        rest[c] = RankKeyIndex(rest_keys[rest.size() - 1 - c]);
+      }
+      const int64_t slots_left = room - direct;
+      KeyClusters& cl = w->clusters;
+      ClusterByKeyInto(view, l, rest, cfg_.merge, &cl);
+      const size_t num_groups =
+          std::min(cl.num_groups(), static_cast<size_t>(std::max<int64_t>(slots_left, 0)));
+      // Spare slots un-merge the best non-leader members: merge only as much
+      // as the budget requires.
+      int64_t spare = slots_left - static_cast<int64_t>(num_groups);
+      std::vector<uint8_t>& detached = w->flags;  // [rest] 1 in a group but not its leader, 2 detached
+      detached.assign(rest.size(), 0);
+      if (spare > 0) {
+        for (size_t g = 0; g < num_groups; ++g) {
+          for (uint32_t m = cl.offsets[g] + 1; m < cl.offsets[g + 1]; ++m) detached[cl.members[m]] = 1;
+        }
+        for (size_t c = 0; c < rest.size() && spare > 0; ++c) {
+          if (detached[c] == 1) {
+            detached[c] = 2;
+            --spare;
+          }
+        }
+      }
+      std::vector<uint32_t>& members = w->picked;
+      for (size_t g = 0; g < num_groups; ++g) {
+        members.clear();
+        for (uint32_t m = cl.offsets[g]; m < cl.offsets[g + 1]; ++m) {
+          const uint32_t c = cl.members[m];
+          if (detached[c] == 2) {
+            fate[rest[c]] = 1;
+          } else {
+            members.push_back(rest[c]);
+          }
+        }
+        if (members.size() == 1) {
+          fate[members[0]] = 1;
+        } else if (members.size() > 1) {
+          for (uint32_t m : members) fate[m] = 2;
+          lp->merges.push_back(MakeMergeGroup(
+              view, l, std::vector<uint32_t>(members.begin(), members.end()), w->score));
+        }
+      }
+      std::sort(lp->merges.begin(), lp->merges.end(),
+                [](const MergeGroup& a, const MergeGroup& b) {
+                  return a.representative < b.representative;
+                });
+    }
+    size_t num_keep = 0, num_evict = 0;
+    for (size_t i = 0; i < n; ++i) {
+      num_keep += fate[i] == 1;
+      num_evict += fate[i] == 0;
+    }
+    lp->keep.resize(num_keep);
+    lp->evict.resize(num_evict);
+    uint32_t* keep = lp->keep.data();
+    uint32_t* evict = lp->evict.data();
+    for (size_t i = 0; i < n; ++i) {
+      if (fate[i] == 1) {
+        *keep++ = static_cast<uint32_t>(i);
+      } else if (fate[i] == 0) {
+        *evict++ = static_cast<uint32_t>(i);
+      }
+    }
+  }
+
+  // RequantizeReference's choice by radix select: the `take` smallest keys
+  // are the coldest (selected as the largest complements).
+  void Requantize(const SessionView& view, int l, LayerWork* w, LayerPlan* lp) const {
+    if (!cfg_.cold_format || cfg_.cold_fraction <= 0) return;
+    const std::vector<Slot>& slots = view.layers[l].slots;
+    std::vector<uint64_t>& cold = w->keys;
+    cold.clear();
+    for (uint32_t i : lp->keep) {
+      if (w->tier[i] == 0) cold.push_back(~RankKey(0, w->score[i], i));
+    }
+    const size_t take = std::min(
+        cold.size(), static_cast<size_t>(std::floor(cfg_.cold_fraction * lp->keep.size())));
+    SelectLargest(absl::MakeSpan(cold), take, &w->key_scratch);
+    std::vector<uint32_t>& picked = w->picked;
+    picked.resize(take);
+    for (size_t c = 0; c < take; ++c) picked[c] = RankKeyIndex(~cold[c]);
+    std::sort(picked.begin(), picked.end());
+    const int bits = kernels::FormatBits(*cfg_.cold_format);
+    for (uint32_t i : picked) {  // ascending slot, key before value: the (slot, kind) order
+      const Slot& s = slots[i];
+      if (cfg_.cold_k && kernels::FormatBits(s.k_format) > bits) {
+        lp->requant.push_back({i, kernels::KvKind::kKey, *cfg_.cold_format});
+      }
+      if (cfg_.cold_v && kernels::FormatBits(s.v_format) > bits) {
+        lp->requant.push_back({i, kernels::KvKind::kValue, *cfg_.cold_format});
+      }
+    }
   }
 
   // Coldest kept unprotected slots go to cold.format.
-  void Requantize(const SessionView& view, int l, const LayerWork& w, LayerPlan* lp) const {
+  void RequantizeReference(const SessionView& view, int l, const LayerWork& w,
+                           LayerPlan* lp) const {
     if (!cfg_.cold_format || cfg_.cold_fraction <= 0) return;
     const std::vector<Slot>& slots = view.layers[l].slots;
     std::vector<Ranked> cold;
@@ -687,7 +928,9 @@ class CompositePolicy final : public Policy {
               });
   }
 
-  const Config cfg_;  // constant after construction
+  // Constant after construction.
+  const Config cfg_;
+  const bool reference_;
 };
 
 }  // namespace
@@ -711,7 +954,14 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec,
                                                    const PolicyParams& params) {
   auto cfg = Resolve(spec, params);
   if (!cfg.ok()) return cfg.status();
-  return std::unique_ptr<Policy>(new CompositePolicy(*std::move(cfg)));
+  return std::unique_ptr<Policy>(new CompositePolicy(*std::move(cfg), /*reference=*/false));
+}
+
+absl::StatusOr<std::unique_ptr<Policy>> MakeReferencePolicy(std::string_view spec,
+                                                            const PolicyParams& params) {
+  auto cfg = Resolve(spec, params);
+  if (!cfg.ok()) return cfg.status();
+  return std::unique_ptr<Policy>(new CompositePolicy(*std::move(cfg), /*reference=*/true));
 }
 
 std::vector<std::string> PresetNames() {

@@ -26,6 +26,22 @@ std::vector<std::vector<uint32_t>> ClusterByKey(const SessionView& view, int lay
                                                 absl::Span<const Ranked> candidates,
                                                 const MergeOptions& options);
 
+// ClusterByKey for the fast decision path: the same groups, from candidates
+// given as source slot indices in rank order (best first), written flat into
+// reusable buffers instead of one vector per group.
+struct KeyClusters {
+  std::vector<uint32_t> offsets;  // [num_groups + 1] group g is members[offsets[g], offsets[g+1])
+  std::vector<uint32_t> members;  // [num_candidates] candidate positions into `slots`
+  // Scratch, kept between calls so a decision allocates nothing once warm.
+  std::vector<uint64_t> order, sort_scratch;
+  std::vector<uint32_t> leader_of, group_index, leader_ids;
+  std::vector<float> leaders, unit;
+  size_t num_groups() const { return offsets.empty() ? 0 : offsets.size() - 1; }
+};
+// REQUIRES: slots.size() < 2^30 (the ranking's index width).
+void ClusterByKeyInto(const SessionView& view, int layer, absl::Span<const uint32_t> slots,
+                      const MergeOptions& options, KeyClusters* out);
+
 // Builds the plan entry for merging `members` (source slot indices, any order,
 // >= 2) with weights (score + 1e-3) x multiplicity, normalised.
 MergeGroup MakeMergeGroup(const SessionView& view, int layer, std::vector<uint32_t> members,

@@ -53,7 +53,125 @@ double OutputBytes(const SessionView& view, int layer, const LayerPlan& plan) {
   return bytes;
 }
 
-absl::Status ValidatePlan(const SessionView& view, const Plan& plan, const PlanChecks& checks) {
+namespace {
+
+// Every check of ValidatePlan as one yes/no, in as few passes as it can: a
+// layer without merge groups is one merge-walk of keep and evict (both
+// ascending) over [0, n), no state array. Accepting here implies
+// ValidatePlanDetailed accepts; on a rejection that one finds the message.
+bool PlanLooksValid(const SessionView& view, const Plan& plan, const PlanChecks& checks,
+                    std::vector<uint8_t>* state) {
+  if (static_cast<int>(plan.layers.size()) != view.num_layers()) return false;
+  int64_t total_tokens = 0, total_bytes = 0;
+  for (int l = 0; l < view.num_layers(); ++l) {
+    const LayerPlan& lp = plan.layers[l];
+    const std::vector<Slot>& slots = view.layers[l].slots;
+    const size_t n = slots.size();
+    if (!Ascending(lp.keep) || !Ascending(lp.evict)) return false;
+    const uint32_t* keep = lp.keep.data();
+    const size_t num_keep = lp.keep.size();
+    const std::vector<uint32_t>* must_keep =
+        l < static_cast<int>(checks.must_keep.size()) ? &checks.must_keep[l] : nullptr;
+    if (lp.merges.empty()) {
+      if (num_keep + lp.evict.size() != n) return false;
+      const uint32_t* evict = lp.evict.data();
+      size_t a = 0, b = 0;
+      for (uint32_t i = 0; i < n; ++i) {
+        if (a < num_keep && keep[a] == i) {
+          ++a;
+        } else if (b < lp.evict.size() && evict[b] == i) {
+          ++b;
+        } else {
+          return false;
+        }
+      }
+      for (const RequantTarget& t : lp.requant) {
+        if (!std::binary_search(lp.keep.begin(), lp.keep.end(), t.slot)) return false;
+      }
+      if (must_keep != nullptr) {
+        for (uint32_t i : *must_keep) {
+          if (!std::binary_search(lp.keep.begin(), lp.keep.end(), i)) return false;
+        }
+      }
+    } else {
+      state->assign(n, 0);
+      uint8_t* st = state->data();
+      size_t marked = 0;
+      auto mark = [&](const std::vector<uint32_t>& v, uint8_t s) {
+        for (uint32_t i : v) {
+          if (i >= n || st[i] != 0) return false;
+          st[i] = s;
+        }
+        marked += v.size();
+        return true;
+      };
+      if (!mark(lp.keep, 1) || !mark(lp.evict, 2)) return false;
+      uint32_t prev_rep = 0;
+      for (size_t gi = 0; gi < lp.merges.size(); ++gi) {
+        const MergeGroup& g = lp.merges[gi];
+        if (g.members.size() < 2 || !Ascending(g.members) ||
+            g.weights.size() != g.members.size() || (gi > 0 && g.representative <= prev_rep) ||
+            !std::binary_search(g.members.begin(), g.members.end(), g.representative)) {
+          return false;
+        }
+        prev_rep = g.representative;
+        if (!mark(g.members, 3)) return false;
+        double wsum = 0;
+        uint64_t count = 0;
+        const uint32_t block = view.meta(l, g.members[0]).tag.block_id;
+        for (size_t m = 0; m < g.members.size(); ++m) {
+          if (!(g.weights[m] >= 0.f) || !std::isfinite(g.weights[m])) return false;
+          wsum += g.weights[m];
+          count += slots[g.members[m]].count;
+          if (view.meta(l, g.members[m]).tag.block_id != block) return false;
+        }
+        if (std::abs(wsum - 1.0) > 1e-3 || count != g.count) return false;
+      }
+      if (marked != n) return false;  // every slot in some set (none twice: checked above)
+      for (const RequantTarget& t : lp.requant) {
+        if (t.slot >= n || st[t.slot] != 1) return false;
+      }
+      if (must_keep != nullptr) {
+        for (uint32_t i : *must_keep) {
+          if (i >= n || st[i] != 1) return false;
+        }
+      }
+    }
+    for (size_t r = 0; r < lp.requant.size(); ++r) {
+      const RequantTarget& t = lp.requant[r];
+      if (!kernels::IsValidFormat(static_cast<int>(t.format))) return false;
+      if (r > 0) {
+        const RequantTarget& p = lp.requant[r - 1];
+        if (std::make_pair(p.slot, p.kind) >= std::make_pair(t.slot, t.kind)) return false;
+      }
+    }
+    if (static_cast<int64_t>(lp.output_slots()) > lp.budget_tokens) return false;
+    if (lp.budget_bytes > 0 &&
+        OutputBytes(view, l, lp) > static_cast<double>(lp.budget_bytes) + 1e-6) {
+      return false;
+    }
+    total_tokens += lp.budget_tokens;
+    total_bytes += lp.budget_bytes;
+  }
+  if (checks.budget != nullptr) {
+    const Budget& b = *checks.budget;
+    const bool bytes = b.unit == Budget::Unit::kBytes;
+    if (!b.per_layer.empty()) {
+      if (static_cast<int>(b.per_layer.size()) < view.num_layers()) return false;
+      for (int l = 0; l < view.num_layers(); ++l) {
+        const int64_t planned = bytes ? plan.layers[l].budget_bytes : plan.layers[l].budget_tokens;
+        if (planned > b.per_layer[l]) return false;
+      }
+    } else if ((bytes ? total_bytes : total_tokens) > b.total) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// ValidatePlan's checks one by one, naming the first violation.
+absl::Status ValidatePlanDetailed(const SessionView& view, const Plan& plan,
+                                  const PlanChecks& checks) {
   if (static_cast<int>(plan.layers.size()) != view.num_layers()) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan has ", plan.layers.size(), " layers, view ", view.num_layers()));
@@ -165,6 +283,14 @@ absl::Status ValidatePlan(const SessionView& view, const Plan& plan, const PlanC
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidatePlan(const SessionView& view, const Plan& plan, const PlanChecks& checks) {
+  thread_local std::vector<uint8_t> state;  // reused: policies validate every plan they make
+  if (PlanLooksValid(view, plan, checks, &state)) return absl::OkStatus();
+  return ValidatePlanDetailed(view, plan, checks);
 }
 
 std::vector<uint32_t> OutputOrder(const LayerPlan& layer) {

@@ -21,7 +21,9 @@
 //
 // Thread-safety: a Policy is immutable after MakePolicy; all methods are const
 // and may be called concurrently. Online state (H2O decay accumulation) lives
-// with the caller (policies/decay.h).
+// with the caller (policies/decay.h). Decide's scratch buffers are per thread
+// (thread_local, sized by the largest layer that thread decided), so a warm
+// decision allocates only the Plan it returns.
 #pragma once
 
 #include <map>
@@ -89,6 +91,15 @@ class Policy {
 // parameter overrides. Unknown names or parameters are InvalidArgument.
 absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec,
                                                    const PolicyParams& params = {});
+
+// The same policy ranked by the original code: full sorts over Ranked
+// structs (ranking.h's Better), a GlobalPool or nth_element for the selective
+// mode, ClusterByKey's vector-per-group clustering, no per-decision caches.
+// MakePolicy's policies rank with packed integer keys, radix selection and
+// reused buffers instead, and must make exactly the plans this one makes; it
+// is kept as their reference (tests/unit/policies/policy_fast_path_test.cc).
+absl::StatusOr<std::unique_ptr<Policy>> MakeReferencePolicy(std::string_view spec,
+                                                            const PolicyParams& params = {});
 
 // Preset names, in documentation order.
 std::vector<std::string> PresetNames();

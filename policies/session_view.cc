@@ -3,6 +3,7 @@
 #include <array>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/page_layout.h"
 
 namespace polykv::policies {
 namespace {
@@ -42,6 +43,14 @@ std::optional<BlockKind> ParseBlockKind(std::string_view name) {
 absl::Status ValidateView(const SessionView& view) {
   if (view.key_dim < 0) return absl::InvalidArgumentError("key_dim < 0");
   for (int l = 0; l < view.num_layers(); ++l) {
+    if (auto st = ValidateLayer(view, l); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLayer(const SessionView& view, int l) {
+  if (view.key_dim < 0) return absl::InvalidArgumentError("key_dim < 0");
+  {
     const LayerView& layer = view.layers[l];
     int64_t prev = INT64_MIN;
     for (size_t i = 0; i < layer.slots.size(); ++i) {
@@ -59,8 +68,9 @@ absl::Status ValidateView(const SessionView& view) {
             absl::StrCat("layer ", l, " slot ", i, ": positions must be strictly ascending"));
       }
       prev = pos;
-      if (!kernels::IsValidFormat(static_cast<int>(s.k_format)) ||
-          !kernels::IsValidFormat(static_cast<int>(s.v_format))) {
+      // The inline form of kernels::IsValidFormat: this loop runs over every
+      // slot of every layer before each decision.
+      if (!kernels::IsValidFormatValue(s.k_format) || !kernels::IsValidFormatValue(s.v_format)) {
         return absl::InvalidArgumentError(absl::StrCat("layer ", l, " slot ", i, ": bad format"));
       }
     }

@@ -117,6 +117,10 @@ struct SessionView {
 // Checks the view's own invariants (slot order, token indices, key sizes,
 // counts >= 1). Policies call it first; bad input is InvalidArgument.
 absl::Status ValidateView(const SessionView& view);
+// ValidateView's checks of one layer, plus key_dim >= 0: what a caller needs
+// to validate each layer just before it reads it, while its slots are still
+// in cache. ValidateView == key_dim check + ValidateLayer of every layer.
+absl::Status ValidateLayer(const SessionView& view, int layer);
 
 // Bytes one token of one layer costs in the given K and V formats: the page
 // size of each format divided by block_tokens (pages are the allocation unit,
