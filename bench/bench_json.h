@@ -17,6 +17,14 @@ inline double Round(double x, int decimals) {
   return std::round(x * scale) / scale;
 }
 
+// `x` rounded to `digits` significant digits, for values spread over decades
+// (errors from 1e-5 to 0.5, device times from microseconds to seconds) where a
+// fixed number of decimals would print the small ones as 0.
+inline double RoundSignificant(double x, int digits) {
+  if (x == 0 || !std::isfinite(x)) return x;
+  return Round(x, digits - 1 - static_cast<int>(std::floor(std::log10(std::fabs(x)))));
+}
+
 // Prints `j` on one line to stdout.
 inline void PrintJson(const Json& j) {
   std::printf("%s\n", j.dump(-1, ' ', false, Json::error_handler_t::replace).c_str());

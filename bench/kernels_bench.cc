@@ -26,10 +26,10 @@
 #include <memory>
 #include <numeric>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "bench/bench_json.h"
 #include "bench/bench_registry.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/thread_pool.h"
@@ -124,6 +124,18 @@ void Check(const absl::Status& st, const char* what) {
 }
 
 std::string Name(PageFormat f) { return std::string(kernels::FormatShortName(f)); }
+
+// Precision in the JSON: times, throughputs and their ratios to 4 significant
+// digits (timer noise is larger than that); fidelity errors, seeded and
+// reproducible, to 6 (what the stream-built output carried).
+double RoundTiming(double x) { return RoundSignificant(x, 4); }
+double RoundError(double x) { return RoundSignificant(x, 6); }
+
+// {"block_tokens", "num_kv_heads", "head_dim"} of `s`, the "shape" of a section.
+Json ShapeJson(const PageShape& s) {
+  return {
+      {"block_tokens", s.block_tokens}, {"num_kv_heads", s.num_kv_heads}, {"head_dim", s.head_dim}};
+}
 
 // K and V pages of T tokens: full pages in (kf, vf), a partial last page in
 // f16 (the residual rule); one arena per kind. Blocks are listed in a shuffled
@@ -250,26 +262,22 @@ void AddKeyAblation(const PageShape& s, const std::vector<float>& k, const std::
   }
 }
 
-std::string AblationJson(const std::map<int, KeyAblation>& acc, const char* label) {
-  std::ostringstream js;
-  js << "{";
-  bool first = true;
+Json AblationJson(const std::map<int, KeyAblation>& acc, const char* label) {
+  Json j = Json::object();
   for (const auto& [f, a] : acc) {
-    js << (first ? "" : ",") << "\"" << Name(PageFormat(f)) << "\":{\"per_channel\":"
-       << a.per_channel << ",\"per_token\":" << a.per_token << "}";
+    j[Name(PageFormat(f))] = {{"per_channel", RoundError(a.per_channel)},
+                              {"per_token", RoundError(a.per_token)}};
     std::fprintf(stderr, "key layout (%s, V f16) K %-5s per-channel %.5f  per-token %.5f\n", label,
                  Name(PageFormat(f)).c_str(), a.per_channel, a.per_token);
-    first = false;
   }
-  js << "}";
-  return js.str();
+  return j;
 }
 
 constexpr PageFormat kQuantFormats[] = {PageFormat::kF32,  PageFormat::kF16,  PageFormat::kBF16,
                                         PageFormat::kFP8E4M3, PageFormat::kInt8, PageFormat::kInt4,
                                         PageFormat::kInt2};
 
-std::string QuantizeSection(const Options& o) {
+Json QuantizeSection(const Options& o) {
   const PageShape s{16, 8, 128};
   const int pages = o.quick ? 128 : 1024;  // 1024 pages = 64 MiB of f32 rows
   const size_t elems = size_t(16) * 8 * 128 * pages;
@@ -288,12 +296,12 @@ std::string QuantizeSection(const Options& o) {
   double memcpy_sum = 0;
   int memcpy_n = 0;
   const double bytes = double(elems) * sizeof(float);
-  std::ostringstream js;
-  js << "{\"shape\":{\"block_tokens\":16,\"num_kv_heads\":8,\"head_dim\":128},\"pages\":" << pages
-     << ",\"f32_bytes\":" << size_t(bytes)
-     << ",\"ratio\":\"memcpy seconds / kernel seconds for the same f32 bytes, same threads, "
-        "interleaved\",\"formats\":{";
-  bool first = true;
+  Json js = {{"shape", ShapeJson(s)},
+             {"pages", pages},
+             {"f32_bytes", size_t(bytes)},
+             {"ratio",
+              "memcpy seconds / kernel seconds for the same f32 bytes, same threads, interleaved"},
+             {"formats", Json::object()}};
   for (PageFormat f : kQuantFormats) {
     for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
       const size_t pb = kernels::PageBytes(f, kind, s);
@@ -316,27 +324,29 @@ std::string QuantizeSection(const Options& o) {
       const std::string key = Name(f) + (kind == KvKind::kKey ? "_k" : "_v");
       std::fprintf(stderr, "quantize %-7s q %.2f GB/s (%.2fx memcpy)  dq %.2f GB/s (%.2fx)\n",
                    key.c_str(), bytes / tq / 1e9, t_memcpy / tq, bytes / td / 1e9, t_memcpy / td);
-      js << (first ? "" : ",") << "\"" << key << "\":{\"bits_per_elem\":"
-         << double(pb) * 8 / (16.0 * 8 * 128) << ",\"quantize_gbps\":" << bytes / tq / 1e9
-         << ",\"quantize_vs_memcpy\":" << t_memcpy / tq << ",\"dequantize_gbps\":"
-         << bytes / td / 1e9 << ",\"dequantize_vs_memcpy\":" << t_memcpy / td << "}";
-      first = false;
+      js["formats"][key] = {{"bits_per_elem", double(pb) * 8 / (16.0 * 8 * 128)},
+                            {"quantize_gbps", RoundTiming(bytes / tq / 1e9)},
+                            {"quantize_vs_memcpy", RoundTiming(t_memcpy / tq)},
+                            {"dequantize_gbps", RoundTiming(bytes / td / 1e9)},
+                            {"dequantize_vs_memcpy", RoundTiming(t_memcpy / td)}};
     }
   }
-  js << "},\"memcpy_gbps\":" << bytes / (memcpy_sum / memcpy_n) / 1e9 << "}";
-  return js.str();
+  js["memcpy_gbps"] = RoundTiming(bytes / (memcpy_sum / memcpy_n) / 1e9);
+  return js;
 }
 
-std::string DecodeSection(const Options& o) {
+Json DecodeSection(const Options& o) {
   const PageShape s{16, 8, 128};
   const int Hq = 32;
   std::vector<int> lengths = {1024, 4096, 16384};
   if (o.quick) lengths = {1024, 4096};
   const PageFormat formats[] = {PageFormat::kF16, PageFormat::kInt8, PageFormat::kInt4,
                                 PageFormat::kInt2};
-  std::ostringstream js;
-  js << "{\"shape\":{\"block_tokens\":16,\"num_kv_heads\":8,\"head_dim\":128,\"num_q_heads\":"
-     << Hq << "},\"baseline\":\"f32 dense contiguous K/V, same kernel\",\"by_tokens\":{";
+  Json shape = ShapeJson(s);
+  shape["num_q_heads"] = Hq;
+  Json js = {{"shape", shape},
+             {"baseline", "f32 dense contiguous K/V, same kernel"},
+             {"by_tokens", Json::object()}};
   std::mt19937 rng(2);
   for (size_t li = 0; li < lengths.size(); ++li) {
     const int T = lengths[li];
@@ -359,31 +369,54 @@ std::string DecodeSection(const Options& o) {
     fns.push_back(run(paged[3], true));  // int4 with the attention-mass output
     const std::vector<double> t = TimeInterleaved(fns, 5, o.quick ? 0.5 : 2.0);
     const double t_dense = t[0];
-    js << (li ? "," : "") << "\"" << T << "\":{\"f32_dense_ms\":" << t_dense * 1e3;
+    Json& at = js["by_tokens"][std::to_string(T)];
+    at["f32_dense_ms"] = RoundTiming(t_dense * 1e3);
     std::fprintf(stderr, "decode T=%-6d f32 dense %.3f ms\n", T, t_dense * 1e3);
     for (size_t i = 0; i < std::size(formats); ++i) {
       const PageFormat f = formats[i];
       std::fprintf(stderr, "decode T=%-6d %-5s paged %.3f ms (%.2fx dense f32)\n", T,
                    Name(f).c_str(), t[i + 1] * 1e3, t[i + 1] / t_dense);
-      js << ",\"" << Name(f) << "_ms\":" << t[i + 1] * 1e3 << ",\"" << Name(f)
-         << "_vs_f32_dense\":" << t[i + 1] / t_dense;
+      at[Name(f) + "_ms"] = RoundTiming(t[i + 1] * 1e3);
+      at[Name(f) + "_vs_f32_dense"] = RoundTiming(t[i + 1] / t_dense);
     }
-    js << ",\"int4_with_mass_ms\":" << t.back() * 1e3 << "}";
+    at["int4_with_mass_ms"] = RoundTiming(t.back() * 1e3);
   }
-  js << "}}";
-  return js.str();
+  return js;
 }
 
-std::string FidelitySection(const Options& o) {
+// The K formats (rows) and V formats (columns) of the fidelity tables.
+constexpr PageFormat kFidelityFormats[] = {PageFormat::kF16, PageFormat::kFP8E4M3,
+                                           PageFormat::kInt8, PageFormat::kInt4, PageFormat::kInt2};
+
+// One fidelity table, {K format: {V format: err(K, V)}}; each row is also
+// printed to stderr under a header the caller printed.
+Json ErrorTable(const std::function<double(PageFormat, PageFormat)>& err) {
+  Json table = Json::object();
+  for (PageFormat kf : kFidelityFormats) {
+    Json& row = table[Name(kf)];
+    row = Json::object();
+    std::fprintf(stderr, "  K %-5s", Name(kf).c_str());
+    for (PageFormat vf : kFidelityFormats) {
+      const double e = err(kf, vf);
+      row[Name(vf)] = RoundError(e);
+      std::fprintf(stderr, " %8.5f", e);
+    }
+    std::fprintf(stderr, "\n");
+  }
+  return table;
+}
+
+Json FidelitySection(const Options& o) {
   const PageShape s{16, 4, 128};
   const int Hq = 16, T = o.quick ? 1024 : 2048, trials = o.quick ? 2 : 4;
-  const PageFormat formats[] = {PageFormat::kF16, PageFormat::kFP8E4M3, PageFormat::kInt8,
-                                PageFormat::kInt4, PageFormat::kInt2};
-  std::ostringstream js;
-  js << "{\"shape\":{\"block_tokens\":16,\"num_kv_heads\":4,\"head_dim\":128,\"num_q_heads\":"
-     << Hq << "},\"tokens\":" << T << ",\"trials\":" << trials
-     << ",\"metric\":\"relative L2 error of decode attention output vs f32, mean over trials\","
-        "\"rows\":\"K format\",\"cols\":\"V format\"";
+  Json shape = ShapeJson(s);
+  shape["num_q_heads"] = Hq;
+  Json js = {{"shape", shape},
+             {"tokens", T},
+             {"trials", trials},
+             {"metric", "relative L2 error of decode attention output vs f32, mean over trials"},
+             {"rows", "K format"},
+             {"cols", "V format"}};
   std::map<int, KeyAblation> ablation[2];
   for (bool outliers : {false, true}) {
     std::map<std::pair<int, int>, double> err;
@@ -400,8 +433,8 @@ std::string FidelitySection(const Options& o) {
             "decode f32");
       AddKeyAblation(s, k, v, T, Hq, q.data(), want, o.threads, rng, &ablation[outliers],
                      1.0 / trials);
-      for (PageFormat kf : formats) {
-        for (PageFormat vf : formats) {
+      for (PageFormat kf : kFidelityFormats) {
+        for (PageFormat vf : kFidelityFormats) {
           const Paged p = BuildPaged(s, k, v, T, kf, vf, true, o.threads, rng);
           Check(kernels::PagedDecodeAttention(exec, p.view, AttentionParams{Hq}, q.data(),
                                               got.data(), nullptr, nullptr),
@@ -410,47 +443,33 @@ std::string FidelitySection(const Options& o) {
         }
       }
     }
-    js << ",\"" << (outliers ? "outlier_keys" : "gaussian") << "\":{";
+    const std::string name = outliers ? "outlier_keys" : "gaussian";
     std::fprintf(stderr, "fidelity (%s keys): rows K, cols V\n", outliers ? "outlier" : "gaussian");
-    for (size_t i = 0; i < std::size(formats); ++i) {
-      js << (i ? "," : "") << "\"" << Name(formats[i]) << "\":{";
-      std::fprintf(stderr, "  K %-5s", Name(formats[i]).c_str());
-      for (size_t j = 0; j < std::size(formats); ++j) {
-        const double e = err[{int(formats[i]), int(formats[j])}];
-        js << (j ? "," : "") << "\"" << Name(formats[j]) << "\":" << e;
-        std::fprintf(stderr, " %8.5f", e);
-      }
-      js << "}";
-      std::fprintf(stderr, "\n");
-    }
-    js << "},\"" << (outliers ? "outlier_keys" : "gaussian") << "_key_layout\":"
-       << AblationJson(ablation[outliers], outliers ? "outlier keys" : "gaussian");
+    js[name] = ErrorTable([&](PageFormat kf, PageFormat vf) { return err[{int(kf), int(vf)}]; });
+    js[name + "_key_layout"] =
+        AblationJson(ablation[outliers], outliers ? "outlier keys" : "gaussian");
   }
-  js << "}";
-  return js.str();
+  return js;
 }
 
 // Decode attention on the CUDA backend, when a device is present: the same
 // shapes and formats as DecodeSection, pages in one device arena (shuffled
 // block order), time per step from back-to-back launches.
-std::string CudaSection(const Options& o) {
-  if (kernels::CudaDeviceCount() == 0) return "null";
+Json CudaSection(const Options& o) {
+  if (kernels::CudaDeviceCount() == 0) return nullptr;
   const PageShape s{16, 8, 128};
   const int Hq = 32, reps = 50;
   const PageFormat formats[] = {PageFormat::kF32, PageFormat::kF16, PageFormat::kInt8,
                                 PageFormat::kInt4, PageFormat::kInt2};
-  std::ostringstream js;
-  js << "{\"device_count\":" << kernels::CudaDeviceCount() << ",\"by_tokens\":{";
+  Json js = {{"device_count", kernels::CudaDeviceCount()}, {"by_tokens", Json::object()}};
   std::mt19937 rng(4);
-  bool first_t = true;
   for (int T : {1024, 4096, 16384}) {
     const int nb = T / 16;
     const size_t n = size_t(T) * 8 * 128;
     const std::vector<float> k = Normal(n, rng), v = Normal(n, rng), q = Normal(Hq * 128, rng, 2.0f);
-    js << (first_t ? "" : ",") << "\"" << T << "\":{";
-    first_t = false;
+    Json& at = js["by_tokens"][std::to_string(T)];
+    at = Json::object();
     double t_f32 = 0;
-    bool first_f = true;
     for (PageFormat f : formats) {
       const size_t kb = kernels::PageBytes(f, KvKind::kKey, s);
       const size_t vb = kernels::PageBytes(f, KvKind::kValue, s);
@@ -478,7 +497,7 @@ std::string CudaSection(const Options& o) {
       auto d_blocks = kernels::DeviceAlloc(blocks.size() * sizeof(BlockEntry));
       auto d_q = kernels::DeviceAlloc(q.size() * sizeof(float));
       auto d_out = kernels::DeviceAlloc(q.size() * sizeof(float));
-      if (!d_arena.ok() || !d_blocks.ok() || !d_q.ok() || !d_out.ok()) return "null";
+      if (!d_arena.ok() || !d_blocks.ok() || !d_q.ok() || !d_out.ok()) return nullptr;
       Check(kernels::CopyToDevice(*d_arena, arena.data(), arena.size()), "copy arena");
       Check(kernels::CopyToDevice(*d_blocks, blocks.data(), blocks.size() * sizeof(BlockEntry)),
             "copy blocks");
@@ -501,15 +520,12 @@ std::string CudaSection(const Options& o) {
       if (f == PageFormat::kF32) t_f32 = t;
       std::fprintf(stderr, "cuda decode T=%-6d %-5s %.4f ms (%.2fx f32)\n", T, Name(f).c_str(),
                    t * 1e3, t / t_f32);
-      js << (first_f ? "" : ",") << "\"" << Name(f) << "_ms\":" << t * 1e3;
-      if (f != PageFormat::kF32) js << ",\"" << Name(f) << "_vs_f32\":" << t / t_f32;
-      first_f = false;
+      at[Name(f) + "_ms"] = RoundTiming(t * 1e3);
+      if (f != PageFormat::kF32) at[Name(f) + "_vs_f32"] = RoundTiming(t / t_f32);
       for (void* p : {*d_arena, *d_blocks, *d_q, *d_out}) Check(kernels::DeviceFree(p), "free");
     }
-    js << "}";
   }
-  js << "}}";
-  return js.str();
+  return js;
 }
 
 std::vector<float> ReadF32(const std::string& path, size_t n) {
@@ -527,7 +543,7 @@ std::vector<float> ReadF32(const std::string& path, size_t n) {
 // kernels/tools/dump_real_kv.py: for each dumped layer and each of the last NQ
 // positions p, decode attention of p's query over slots [0, p] (full pages in
 // the tested formats, the partial last page f16), relative L2 error vs f32.
-std::string RealFidelitySection(const Options& o) {
+Json RealFidelitySection(const Options& o) {
   FILE* m = std::fopen((o.real_kv + "/meta.txt").c_str(), "r");
   int T = 0, H = 0, Hq = 0, D = 0, nq = 0;
   if (!m || std::fscanf(m, "%d %d %d %d %d", &T, &H, &Hq, &D, &nq) != 5) {
@@ -538,8 +554,6 @@ std::string RealFidelitySection(const Options& o) {
   for (int l; std::fscanf(m, "%d", &l) == 1;) layers.push_back(l);
   std::fclose(m);
   const PageShape s{16, H, D};
-  const PageFormat formats[] = {PageFormat::kF16, PageFormat::kFP8E4M3, PageFormat::kInt8,
-                                PageFormat::kInt4, PageFormat::kInt2};
   std::map<std::pair<int, int>, double> err;
   std::map<std::pair<int, int>, double> worst;
   std::map<int, KeyAblation> ablation;
@@ -561,8 +575,8 @@ std::string RealFidelitySection(const Options& o) {
             "decode f32");
       AddKeyAblation(s, k, v, len, Hq, qi, want, o.threads, rng, &ablation,
                      1.0 / (double(layers.size()) * nq));
-      for (PageFormat kf : formats) {
-        for (PageFormat vf : formats) {
+      for (PageFormat kf : kFidelityFormats) {
+        for (PageFormat vf : kFidelityFormats) {
           const Paged p = BuildPaged(s, k, v, len, kf, vf, true, o.threads, rng);
           Check(kernels::PagedDecodeAttention(exec, p.view, AttentionParams{Hq}, qi, got.data(),
                                               nullptr, nullptr),
@@ -575,34 +589,28 @@ std::string RealFidelitySection(const Options& o) {
       ++samples;
     }
   }
-  std::ostringstream js;
-  js << "{\"source\":\"" << o.real_kv << "\",\"tokens\":" << T << ",\"num_kv_heads\":" << H
-     << ",\"num_q_heads\":" << Hq << ",\"head_dim\":" << D << ",\"layers\":[";
-  for (size_t i = 0; i < layers.size(); ++i) js << (i ? "," : "") << layers[i];
-  js << "],\"queries_per_layer\":" << nq
-     << ",\"metric\":\"relative L2 error of decode attention output vs f32; mean and max over "
-        "layers x queries\",\"rows\":\"K format\",\"cols\":\"V format\""
-     << ",\"key_layout_mean\":" << AblationJson(ablation, "real");
+  Json js = {{"source", o.real_kv},
+             {"tokens", T},
+             {"num_kv_heads", H},
+             {"num_q_heads", Hq},
+             {"head_dim", D},
+             {"layers", layers},
+             {"queries_per_layer", nq},
+             {"metric",
+              "relative L2 error of decode attention output vs f32; mean and max over layers x "
+              "queries"},
+             {"rows", "K format"},
+             {"cols", "V format"}};
+  js["key_layout_mean"] = AblationJson(ablation, "real");
   for (int which = 0; which < 2; ++which) {
-    js << ",\"" << (which ? "max" : "mean") << "\":{";
     std::fprintf(stderr, "fidelity (real K/V, %s over %d samples): rows K, cols V\n",
                  which ? "max" : "mean", samples);
-    for (size_t a = 0; a < std::size(formats); ++a) {
-      js << (a ? "," : "") << "\"" << Name(formats[a]) << "\":{";
-      std::fprintf(stderr, "  K %-5s", Name(formats[a]).c_str());
-      for (size_t b = 0; b < std::size(formats); ++b) {
-        const auto key = std::make_pair(int(formats[a]), int(formats[b]));
-        const double e = which ? worst[key] : err[key] / samples;
-        js << (b ? "," : "") << "\"" << Name(formats[b]) << "\":" << e;
-        std::fprintf(stderr, " %8.5f", e);
-      }
-      js << "}";
-      std::fprintf(stderr, "\n");
-    }
-    js << "}";
+    js[which ? "max" : "mean"] = ErrorTable([&](PageFormat kf, PageFormat vf) {
+      const auto key = std::make_pair(int(kf), int(vf));
+      return which ? worst[key] : err[key] / samples;
+    });
   }
-  js << "}";
-  return js.str();
+  return js;
 }
 
 int Main(int argc, char** argv) {
@@ -635,18 +643,19 @@ int Main(int argc, char** argv) {
   const int threads = o.threads > 0 ? o.threads : kernels::cpu::ThreadPool::Shared().max_threads();
   std::fprintf(stderr, "kernels bench: backend cpu (%s), %d threads\n", kernels::cpu::SimdLevel(),
                threads);
-  const std::string quant = QuantizeSection(o);
-  const std::string decode = DecodeSection(o);
-  const std::string fidelity = FidelitySection(o);
-  const std::string real = o.real_kv.empty() ? "null" : RealFidelitySection(o);
-  const std::string cuda = CudaSection(o);
-  std::ostringstream js;
-  js << "{\"bench\":\"kernels\",\"backend\":\"cpu\",\"simd\":\"" << kernels::cpu::SimdLevel()
-     << "\",\"threads\":" << threads << ",\"quick\":" << (o.quick ? "true" : "false")
-     << ",\"quantize\":" << quant << ",\"decode\":" << decode << ",\"fidelity\":" << fidelity
-     << ",\"fidelity_real\":" << real << ",\"cuda_decode\":" << cuda << "}";
+  // Sections in this order: their stderr progress lines come in it.
+  Json js = {{"bench", "kernels"},
+             {"backend", "cpu"},
+             {"simd", kernels::cpu::SimdLevel()},
+             {"threads", threads},
+             {"quick", o.quick}};
+  js["quantize"] = QuantizeSection(o);
+  js["decode"] = DecodeSection(o);
+  js["fidelity"] = FidelitySection(o);
+  js["fidelity_real"] = o.real_kv.empty() ? Json(nullptr) : RealFidelitySection(o);
+  js["cuda_decode"] = CudaSection(o);
   if (o.json) {
-    std::printf("%s\n", js.str().c_str());
+    PrintJson(js);
   } else {
     std::fprintf(stderr, "(pass --json for the machine-readable result)\n");
   }

@@ -32,12 +32,13 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_json.h"
 #include "bench/bench_registry.h"
-#include "daemon/daemon.h"
 #include "client/worker/conversation.h"
 #include "client/worker/kv_store.h"
 #include "client/worker/paged_kv_store.h"
 #include "client/worker/sampler.h"
+#include "daemon/daemon.h"
 #include "kernels/page_format.h"
 #if POLYKV_WORKER_WITH_POOL
 #include "client/worker/pool_page_source.h"
@@ -114,27 +115,17 @@ std::string ShellQuote(const std::string& s) {
   return out + "'";
 }
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
-    out += c;
-  }
-  return out + "\"";
-}
-
-// What the anchor gave: its JSON object verbatim, or why there is none.
+// What the anchor gave: its JSON object, or why there is none.
 struct Anchor {
-  std::string json;    // One JSON object; empty when there is no anchor.
-  std::string reason;  // Why json is empty.
+  Json json;           // The anchor's JSON object; null when there is no anchor.
+  std::string reason;  // Why json is null.
   double prefill_tps = 0, decode_tps = 0;
 };
 
-// Reads the number after "key": in a flat JSON object; 0 if absent.
-double JsonNumber(const std::string& json, const std::string& key) {
-  const size_t at = json.find("\"" + key + "\":");
-  return at == std::string::npos ? 0 : std::atof(json.c_str() + at + key.size() + 3);
+// The number at `key` of the object `j`; 0 if absent or not a number.
+double NumberOr0(const Json& j, const char* key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : 0;
 }
 
 // Runs the llama.cpp anchor on the same GGUF, threads, prompt ids, decode
@@ -195,15 +186,16 @@ Anchor RunAnchor(const Options& o, const std::string& model_path, int threads,
   while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
   const size_t nl = out.rfind('\n');
   const std::string last = nl == std::string::npos ? out : out.substr(nl + 1);
+  Json parsed = Json::parse(last, nullptr, /*allow_exceptions=*/false);
   if (!wrote || status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
-      last.empty() || last.front() != '{') {
+      !parsed.is_object()) {
     a.reason = "the anchor failed (exit status " +
                std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + "; its stderr is above): " + cmd;
     return a;
   }
-  a.json = last;
-  a.prefill_tps = JsonNumber(last, "prefill_tokens_per_s");
-  a.decode_tps = JsonNumber(last, "decode_tokens_per_s");
+  a.prefill_tps = NumberOr0(parsed, "prefill_tokens_per_s");
+  a.decode_tps = NumberOr0(parsed, "decode_tokens_per_s");
+  a.json = std::move(parsed);
   return a;
 }
 
@@ -429,62 +421,57 @@ int Main(int argc, char** argv) {
   const bool within = peak <= bound;
   const Anchor anchor = RunAnchor(o, o.model, threads, prompt);
   if (o.json) {
-    std::string out = "{\"bench\":\"worker\",\"model\":\"" + (*m)->model->config().name +
-                      "\",\"prompt_tokens\":" + std::to_string(o.prompt_tokens) +
-                      ",\"decode_tokens\":" + std::to_string(o.decode_tokens) +
-                      ",\"rounds\":" + std::to_string(o.rounds) + ",\"key_format\":\"" +
-                      o.key_format + "\",\"value_format\":\"" + o.value_format + "\",\"stores\":{";
-    for (size_t k = 0; k < results.size(); ++k) {
-      char buf[512];
-      std::snprintf(buf, sizeof(buf),
-                    "%s\"%s\":{\"store\":\"%s\",\"prefill_tokens_per_s\":%.2f,"
-                    "\"decode_tokens_per_s\":%.2f,\"kv_bytes\":%lld,"
-                    "\"prefill_ratio_vs_local\":%.4f,\"decode_ratio_vs_local\":%.4f}",
-                    k ? "," : "", results[k].name.c_str(), results[k].store_name.c_str(),
-                    Median(results[k].prefill_tps), Median(results[k].decode_tps),
-                    static_cast<long long>(results[k].kv_bytes),
-                    Median(results[k].prefill_tps) / lp, Median(results[k].decode_tps) / ld);
-      out += buf;
+    Json out = {{"bench", "worker"},
+                {"model", (*m)->model->config().name},
+                {"prompt_tokens", o.prompt_tokens},
+                {"decode_tokens", o.decode_tokens},
+                {"rounds", o.rounds},
+                {"key_format", o.key_format},
+                {"value_format", o.value_format},
+                {"stores", Json::object()}};
+    for (const Kind& k : results) {
+      const double prefill = Median(k.prefill_tps), decode = Median(k.decode_tps);
+      out["stores"][k.name] = {{"store", k.store_name},
+                               {"prefill_tokens_per_s", Round(prefill, 2)},
+                               {"decode_tokens_per_s", Round(decode, 2)},
+                               {"kv_bytes", k.kv_bytes},
+                               {"prefill_ratio_vs_local", Round(prefill / lp, 4)},
+                               {"decode_ratio_vs_local", Round(decode / ld, 4)}};
     }
-    out += "}";
-    if (own_daemon) out += ",\"daemon\":\"in-process polykvd (host tier)\"";
-    char buf[1024];
-    std::snprintf(buf, sizeof(buf),
-                  ",\"model_path\":%s,\"threads\":%d,\"rss\":{\"peak_bytes\":%lld,"
-                  "\"peak_per_store\":%s,\"vm_rss_bytes\":%lld,\"rss_anon_bytes\":%lld,"
-                  "\"rss_file_bytes\":%lld,\"rss_shmem_bytes\":%lld,\"gguf_bytes\":%lld,"
-                  "\"kv_bytes\":%lld,\"slack_bytes\":%lld,\"bound_bytes\":%lld,"
-                  "\"within_bound\":%s,\"per_store_peak_bytes\":{",
-                  JsonString(o.model).c_str(), threads, static_cast<long long>(peak),
-                  peak_per_store ? "true" : "false", static_cast<long long>(rss["VmRSS"]),
-                  static_cast<long long>(rss["RssAnon"]), static_cast<long long>(rss["RssFile"]),
-                  static_cast<long long>(rss["RssShmem"]), static_cast<long long>(gguf_bytes),
-                  static_cast<long long>(kv_max), static_cast<long long>(kRssSlackBytes),
-                  static_cast<long long>(bound), within ? "true" : "false");
-    out += buf;
-    for (size_t k = 0; k < results.size(); ++k) {
-      out += (k ? ",\"" : "\"") + results[k].name +
-             "\":" + std::to_string(results[k].peak_rss_bytes);
-    }
-    out += "}}";
+    if (own_daemon) out["daemon"] = "in-process polykvd (host tier)";
+    out["model_path"] = o.model;
+    out["threads"] = threads;
+    Json per_store = Json::object();
+    for (const Kind& k : results) per_store[k.name] = k.peak_rss_bytes;
+    out["rss"] = {{"peak_bytes", peak},
+                  {"peak_per_store", peak_per_store},
+                  {"vm_rss_bytes", rss["VmRSS"]},
+                  {"rss_anon_bytes", rss["RssAnon"]},
+                  {"rss_file_bytes", rss["RssFile"]},
+                  {"rss_shmem_bytes", rss["RssShmem"]},
+                  {"gguf_bytes", gguf_bytes},
+                  {"kv_bytes", kv_max},
+                  {"slack_bytes", kRssSlackBytes},
+                  {"bound_bytes", bound},
+                  {"within_bound", within},
+                  {"per_store_peak_bytes", per_store}};
     // The anchor compares with the local store: the worker's own cache.
-    if (anchor.json.empty()) {
-      out += ",\"anchor\":null,\"anchor_reason\":" + JsonString(anchor.reason) +
-             ",\"vs_llama_cpp\":null";
+    if (anchor.json.is_null()) {
+      out["anchor"] = nullptr;
+      out["anchor_reason"] = anchor.reason;
+      out["vs_llama_cpp"] = nullptr;
     } else {
-      std::snprintf(buf, sizeof(buf),
-                    ",\"vs_llama_cpp\":{\"worker_store\":\"local\","
-                    "\"worker_prefill_tokens_per_s\":%.2f,\"worker_decode_tokens_per_s\":%.2f,"
-                    "\"llama_cpp_prefill_tokens_per_s\":%.2f,"
-                    "\"llama_cpp_decode_tokens_per_s\":%.2f,\"prefill_ratio\":%.4f,"
-                    "\"decode_ratio\":%.4f}",
-                    lp, ld, anchor.prefill_tps, anchor.decode_tps,
-                    anchor.prefill_tps > 0 ? lp / anchor.prefill_tps : 0.0,
-                    anchor.decode_tps > 0 ? ld / anchor.decode_tps : 0.0);
-      out += ",\"anchor\":" + anchor.json + buf;
+      out["anchor"] = anchor.json;
+      out["vs_llama_cpp"] = {
+          {"worker_store", "local"},
+          {"worker_prefill_tokens_per_s", Round(lp, 2)},
+          {"worker_decode_tokens_per_s", Round(ld, 2)},
+          {"llama_cpp_prefill_tokens_per_s", Round(anchor.prefill_tps, 2)},
+          {"llama_cpp_decode_tokens_per_s", Round(anchor.decode_tps, 2)},
+          {"prefill_ratio", Round(anchor.prefill_tps > 0 ? lp / anchor.prefill_tps : 0.0, 4)},
+          {"decode_ratio", Round(anchor.decode_tps > 0 ? ld / anchor.decode_tps : 0.0, 4)}};
     }
-    out += "}";
-    std::printf("%s\n", out.c_str());
+    PrintJson(out);
   } else {
     for (const Kind& k : results) {
       std::printf("%-6s %-16s prefill %8.1f tok/s (x%.3f)  decode %7.1f tok/s (x%.3f)  kv %lld B"
@@ -493,7 +480,7 @@ int Main(int argc, char** argv) {
                   Median(k.prefill_tps) / lp, Median(k.decode_tps), Median(k.decode_tps) / ld,
                   static_cast<long long>(k.kv_bytes), k.peak_rss_bytes / 1048576.0);
     }
-    if (anchor.json.empty()) {
+    if (anchor.json.is_null()) {
       std::printf("llama.cpp: none (%s)\n", anchor.reason.c_str());
     } else {
       std::printf("llama.cpp               prefill %8.1f tok/s          decode %7.1f tok/s "
@@ -505,7 +492,7 @@ int Main(int argc, char** argv) {
                 peak / 1048576.0, within ? "<=" : "> (over)", bound / 1048576.0,
                 gguf_bytes / 1048576.0, kv_max / 1048576.0);
   }
-  if (!anchor.json.empty() || o.anchor == "auto" || o.anchor == "off") return 0;
+  if (!anchor.json.is_null() || o.anchor == "auto" || o.anchor == "off") return 0;
   return 1;  // An anchor asked for by --anchor PYTHON that failed.
 }
 
