@@ -54,7 +54,8 @@ uint64_t BlockPool::TotalArenaBytes() const {
 }
 
 absl::StatusOr<uint32_t> BlockPool::NextArenaId() {
-  // Ids are 16 bits (they are part of page ids); reuse the lowest free one.
+  // Ids are 16 bits (they are part of page ids): round-robin from the last
+  // one handed out, skipping ids in use, so a freed id is reused last.
   for (uint32_t tries = 0; tries < kMaxArenaId; ++tries) {
     uint32_t id = next_arena_id_;
     next_arena_id_ = next_arena_id_ % kMaxArenaId + 1;

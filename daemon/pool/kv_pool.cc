@@ -780,7 +780,12 @@ std::vector<std::string> KvPool::RunPressureLadder() {
   for (const auto& [id, s] : sessions_) {
     lowest = std::min(lowest, s.priority);
     const QosRecord& q = admission_.For(s.agent_id());
-    if (q.policy == "full" || s.policy.want_tokens != 0 || !s.tables.pending.empty()) continue;
+    // A compacting session publishes soon and clears its ask; it is asked
+    // again next round if still needed.
+    if (q.policy == "full" || s.compacting || s.policy.want_tokens != 0 ||
+        !s.tables.pending.empty()) {
+      continue;
+    }
     candidates.push_back({id, static_cast<int>(s.priority), s.account.bytes,
                           s.tables.committed_tokens, s.block_tokens, s.shape.bytes(),
                           q.guaranteed_bytes});

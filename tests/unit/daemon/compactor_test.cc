@@ -1,0 +1,256 @@
+// The compactor's decisions over plain data: when a session is compacted and
+// to how many tokens (CompactionTarget), and what a plan keeps, shares and
+// copies (PlanCompaction) with real policies. No pool, no memory.
+#include "daemon/compaction/compactor.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+namespace polykv::daemon {
+namespace {
+
+constexpr int kBt = 16;
+
+TargetInputs Inputs(uint64_t committed, uint64_t budget, uint64_t want = 0) {
+  return TargetInputs{true, committed, kBt, budget, want};
+}
+
+TEST(CompactionTargetTest, FullPolicyAndEmptySessionsAreNeverCompacted) {
+  EXPECT_EQ(CompactionTarget({false, 1000, kBt, 32, 16}), 0u);
+  EXPECT_EQ(CompactionTarget(Inputs(0, 32, 16)), 0u);
+  EXPECT_EQ(CompactionTarget(Inputs(1000, 0, 0)), 0u);  // no budget, no ask
+}
+
+TEST(CompactionTargetTest, BudgetTriggersPastTenPercentAndDropsWholeBlocks) {
+  // budget 32: trigger past 32 + 3.
+  EXPECT_EQ(CompactionTarget(Inputs(32, 32)), 0u);
+  EXPECT_EQ(CompactionTarget(Inputs(35, 32)), 0u);
+  EXPECT_EQ(CompactionTarget(Inputs(36, 32)), 20u);  // 4 over -> one block dropped
+  EXPECT_EQ(CompactionTarget(Inputs(48, 32)), 32u);  // 16 over -> exactly one block
+  EXPECT_EQ(CompactionTarget(Inputs(49, 32)), 17u);  // 17 over -> two blocks
+  EXPECT_EQ(CompactionTarget(Inputs(52, 32)), 20u);
+  EXPECT_EQ(CompactionTarget(Inputs(64, 32)), 32u);
+  // budget 320: trigger past 352.
+  EXPECT_EQ(CompactionTarget(Inputs(352, 320)), 0u);
+  EXPECT_EQ(CompactionTarget(Inputs(353, 320)), 305u);  // 33 over -> three blocks
+  // Small budgets: the trigger margin is at least one token.
+  EXPECT_EQ(CompactionTarget(Inputs(6, 5)), 0u);
+  // 7 > 6, but dropping a whole block would drop everything: the target stays.
+  EXPECT_EQ(CompactionTarget(Inputs(7, 5)), 5u);
+  EXPECT_EQ(CompactionTarget(Inputs(21, 5)), 5u);  // drop 16 of 21
+  // Other block sizes.
+  EXPECT_EQ(CompactionTarget({true, 100, 32, 40, 0}), 36u);  // 60 over -> 64 dropped
+}
+
+TEST(CompactionTargetTest, LadderAskTriggersBelowTheBudgetAndTheSmallerTargetWins) {
+  EXPECT_EQ(CompactionTarget(Inputs(64, 0, 40)), 32u);  // 24 over -> two blocks
+  EXPECT_EQ(CompactionTarget(Inputs(64, 0, 64)), 0u);   // asks for no fewer
+  EXPECT_EQ(CompactionTarget(Inputs(64, 0, 100)), 0u);
+  // Within the budget's margin, the ladder's ask still compacts.
+  EXPECT_EQ(CompactionTarget(Inputs(105, 100, 64)), 57u);  // 41 over -> 48 dropped
+  // Both: the smaller.
+  EXPECT_EQ(CompactionTarget(Inputs(200, 100, 50)), 40u);  // 150 over -> 160 dropped
+  EXPECT_EQ(CompactionTarget(Inputs(200, 50, 100)), 40u);
+}
+
+// n slots at logical positions first, first + 1, ...
+std::vector<SlotRecord> Slots(int n, int64_t first = 100) {
+  std::vector<SlotRecord> s(n);
+  for (int i = 0; i < n; ++i) s[i].position = first + i;
+  return s;
+}
+
+CompactionInputs In(std::vector<SlotRecord> slots, uint64_t target) {
+  CompactionInputs in;
+  in.slots = std::move(slots);
+  in.shape = {kBt, 2, 32};
+  in.key_format = kernels::PageFormat::kF16;
+  in.value_format = kernels::PageFormat::kF16;
+  in.target_tokens = target;
+  return in;
+}
+
+std::unique_ptr<policies::Policy> Policy(const std::string& spec,
+                                         const policies::PolicyParams& params = {}) {
+  auto p = policies::MakePolicy(spec, params);
+  EXPECT_TRUE(p.ok()) << p.status();
+  return *std::move(p);
+}
+
+std::vector<int32_t> Range(int32_t first, int32_t last) {  // [first, last)
+  std::vector<int32_t> v(last - first);
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+// The plan's bookkeeping, recomputed: every output block is shared exactly
+// when it is rows [0, n) of one source block, single-member groups in order;
+// `copy` is the groups of the other blocks, in order.
+void ExpectConsistent(const CompactionPlan& p) {
+  const CompactionGroups& g = p.groups;
+  ASSERT_EQ(p.shared.size(), (size_t(g.num_out()) + kBt - 1) / kBt);
+  ASSERT_EQ(g.group_offsets.size(), size_t(g.num_out()) + 1);
+  std::vector<int32_t> members, offsets{0};
+  std::vector<float> weights;
+  for (size_t j = 0; j < p.shared.size(); ++j) {
+    const int first = int(j) * kBt, last = std::min(g.num_out(), first + kBt);
+    bool plain = true;
+    for (int o = first; o < last; ++o) {
+      plain &= g.group_offsets[o + 1] - g.group_offsets[o] == 1;
+    }
+    const int32_t m0 = g.members[g.group_offsets[first]];
+    bool same = plain && m0 % kBt == 0;
+    for (int o = first; o < last && same; ++o) same = g.members[g.group_offsets[o]] == m0 + o - first;
+    EXPECT_EQ(p.shared[j], same ? m0 / kBt : -1) << "output block " << j;
+    if (same) continue;
+    for (int o = first; o < last; ++o) {
+      for (int k = g.group_offsets[o]; k < g.group_offsets[o + 1]; ++k) {
+        members.push_back(g.members[k]);
+        weights.push_back(g.weights[k]);
+      }
+      offsets.push_back(int32_t(members.size()));
+    }
+  }
+  EXPECT_EQ(p.copy.members, members);
+  EXPECT_EQ(p.copy.weights, weights);
+  EXPECT_EQ(p.copy.group_offsets, offsets);
+  EXPECT_EQ(p.copy.slots.size(), size_t(p.copy.num_out()));
+}
+
+std::vector<int64_t> Positions(const CompactionGroups& g) {
+  std::vector<int64_t> out;
+  for (const SlotRecord& r : g.slots) out.push_back(r.position);
+  return out;
+}
+
+TEST(PlanCompactionTest, WindowDroppingWholeBlocksSharesEveryKeptBlock) {
+  auto window = Policy("window");
+  auto plan = PlanCompaction(*window, In(Slots(48), 32));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(plan->changes);
+  EXPECT_EQ(plan->groups.num_out(), 32);
+  EXPECT_EQ(plan->groups.members, Range(16, 48));
+  EXPECT_EQ(plan->groups.evicted_tokens, 16u);
+  EXPECT_EQ(plan->groups.merged_tokens, 0u);
+  EXPECT_EQ(Positions(plan->groups).front(), 116);
+  EXPECT_EQ(plan->shared, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(plan->shared_blocks(), 2u);
+  EXPECT_EQ(plan->out_blocks(), 2u);
+  EXPECT_EQ(plan->copy.num_out(), 0);
+  EXPECT_EQ(plan->copy.group_offsets, std::vector<int32_t>{0});
+  ExpectConsistent(*plan);
+}
+
+TEST(PlanCompactionTest, APartialLastBlockIsSharedWhenItStartsABlock) {
+  // 40 slots down to 24: keeps 16..39, i.e. all of block 1 and the first 8
+  // rows of block 2 (block 2's committed rows).
+  auto plan = PlanCompaction(*Policy("window"), In(Slots(40), 24));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->groups.members, Range(16, 40));
+  EXPECT_EQ(plan->shared, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(plan->copy.num_out(), 0);
+  ExpectConsistent(*plan);
+}
+
+TEST(PlanCompactionTest, MisalignedRowsAreCopiedIntoNewBlocks) {
+  // 41 slots down to 24: keeps 17..40, which starts inside block 1.
+  auto plan = PlanCompaction(*Policy("window"), In(Slots(41), 24));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->groups.members, Range(17, 41));
+  EXPECT_EQ(plan->shared, (std::vector<int64_t>{-1, -1}));
+  EXPECT_EQ(plan->shared_blocks(), 0u);
+  EXPECT_EQ(plan->copy.num_out(), 24);
+  EXPECT_EQ(plan->copy.members, Range(17, 41));
+  EXPECT_EQ(plan->copy.weights, std::vector<float>(24, 1.f));
+  EXPECT_EQ(Positions(plan->copy).front(), 117);
+  ExpectConsistent(*plan);
+}
+
+TEST(PlanCompactionTest, NothingToDropIsNoChange) {
+  auto plan = PlanCompaction(*Policy("window"), In(Slots(20), 32));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->changes);
+  EXPECT_TRUE(plan->shared.empty());
+  EXPECT_EQ(plan->groups.num_out(), 0);
+  // "full" under its budget: no change; over it, the policy's refusal.
+  auto full = Policy("full");
+  plan = PlanCompaction(*full, In(Slots(20), 32));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->changes);
+  EXPECT_EQ(PlanCompaction(*full, In(Slots(48), 32)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST(PlanCompactionTest, H2oKeepsHeavyHittersAndTheRecentWindow) {
+  auto h2o = Policy("h2o");  // half window, half heavy hitters
+  // Heavy hitters are exactly block 0: both kept blocks are shared.
+  std::vector<SlotRecord> slots = Slots(64);
+  for (int i = 0; i < 16; ++i) slots[i].attn = 10.f + i;
+  auto plan = PlanCompaction(*h2o, In(slots, 32));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<int32_t> kept = Range(0, 16);
+  for (int32_t i : Range(48, 64)) kept.push_back(i);
+  EXPECT_EQ(plan->groups.members, kept);
+  EXPECT_EQ(plan->shared, (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(plan->copy.num_out(), 0);
+  ExpectConsistent(*plan);
+
+  // Heavy hitters scattered over blocks 0 and 1: that output block is copied.
+  slots = Slots(64);
+  for (int i = 0; i < 16; ++i) slots[2 * i + 1].attn = 10.f + i;
+  plan = PlanCompaction(*h2o, In(slots, 32));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  kept.clear();
+  for (int i = 0; i < 16; ++i) kept.push_back(2 * i + 1);
+  for (int32_t i : Range(48, 64)) kept.push_back(i);
+  EXPECT_EQ(plan->groups.members, kept);
+  EXPECT_EQ(plan->shared, (std::vector<int64_t>{-1, 3}));
+  EXPECT_EQ(plan->copy.num_out(), 16);
+  EXPECT_EQ(plan->copy.members, std::vector<int32_t>(kept.begin(), kept.begin() + 16));
+  EXPECT_EQ(plan->groups.evicted_tokens, 32u);
+  ExpectConsistent(*plan);
+
+  // The window size is a parameter: window.size=8 keeps 24 heavy hitters.
+  auto narrow = Policy("h2o", {{"window.size", "8"}});
+  plan = PlanCompaction(*narrow, In(slots, 32));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->groups.num_out(), 32);
+  EXPECT_EQ(std::vector<int32_t>(plan->groups.members.end() - 8, plan->groups.members.end()),
+            Range(56, 64));
+  ExpectConsistent(*plan);
+}
+
+TEST(PlanCompactionTest, OnlyPlainRowsOfOneBlockAreShared) {
+  // The daemon's view carries no keys, so a merge policy has nothing to
+  // cluster by; whatever it keeps, shared blocks hold single-member groups.
+  std::vector<SlotRecord> slots = Slots(96);
+  for (int i = 0; i < 96; ++i) slots[i].attn = float((i * 37) % 11);
+  auto plan = PlanCompaction(*Policy("merge", {{"window.size", "16"}}), In(slots, 48));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(plan->changes);
+  EXPECT_EQ(plan->groups.num_out(), 48);
+  // Every source slot is kept, merged or evicted, once.
+  EXPECT_EQ(plan->groups.members.size() + plan->groups.evicted_tokens, 96u);
+  ExpectConsistent(*plan);
+  for (size_t j = 0; j < plan->shared.size(); ++j) {
+    if (plan->shared[j] < 0) continue;
+    for (size_t o = j * kBt; o < std::min<size_t>((j + 1) * kBt, 48); ++o) {
+      EXPECT_EQ(plan->groups.group_offsets[o + 1] - plan->groups.group_offsets[o], 1);
+    }
+  }
+}
+
+TEST(PlanCompactionTest, PolicyErrorsPassThrough) {
+  // Positions 0..3 are sinks, hard-protected: a budget of 2 cannot hold them.
+  auto plan = PlanCompaction(*Policy("streaming"), In(Slots(64, 0), 2));
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
+  // Pinned slots too.
+  std::vector<SlotRecord> slots = Slots(64);
+  for (int i = 0; i < 40; ++i) slots[i].pinned = true;
+  plan = PlanCompaction(*Policy("window"), In(slots, 32));
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
+}
+
+}  // namespace
+}  // namespace polykv::daemon

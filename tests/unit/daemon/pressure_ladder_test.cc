@@ -1,0 +1,179 @@
+// The pressure ladder's decision (PlanLadder) over plain data, and the policy
+// registry the pool decides with (ValidatePolicyName, PolicyRegistry::Get).
+#include "daemon/compaction/pressure_ladder.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "daemon/compaction/policy_registry.h"
+
+namespace polykv::daemon {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+constexpr uint64_t kBlockBytes = 16384;  // 16 tokens: 1 KiB per token
+
+using Steps = std::vector<std::pair<uint64_t, uint64_t>>;
+
+LadderCandidate Cand(uint64_t id, int priority, uint64_t committed, uint64_t guaranteed = 0) {
+  LadderCandidate c;
+  c.session_id = id;
+  c.priority = priority;
+  c.committed_tokens = committed;
+  c.bytes = (committed + 15) / 16 * kBlockBytes;
+  c.block_tokens = 16;
+  c.block_bytes = kBlockBytes;
+  c.guaranteed_bytes = guaranteed;
+  return c;
+}
+
+LadderInputs At(uint64_t free_bytes, bool refusing = false, bool any_sessions = true) {
+  return LadderInputs{free_bytes, kMiB, refusing, any_sessions};
+}
+
+TEST(PressureLadderTest, AtTwiceTheWatermarkItResumesAndAsksNothing) {
+  const std::vector<LadderCandidate> c{Cand(1, 0, 1600)};
+  LadderSteps s = PlanLadder(c, At(2 * kMiB, /*refusing=*/true));
+  EXPECT_TRUE(s.resume);
+  EXPECT_FALSE(s.refuse);
+  EXPECT_TRUE(s.compact.empty());
+  s = PlanLadder(c, At(2 * kMiB, /*refusing=*/false));
+  EXPECT_FALSE(s.resume);  // nothing to resume
+  EXPECT_TRUE(s.compact.empty());
+  s = PlanLadder({}, At(5 * kMiB, true));
+  EXPECT_TRUE(s.resume);
+}
+
+TEST(PressureLadderTest, BetweenOnceAndTwiceTheWatermarkNothingHappens) {
+  const std::vector<LadderCandidate> c{Cand(1, 0, 1600)};
+  for (uint64_t free : {kMiB, kMiB + 1, 2 * kMiB - 1}) {
+    for (bool refusing : {false, true}) {
+      LadderSteps s = PlanLadder(c, At(free, refusing));
+      EXPECT_FALSE(s.resume) << free;
+      EXPECT_FALSE(s.refuse) << free;
+      EXPECT_TRUE(s.compact.empty()) << free;
+      s = PlanLadder({}, At(free, refusing));  // not even a refusal without candidates
+      EXPECT_FALSE(s.refuse) << free;
+      EXPECT_FALSE(s.resume) << free;
+    }
+  }
+}
+
+TEST(PressureLadderTest, BelowItAsksLowestPriorityFirstThenLargestUntilTwiceIsExpected) {
+  // 512 KiB free of a 1 MiB watermark. Given in the wrong order.
+  const std::vector<LadderCandidate> c{Cand(3, 1, 3000), Cand(2, 0, 800), Cand(1, 0, 1600)};
+  LadderSteps s = PlanLadder(c, At(512 * 1024));
+  // 1: half is 800, but only 90% of 512 KiB = 460 tokens fit -> 448 (whole
+  //    blocks); frees 1152 KiB, leaves 64 KiB of room.
+  // 2: 90% of 64 KiB = 57 tokens -> 48; frees 752 KiB: 512 + 1152 + 752 KiB
+  //    >= 2 MiB, so 3 (higher priority) is not asked.
+  EXPECT_EQ(s.compact, (Steps{{1, 448}, {2, 48}}));
+  EXPECT_FALSE(s.refuse);
+  EXPECT_FALSE(s.resume);
+}
+
+TEST(PressureLadderTest, EqualPriorityAndBytesKeepTheirOrder) {
+  const std::vector<LadderCandidate> c{Cand(7, 2, 64), Cand(5, 2, 64), Cand(6, 2, 64)};
+  LadderSteps s = PlanLadder(c, At(0));
+  // No room at all: every target is its floor (one block); 48 tokens each
+  // (48 KiB) are far from 2 MiB, so all are asked.
+  EXPECT_EQ(s.compact, (Steps{{7, 16}, {5, 16}, {6, 16}}));
+}
+
+TEST(PressureLadderTest, WithNoRoomTargetsAreFloorsUntilEnoughIsExpected) {
+  const std::vector<LadderCandidate> c{Cand(1, 0, 1000), Cand(2, 0, 2000), Cand(3, 0, 500)};
+  LadderSteps s = PlanLadder(c, At(0));
+  // By bytes: 2 (frees 1984 KiB), then 1 (984 KiB): 2968 KiB >= 2 MiB.
+  EXPECT_EQ(s.compact, (Steps{{2, 16}, {1, 16}}));
+}
+
+TEST(PressureLadderTest, TheGuaranteeIsAFloor) {
+  // 300 tokens guaranteed (300 KiB). Room for 80 tokens: the floor wins.
+  std::vector<LadderCandidate> c{Cand(1, 0, 1000, 300 * 1024)};
+  LadderSteps s = PlanLadder(c, At(100 * 1024));
+  EXPECT_EQ(s.compact, (Steps{{1, 300}}));
+  // With plenty of room the half wins over the floor...
+  s = PlanLadder(c, At(kMiB - 1));
+  EXPECT_EQ(s.compact, (Steps{{1, 500}}));
+  // ...and a floor above the half wins over it.
+  c = {Cand(1, 0, 1000, 700 * 1024)};
+  s = PlanLadder(c, At(kMiB - 1));
+  EXPECT_EQ(s.compact, (Steps{{1, 700}}));
+}
+
+TEST(PressureLadderTest, CandidatesAtTheirFloorAreSkippedAndThenItRefuses) {
+  const std::vector<LadderCandidate> floors{
+      Cand(1, 0, 16),               // one block
+      Cand(2, 0, 10),               // less than a block
+      Cand(3, 0, 300, 300 * 1024),  // exactly its guarantee
+  };
+  LadderSteps s = PlanLadder(floors, At(kMiB - 1));
+  EXPECT_TRUE(s.compact.empty());
+  EXPECT_TRUE(s.refuse);
+  EXPECT_FALSE(s.resume);
+  // Already refusing: no second refusal. No sessions at all: nobody to refuse.
+  EXPECT_FALSE(PlanLadder(floors, At(kMiB - 1, /*refusing=*/true)).refuse);
+  EXPECT_FALSE(PlanLadder({}, At(kMiB - 1, false, /*any_sessions=*/false)).refuse);
+  EXPECT_TRUE(PlanLadder({}, At(0, false, true)).refuse);
+  // One candidate above its floor: it is asked instead of refusing.
+  std::vector<LadderCandidate> more = floors;
+  more.push_back(Cand(4, 3, 17));
+  s = PlanLadder(more, At(kMiB - 1));
+  EXPECT_EQ(s.compact, (Steps{{4, 16}}));
+  EXPECT_FALSE(s.refuse);
+}
+
+TEST(PolicyRegistryTest, ValidatePolicyNameAcceptsPresetsComponentsAndParameters) {
+  for (const char* ok : {"full", "window", "streaming", "h2o", "snapkv", "hybrid", "merge",
+                         "sinks+window", "h2o{window.size=64}", "window{window.size=32}"}) {
+    EXPECT_TRUE(ValidatePolicyName(ok).ok()) << ok << ": " << ValidatePolicyName(ok);
+  }
+  for (const char* bad : {"", "nope", "h2o+nope", "h2o{window.size=64", "h2o{no.such.param=1}",
+                          "h2o{window.size}"}) {
+    const absl::Status s = ValidatePolicyName(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "'" << bad << "': " << s;
+  }
+  EXPECT_NE(ValidatePolicyName("h2o{window.size=64").message().find("missing closing"),
+            absl::string_view::npos);
+}
+
+TEST(PolicyRegistryTest, GetBuildsOncePerTextAndKeepsThePointer) {
+  PolicyRegistry reg;
+  auto a = reg.Get("h2o");
+  auto b = reg.Get("h2o");
+  auto c = reg.Get("h2o{window.size=64}");
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << c.status();
+  EXPECT_EQ(*a, *b);
+  EXPECT_NE(*a, *c);
+  EXPECT_NE((*c)->spec().find("window.size=64"), std::string::npos) << (*c)->spec();
+  EXPECT_EQ(*reg.Get("h2o{window.size=64}"), *c);
+  // Errors are not cached.
+  EXPECT_EQ(reg.Get("nope").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reg.Get("nope").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reg.Get("h2o{window.size=64").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(*reg.Get("h2o"), *a);
+}
+
+TEST(PolicyRegistryTest, ConcurrentGetsSeeOnePolicy) {
+  PolicyRegistry reg;
+  constexpr int kThreads = 4;
+  std::vector<const policies::Policy*> seen(kThreads * 50, nullptr);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) {
+        auto p = reg.Get(i % 2 ? "streaming" : "window");
+        seen[t * 50 + i] = p.ok() ? *p : nullptr;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const policies::Policy* window = *reg.Get("window");
+  const policies::Policy* streaming = *reg.Get("streaming");
+  ASSERT_NE(window, streaming);
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], i % 2 ? streaming : window) << i;
+}
+
+}  // namespace
+}  // namespace polykv::daemon
