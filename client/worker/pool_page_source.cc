@@ -103,8 +103,8 @@ class PoolPageSource : public PageSource {
   }
   std::string name() const override {
     const SessionInfo& i = session_->info();
-    return absl::StrCat("pool-", std::string(kernels::FormatShortName(PageFormat(i.key_format))),
-                        "-", std::string(kernels::FormatShortName(PageFormat(i.value_format))));
+    return absl::StrCat("pool-", std::string(kernels::FormatShortName(i.key_format)), "-",
+                        std::string(kernels::FormatShortName(i.value_format)));
   }
 
  private:
@@ -126,8 +126,8 @@ class PoolPageSource : public PageSource {
             "the daemon's pages are not mapped in host memory (a CUDA pool needs the CUDA "
             "attention path, not wired yet)");
       }
-      const PageFormat kf = PageFormat(static_cast<uint8_t>(k.format));
-      const PageFormat vf = PageFormat(static_cast<uint8_t>(v.format));
+      const PageFormat kf = k.format;
+      const PageFormat vf = v.format;
       if (l == 0) {
         out.k_format = kf;
         out.v_format = vf;
@@ -167,8 +167,8 @@ absl::StatusOr<std::unique_ptr<PageSource>> NewPoolPageSource(const PoolPageSour
   so.profile.head_dim = static_cast<uint32_t>(o.shape.head_dim);
   so.profile.dtype = DType::kF32;
   so.profile.model_id = o.model_id;
-  so.key_format = static_cast<Format>(o.key_format);
-  so.value_format = static_cast<Format>(o.value_format);
+  so.key_format = o.key_format;
+  so.value_format = o.value_format;
   so.block_tokens = static_cast<uint32_t>(o.block_tokens);
   auto session = (*client)->OpenSession(so);
   if (!session.ok()) return session.status();

@@ -15,9 +15,8 @@
 
 namespace polykv::daemon {
 
+using kernels::DType;
 using kernels::PageFormat;
-
-enum class DType { kF32 = 1, kF16 = 2, kBF16 = 3 };
 
 // Wire values equal proto PriorityClass.
 enum class Priority { kBestEffort = 1, kLow = 2, kNormal = 3, kHigh = 4, kCritical = 5 };
