@@ -11,18 +11,6 @@ namespace {
 using kernels::KvKind;
 using kernels::PageFormat;
 
-// policies::Role wire values (policies/session_view.h): the worker's tool
-// messages are tool output.
-uint32_t PolicyRole(Role r) {
-  switch (r) {
-    case Role::kSystem: return 0;
-    case Role::kUser: return 1;
-    case Role::kAssistant: return 2;
-    case Role::kTool: return 4;
-  }
-  return 1;
-}
-
 // Reports are advisory: a daemon without the RPC, or one whose epoch moved
 // since (the next Sync adopts it), loses one report, not the session.
 absl::Status Benign(const absl::Status& s) {
@@ -63,7 +51,7 @@ class PoolPageSource : public PageSource {
     for (const TokenMeta& t : new_tokens) {
       SlotMeta m;
       m.turn = static_cast<uint32_t>(t.turn);
-      m.role = PolicyRole(t.role);
+      m.role = static_cast<uint32_t>(t.role);
       meta.push_back(m);
     }
     const uint64_t first = static_cast<uint64_t>(total_tokens) - new_tokens.size();
