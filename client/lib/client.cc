@@ -112,10 +112,13 @@ class SessionImpl final : public Session {
     req.set_current_turn(current_turn);
     for (const SlotMeta& m : meta) {
       auto* p = req.add_slots();
-      p->set_turn(m.turn);
-      p->set_role(m.role);
-      p->set_tag_kind(m.tag_kind);
-      p->set_block_id(m.block_id);
+      // A negative turn wraps past INT32_MAX: the daemon refuses it.
+      p->set_turn(static_cast<uint32_t>(m.turn));
+      p->set_role(static_cast<v1::Role>(m.role));
+      p->set_tag_kind(static_cast<v1::BlockKind>(m.tag.kind));
+      p->set_block_id(m.tag.block_id);
+      p->set_tag_depth(m.tag.depth);
+      p->set_tag_boundary(m.tag.boundary);
       p->set_pinned(m.pinned);
     }
     req.mutable_attention()->Add(attention.begin(), attention.end());

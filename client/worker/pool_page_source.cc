@@ -50,8 +50,8 @@ class PoolPageSource : public PageSource {
     meta.reserve(new_tokens.size());
     for (const TokenMeta& t : new_tokens) {
       SlotMeta m;
-      m.turn = static_cast<uint32_t>(t.turn);
-      m.role = static_cast<uint32_t>(t.role);
+      m.turn = t.turn;
+      m.role = t.role;
       meta.push_back(m);
     }
     const uint64_t first = static_cast<uint64_t>(total_tokens) - new_tokens.size();

@@ -497,9 +497,9 @@ absl::StatusOr<uint64_t> KvPool::Commit(uint64_t session_id, absl::string_view t
   s.slots.reserve(committed);
   while (s.slots.size() < committed) {
     SlotRecord r;
-    r.position = s.next_position++;
-    r.turn = s.current_turn;
-    r.role = 2;  // assistant until the worker reports otherwise
+    r.meta.position = s.next_position++;
+    r.meta.turn = s.current_turn;
+    r.meta.role = policies::Role::kAssistant;  // until the worker reports otherwise
     s.slots.push_back(r);
   }
   s.committed_tokens = committed;
@@ -539,7 +539,7 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     out.slot_positions.reserve(s.slots.size());
     out.slot_counts.reserve(s.slots.size());
     for (const SlotRecord& r : s.slots) {
-      out.slot_positions.push_back(r.position);
+      out.slot_positions.push_back(r.meta.position);
       out.slot_counts.push_back(r.count);
     }
   }
@@ -1077,13 +1077,12 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
         s.committed_tokens, " committed); commit before reporting"));
   }
   for (size_t i = 0; i < r.slots.size(); ++i) {
-    const SlotMetaReport& m = r.slots[i];
-    if (m.role >= static_cast<uint32_t>(policies::kNumRoles) ||
-        m.tag_kind >= static_cast<uint32_t>(policies::kNumBlockKinds) ||
-        m.turn > static_cast<uint32_t>(INT32_MAX)) {
+    const policies::SlotMeta& m = r.slots[i];
+    const int role = static_cast<int>(m.role), kind = static_cast<int>(m.tag.kind);
+    if (role >= policies::kNumRoles || kind >= policies::kNumBlockKinds || m.turn < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "slot ", r.first_slot + i, ": role ", m.role, " (0..", policies::kNumRoles - 1,
-          "), tag_kind ", m.tag_kind, " (0..", policies::kNumBlockKinds - 1, ") or turn ",
+          "slot ", r.first_slot + i, ": role ", role, " (0..", policies::kNumRoles - 1,
+          "), tag_kind ", kind, " (0..", policies::kNumBlockKinds - 1, ") or turn ",
           m.turn, " out of range"));
     }
   }
@@ -1097,12 +1096,8 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
     return absl::InvalidArgumentError("current_turn out of range");
   }
   for (size_t i = 0; i < r.slots.size(); ++i) {
-    SlotRecord& rec = s.slots[r.first_slot + i];
-    rec.turn = static_cast<int32_t>(r.slots[i].turn);
-    rec.role = static_cast<uint8_t>(r.slots[i].role);
-    rec.tag_kind = static_cast<uint8_t>(r.slots[i].tag_kind);
-    rec.block_id = r.slots[i].block_id;
-    rec.pinned = r.slots[i].pinned;
+    // Assigns the SlotMeta part only: the position stays the daemon's.
+    static_cast<policies::SlotMeta&>(s.slots[r.first_slot + i].meta) = r.slots[i];
   }
   for (size_t i = 0; i < r.attention.size(); ++i) s.slots[r.first_slot + i].attn += r.attention[i];
   if (r.current_turn > 0) s.current_turn = static_cast<int32_t>(r.current_turn);

@@ -124,6 +124,37 @@ absl::StatusOr<QosRecord> FromProto(const v1::QosRecord& q) {
   return o;
 }
 
+absl::StatusOr<ReportSlotsRequest> FromProto(const v1::ReportSlotsRequest& r) {
+  ReportSlotsRequest o;
+  o.epoch = r.epoch();
+  o.first_slot = r.first_slot();
+  o.current_turn = r.current_turn();
+  o.slots.reserve(r.slots_size());
+  for (int i = 0; i < r.slots_size(); ++i) {
+    const v1::SlotMeta& m = r.slots(i);
+    // Proto3 enums are open: numbers the enum does not name still arrive.
+    if (m.role() < 0 || m.role() >= policies::kNumRoles || m.tag_kind() < 0 ||
+        m.tag_kind() >= policies::kNumBlockKinds || m.turn() > uint32_t{INT32_MAX} ||
+        m.tag_depth() > UINT16_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "slots[", i, "] (slot ", r.first_slot() + i, "): role ", m.role(), " (0..",
+          policies::kNumRoles - 1, "), tag_kind ", m.tag_kind(), " (0..",
+          policies::kNumBlockKinds - 1, "), turn ", m.turn(), " (0..", INT32_MAX,
+          ") or tag_depth ", m.tag_depth(), " (0..", UINT16_MAX, ") out of range"));
+    }
+    policies::SlotMeta& s = o.slots.emplace_back();
+    s.turn = static_cast<int32_t>(m.turn());
+    s.role = static_cast<policies::Role>(m.role());
+    s.tag.kind = static_cast<policies::BlockKind>(m.tag_kind());
+    s.tag.block_id = m.block_id();
+    s.tag.depth = static_cast<uint16_t>(m.tag_depth());
+    s.tag.boundary = m.tag_boundary();
+    s.pinned = m.pinned();
+  }
+  o.attention.assign(r.attention().begin(), r.attention().end());
+  return o;
+}
+
 void ToProto(const QosRecord& in, v1::QosRecord* out) {
   out->set_agent_id(in.agent_id);
   out->set_priority(static_cast<v1::PriorityClass>(in.priority));

@@ -25,11 +25,16 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/page_format.h"
+#include "policies/session_view.h"
 
 namespace polykv {
 
 using kernels::DType;
 using kernels::PageFormat;
+using policies::BlockKind;
+using policies::Role;
+// Metadata of one slot for the daemon's policy.
+using SlotMeta = policies::SlotMeta;
 
 struct ModelProfile {
   uint32_t num_layers = 0;
@@ -68,16 +73,6 @@ struct Page {
 struct Block {
   uint32_t block_index = 0;
   std::vector<Page> pages;
-};
-
-// Metadata of one slot for the daemon's policy (values of policies::Role and
-// policies::BlockKind, see policies/session_view.h).
-struct SlotMeta {
-  uint32_t turn = 0;
-  uint32_t role = 1;      // 0 system, 1 user, 2 assistant, 3 tool call, 4 tool output, 5 error
-  uint32_t tag_kind = 0;  // BlockKind; 0 = untagged
-  uint32_t block_id = 0;  // structural block; 0 = none
-  bool pinned = false;    // never evicted
 };
 
 struct SessionInfo {
