@@ -37,19 +37,8 @@ namespace {
 struct Strategy {
   std::string name;
   uint64_t tokens = 0;
-  Format k = Format::kF16, v = Format::kF16;
+  PageFormat k = PageFormat::kF16, v = PageFormat::kF16;
 };
-
-std::optional<Format> ParseFmt(std::string_view s) {
-  if (s == "f32") return Format::kF32;
-  if (s == "f16") return Format::kF16;
-  if (s == "bf16") return Format::kBF16;
-  if (s == "fp8") return Format::kFP8E4M3;
-  if (s == "int8") return Format::kInt8;
-  if (s == "int4") return Format::kInt4;
-  if (s == "int2") return Format::kInt2;
-  return std::nullopt;
-}
 
 absl::StatusOr<Strategy> ParseStrategy(const std::string& text) {
   // NAME=TOKENS:KFMT:VFMT
@@ -63,7 +52,7 @@ absl::StatusOr<Strategy> ParseStrategy(const std::string& text) {
   Strategy s;
   s.name = text.substr(0, eq);
   if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &s.tokens) || s.tokens == 0) return bad();
-  auto k = ParseFmt(parts[1]), v = ParseFmt(parts[2]);
+  auto k = kernels::ParseFormat(parts[1]), v = kernels::ParseFormat(parts[2]);
   if (!k || !v) return bad();
   s.k = *k;
   s.v = *v;

@@ -230,8 +230,8 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const std::string& kind, cons
     po.socket = o.daemon;
     po.agent_id = "bench-worker";
     po.shape = shape;
-    po.key_format = static_cast<uint8_t>(*kf);
-    po.value_format = static_cast<uint8_t>(*vf);
+    po.key_format = *kf;
+    po.value_format = *vf;
     auto s = worker::NewPoolPageSource(po);
     if (!s.ok()) return s.status();
     src = std::move(*s);

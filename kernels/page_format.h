@@ -27,6 +27,10 @@ enum class PageFormat : uint8_t {
   kInt2 = 7,
 };
 
+// Compute dtype of a worker's model; a session's default page format follows
+// it. Wire values are stable: they appear in the proto API.
+enum class DType : uint8_t { kF32 = 1, kF16 = 2, kBF16 = 3 };
+
 enum class KvKind : uint8_t { kKey = 0, kValue = 1 };
 
 struct PageShape {

@@ -63,13 +63,18 @@ struct StructTag {
   bool boundary = false;  // first or last token of its block
 };
 
-// Layer-independent metadata of one token, index = token id in the session.
-struct TokenMeta {
-  int64_t position = 0;  // logical position (RoPE position) in the session
-  int32_t turn = 0;      // 0-based turn index; a turn = one message
+// What a worker reports of one slot (libpolykv_client's SlotMeta) and the
+// daemon keeps for it: the token's metadata except its position.
+struct SlotMeta {
+  int32_t turn = 0;  // 0-based turn index; a turn = one message
   Role role = Role::kUser;
   StructTag tag;
   bool pinned = false;  // the daemon or client pinned it: never evicted
+};
+
+// Layer-independent metadata of one token, index = token id in the session.
+struct TokenMeta : SlotMeta {
+  int64_t position = 0;  // logical position (RoPE position) in the session
 };
 
 // One entry of one layer's cache.

@@ -7,19 +7,6 @@
 #include "policies/tagger.h"
 
 namespace polykv::eval {
-namespace {
-
-policies::Role ToPolicyRole(worker::Role role) {
-  switch (role) {
-    case worker::Role::kSystem: return policies::Role::kSystem;
-    case worker::Role::kUser: return policies::Role::kUser;
-    case worker::Role::kAssistant: return policies::Role::kAssistant;
-    case worker::Role::kTool: return policies::Role::kToolOutput;
-  }
-  return policies::Role::kUser;
-}
-
-}  // namespace
 
 absl::StatusOr<policies::SessionView> BuildContextView(const EvalKvStore& store,
                                                        const std::vector<std::string>& texts,
@@ -41,7 +28,7 @@ absl::StatusOr<policies::SessionView> BuildContextView(const EvalKvStore& store,
     policies::TokenMeta& m = v.tokens[i];
     m.position = tokens[i].position;
     m.turn = tokens[i].turn;
-    m.role = ToPolicyRole(tokens[i].role);
+    m.role = tokens[i].role;
     if (m.turn != turn && turn >= 0) tagger.EndMessage();
     turn = m.turn;
     tagger.Feed(texts[i], m.role);

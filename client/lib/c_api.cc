@@ -1,7 +1,9 @@
 #include "polykv/polykv_c.h"
 
+#include <optional>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "polykv/client.h"
 
 struct pkv_client {
@@ -13,11 +15,46 @@ struct pkv_session {
 
 namespace {
 
+using polykv::DType;
+using polykv::PageFormat;
+
+// The C constants are the ABI; they must keep meaning the C++ values.
+static_assert(PKV_FORMAT_F32 == static_cast<int>(PageFormat::kF32));
+static_assert(PKV_FORMAT_F16 == static_cast<int>(PageFormat::kF16));
+static_assert(PKV_FORMAT_BF16 == static_cast<int>(PageFormat::kBF16));
+static_assert(PKV_FORMAT_FP8_E4M3 == static_cast<int>(PageFormat::kFP8E4M3));
+static_assert(PKV_FORMAT_INT8 == static_cast<int>(PageFormat::kInt8));
+static_assert(PKV_FORMAT_INT4 == static_cast<int>(PageFormat::kInt4));
+static_assert(PKV_FORMAT_INT2 == static_cast<int>(PageFormat::kInt2));
+static_assert(PKV_DTYPE_F32 == static_cast<int>(DType::kF32));
+static_assert(PKV_DTYPE_F16 == static_cast<int>(DType::kF16));
+static_assert(PKV_DTYPE_BF16 == static_cast<int>(DType::kBF16));
+
 thread_local std::string last_error;
 
 int Report(const absl::Status& s) {
   last_error = s.ok() ? "" : std::string(s.message());
   return static_cast<int>(s.code());
+}
+
+// Checked here, not left to the daemon: the C++ types are narrower than
+// uint32_t, so an unknown value would otherwise wrap into a valid one.
+absl::StatusOr<DType> DTypeFromC(uint32_t v) {
+  switch (v) {
+    case PKV_DTYPE_DEFAULT:
+    case PKV_DTYPE_F16: return DType::kF16;
+    case PKV_DTYPE_F32: return DType::kF32;
+    case PKV_DTYPE_BF16: return DType::kBF16;
+    default: return absl::InvalidArgumentError(absl::StrCat("dtype: unknown dtype ", v));
+  }
+}
+
+absl::StatusOr<std::optional<PageFormat>> FormatFromC(uint32_t v, absl::string_view field) {
+  if (v == PKV_FORMAT_DEFAULT) return std::optional<PageFormat>();
+  if (!polykv::kernels::IsValidFormat(static_cast<int>(v))) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": unknown page format ", v));
+  }
+  return std::optional<PageFormat>(static_cast<PageFormat>(v));
 }
 
 }  // namespace
@@ -41,10 +78,15 @@ int pkv_session_open(pkv_client* client, const pkv_session_options* o, pkv_sessi
   polykv::SessionOptions so;
   so.agent_id = o->agent_id;
   if (o->tenant) so.tenant = o->tenant;
-  so.profile = {o->num_layers, o->num_kv_heads, o->head_dim,
-                static_cast<polykv::DType>(o->dtype ? o->dtype : 2), ""};
-  so.key_format = static_cast<polykv::Format>(o->key_format);
-  so.value_format = static_cast<polykv::Format>(o->value_format);
+  auto dtype = DTypeFromC(o->dtype);
+  if (!dtype.ok()) return Report(dtype.status());
+  auto kf = FormatFromC(o->key_format, "key_format");
+  if (!kf.ok()) return Report(kf.status());
+  auto vf = FormatFromC(o->value_format, "value_format");
+  if (!vf.ok()) return Report(vf.status());
+  so.profile = {o->num_layers, o->num_kv_heads, o->head_dim, *dtype, ""};
+  so.key_format = *kf;
+  so.value_format = *vf;
   so.block_tokens = o->block_tokens;
   auto s = client->impl->OpenSession(so);
   if (!s.ok()) return Report(s.status());

@@ -15,6 +15,21 @@ namespace {
 using internal::FromGrpc;
 using internal::SetDeadline;
 
+// Values of kernels::PageFormat equal proto PageFormat's (static_asserts in
+// daemon/rpc/convert.cc). A value this build does not know comes from a newer
+// daemon; the pages cannot be read without knowing their format.
+absl::StatusOr<PageFormat> FormatFromWire(int value, absl::string_view what) {
+  if (!kernels::IsValidFormat(value)) {
+    return absl::InternalError(
+        absl::StrCat("polykvd sent ", what, " page format ", value, ", unknown to this client"));
+  }
+  return static_cast<PageFormat>(value);
+}
+
+v1::PageFormat FormatToWire(std::optional<PageFormat> f) {
+  return f ? static_cast<v1::PageFormat>(*f) : v1::PAGE_FORMAT_UNSPECIFIED;
+}
+
 void FillRef(const SessionRef& r, v1::SessionRef* out) {
   out->set_session_id(r.session_id);
   out->set_token(r.token);
@@ -97,10 +112,13 @@ class SessionImpl final : public Session {
     req.set_current_turn(current_turn);
     for (const SlotMeta& m : meta) {
       auto* p = req.add_slots();
-      p->set_turn(m.turn);
-      p->set_role(m.role);
-      p->set_tag_kind(m.tag_kind);
-      p->set_block_id(m.block_id);
+      // A negative turn wraps past INT32_MAX: the daemon refuses it.
+      p->set_turn(static_cast<uint32_t>(m.turn));
+      p->set_role(static_cast<v1::Role>(m.role));
+      p->set_tag_kind(static_cast<v1::BlockKind>(m.tag.kind));
+      p->set_block_id(m.tag.block_id);
+      p->set_tag_depth(m.tag.depth);
+      p->set_tag_boundary(m.tag.boundary);
       p->set_pinned(m.pinned);
     }
     req.mutable_attention()->Add(attention.begin(), attention.end());
@@ -184,8 +202,10 @@ class SessionImpl final : public Session {
     for (const auto& p : b.pages()) {
       auto addr = mapper_.Address(p.arena_id(), p.offset(), p.size_bytes());
       if (!addr.ok()) return addr.status();
+      auto format = FormatFromWire(p.format(), "a");
+      if (!format.ok()) return format.status();
       out.pages.push_back(Page{p.page_id(), p.arena_id(), p.offset(), p.size_bytes(), p.layer(),
-                               p.is_value(), static_cast<Format>(p.format()), *addr});
+                               p.is_value(), *format, *addr});
     }
     return out;
   }
@@ -241,8 +261,8 @@ class ClientImpl final : public Client {
     p->set_head_dim(o.profile.head_dim);
     p->set_dtype(static_cast<v1::DType>(o.profile.dtype));
     p->set_model_id(o.profile.model_id);
-    req.set_key_format(static_cast<v1::PageFormat>(o.key_format));
-    req.set_value_format(static_cast<v1::PageFormat>(o.value_format));
+    req.set_key_format(FormatToWire(o.key_format));
+    req.set_value_format(FormatToWire(o.value_format));
     req.set_block_tokens(o.block_tokens);
     req.set_lease_ms(o.lease_ms);
     v1::OpenSessionResponse resp;
@@ -251,12 +271,17 @@ class ClientImpl final : public Client {
     info.session_id = resp.session_id();
     info.block_tokens = resp.block_tokens();
     info.lease_ms = resp.lease_ms();
-    info.key_format = static_cast<Format>(resp.key_format());
-    info.value_format = static_cast<Format>(resp.value_format());
+    const auto kf = FormatFromWire(resp.key_format(), "the key");
+    const auto vf = FormatFromWire(resp.value_format(), "the value");
+    info.key_format = kf.value_or(PageFormat::kF16);
+    info.value_format = vf.value_or(PageFormat::kF16);
     info.key_page_bytes = resp.key_page_bytes();
     info.value_page_bytes = resp.value_page_bytes();
     auto session = std::make_unique<SessionImpl>(
         stub_, info, SessionRef{resp.session_id(), resp.token()}, resp.fd_socket_path());
+    // Checked once the session exists, so that its destructor closes it.
+    if (!kf.ok()) return kf.status();
+    if (!vf.ok()) return vf.status();
     if (auto s = session->Init(resp, o.heartbeat); !s.ok()) return s;
     return std::unique_ptr<Session>(std::move(session));
   }

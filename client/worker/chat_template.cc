@@ -66,6 +66,12 @@ absl::StatusOr<ToolCall> ToolCallFromJson(const JsonValue& json) {
   return out;
 }
 
+// The role as the template names it: the policies' names, except that a
+// tool's output is "tool".
+std::string ChatRoleName(Role role) {
+  return std::string(role == Role::kToolOutput ? "tool" : policies::RoleName(role));
+}
+
 }  // namespace
 
 absl::StatusOr<ChatMessage> ChatMessageFromJson(const JsonValue& json) {
@@ -84,7 +90,7 @@ absl::StatusOr<ChatMessage> ChatMessageFromJson(const JsonValue& json) {
   } else if (r == "assistant") {
     m.role = Role::kAssistant;
   } else if (r == "tool") {
-    m.role = Role::kTool;
+    m.role = Role::kToolOutput;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown role \"", r, "\" (expected system, user, tool or assistant)"));
@@ -161,14 +167,14 @@ std::string ChatTemplate::SystemTurn(const std::string* system,
 
 std::string ChatTemplate::RenderMessage(const ChatMessage& m, std::optional<Role> previous,
                                         std::span<const JsonValue> tools) const {
-  std::string out = CloseRun(m.role == Role::kTool ? std::nullopt : previous);
+  std::string out = CloseRun(m.role == Role::kToolOutput ? std::nullopt : previous);
   if (!previous.has_value()) {
     if (m.role == Role::kSystem) return SystemTurn(&m.content, tools);
     out = SystemTurn(nullptr, tools);
   }
-  const char* role = RoleName(m.role);
-  if (dialect_ == Dialect::kQwen && m.role == Role::kTool) {
-    if (previous != Role::kTool) absl::StrAppend(&out, start_, "user");
+  const std::string role = ChatRoleName(m.role);
+  if (dialect_ == Dialect::kQwen && m.role == Role::kToolOutput) {
+    if (previous != Role::kToolOutput) absl::StrAppend(&out, start_, "user");
     absl::StrAppend(&out, "\n<tool_response>\n", m.content, "\n</tool_response>");
     return out;
   }
@@ -203,7 +209,7 @@ std::string ChatTemplate::RenderMessage(std::string_view role, std::string_view 
   m.content = std::string(content);
   if (role == "system") m.role = Role::kSystem;
   if (role == "assistant") m.role = Role::kAssistant;
-  if (role == "tool") m.role = Role::kTool;
+  if (role == "tool") m.role = Role::kToolOutput;
   return RenderMessage(m, first ? std::nullopt : std::optional<Role>(Role::kUser));
 }
 

@@ -88,7 +88,7 @@ class ChatTemplate {
 
  private:
   bool OpensToolRun(std::optional<Role> previous) const {
-    return dialect_ == Dialect::kQwen && previous == Role::kTool;
+    return dialect_ == Dialect::kQwen && previous == Role::kToolOutput;
   }
   // The system turn that precedes the first message; `system` is its
   // content when that message is a system message, else null.

@@ -19,8 +19,8 @@ std::string ChatTokenizer::AppendRendered(const std::string& text, int32_t turn,
                                           std::vector<TaggedToken>* out) {
   // A closing tool run belongs to the run's last message, not to this one.
   const std::string close = t_->CloseRun(previous_);
-  if (!close.empty() && absl::StartsWith(text, close) && role != Role::kTool) {
-    Append(close, previous_turn_, Role::kTool, out);
+  if (!close.empty() && absl::StartsWith(text, close) && role != Role::kToolOutput) {
+    Append(close, previous_turn_, Role::kToolOutput, out);
     Append(text.substr(close.size()), turn, role, out);
   } else {
     Append(text, turn, role, out);
@@ -55,7 +55,7 @@ std::string ChatTokenizer::AddAfterGeneratedTurn(int32_t turn, std::vector<Tagge
 
 std::string ChatTokenizer::Close(std::vector<TaggedToken>* out) {
   const std::string text = t_->CloseRun(previous_);
-  if (!text.empty()) Append(text, previous_turn_, Role::kTool, out);
+  if (!text.empty()) Append(text, previous_turn_, Role::kToolOutput, out);
   Flush(out);
   return text;
 }

@@ -96,7 +96,7 @@ absl::StatusOr<Role> ParseRole(std::string_view role) {
   if (role == "system") return Role::kSystem;
   if (role == "user") return Role::kUser;
   if (role == "assistant") return Role::kAssistant;
-  if (role == "tool") return Role::kTool;
+  if (role == "tool") return Role::kToolOutput;
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown role \"", std::string(role), "\" (expected system, user, tool or assistant)"));
 }

@@ -23,11 +23,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "policies/session_view.h"
 
 namespace polykv::worker {
 
-enum class Role : uint8_t { kSystem = 0, kUser = 1, kAssistant = 2, kTool = 3 };
-const char* RoleName(Role role);
+// A message's role is the policies' role of its tokens: a tool message's are
+// kToolOutput.
+using policies::Role;
 
 // Per-token metadata the worker reports to the daemon with the token.
 struct TokenMeta {

@@ -16,16 +16,6 @@ namespace {
 constexpr int kDenseBlockTokens = 16;
 }  // namespace
 
-const char* RoleName(Role role) {
-  switch (role) {
-    case Role::kSystem: return "system";
-    case Role::kUser: return "user";
-    case Role::kAssistant: return "assistant";
-    case Role::kTool: return "tool";
-  }
-  return "unknown";
-}
-
 absl::StatusOr<std::unique_ptr<LocalKvStore>> LocalKvStore::Create(
     const LocalKvStoreOptions& options) {
   const KvShape& s = options.shape;

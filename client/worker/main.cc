@@ -124,12 +124,12 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const Flags& f, const LoadedM
     if (!f.key_format.empty()) {
       auto kf = FormatFlag(f.key_format, "--key-format");
       if (!kf.ok()) return kf.status();
-      o.key_format = static_cast<uint8_t>(*kf);
+      o.key_format = *kf;
     }
     if (!f.value_format.empty()) {
       auto vf = FormatFlag(f.value_format, "--value-format");
       if (!vf.ok()) return vf.status();
-      o.value_format = static_cast<uint8_t>(*vf);
+      o.value_format = *vf;
     }
     auto s = NewPoolPageSource(o);
     if (!s.ok()) {

@@ -11,18 +11,6 @@ namespace {
 using kernels::KvKind;
 using kernels::PageFormat;
 
-// policies::Role wire values (policies/session_view.h): the worker's tool
-// messages are tool output.
-uint32_t PolicyRole(Role r) {
-  switch (r) {
-    case Role::kSystem: return 0;
-    case Role::kUser: return 1;
-    case Role::kAssistant: return 2;
-    case Role::kTool: return 4;
-  }
-  return 1;
-}
-
 // Reports are advisory: a daemon without the RPC, or one whose epoch moved
 // since (the next Sync adopts it), loses one report, not the session.
 absl::Status Benign(const absl::Status& s) {
@@ -62,8 +50,8 @@ class PoolPageSource : public PageSource {
     meta.reserve(new_tokens.size());
     for (const TokenMeta& t : new_tokens) {
       SlotMeta m;
-      m.turn = static_cast<uint32_t>(t.turn);
-      m.role = PolicyRole(t.role);
+      m.turn = t.turn;
+      m.role = t.role;
       meta.push_back(m);
     }
     const uint64_t first = static_cast<uint64_t>(total_tokens) - new_tokens.size();
@@ -103,8 +91,8 @@ class PoolPageSource : public PageSource {
   }
   std::string name() const override {
     const SessionInfo& i = session_->info();
-    return absl::StrCat("pool-", std::string(kernels::FormatShortName(PageFormat(i.key_format))),
-                        "-", std::string(kernels::FormatShortName(PageFormat(i.value_format))));
+    return absl::StrCat("pool-", std::string(kernels::FormatShortName(i.key_format)), "-",
+                        std::string(kernels::FormatShortName(i.value_format)));
   }
 
  private:
@@ -126,8 +114,8 @@ class PoolPageSource : public PageSource {
             "the daemon's pages are not mapped in host memory (a CUDA pool needs the CUDA "
             "attention path, not wired yet)");
       }
-      const PageFormat kf = PageFormat(static_cast<uint8_t>(k.format));
-      const PageFormat vf = PageFormat(static_cast<uint8_t>(v.format));
+      const PageFormat kf = k.format;
+      const PageFormat vf = v.format;
       if (l == 0) {
         out.k_format = kf;
         out.v_format = vf;
@@ -167,8 +155,8 @@ absl::StatusOr<std::unique_ptr<PageSource>> NewPoolPageSource(const PoolPageSour
   so.profile.head_dim = static_cast<uint32_t>(o.shape.head_dim);
   so.profile.dtype = DType::kF32;
   so.profile.model_id = o.model_id;
-  so.key_format = static_cast<Format>(o.key_format);
-  so.value_format = static_cast<Format>(o.value_format);
+  so.key_format = o.key_format;
+  so.value_format = o.value_format;
   so.block_tokens = static_cast<uint32_t>(o.block_tokens);
   auto session = (*client)->OpenSession(so);
   if (!session.ok()) return session.status();

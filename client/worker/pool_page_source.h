@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -17,9 +18,9 @@ struct PoolPageSourceOptions {
   std::string tenant = "default";
   std::string model_id;  // Reported to the daemon (e.g. the GGUF's general.name).
   KvShape shape;
-  // 0 = the daemon's choice; else the kernels::PageFormat wire value.
-  uint8_t key_format = 0;
-  uint8_t value_format = 0;
+  // nullopt: the daemon's choice.
+  std::optional<kernels::PageFormat> key_format;
+  std::optional<kernels::PageFormat> value_format;
   int block_tokens = 0;  // 0 = the daemon's default.
 };
 

@@ -20,13 +20,7 @@ policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
   layer.slots.resize(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
     const SlotRecord& r = slots[i];
-    policies::TokenMeta& m = v.tokens[i];
-    m.position = r.position;
-    m.turn = r.turn;
-    m.role = static_cast<policies::Role>(r.role);
-    m.tag.kind = static_cast<policies::BlockKind>(r.tag_kind);
-    m.tag.block_id = r.block_id;
-    m.pinned = r.pinned;
+    v.tokens[i] = r.meta;
     policies::Slot& s = layer.slots[i];
     s.token = static_cast<uint32_t>(i);
     s.count = std::max<uint32_t>(r.count, 1);
@@ -65,7 +59,7 @@ absl::StatusOr<CompactionGroups> LowerPlan(const std::vector<SlotRecord>& slots,
         out.weights.push_back(i < g.weights.size() ? std::max(g.weights[i], 0.f) : 1.f);
         rec.count += std::max<uint32_t>(m.count, 1);
         rec.attn += m.attn;
-        rec.pinned |= m.pinned;
+        rec.meta.pinned |= m.meta.pinned;
         if (g.members[i] != g.representative) out.merged_tokens += std::max<uint32_t>(m.count, 1);
       }
       out.slots.push_back(rec);

@@ -28,14 +28,9 @@ namespace polykv::daemon {
 
 // What the daemon knows about one committed slot of a session.
 struct SlotRecord {
-  int64_t position = 0;  // logical position of the (representative) token
-  int32_t turn = 0;
-  uint8_t role = 1;      // policies::Role
-  uint8_t tag_kind = 0;  // policies::BlockKind
-  uint32_t block_id = 0;
-  bool pinned = false;
-  uint32_t count = 1;    // tokens folded into this slot
-  float attn = 0.f;      // accumulated attention mass
+  policies::TokenMeta meta;  // of the slot's (representative) token
+  uint32_t count = 1;        // tokens folded into this slot
+  float attn = 0.f;          // accumulated attention mass
 };
 
 // One-layer view of `slots` (see file comment).

@@ -265,9 +265,9 @@ absl::StatusOr<uint64_t> KvPool::Commit(uint64_t session_id, absl::string_view t
   slots.reserve(committed);
   while (slots.size() < committed) {
     SlotRecord r;
-    r.position = s.policy.next_position++;
-    r.turn = s.policy.current_turn;
-    r.role = 2;  // assistant until the worker reports otherwise
+    r.meta.position = s.policy.next_position++;
+    r.meta.turn = s.policy.current_turn;
+    r.meta.role = policies::Role::kAssistant;  // until the worker reports otherwise
     slots.push_back(r);
   }
   s.tables.committed_tokens = committed;
@@ -316,7 +316,7 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
       out.slot_positions.reserve(s.policy.slots.size());
       out.slot_counts.reserve(s.policy.slots.size());
       for (const SlotRecord& r : s.policy.slots) {
-        out.slot_positions.push_back(r.position);
+        out.slot_positions.push_back(r.meta.position);
         out.slot_counts.push_back(r.count);
       }
     }
@@ -740,13 +740,12 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
         committed, " committed); commit before reporting"));
   }
   for (size_t i = 0; i < r.slots.size(); ++i) {
-    const SlotMetaReport& m = r.slots[i];
-    if (m.role >= static_cast<uint32_t>(policies::kNumRoles) ||
-        m.tag_kind >= static_cast<uint32_t>(policies::kNumBlockKinds) ||
-        m.turn > static_cast<uint32_t>(INT32_MAX)) {
+    const policies::SlotMeta& m = r.slots[i];
+    const int role = static_cast<int>(m.role), kind = static_cast<int>(m.tag.kind);
+    if (role >= policies::kNumRoles || kind >= policies::kNumBlockKinds || m.turn < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "slot ", r.first_slot + i, ": role ", m.role, " (0..", policies::kNumRoles - 1,
-          "), tag_kind ", m.tag_kind, " (0..", policies::kNumBlockKinds - 1, ") or turn ",
+          "slot ", r.first_slot + i, ": role ", role, " (0..", policies::kNumRoles - 1,
+          "), tag_kind ", kind, " (0..", policies::kNumBlockKinds - 1, ") or turn ",
           m.turn, " out of range"));
     }
   }
@@ -761,12 +760,8 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
   }
   auto& slots = s.policy.slots;
   for (size_t i = 0; i < r.slots.size(); ++i) {
-    SlotRecord& rec = slots[r.first_slot + i];
-    rec.turn = static_cast<int32_t>(r.slots[i].turn);
-    rec.role = static_cast<uint8_t>(r.slots[i].role);
-    rec.tag_kind = static_cast<uint8_t>(r.slots[i].tag_kind);
-    rec.block_id = r.slots[i].block_id;
-    rec.pinned = r.slots[i].pinned;
+    // Assigns the SlotMeta part only: the position stays the daemon's.
+    static_cast<policies::SlotMeta&>(slots[r.first_slot + i].meta) = r.slots[i];
   }
   for (size_t i = 0; i < r.attention.size(); ++i) slots[r.first_slot + i].attn += r.attention[i];
   if (r.current_turn > 0) s.policy.current_turn = static_cast<int32_t>(r.current_turn);

@@ -12,12 +12,12 @@
 #include "daemon/memory/arena.h"
 #include "daemon/pool/page_allocator.h"
 #include "kernels/page_format.h"
+#include "policies/session_view.h"
 
 namespace polykv::daemon {
 
+using kernels::DType;
 using kernels::PageFormat;
-
-enum class DType { kF32 = 1, kF16 = 2, kBF16 = 3 };
 
 // Wire values equal proto PriorityClass.
 enum class Priority { kBestEffort = 1, kLow = 2, kNormal = 3, kHigh = 4, kCritical = 5 };
@@ -114,21 +114,12 @@ struct SyncResult {
   std::vector<uint32_t> slot_counts;
 };
 
-// Metadata of one slot as the worker reports it (values of
-// policies::Role / policies::BlockKind; checked by KvPool::ReportSlots).
-struct SlotMetaReport {
-  uint32_t turn = 0;
-  uint32_t role = 1;
-  uint32_t tag_kind = 0;
-  uint32_t block_id = 0;
-  bool pinned = false;
-};
-
 struct ReportSlotsRequest {
   uint64_t epoch = 0;
   uint64_t first_slot = 0;
-  std::vector<SlotMetaReport> slots;  // for [first_slot, first_slot + size)
-  std::vector<float> attention;       // for [first_slot, first_slot + size)
+  // Checked by KvPool::ReportSlots: enums in range, turn >= 0.
+  std::vector<policies::SlotMeta> slots;  // for [first_slot, first_slot + size)
+  std::vector<float> attention;           // for [first_slot, first_slot + size)
   uint32_t current_turn = 0;          // 0 = unchanged
 };
 

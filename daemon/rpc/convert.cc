@@ -1,8 +1,59 @@
 #include "daemon/rpc/convert.h"
 
 #include "absl/strings/str_cat.h"
+#include "policies/session_view.h"
 
 namespace polykv::daemon {
+namespace {
+
+// Every proto enum value equals the internal value of the same name, so the
+// translation below (and libpolykv_client's) is a cast plus a range check.
+// The counts catch a value added on one side only.
+static_assert(v1::PAGE_FORMAT_F32 == static_cast<int>(PageFormat::kF32));
+static_assert(v1::PAGE_FORMAT_F16 == static_cast<int>(PageFormat::kF16));
+static_assert(v1::PAGE_FORMAT_BF16 == static_cast<int>(PageFormat::kBF16));
+static_assert(v1::PAGE_FORMAT_FP8_E4M3 == static_cast<int>(PageFormat::kFP8E4M3));
+static_assert(v1::PAGE_FORMAT_INT8 == static_cast<int>(PageFormat::kInt8));
+static_assert(v1::PAGE_FORMAT_INT4 == static_cast<int>(PageFormat::kInt4));
+static_assert(v1::PAGE_FORMAT_INT2 == static_cast<int>(PageFormat::kInt2));
+static_assert(v1::DTYPE_F32 == static_cast<int>(DType::kF32));
+static_assert(v1::DTYPE_F16 == static_cast<int>(DType::kF16));
+static_assert(v1::DTYPE_BF16 == static_cast<int>(DType::kBF16));
+static_assert(v1::ROLE_SYSTEM == static_cast<int>(policies::Role::kSystem));
+static_assert(v1::ROLE_USER == static_cast<int>(policies::Role::kUser));
+static_assert(v1::ROLE_ASSISTANT == static_cast<int>(policies::Role::kAssistant));
+static_assert(v1::ROLE_TOOL_CALL == static_cast<int>(policies::Role::kToolCall));
+static_assert(v1::ROLE_TOOL_OUTPUT == static_cast<int>(policies::Role::kToolOutput));
+static_assert(v1::ROLE_ERROR == static_cast<int>(policies::Role::kError));
+static_assert(v1::BLOCK_KIND_NONE == static_cast<int>(policies::BlockKind::kNone));
+static_assert(v1::BLOCK_KIND_TEXT == static_cast<int>(policies::BlockKind::kText));
+static_assert(v1::BLOCK_KIND_IMPORT == static_cast<int>(policies::BlockKind::kImport));
+static_assert(v1::BLOCK_KIND_SIGNATURE == static_cast<int>(policies::BlockKind::kSignature));
+static_assert(v1::BLOCK_KIND_CLASS == static_cast<int>(policies::BlockKind::kClass));
+static_assert(v1::BLOCK_KIND_BODY == static_cast<int>(policies::BlockKind::kBody));
+static_assert(v1::BLOCK_KIND_COMMENT == static_cast<int>(policies::BlockKind::kComment));
+static_assert(v1::BLOCK_KIND_STATEMENT == static_cast<int>(policies::BlockKind::kStatement));
+static_assert(v1::BLOCK_KIND_TOOL_CALL == static_cast<int>(policies::BlockKind::kToolCall));
+static_assert(v1::BLOCK_KIND_TOOL_OUTPUT == static_cast<int>(policies::BlockKind::kToolOutput));
+static_assert(v1::BLOCK_KIND_ERROR == static_cast<int>(policies::BlockKind::kError));
+static_assert(v1::PRIORITY_BEST_EFFORT == static_cast<int>(Priority::kBestEffort));
+static_assert(v1::PRIORITY_LOW == static_cast<int>(Priority::kLow));
+static_assert(v1::PRIORITY_NORMAL == static_cast<int>(Priority::kNormal));
+static_assert(v1::PRIORITY_HIGH == static_cast<int>(Priority::kHigh));
+static_assert(v1::PRIORITY_CRITICAL == static_cast<int>(Priority::kCritical));
+static_assert(v1::SessionEvent::TYPE_EPOCH == static_cast<int>(SessionEventMsg::Type::kEpoch));
+static_assert(v1::SessionEvent::TYPE_QOS == static_cast<int>(SessionEventMsg::Type::kQos));
+static_assert(v1::SessionEvent::TYPE_DRAIN == static_cast<int>(SessionEventMsg::Type::kDrain));
+static_assert(v1::SessionEvent::TYPE_EVICTED == static_cast<int>(SessionEventMsg::Type::kEvicted));
+static_assert(v1::PageFormat_ARRAYSIZE == static_cast<int>(PageFormat::kInt2) + 1);
+static_assert(v1::DType_ARRAYSIZE == static_cast<int>(DType::kBF16) + 1);
+static_assert(v1::Role_ARRAYSIZE == policies::kNumRoles);
+static_assert(v1::BlockKind_ARRAYSIZE == policies::kNumBlockKinds);
+static_assert(v1::PriorityClass_ARRAYSIZE == static_cast<int>(Priority::kCritical) + 1);
+static_assert(v1::SessionEvent::Type_ARRAYSIZE ==
+              static_cast<int>(SessionEventMsg::Type::kEvicted) + 1);
+
+}  // namespace
 
 absl::StatusOr<std::optional<PageFormat>> FormatFromProto(int value, absl::string_view field) {
   if (value == v1::PAGE_FORMAT_UNSPECIFIED) return std::optional<PageFormat>();
@@ -70,6 +121,37 @@ absl::StatusOr<QosRecord> FromProto(const v1::QosRecord& q) {
   o.value_floor = *vf;
   o.policy = q.policy().empty() ? "full" : q.policy();
   o.budget_tokens = q.budget_tokens();
+  return o;
+}
+
+absl::StatusOr<ReportSlotsRequest> FromProto(const v1::ReportSlotsRequest& r) {
+  ReportSlotsRequest o;
+  o.epoch = r.epoch();
+  o.first_slot = r.first_slot();
+  o.current_turn = r.current_turn();
+  o.slots.reserve(r.slots_size());
+  for (int i = 0; i < r.slots_size(); ++i) {
+    const v1::SlotMeta& m = r.slots(i);
+    // Proto3 enums are open: numbers the enum does not name still arrive.
+    if (m.role() < 0 || m.role() >= policies::kNumRoles || m.tag_kind() < 0 ||
+        m.tag_kind() >= policies::kNumBlockKinds || m.turn() > uint32_t{INT32_MAX} ||
+        m.tag_depth() > UINT16_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "slots[", i, "] (slot ", r.first_slot() + i, "): role ", m.role(), " (0..",
+          policies::kNumRoles - 1, "), tag_kind ", m.tag_kind(), " (0..",
+          policies::kNumBlockKinds - 1, "), turn ", m.turn(), " (0..", INT32_MAX,
+          ") or tag_depth ", m.tag_depth(), " (0..", UINT16_MAX, ") out of range"));
+    }
+    policies::SlotMeta& s = o.slots.emplace_back();
+    s.turn = static_cast<int32_t>(m.turn());
+    s.role = static_cast<policies::Role>(m.role());
+    s.tag.kind = static_cast<policies::BlockKind>(m.tag_kind());
+    s.tag.block_id = m.block_id();
+    s.tag.depth = static_cast<uint16_t>(m.tag_depth());
+    s.tag.boundary = m.tag_boundary();
+    s.pinned = m.pinned();
+  }
+  o.attention.assign(r.attention().begin(), r.attention().end());
   return o;
 }
 

@@ -11,6 +11,8 @@ namespace polykv::daemon {
 
 absl::StatusOr<OpenRequest> FromProto(const v1::OpenSessionRequest& r, const PeerCreds& peer);
 absl::StatusOr<QosRecord> FromProto(const v1::QosRecord& q);
+// The session in r.session() is the caller's to check.
+absl::StatusOr<ReportSlotsRequest> FromProto(const v1::ReportSlotsRequest& r);
 // nullopt for UNSPECIFIED.
 absl::StatusOr<std::optional<PageFormat>> FormatFromProto(int value, absl::string_view field);
 

@@ -120,21 +120,14 @@ grpc::Status SessionService::ReportSlots(grpc::ServerContext* c,
                                          const v1::ReportSlotsRequest* req,
                                          v1::ReportSlotsResponse* resp) {
   return Handle(ctx_, c, "ReportSlots", [&](const PeerCreds& peer) -> absl::Status {
-    ReportSlotsRequest r;
-    r.epoch = req->epoch();
-    r.first_slot = req->first_slot();
-    r.current_turn = req->current_turn();
-    r.slots.reserve(req->slots_size());
-    for (const auto& m : req->slots()) {
-      r.slots.push_back({m.turn(), m.role(), m.tag_kind(), m.block_id(), m.pinned()});
-    }
-    r.attention.assign(req->attention().begin(), req->attention().end());
+    auto r = FromProto(*req);
+    if (!r.ok()) return r.status();
     if (auto s = ctx_.pool->ReportSlots(req->session().session_id(), req->session().token(),
-                                        peer, r);
+                                        peer, *r);
         !s.ok()) {
       return s;
     }
-    resp->set_epoch(r.epoch);
+    resp->set_epoch(r->epoch);
     return absl::OkStatus();
   });
 }

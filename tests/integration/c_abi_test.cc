@@ -33,7 +33,7 @@ TEST(CAbiTest, SessionLifecycleAndErrors) {
   o.num_layers = 2;
   o.num_kv_heads = 2;
   o.head_dim = 64;
-  o.dtype = 1;  // f32
+  o.dtype = PKV_DTYPE_F32;
   pkv_session* session = nullptr;
   ASSERT_EQ(pkv_session_open(client, &o, &session), 0) << pkv_last_error();
   EXPECT_GT(pkv_session_id(session), 0u);
@@ -50,6 +50,7 @@ TEST(CAbiTest, SessionLifecycleAndErrors) {
     EXPECT_EQ(pages[i].layer, i / 2);
     EXPECT_EQ(pages[i].is_value, i % 2);
     EXPECT_EQ(pages[i].block_index, 2u);
+    EXPECT_EQ(pages[i].format, uint32_t{PKV_FORMAT_F32});  // the dtype's format
     ASSERT_NE(pages[i].addr, nullptr);
     std::memset(pages[i].addr, 0x5a, pages[i].size_bytes);  // the mapping is writable
   }
@@ -65,6 +66,15 @@ TEST(CAbiTest, SessionLifecycleAndErrors) {
   pkv_session* none = nullptr;
   EXPECT_EQ(pkv_session_open(client, &bad, &none), 3);
   EXPECT_NE(std::string(pkv_last_error()).find("num_layers"), std::string::npos);
+  EXPECT_EQ(none, nullptr);
+  bad = o;
+  bad.dtype = 0x101;  // would wrap to f32 in the C++ type
+  EXPECT_EQ(pkv_session_open(client, &bad, &none), 3);
+  EXPECT_NE(std::string(pkv_last_error()).find("dtype"), std::string::npos);
+  bad = o;
+  bad.key_format = PKV_FORMAT_INT2 + 1;
+  EXPECT_EQ(pkv_session_open(client, &bad, &none), 3);
+  EXPECT_NE(std::string(pkv_last_error()).find("key_format"), std::string::npos);
   EXPECT_EQ(none, nullptr);
   EXPECT_EQ(pkv_num_blocks(session), 3u);
 

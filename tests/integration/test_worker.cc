@@ -243,7 +243,7 @@ int RunAgent(const std::map<std::string, std::string>& f) {
     const uint32_t turn = uint32_t(next_pos / 64);
     for (auto& m : meta) {
       m.turn = turn;
-      m.role = turn % 2 ? 2 : 1;
+      m.role = turn % 2 ? polykv::Role::kAssistant : polykv::Role::kUser;
     }
     std::vector<float> attention(committed + n);
     for (auto& a : attention) a = float(rng() % 1000) / 1000.f;

@@ -19,16 +19,22 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/page_format.h"
+#include "policies/session_view.h"
 
 namespace polykv {
 
-enum class DType { kF32 = 1, kF16 = 2, kBF16 = 3 };
-// Wire values equal kernels::PageFormat and proto PageFormat; 0 = daemon's choice.
-enum class Format : uint8_t { kDefault = 0, kF32 = 1, kF16, kBF16, kFP8E4M3, kInt8, kInt4, kInt2 };
+using kernels::DType;
+using kernels::PageFormat;
+using policies::BlockKind;
+using policies::Role;
+// Metadata of one slot for the daemon's policy.
+using SlotMeta = policies::SlotMeta;
 
 struct ModelProfile {
   uint32_t num_layers = 0;
@@ -42,8 +48,10 @@ struct SessionOptions {
   std::string agent_id;
   std::string tenant = "default";
   ModelProfile profile;
-  Format key_format = Format::kDefault;
-  Format value_format = Format::kDefault;
+  // nullopt: the format of profile.dtype. Either way the daemon raises a
+  // format to the agent's precision floor; SessionInfo has the granted ones.
+  std::optional<PageFormat> key_format;
+  std::optional<PageFormat> value_format;
   uint32_t block_tokens = 0;  // 0 = daemon default (16)
   uint32_t lease_ms = 0;      // 0 = daemon default
   bool heartbeat = true;      // Renew the lease from a background thread.
@@ -57,7 +65,7 @@ struct Page {
   uint32_t size_bytes = 0;
   uint32_t layer = 0;
   bool is_value = false;
-  Format format = Format::kDefault;
+  PageFormat format = PageFormat::kF16;
   void* addr = nullptr;  // Host address (host arenas); nullptr for device arenas.
 };
 
@@ -67,22 +75,12 @@ struct Block {
   std::vector<Page> pages;
 };
 
-// Metadata of one slot for the daemon's policy (values of policies::Role and
-// policies::BlockKind, see policies/session_view.h).
-struct SlotMeta {
-  uint32_t turn = 0;
-  uint32_t role = 1;      // 0 system, 1 user, 2 assistant, 3 tool call, 4 tool output, 5 error
-  uint32_t tag_kind = 0;  // BlockKind; 0 = untagged
-  uint32_t block_id = 0;  // structural block; 0 = none
-  bool pinned = false;    // never evicted
-};
-
 struct SessionInfo {
   uint64_t session_id = 0;
   uint32_t block_tokens = 0;
   uint32_t lease_ms = 0;
-  Format key_format = Format::kDefault;
-  Format value_format = Format::kDefault;
+  PageFormat key_format = PageFormat::kF16;  // Granted formats.
+  PageFormat value_format = PageFormat::kF16;
   uint32_t key_page_bytes = 0;
   uint32_t value_page_bytes = 0;
 };

@@ -14,6 +14,27 @@
 extern "C" {
 #endif
 
+/* Values of pkv_page.format and pkv_session_options.key_format/value_format
+ * (the proto PageFormat wire values). */
+enum {
+  PKV_FORMAT_DEFAULT = 0, /* options only: the daemon's choice */
+  PKV_FORMAT_F32 = 1,
+  PKV_FORMAT_F16 = 2,
+  PKV_FORMAT_BF16 = 3,
+  PKV_FORMAT_FP8_E4M3 = 4,
+  PKV_FORMAT_INT8 = 5,
+  PKV_FORMAT_INT4 = 6,
+  PKV_FORMAT_INT2 = 7
+};
+
+/* Values of pkv_session_options.dtype (the proto DType wire values). */
+enum {
+  PKV_DTYPE_DEFAULT = 0, /* f16 */
+  PKV_DTYPE_F32 = 1,
+  PKV_DTYPE_F16 = 2,
+  PKV_DTYPE_BF16 = 3
+};
+
 typedef struct pkv_client pkv_client;
 typedef struct pkv_session pkv_session;
 
@@ -22,22 +43,21 @@ typedef struct {
   uint32_t arena_id;
   uint32_t layer;
   uint32_t is_value; /* 0 keys, 1 values */
-  uint32_t format;   /* PageFormat wire value */
+  uint32_t format;   /* PKV_FORMAT_* */
   uint32_t size_bytes;
   uint32_t block_index;
   void* addr; /* mapped host address; NULL for device arenas */
 } pkv_page;
 
-/* dtype: 1 f32, 2 f16, 3 bf16. */
 typedef struct {
   const char* agent_id;
   const char* tenant;
   uint32_t num_layers;
   uint32_t num_kv_heads;
   uint32_t head_dim;
-  uint32_t dtype;
-  uint32_t key_format;   /* 0 = daemon default */
-  uint32_t value_format; /* 0 = daemon default */
+  uint32_t dtype;        /* PKV_DTYPE_* */
+  uint32_t key_format;   /* PKV_FORMAT_* */
+  uint32_t value_format; /* PKV_FORMAT_* */
   uint32_t block_tokens; /* 0 = daemon default */
 } pkv_session_options;
 

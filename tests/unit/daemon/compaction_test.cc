@@ -303,12 +303,12 @@ TEST_F(CompactionTest, BadReportSlotsChangesNothing) {
   bad.first_slot = 3;
   bad.slots.resize(2);
   bad.slots[0].pinned = true;  // valid, but the request fails as a whole
-  bad.slots[1].role = 9;
+  bad.slots[1].role = static_cast<policies::Role>(9);
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
-  bad.slots[1].role = 1;
-  bad.slots[1].tag_kind = 11;
+  bad.slots[1].role = policies::Role::kUser;
+  bad.slots[1].tag.kind = static_cast<policies::BlockKind>(11);
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
-  bad.slots[1].tag_kind = 0;
+  bad.slots[1].tag.kind = policies::BlockKind::kNone;
   bad.attention = {1.f, std::nanf("")};
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
   bad.attention = {1.f, -1.f};
@@ -415,7 +415,7 @@ TEST_F(CompactionTest, PressureLadderCompactsLowestPriorityFirstThenRefusesIt) {
 TEST(CompactionExecutorTest, LowersMergeGroupsAndAveragesTheirRows) {
   std::vector<SlotRecord> slots(5);
   for (int i = 0; i < 5; ++i) {
-    slots[i].position = 10 + i;
+    slots[i].meta.position = 10 + i;
     slots[i].attn = float(i);
   }
   policies::Plan plan;
@@ -434,7 +434,7 @@ TEST(CompactionExecutorTest, LowersMergeGroupsAndAveragesTheirRows) {
   ASSERT_EQ(groups->num_out(), 3);
   EXPECT_EQ(groups->group_offsets, (std::vector<int32_t>{0, 1, 3, 4}));
   EXPECT_EQ(groups->members, (std::vector<int32_t>{0, 2, 3, 4}));
-  EXPECT_EQ(groups->slots[1].position, 13);
+  EXPECT_EQ(groups->slots[1].meta.position, 13);
   EXPECT_EQ(groups->slots[1].count, 2u);
   EXPECT_FLOAT_EQ(groups->slots[1].attn, 5.f);
   EXPECT_EQ(groups->evicted_tokens, 1u);

@@ -57,7 +57,7 @@ TEST(CompactionTargetTest, LadderAskTriggersBelowTheBudgetAndTheSmallerTargetWin
 // n slots at logical positions first, first + 1, ...
 std::vector<SlotRecord> Slots(int n, int64_t first = 100) {
   std::vector<SlotRecord> s(n);
-  for (int i = 0; i < n; ++i) s[i].position = first + i;
+  for (int i = 0; i < n; ++i) s[i].meta.position = first + i;
   return s;
 }
 
@@ -120,7 +120,7 @@ void ExpectConsistent(const CompactionPlan& p) {
 
 std::vector<int64_t> Positions(const CompactionGroups& g) {
   std::vector<int64_t> out;
-  for (const SlotRecord& r : g.slots) out.push_back(r.position);
+  for (const SlotRecord& r : g.slots) out.push_back(r.meta.position);
   return out;
 }
 

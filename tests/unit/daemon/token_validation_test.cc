@@ -64,6 +64,47 @@ TEST(ConvertTest, UnknownEnumValuesAreRefused) {
   EXPECT_TRUE(absl::IsInvalidArgument(FromProto(q).status()));
 }
 
+TEST(ConvertTest, SlotMetaKeepsItsValuesAndRefusesOutOfRange) {
+  v1::ReportSlotsRequest r;
+  r.set_first_slot(4);
+  v1::SlotMeta* m = r.add_slots();
+  m->set_turn(3);
+  m->set_role(v1::ROLE_TOOL_OUTPUT);
+  m->set_tag_kind(v1::BLOCK_KIND_ERROR);
+  m->set_block_id(9);
+  m->set_tag_depth(2);
+  m->set_tag_boundary(true);
+  m->set_pinned(true);
+  auto ok = FromProto(r);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_EQ(ok->slots.size(), 1u);
+  const policies::SlotMeta& s = ok->slots[0];
+  EXPECT_EQ(s.turn, 3);
+  EXPECT_EQ(s.role, policies::Role::kToolOutput);
+  EXPECT_EQ(s.tag.kind, policies::BlockKind::kError);
+  EXPECT_EQ(s.tag.block_id, 9u);
+  EXPECT_EQ(s.tag.depth, 2);
+  EXPECT_TRUE(s.tag.boundary);
+  EXPECT_TRUE(s.pinned);
+  // Proto3 enums are open: unnamed numbers arrive and must be refused.
+  for (int role : {-1, policies::kNumRoles}) {
+    v1::ReportSlotsRequest bad = r;
+    bad.mutable_slots(0)->set_role(static_cast<v1::Role>(role));
+    EXPECT_TRUE(absl::IsInvalidArgument(FromProto(bad).status())) << role;
+  }
+  for (int kind : {-1, policies::kNumBlockKinds}) {
+    v1::ReportSlotsRequest bad = r;
+    bad.mutable_slots(0)->set_tag_kind(static_cast<v1::BlockKind>(kind));
+    EXPECT_TRUE(absl::IsInvalidArgument(FromProto(bad).status())) << kind;
+  }
+  v1::ReportSlotsRequest bad = r;
+  bad.mutable_slots(0)->set_turn(uint32_t{INT32_MAX} + 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(FromProto(bad).status()));
+  bad = r;
+  bad.mutable_slots(0)->set_tag_depth(UINT16_MAX + 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(FromProto(bad).status()));
+}
+
 TEST(PeerRegistryTest, OnlyAcceptedFdPeersResolve) {
   PeerRegistry r;
   r.Set(7, PeerCreds{100, 1000, 1000});

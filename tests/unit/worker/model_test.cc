@@ -212,7 +212,7 @@ TEST(ModelTest, IncrementalTurnsEqualFullRecompute) {
   ASSERT_TRUE(conv.AddMessage(Role::kUser, "Name a color.").ok());
   auto r1 = conv.Generate(12);
   ASSERT_TRUE(r1.ok()) << r1.status();
-  ASSERT_TRUE(conv.AddMessage(Role::kTool, "blue, green").ok());
+  ASSERT_TRUE(conv.AddMessage(Role::kToolOutput, "blue, green").ok());
   ASSERT_TRUE(conv.AddMessage(Role::kUser, "Pick one of those.").ok());
   std::vector<float> incremental;
   ASSERT_TRUE(conv.Flush(&incremental).ok());

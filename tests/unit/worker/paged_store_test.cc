@@ -55,9 +55,9 @@ std::vector<int32_t> RunConversation(const LoadedModel* model, KvStore* store,
   EXPECT_TRUE(c.AddMessage(Role::kSystem, "You are a coding agent. Be brief.").ok());
   EXPECT_TRUE(c.AddMessage(Role::kUser, "List the files, then open the README.", "plan").ok());
   gen(20);
-  EXPECT_TRUE(c.AddMessage(Role::kTool, "README.md\nsrc/\ntests/", "ls").ok());
+  EXPECT_TRUE(c.AddMessage(Role::kToolOutput, "README.md\nsrc/\ntests/", "ls").ok());
   gen(20);
-  EXPECT_TRUE(c.AddMessage(Role::kTool, "# polykv\nA KV-cache daemon for LLM agents.", "cat README.md").ok());
+  EXPECT_TRUE(c.AddMessage(Role::kToolOutput, "# polykv\nA KV-cache daemon for LLM agents.", "cat README.md").ok());
   EXPECT_TRUE(c.AddMessage(Role::kUser, "What is the project about?").ok());
   gen(24);
   EXPECT_TRUE(c.AddMessage(Role::kUser, "Thanks.").ok());
