@@ -8,89 +8,16 @@
 
 namespace polykv::policies {
 
-std::vector<std::vector<uint32_t>> ClusterByKey(const SessionView& view, int layer,
-                                                absl::Span<const Ranked> candidates,
-                                                const MergeOptions& options) {
-  const size_t R = candidates.size();
-  const int d = view.key_dim;
-  const bool have_keys = d > 0 && !view.layers[layer].keys.empty();
-  std::vector<uint32_t> block(R);
-  for (size_t c = 0; c < R; ++c) block[c] = view.meta(layer, candidates[c].index).tag.block_id;
-  // Blocks never interact, so cluster block by block (keys of one block sit
-  // together in memory; rank order is kept within each block). Same result
-  // as one pass in rank order, without the cache misses of random key reads.
-  std::vector<uint32_t> order(R);
-  for (uint32_t c = 0; c < R; ++c) order[c] = c;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](uint32_t a, uint32_t b) { return block[a] < block[b]; });
-  std::vector<uint32_t> leader_of(R);  // candidate -> its group's leader candidate
-  std::vector<float> leaders;          // unit keys of the open groups of this block
-  std::vector<uint32_t> leader_ids;    // their leader candidates
-  std::vector<float> unit(std::max(d, 0));
-  for (size_t b = 0; b < R;) {
-    size_t e = b;
-    while (e < R && block[order[e]] == block[order[b]]) ++e;
-    leaders.clear();
-    leader_ids.clear();
-    for (size_t k = b; k < e; ++k) {
-      const uint32_t c = order[k];
-      leader_of[c] = c;
-      if (!have_keys || block[c] == 0) continue;
-      const float* key = view.key(layer, candidates[c].index);
-      float norm = 0.f;
-      for (int j = 0; j < d; ++j) norm += key[j] * key[j];
-      if (!(norm > 0.f)) continue;
-      const float inv = 1.f / std::sqrt(norm);
-      for (int j = 0; j < d; ++j) unit[j] = key[j] * inv;
-      const size_t groups = leader_ids.size();
-      const size_t start = groups > static_cast<size_t>(options.probe) ? groups - options.probe : 0;
-      int best = -1;
-      float best_cos = options.threshold;
-      for (size_t g = start; g < groups; ++g) {
-        const float* lk = leaders.data() + g * d;
-        // Four partial sums: lets the compiler vectorise without -ffast-math.
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        int j = 0;
-        for (; j + 4 <= d; j += 4) {
-          for (int u = 0; u < 4; ++u) acc[u] += unit[j + u] * lk[j + u];
-        }
-        for (; j < d; ++j) acc[0] += unit[j] * lk[j];
-        const float dot = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-        if (dot >= best_cos && (best < 0 || dot > best_cos)) {
-          best = static_cast<int>(g);
-          best_cos = dot;
-        }
-      }
-      if (best >= 0) {
-        leader_of[c] = leader_ids[best];
-      } else {
-        leader_ids.push_back(c);
-        leaders.insert(leaders.end(), unit.begin(), unit.end());
-      }
-    }
-    b = e;
-  }
-  // Groups in order of their leaders (rank order), members in rank order.
-  std::vector<uint32_t> group_index(R, ~0u);
-  std::vector<std::vector<uint32_t>> groups;
-  for (uint32_t c = 0; c < R; ++c) {
-    if (leader_of[c] == c) {
-      group_index[c] = static_cast<uint32_t>(groups.size());
-      groups.push_back({c});
-    } else {
-      groups[group_index[leader_of[c]]].push_back(c);
-    }
-  }
-  return groups;
-}
-
 void ClusterByKeyInto(const SessionView& view, int layer, absl::Span<const uint32_t> slots,
                       const MergeOptions& options, KeyClusters* out) {
   const size_t R = slots.size();
   const int d = view.key_dim;
   const bool have_keys = d > 0 && !view.layers[layer].keys.empty();
   const std::vector<Slot>& layer_slots = view.layers[layer].slots;
-  // (block, rank) packed: an ascending sort is ClusterByKey's stable sort by block.
+  // Blocks never interact, so cluster block by block (keys of one block sit
+  // together in memory; rank order is kept within each block). Same result
+  // as one pass in rank order, without the cache misses of random key reads.
+  // (block, rank) packed: an ascending sort is a stable sort by block.
   const int rank_bits = std::bit_width(R);
   std::vector<uint64_t>& order = out->order;
   order.resize(R);
@@ -128,7 +55,7 @@ void ClusterByKeyInto(const SessionView& view, int layer, absl::Span<const uint3
       float best_cos = options.threshold;
       for (size_t g = start; g < groups; ++g) {
         const float* lk = leaders.data() + g * d;
-        // The same four partial sums as ClusterByKey, so the same cosines.
+        // Four partial sums: lets the compiler vectorise without -ffast-math.
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         int j = 0;
         for (; j + 4 <= d; j += 4) {
@@ -167,6 +94,20 @@ void ClusterByKeyInto(const SessionView& view, int layer, absl::Span<const uint3
   std::vector<uint32_t>& cursor = leader_ids;  // free now: the fill position of each group
   cursor.assign(out->offsets.begin(), out->offsets.end() - 1);
   for (uint32_t c = 0; c < R; ++c) out->members[cursor[group_index[leader_of[c]]]++] = c;
+}
+
+std::vector<std::vector<uint32_t>> ClusterByKey(const SessionView& view, int layer,
+                                                absl::Span<const Ranked> candidates,
+                                                const MergeOptions& options) {
+  std::vector<uint32_t> slots(candidates.size());
+  for (size_t c = 0; c < candidates.size(); ++c) slots[c] = candidates[c].index;
+  KeyClusters k;
+  ClusterByKeyInto(view, layer, slots, options, &k);
+  std::vector<std::vector<uint32_t>> groups(k.num_groups());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    groups[g].assign(k.members.begin() + k.offsets[g], k.members.begin() + k.offsets[g + 1]);
+  }
+  return groups;
 }
 
 MergeGroup MakeMergeGroup(const SessionView& view, int layer, std::vector<uint32_t> members,

@@ -26,9 +26,9 @@ std::vector<std::vector<uint32_t>> ClusterByKey(const SessionView& view, int lay
                                                 absl::Span<const Ranked> candidates,
                                                 const MergeOptions& options);
 
-// ClusterByKey for the fast decision path: the same groups, from candidates
-// given as source slot indices in rank order (best first), written flat into
-// reusable buffers instead of one vector per group.
+// ClusterByKey for the fast decision path (and its implementation): the same
+// groups, from candidates given as source slot indices in rank order (best
+// first), written flat into reusable buffers instead of one vector per group.
 struct KeyClusters {
   std::vector<uint32_t> offsets;  // [num_groups + 1] group g is members[offsets[g], offsets[g+1])
   std::vector<uint32_t> members;  // [num_candidates] candidate positions into `slots`

@@ -247,7 +247,7 @@ TEST(PlanCompactionTest, PolicyErrorsPassThrough) {
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
   // Pinned slots too.
   std::vector<SlotRecord> slots = Slots(64);
-  for (int i = 0; i < 40; ++i) slots[i].pinned = true;
+  for (int i = 0; i < 40; ++i) slots[i].meta.pinned = true;
   plan = PlanCompaction(*Policy("window"), In(slots, 32));
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
 }
