@@ -37,11 +37,30 @@ absl::Status Admission::Set(const QosRecord& qos) {
   return absl::OkStatus();
 }
 
+void Admission::AddInFlight(const std::string& agent_id, uint64_t bytes) {
+  in_flight_[agent_id] += bytes;
+  in_flight_total_ += bytes;
+}
+
+void Admission::RemoveInFlight(const std::string& agent_id, uint64_t bytes) {
+  auto it = in_flight_.find(agent_id);
+  if (it == in_flight_.end()) return;
+  const uint64_t b = std::min(bytes, it->second);
+  it->second -= b;
+  in_flight_total_ -= b;
+  if (it->second == 0) in_flight_.erase(it);
+}
+
+uint64_t Admission::AgentBytes(const std::string& agent_id, const BlockPool& blocks) const {
+  auto it = in_flight_.find(agent_id);
+  return blocks.agent_bytes(agent_id) + (it == in_flight_.end() ? 0 : it->second);
+}
+
 uint64_t Admission::UnusedGuarantees(const std::string& agent_id, const BlockPool& blocks) const {
   uint64_t promised = 0;
   for (const auto& [agent, q] : qos_) {
     if (agent == agent_id || q.guaranteed_bytes == 0) continue;
-    const uint64_t used = blocks.agent_bytes(agent);
+    const uint64_t used = AgentBytes(agent, blocks);
     if (q.guaranteed_bytes > used) promised += q.guaranteed_bytes - used;
   }
   return promised;
@@ -49,9 +68,9 @@ uint64_t Admission::UnusedGuarantees(const std::string& agent_id, const BlockPoo
 
 absl::Status Admission::AdmitReserve(const std::string& agent_id, Priority priority,
                                      uint64_t need, const BlockPool& blocks) {
-  const uint64_t used = blocks.used_bytes();
+  const uint64_t used = blocks.used_bytes() + in_flight_total_;
   const QosRecord& qos = For(agent_id);
-  const uint64_t agent_used = blocks.agent_bytes(agent_id);
+  const uint64_t agent_used = AgentBytes(agent_id, blocks);
   // Memory within the agent's own guarantee is promised: pressure neither
   // pauses it nor keeps it for compactions.
   const bool guaranteed = agent_used + need <= qos.guaranteed_bytes;

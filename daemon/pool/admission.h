@@ -41,6 +41,12 @@ class Admission {
   // Counts a refusal decided elsewhere (draining, a failed allocation).
   void CountRefusal() { ++refused_; }
 
+  // Bytes admitted but not allocated yet (a large Reserve allocates in steps,
+  // releasing the pool lock between them): every check counts them as the
+  // agent's, so concurrent reservations cannot be admitted into them.
+  void AddInFlight(const std::string& agent_id, uint64_t bytes);
+  void RemoveInFlight(const std::string& agent_id, uint64_t bytes);
+
   uint64_t low_watermark() const { return low_watermark_; }
   // The pressure ladder's refusal: reservations of `up_to` and below wait.
   void Refuse(Priority up_to) { refuse_up_to_ = up_to; }
@@ -49,6 +55,8 @@ class Admission {
   uint64_t refused() const { return refused_; }
 
  private:
+  // The agent's bytes, allocated or in flight.
+  uint64_t AgentBytes(const std::string& agent_id, const BlockPool& blocks) const;
   // Bytes promised to agents other than `agent_id` and not used yet.
   uint64_t UnusedGuarantees(const std::string& agent_id, const BlockPool& blocks) const;
 
@@ -58,6 +66,8 @@ class Admission {
   std::map<std::string, QosRecord> qos_;
   std::optional<Priority> refuse_up_to_;
   uint64_t refused_ = 0;
+  std::map<std::string, uint64_t> in_flight_;
+  uint64_t in_flight_total_ = 0;
 };
 
 // "1.5 GiB" and the like, for messages.

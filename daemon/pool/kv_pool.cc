@@ -221,8 +221,9 @@ absl::StatusOr<ReserveResult> KvPool::Reserve(uint64_t session_id, absl::string_
   if (auto st = admission_.AdmitReserve(s.agent_id(), s.priority, need, blocks_); !st.ok()) {
     return st;
   }
-  auto added = blocks_.Allocate(s.account, s.shape, new_blocks);
+  auto added = AllocateForReserve(s, new_blocks);
   if (!added.ok()) {
+    if (absl::IsNotFound(added.status())) return added.status();  // closed meanwhile
     admission_.CountRefusal();
     if (absl::IsResourceExhausted(added.status())) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -262,7 +263,6 @@ absl::StatusOr<uint64_t> KvPool::Commit(uint64_t session_id, absl::string_view t
                                                    " are reserved; Reserve first"));
   }
   auto& slots = s.policy.slots;
-  slots.reserve(committed);
   while (slots.size() < committed) {
     SlotRecord r;
     r.meta.position = s.policy.next_position++;
@@ -292,7 +292,7 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     // Sync is the worker's step boundary (it writes and reads nothing now), so
     // this is where a compaction publishes: only when the worker holds the
     // current tables and has acknowledged the previous ones.
-    if (known_epoch == s.tables.epoch && s.tables.pending.empty() && !s.compacting) {
+    if (known_epoch == s.tables.epoch && s.tables.pending.empty() && !s.busy) {
       const QosRecord& qos = admission_.For(s.agent_id());
       const uint64_t target = CompactionTarget({qos.policy != "full", s.tables.committed_tokens,
                                                 s.block_tokens, qos.budget_tokens,
@@ -340,6 +340,40 @@ kernels::BlockEntry KvPool::EntryOf(const Session& s, const Block& block, uint32
   return e;
 }
 
+absl::StatusOr<std::vector<Block>> KvPool::AllocateForReserve(Session& s, uint64_t count) {
+  if (count <= kBlocksPerStep) return blocks_.Allocate(s.account, s.shape, count);
+  // A prompt's worth: a few blocks per hold of the lock, into `staged`
+  // (counted, so invariants hold at every step), the rest held in flight
+  // by admission so that no concurrent reservation is admitted into it.
+  const uint64_t block_bytes = s.shape.bytes();
+  admission_.AddInFlight(s.agent_id(), count * block_bytes);
+  s.busy = true;
+  absl::Status failure;
+  for (uint64_t done = 0; done < count && failure.ok();) {
+    const uint64_t n = std::min<uint64_t>(kBlocksPerStep, count - done);
+    auto got = blocks_.Allocate(s.account, s.shape, n);
+    if (!got.ok()) {
+      failure = got.status();
+      break;
+    }
+    admission_.RemoveInFlight(s.agent_id(), n * block_bytes);
+    for (Block& b : *got) s.tables.staged.push_back(std::move(b));
+    done += n;
+    if (done < count && !Yield(s)) failure = absl::AbortedError("doomed");
+  }
+  admission_.RemoveInFlight(s.agent_id(), (count - s.tables.staged.size()) * block_bytes);
+  if (s.doomed) return FinishDoomed(s);
+  if (!failure.ok()) {
+    if (!FreeGradually(s, s.tables.staged)) return FinishDoomed(s);
+    s.busy = false;
+    return failure;
+  }
+  std::vector<Block> out = std::move(s.tables.staged);
+  s.tables.staged.clear();
+  s.busy = false;
+  return out;
+}
+
 bool KvPool::Yield(Session& s) {
   mu_.Unlock();
   mu_.Lock();
@@ -359,10 +393,10 @@ bool KvPool::FreeGradually(Session& s, std::vector<Block>& blocks) {
 
 absl::Status KvPool::FinishDoomed(Session& s) {
   const uint64_t id = s.id;
-  s.compacting = false;
+  s.busy = false;
   DestroySession(id, std::move(s.doom_event));
   return absl::NotFoundError(
-      absl::StrCat("session ", id, " was closed or evicted while it was being compacted"));
+      absl::StrCat("session ", id, " was closed or evicted while a call worked on its pages"));
 }
 
 absl::Status KvPool::Compact(Session& s, uint64_t target) {
@@ -372,16 +406,16 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
   CompactionInputs in{s.policy.slots, ShapeOf(s), s.shape.key_format, s.shape.value_format,
                       s.policy.current_turn, target};
   // From here until the end the session cannot change: its worker is in
-  // this Sync, its other mutating calls are refused while `compacting`, and
+  // this Sync, its other mutating calls are refused while `busy`, and
   // Close / evict / lease reclaim are deferred (`doomed`). Its pages, old
   // and new, stay allocated, so their arenas stay mapped.
-  s.compacting = true;
+  s.busy = true;
   mu_.Unlock();
   auto plan = PlanCompaction(**policy, in);
   mu_.Lock();
   if (s.doomed) return FinishDoomed(s);
   if (!plan.ok() || !plan->changes) {
-    s.compacting = false;
+    s.busy = false;
     return plan.status();
   }
 
@@ -439,7 +473,7 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
   }
   if (!failure.ok()) {
     if (!FreeGradually(s, s.tables.staged)) return FinishDoomed(s);
-    s.compacting = false;
+    s.busy = false;
     return failure;
   }
 
@@ -471,7 +505,7 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
   t.committed_tokens = static_cast<uint64_t>(plan->groups.num_out());
   s.policy.slots = std::move(plan->groups.slots);
   s.policy.want_tokens = 0;
-  s.compacting = false;
+  s.busy = false;
   ++compactions_[policy_name];
   evicted_tokens_[policy_name] += plan->groups.evicted_tokens;
   merged_tokens_[policy_name] += plan->groups.merged_tokens;
@@ -503,7 +537,7 @@ absl::Status KvPool::Ack(uint64_t session_id, absl::string_view token, const Pee
   if (t.pending.empty() || epoch < t.pending_epoch) return absl::OkStatus();
   // Old pages go back a few blocks per hold of the lock; the session is
   // marked busy meanwhile so nothing else changes its tables.
-  s.compacting = true;
+  s.busy = true;
   while (!t.pending.empty()) {
     for (size_t i = 0; i < kBlocksPerStep && !t.pending.empty(); ++i) {
       blocks_.Free(s.account, s.shape, t.pending.back());
@@ -516,7 +550,7 @@ absl::Status KvPool::Ack(uint64_t session_id, absl::string_view token, const Pee
       return absl::OkStatus();  // the ack itself succeeded; the session is gone now
     }
   }
-  s.compacting = false;
+  s.busy = false;
   return absl::OkStatus();
 }
 
@@ -546,7 +580,7 @@ uint64_t KvPool::DestroySession(uint64_t session_id, SessionEventMsg last_event)
   if (sp == nullptr) return 0;
   Session& s = *sp;
   const uint64_t before = s.account.bytes;
-  if (s.compacting) {
+  if (s.busy) {
     // Its compaction works without the lock; it finishes the destruction
     // when it gets the lock back.
     s.doomed = true;
@@ -777,7 +811,7 @@ std::vector<std::string> KvPool::RunPressureLadder() {
     const QosRecord& q = admission_.For(s.agent_id());
     // A compacting session publishes soon and clears its ask; it is asked
     // again next round if still needed.
-    if (q.policy == "full" || s.compacting || s.policy.want_tokens != 0 ||
+    if (q.policy == "full" || s.busy || s.policy.want_tokens != 0 ||
         !s.tables.pending.empty()) {
       continue;
     }

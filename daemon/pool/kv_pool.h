@@ -155,11 +155,16 @@ class KvPool {
   // changes anything, writes NEW pages and publishes them at epoch + 1; the
   // old tables become pending. Releases mu_ while deciding and copying.
   // NOT_FOUND when the session was destroyed meanwhile (then `s` is gone).
-  // REQUIRES: no pending tables, not compacting.
+  // REQUIRES: no pending tables, not busy.
   absl::Status Compact(Session& s, uint64_t target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Host addresses of the block's layer-`layer` pages (0 for device arenas).
   kernels::BlockEntry EntryOf(const Session& s, const Block& block, uint32_t layer) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // `count` new blocks for a Reserve of `s`, all or nothing; more than a few
+  // are allocated in steps, yielding the lock between them. NOT_FOUND when
+  // `s` was destroyed meanwhile (then it is gone).
+  absl::StatusOr<std::vector<Block>> AllocateForReserve(Session& s, uint64_t count)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases mu_ and takes it back (a compaction's pause, so other sessions'
   // calls go on). False when `s` was doomed meanwhile: the caller must stop.
   bool Yield(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -168,7 +173,7 @@ class KvPool {
   // by the deferred destruction.
   bool FreeGradually(Session& s, std::vector<Block>& blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreePending(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Finishes a destruction deferred while `s` was compacting.
+  // Finishes a destruction deferred while `s` was busy.
   absl::Status FinishDoomed(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.

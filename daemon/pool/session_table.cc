@@ -47,9 +47,10 @@ absl::StatusOr<Session*> SessionTable::AuthorizeMutation(uint64_t id, absl::stri
                                                          const PeerCreds& peer, absl::Time now) {
   auto sp = Authorize(id, token, peer, now);
   if (!sp.ok()) return sp;
-  if ((*sp)->compacting) {
+  if ((*sp)->busy) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "session ", id, " is being compacted (a Sync is in progress); call again after it"));
+        "session ", id, " is busy: its Sync (a compaction), Ack or Reserve is still in "
+        "progress; call again after it"));
   }
   return sp;
 }
@@ -69,7 +70,7 @@ bool SessionTable::HasOtherOf(const std::string& agent_id, uint64_t except_id) c
 std::vector<uint64_t> SessionTable::Expired(absl::Time now, bool all) const {
   std::vector<uint64_t> out;
   for (const auto& [id, s] : sessions_) {
-    if (s.compacting) continue;
+    if (s.busy) continue;
     if (all || now >= s.lease.deadline) out.push_back(id);
   }
   return out;

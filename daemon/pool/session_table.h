@@ -71,10 +71,11 @@ struct Session {
   PolicyInputs policy;
   std::vector<uint32_t> known_arenas;  // sorted ids the worker has been sent
   std::shared_ptr<EventChannel> events;
-  // While a compaction decides or copies without the pool lock, calls that
-  // change the session are refused and its destruction is deferred (`doomed`)
-  // until the compaction is back under the lock.
-  bool compacting = false;
+  // While a call works on the session's pages in steps, releasing the pool
+  // lock between them (a compaction in Sync, the frees of an Ack, a large
+  // Reserve), other calls that change the session are refused and its
+  // destruction is deferred (`doomed`) until that call is back under the lock.
+  bool busy = false;
   bool doomed = false;
   SessionEventMsg doom_event;
 
@@ -103,15 +104,15 @@ class SessionTable {
   // NOT_FOUND for an unknown id, PERMISSION_DENIED otherwise.
   absl::StatusOr<Session*> Authorize(uint64_t id, absl::string_view token, const PeerCreds& peer,
                                      absl::Time now);
-  // Authorize, and FAILED_PRECONDITION while a compaction works on the
-  // session's pages (calls that change the session must wait for it).
+  // Authorize, and FAILED_PRECONDITION while the session is `busy` (calls
+  // that change the session must wait for the one working on it).
   absl::StatusOr<Session*> AuthorizeMutation(uint64_t id, absl::string_view token,
                                              const PeerCreds& peer, absl::Time now);
 
   Session* Find(uint64_t id);
   bool HasOtherOf(const std::string& agent_id, uint64_t except_id) const;
-  // Ids whose lease ran out at `now` (all of them if `all`), skipping
-  // compacting sessions: their worker is inside Sync, its lease just renewed.
+  // Ids whose lease ran out at `now` (all of them if `all`), skipping busy
+  // sessions: their worker is inside a call, its lease just renewed.
   std::vector<uint64_t> Expired(absl::Time now, bool all) const;
 
   size_t size() const { return sessions_.size(); }

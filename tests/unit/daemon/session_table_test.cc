@@ -1,5 +1,5 @@
 // SessionTable: room at max_sessions, ids, authorization (token, then uid),
-// lease renewal, refusal of mutations while compacting, and which sessions
+// lease renewal, refusal of mutations while busy, and which sessions
 // have expired.
 #include "daemon/pool/session_table.h"
 
@@ -109,11 +109,11 @@ TEST(SessionTableTest, MutationsAreRefusedWhileCompacting) {
   const uint64_t id = t.Insert(Make("a", Tok('a'), 7, 1000, kT0)).id;
   const PeerCreds me{1, 7, 1};
   ASSERT_TRUE(t.AuthorizeMutation(id, Tok('a'), me, kT0).ok());
-  t.Find(id)->compacting = true;
+  t.Find(id)->busy = true;
   const absl::Time later = kT0 + absl::Seconds(1);
   auto busy = t.AuthorizeMutation(id, Tok('a'), me, later);
   EXPECT_EQ(busy.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(busy.status().message().find("being compacted"), absl::string_view::npos);
+  EXPECT_NE(busy.status().message().find("is busy"), absl::string_view::npos);
   // Authorization comes first: the caller was authentic, so its lease is renewed.
   EXPECT_EQ(t.Find(id)->lease.deadline, later + absl::Seconds(1));
   // A wrong token is still PERMISSION_DENIED, an unknown id NOT_FOUND.
@@ -123,7 +123,7 @@ TEST(SessionTableTest, MutationsAreRefusedWhileCompacting) {
             absl::StatusCode::kNotFound);
   // Non-mutating calls (Sync, Close) still get through.
   EXPECT_TRUE(t.Authorize(id, Tok('a'), me, later).ok());
-  t.Find(id)->compacting = false;
+  t.Find(id)->busy = false;
   EXPECT_TRUE(t.AuthorizeMutation(id, Tok('a'), me, later).ok());
 }
 
@@ -132,7 +132,7 @@ TEST(SessionTableTest, ExpiredSkipsCompactingSessionsAndHonoursAll) {
   const uint64_t a = t.Insert(Make("a", Tok('a'), 1, 1000, kT0)).id;  // deadline T0+1s
   const uint64_t b = t.Insert(Make("b", Tok('b'), 1, 3000, kT0)).id;  // T0+3s
   const uint64_t c = t.Insert(Make("c", Tok('c'), 1, 1000, kT0)).id;  // T0+1s, compacting
-  t.Find(c)->compacting = true;
+  t.Find(c)->busy = true;
   EXPECT_TRUE(t.Expired(kT0, false).empty());
   EXPECT_TRUE(t.Expired(kT0 + absl::Milliseconds(999), false).empty());
   // The deadline itself is expired.
@@ -141,7 +141,7 @@ TEST(SessionTableTest, ExpiredSkipsCompactingSessionsAndHonoursAll) {
   EXPECT_EQ(t.Expired(kT0 + absl::Hours(1), false), (std::vector<uint64_t>{a, b}));
   // `all` (the end of a drain) ignores deadlines, but never takes a compacting session.
   EXPECT_EQ(t.Expired(kT0, true), (std::vector<uint64_t>{a, b}));
-  t.Find(c)->compacting = false;
+  t.Find(c)->busy = false;
   EXPECT_EQ(t.Expired(kT0 + absl::Seconds(1), false), (std::vector<uint64_t>{a, c}));
   EXPECT_EQ(t.Expired(kT0, true), (std::vector<uint64_t>{a, b, c}));
   // A renewal moves the deadline.
