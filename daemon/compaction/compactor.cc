@@ -28,15 +28,16 @@ size_t CompactionPlan::shared_blocks() const {
 }
 
 absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
+                                              const std::vector<SlotRecord>& slots,
                                               const CompactionInputs& in) {
   const policies::SessionView view =
-      BuildView(in.slots, in.shape, in.key_format, in.value_format, in.current_turn);
+      BuildView(slots, in.shape, in.key_format, in.value_format, in.current_turn);
   auto plan = policy.Decide(
       view, policies::Budget::TokensPerLayer(1, static_cast<int64_t>(in.target_tokens)));
   if (!plan.ok()) return plan.status();
   CompactionPlan out;
   if (!plan->changes()) return out;
-  auto groups = LowerPlan(in.slots, *plan);
+  auto groups = LowerPlan(slots, *plan);
   if (!groups.ok()) return groups.status();
   out.changes = true;
   out.groups = *std::move(groups);

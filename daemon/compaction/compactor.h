@@ -35,10 +35,11 @@ struct TargetInputs {
 // dropped, which lets window-like policies share every kept block.
 uint64_t CompactionTarget(const TargetInputs& in);
 
-// A session's state at one epoch, as the policy sees it.
+// A session's state at one epoch, as the policy sees it (with its slot
+// records, passed apart: the pool lends its own, frozen while the session is
+// busy, instead of copying them).
 struct CompactionInputs {
-  std::vector<SlotRecord> slots;  // [committed tokens]
-  kernels::PageShape shape;       // of one page (block_tokens rows)
+  kernels::PageShape shape;  // of one page (block_tokens rows)
   kernels::PageFormat key_format = kernels::PageFormat::kF16;
   kernels::PageFormat value_format = kernels::PageFormat::kF16;
   int32_t current_turn = 0;
@@ -55,7 +56,9 @@ struct CompactionPlan {
   size_t shared_blocks() const;
 };
 
+// slots: [committed tokens], the session's records.
 absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
+                                              const std::vector<SlotRecord>& slots,
                                               const CompactionInputs& in);
 
 }  // namespace polykv::daemon

@@ -277,7 +277,7 @@ absl::StatusOr<uint64_t> KvPool::Commit(uint64_t session_id, absl::string_view t
 absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view token,
                                         const PeerCreds& peer, uint64_t known_epoch) {
   SyncResult out;
-  std::vector<Block> tables;  // to describe after the lock is released
+  std::vector<PageId> tables;  // flat, to describe after the lock is released
   BlockShape shape;
   {
     absl::MutexLock lock(&mu_);
@@ -311,7 +311,8 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     out.committed_tokens = s.tables.committed_tokens;
     out.changed = known_epoch != s.tables.epoch;
     if (out.changed) {
-      tables = s.tables.blocks;
+      tables.reserve(s.tables.blocks.size() * 2 * s.shape.layers);
+      for (const Block& b : s.tables.blocks) tables.insert(tables.end(), b.begin(), b.end());
       shape = s.shape;
       out.slot_positions.reserve(s.policy.slots.size());
       out.slot_counts.reserve(s.policy.slots.size());
@@ -324,9 +325,13 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
   }
   // Describing is arithmetic on the page ids copied above, so it needs no
   // lock (and a session closed meanwhile only gets tables it will not use).
-  out.blocks.reserve(tables.size());
-  for (uint32_t b = 0; b < tables.size(); ++b) {
-    out.blocks.push_back(DescribeBlock(shape, options_.superblock_bytes, tables[b], b));
+  const size_t per_block = 2 * size_t(shape.layers);
+  const size_t num_blocks = per_block ? tables.size() / per_block : 0;
+  out.blocks.reserve(num_blocks);
+  Block block(per_block);
+  for (uint32_t b = 0; b < num_blocks; ++b) {
+    std::copy_n(tables.begin() + ptrdiff_t(b * per_block), per_block, block.begin());
+    out.blocks.push_back(DescribeBlock(shape, options_.superblock_bytes, block, b));
   }
   return out;
 }
@@ -403,15 +408,16 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
   const std::string policy_name = admission_.For(s.agent_id()).policy;
   auto policy = policies_.Get(policy_name);
   if (!policy.ok()) return policy.status();
-  CompactionInputs in{s.policy.slots, ShapeOf(s), s.shape.key_format, s.shape.value_format,
-                      s.policy.current_turn, target};
+  const CompactionInputs in{ShapeOf(s), s.shape.key_format, s.shape.value_format,
+                            s.policy.current_turn, target};
   // From here until the end the session cannot change: its worker is in
   // this Sync, its other mutating calls are refused while `busy`, and
   // Close / evict / lease reclaim are deferred (`doomed`). Its pages, old
   // and new, stay allocated, so their arenas stay mapped.
+  // The slot records are read in place: nothing writes them while busy.
   s.busy = true;
   mu_.Unlock();
-  auto plan = PlanCompaction(**policy, in);
+  auto plan = PlanCompaction(**policy, s.policy.slots, in);
   mu_.Lock();
   if (s.doomed) return FinishDoomed(s);
   if (!plan.ok() || !plan->changes) {

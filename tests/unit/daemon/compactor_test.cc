@@ -61,9 +61,8 @@ std::vector<SlotRecord> Slots(int n, int64_t first = 100) {
   return s;
 }
 
-CompactionInputs In(std::vector<SlotRecord> slots, uint64_t target) {
+CompactionInputs In(uint64_t target) {
   CompactionInputs in;
-  in.slots = std::move(slots);
   in.shape = {kBt, 2, 32};
   in.key_format = kernels::PageFormat::kF16;
   in.value_format = kernels::PageFormat::kF16;
@@ -126,7 +125,7 @@ std::vector<int64_t> Positions(const CompactionGroups& g) {
 
 TEST(PlanCompactionTest, WindowDroppingWholeBlocksSharesEveryKeptBlock) {
   auto window = Policy("window");
-  auto plan = PlanCompaction(*window, In(Slots(48), 32));
+  auto plan = PlanCompaction(*window, Slots(48), In(32));
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(plan->changes);
   EXPECT_EQ(plan->groups.num_out(), 32);
@@ -145,7 +144,7 @@ TEST(PlanCompactionTest, WindowDroppingWholeBlocksSharesEveryKeptBlock) {
 TEST(PlanCompactionTest, APartialLastBlockIsSharedWhenItStartsABlock) {
   // 40 slots down to 24: keeps 16..39, i.e. all of block 1 and the first 8
   // rows of block 2 (block 2's committed rows).
-  auto plan = PlanCompaction(*Policy("window"), In(Slots(40), 24));
+  auto plan = PlanCompaction(*Policy("window"), Slots(40), In(24));
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->groups.members, Range(16, 40));
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{1, 2}));
@@ -155,7 +154,7 @@ TEST(PlanCompactionTest, APartialLastBlockIsSharedWhenItStartsABlock) {
 
 TEST(PlanCompactionTest, MisalignedRowsAreCopiedIntoNewBlocks) {
   // 41 slots down to 24: keeps 17..40, which starts inside block 1.
-  auto plan = PlanCompaction(*Policy("window"), In(Slots(41), 24));
+  auto plan = PlanCompaction(*Policy("window"), Slots(41), In(24));
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->groups.members, Range(17, 41));
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{-1, -1}));
@@ -168,17 +167,17 @@ TEST(PlanCompactionTest, MisalignedRowsAreCopiedIntoNewBlocks) {
 }
 
 TEST(PlanCompactionTest, NothingToDropIsNoChange) {
-  auto plan = PlanCompaction(*Policy("window"), In(Slots(20), 32));
+  auto plan = PlanCompaction(*Policy("window"), Slots(20), In(32));
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_FALSE(plan->changes);
   EXPECT_TRUE(plan->shared.empty());
   EXPECT_EQ(plan->groups.num_out(), 0);
   // "full" under its budget: no change; over it, the policy's refusal.
   auto full = Policy("full");
-  plan = PlanCompaction(*full, In(Slots(20), 32));
+  plan = PlanCompaction(*full, Slots(20), In(32));
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_FALSE(plan->changes);
-  EXPECT_EQ(PlanCompaction(*full, In(Slots(48), 32)).status().code(),
+  EXPECT_EQ(PlanCompaction(*full, Slots(48), In(32)).status().code(),
             absl::StatusCode::kResourceExhausted);
 }
 
@@ -187,7 +186,7 @@ TEST(PlanCompactionTest, H2oKeepsHeavyHittersAndTheRecentWindow) {
   // Heavy hitters are exactly block 0: both kept blocks are shared.
   std::vector<SlotRecord> slots = Slots(64);
   for (int i = 0; i < 16; ++i) slots[i].attn = 10.f + i;
-  auto plan = PlanCompaction(*h2o, In(slots, 32));
+  auto plan = PlanCompaction(*h2o, slots, In(32));
   ASSERT_TRUE(plan.ok()) << plan.status();
   std::vector<int32_t> kept = Range(0, 16);
   for (int32_t i : Range(48, 64)) kept.push_back(i);
@@ -199,7 +198,7 @@ TEST(PlanCompactionTest, H2oKeepsHeavyHittersAndTheRecentWindow) {
   // Heavy hitters scattered over blocks 0 and 1: that output block is copied.
   slots = Slots(64);
   for (int i = 0; i < 16; ++i) slots[2 * i + 1].attn = 10.f + i;
-  plan = PlanCompaction(*h2o, In(slots, 32));
+  plan = PlanCompaction(*h2o, slots, In(32));
   ASSERT_TRUE(plan.ok()) << plan.status();
   kept.clear();
   for (int i = 0; i < 16; ++i) kept.push_back(2 * i + 1);
@@ -213,7 +212,7 @@ TEST(PlanCompactionTest, H2oKeepsHeavyHittersAndTheRecentWindow) {
 
   // The window size is a parameter: window.size=8 keeps 24 heavy hitters.
   auto narrow = Policy("h2o", {{"window.size", "8"}});
-  plan = PlanCompaction(*narrow, In(slots, 32));
+  plan = PlanCompaction(*narrow, slots, In(32));
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->groups.num_out(), 32);
   EXPECT_EQ(std::vector<int32_t>(plan->groups.members.end() - 8, plan->groups.members.end()),
@@ -226,7 +225,7 @@ TEST(PlanCompactionTest, OnlyPlainRowsOfOneBlockAreShared) {
   // cluster by; whatever it keeps, shared blocks hold single-member groups.
   std::vector<SlotRecord> slots = Slots(96);
   for (int i = 0; i < 96; ++i) slots[i].attn = float((i * 37) % 11);
-  auto plan = PlanCompaction(*Policy("merge", {{"window.size", "16"}}), In(slots, 48));
+  auto plan = PlanCompaction(*Policy("merge", {{"window.size", "16"}}), slots, In(48));
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(plan->changes);
   EXPECT_EQ(plan->groups.num_out(), 48);
@@ -243,12 +242,12 @@ TEST(PlanCompactionTest, OnlyPlainRowsOfOneBlockAreShared) {
 
 TEST(PlanCompactionTest, PolicyErrorsPassThrough) {
   // Positions 0..3 are sinks, hard-protected: a budget of 2 cannot hold them.
-  auto plan = PlanCompaction(*Policy("streaming"), In(Slots(64, 0), 2));
+  auto plan = PlanCompaction(*Policy("streaming"), Slots(64, 0), In(2));
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
   // Pinned slots too.
   std::vector<SlotRecord> slots = Slots(64);
   for (int i = 0; i < 40; ++i) slots[i].meta.pinned = true;
-  plan = PlanCompaction(*Policy("window"), In(slots, 32));
+  plan = PlanCompaction(*Policy("window"), slots, In(32));
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
 }
 
