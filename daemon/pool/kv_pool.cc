@@ -22,7 +22,7 @@ constexpr size_t kMaxTenantLen = 64;
 // Blocks allocated or freed per hold of the pool lock during a compaction
 // (a block is 2 x layers pages): long enough to amortize the lock, short
 // enough that other sessions' calls barely wait.
-constexpr size_t kBlocksPerStep = 16;
+constexpr size_t kBlocksPerStep = 4;
 
 PageFormat FormatForDtype(DType d) {
   switch (d) {
