@@ -64,7 +64,7 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
   static const std::set<std::string> kKeys = {
       "socket", "socket_mode", "metrics_address", "tier", "cuda_device", "pool_bytes",
       "arena_bytes", "superblock_bytes", "block_tokens", "lease_ms", "max_sessions",
-      "low_watermark_bytes",
+      "max_sessions_per_uid", "low_watermark_bytes",
       "drain_timeout_ms", "allowed_uids", "allowed_gids", "admin_uids", "default_qos", "agents",
       "log_level"};
   try {
@@ -93,6 +93,9 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
     if (root["block_tokens"]) c.block_tokens = root["block_tokens"].as<uint32_t>();
     if (root["lease_ms"]) c.lease_ms = root["lease_ms"].as<uint32_t>();
     if (root["max_sessions"]) c.max_sessions = root["max_sessions"].as<uint32_t>();
+    if (root["max_sessions_per_uid"]) {
+      c.max_sessions_per_uid = root["max_sessions_per_uid"].as<uint32_t>();
+    }
     if (root["drain_timeout_ms"]) c.drain_timeout_ms = root["drain_timeout_ms"].as<uint32_t>();
     if (root["allowed_uids"]) c.allowed_uids = root["allowed_uids"].as<std::vector<uid_t>>();
     if (root["allowed_gids"]) c.allowed_gids = root["allowed_gids"].as<std::vector<gid_t>>();

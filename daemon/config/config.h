@@ -25,6 +25,7 @@ struct DaemonConfig {
   uint32_t block_tokens = 16;
   uint32_t lease_ms = 5000;
   uint32_t max_sessions = 4096;
+  uint32_t max_sessions_per_uid = 0;  // 0 = max_sessions / 4
   uint32_t drain_timeout_ms = 10000;
   // Pressure ladder: below this many free pool bytes the daemon compacts
   // and then refuses the lowest priority class. 0 = pool_bytes / 10.

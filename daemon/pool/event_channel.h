@@ -41,6 +41,20 @@ class EventChannel {
     absl::MutexLock lock(&mu_);
     return closed_ && events_.empty();
   }
+  // A Watch stream holds a daemon thread while it lasts, so a session may
+  // have at most kMaxWatchers at once (issue 14, finding 5: 2,000 streams of
+  // one client made 2,017 threads). False when the session has them all.
+  bool AddWatcher() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (watchers_ >= kMaxWatchers) return false;
+    ++watchers_;
+    return true;
+  }
+  void RemoveWatcher() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (watchers_ > 0) --watchers_;
+  }
+  static constexpr int kMaxWatchers = 2;  // the worker, and an operator's tool
 
  private:
   bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !events_.empty() || closed_; }
@@ -49,6 +63,7 @@ class EventChannel {
   mutable absl::Mutex mu_;
   std::deque<SessionEventMsg> events_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  int watchers_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace polykv::daemon

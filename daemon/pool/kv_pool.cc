@@ -78,7 +78,10 @@ KvPool::KvPool(const KvPoolOptions& options)
       start_time_(options.clock ? options.clock() : absl::Now()),
       blocks_(BlockPoolOptions{options.pool_bytes, options.arena_bytes, options.superblock_bytes,
                                options.arena_factory}),
-      sessions_(options.max_sessions, options.instance ? options.instance : DrawInstance()),
+      sessions_(options.max_sessions,
+                options.max_sessions_per_uid ? options.max_sessions_per_uid
+                                             : std::max<uint32_t>(1, options.max_sessions / 4),
+                options.instance ? options.instance : DrawInstance()),
       admission_(options.default_qos, options.pool_bytes, options.low_watermark_bytes) {}
 
 KvPool::~KvPool() {
@@ -145,7 +148,7 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
 
   absl::MutexLock lock(&mu_);
   if (draining_) return absl::UnavailableError("polykvd is draining; no new sessions");
-  if (auto st = sessions_.CheckRoom(); !st.ok()) return st;
+  if (auto st = sessions_.CheckRoom(r.peer.uid); !st.ok()) return st;
   const QosRecord& qos = admission_.For(r.agent_id);
   const PageFormat default_format = FormatForDtype(r.profile.dtype);
   const PageFormat kf = ApplyFloor(r.key_format.value_or(default_format), qos.key_floor);

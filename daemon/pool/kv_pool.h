@@ -62,6 +62,7 @@ struct KvPoolOptions {
   uint32_t min_lease_ms = 200;
   uint32_t max_lease_ms = 600000;
   uint32_t max_sessions = 4096;
+  uint32_t max_sessions_per_uid = 0;  // 0 = max_sessions / 4 (at least 1)
   QosRecord default_qos;  // For agents without a record (agent_id ignored).
   // Pressure ladder (RunPressureLadder): below low_watermark free bytes the
   // daemon compacts sessions of the lowest priority first, then refuses their

@@ -5,15 +5,22 @@
 
 namespace polykv::daemon {
 
-absl::Status SessionTable::CheckRoom() const {
+absl::Status SessionTable::CheckRoom(uid_t uid) const {
   if (sessions_.size() >= max_sessions_) {
     return absl::ResourceExhaustedError(
         absl::StrCat("session limit reached (", max_sessions_, " sessions)"));
+  }
+  auto it = per_uid_.find(uid);
+  if (it != per_uid_.end() && it->second >= max_per_uid_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "uid ", uid, " holds ", it->second, " sessions, the most one uid may hold "
+        "(max_sessions_per_uid); close some, or raise the limit in polykvd's config"));
   }
   return absl::OkStatus();
 }
 
 Session& SessionTable::Insert(Session s) {
+  ++per_uid_[s.lease.peer.uid];
   s.id = next_id_++;
   const uint64_t id = s.id;
   return sessions_.emplace(id, std::move(s)).first->second;
@@ -53,6 +60,14 @@ absl::StatusOr<Session*> SessionTable::AuthorizeMutation(uint64_t id, absl::stri
         "progress; call again after it"));
   }
   return sp;
+}
+
+void SessionTable::Erase(uint64_t id) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  auto u = per_uid_.find(it->second.lease.peer.uid);
+  if (u != per_uid_.end() && --u->second == 0) per_uid_.erase(u);
+  sessions_.erase(it);
 }
 
 Session* SessionTable::Find(uint64_t id) {

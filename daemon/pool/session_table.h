@@ -89,16 +89,20 @@ struct Session {
 // session's, and the error can say what happened.
 class SessionTable {
  public:
-  // instance: nonzero.
-  SessionTable(uint32_t max_sessions, uint32_t instance)
-      : max_sessions_(max_sessions), instance_(instance), next_id_((uint64_t(instance) << 32) | 1) {}
+  // instance: nonzero. max_per_uid: sessions one uid may hold at once, so
+  // that one worker cannot take every slot (issue 14, finding 5).
+  SessionTable(uint32_t max_sessions, uint32_t max_per_uid, uint32_t instance)
+      : max_sessions_(max_sessions),
+        max_per_uid_(max_per_uid),
+        instance_(instance),
+        next_id_((uint64_t(instance) << 32) | 1) {}
 
-  // RESOURCE_EXHAUSTED at max_sessions.
-  absl::Status CheckRoom() const;
+  // RESOURCE_EXHAUSTED at max_sessions, or when `uid` holds max_per_uid.
+  absl::Status CheckRoom(uid_t uid) const;
   // Takes the next id; `s.id` is set.
   // REQUIRES: fewer than 2^32 - 1 sessions opened by this instance.
   Session& Insert(Session s);
-  void Erase(uint64_t id) { sessions_.erase(id); }
+  void Erase(uint64_t id);
 
   // The session if `token` and `peer.uid` match, its lease renewed at `now`.
   // NOT_FOUND for an unknown id, PERMISSION_DENIED otherwise.
@@ -123,8 +127,10 @@ class SessionTable {
 
  private:
   const uint32_t max_sessions_;
+  const uint32_t max_per_uid_;
   const uint32_t instance_;
   std::map<uint64_t, Session> sessions_;
+  std::map<uid_t, uint32_t> per_uid_;
   uint64_t next_id_;
 };
 

@@ -138,6 +138,11 @@ grpc::Status SessionService::Watch(grpc::ServerContext* c, const v1::WatchReques
   grpc::Status opened = Handle(ctx_, c, "Watch", [&](const PeerCreds& peer) -> absl::Status {
     auto ch = ctx_.pool->Watch(req->session().session_id(), req->session().token(), peer);
     if (!ch.ok()) return ch.status();
+    if (!(*ch)->AddWatcher()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "session ", req->session().session_id(), " already has ", EventChannel::kMaxWatchers,
+          " Watch streams; cancel one first"));
+    }
     channel = *std::move(ch);
     return absl::OkStatus();
   });
@@ -156,6 +161,7 @@ grpc::Status SessionService::Watch(grpc::ServerContext* c, const v1::WatchReques
       break;
     }
   }
+  channel->RemoveWatcher();
   return grpc::Status::OK;
 }
 

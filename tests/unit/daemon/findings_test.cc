@@ -130,6 +130,41 @@ TEST_F(FindingsTest, Finding9_SessionIdsFromBeforeARestartAreNotFound) {
   EXPECT_NE(hb.status().message().find("restarted"), absl::string_view::npos) << hb.status();
 }
 
+// Finding 5: one thread per Watch stream and no cap: 2,000 streams of one
+// client made 2,017 daemon threads. A session may have two at once.
+TEST_F(FindingsTest, Finding5_WatchStreamsPerSessionAreBounded) {
+  auto pool = MakePool(16 * kMiB);
+  auto s = Open(*pool, "a");
+  ASSERT_TRUE(s.ok());
+  auto ch = pool->Watch(s->session_id, s->token, peer_);
+  ASSERT_TRUE(ch.ok());
+  EXPECT_TRUE((*ch)->AddWatcher());
+  EXPECT_TRUE((*ch)->AddWatcher());
+  EXPECT_FALSE((*ch)->AddWatcher());
+  (*ch)->RemoveWatcher();
+  EXPECT_TRUE((*ch)->AddWatcher());
+}
+
+// Finding 5: one client could open all 4,096 session slots in 1.9 s.
+TEST_F(FindingsTest, Finding5_OneUidCannotOpenEverySession) {
+  KvPoolOptions o;
+  o.max_sessions = 8;  // per uid: 8 / 4 = 2 by default
+  o.arena_factory = CreateHostShmArena;
+  auto pool = *KvPool::Create(o);
+  EXPECT_TRUE(Open(*pool, "a").ok());
+  EXPECT_TRUE(Open(*pool, "a").ok());
+  auto third = Open(*pool, "a");
+  ASSERT_FALSE(third.ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(third.status())) << third.status();
+  OpenRequest other;
+  other.agent_id = "b";
+  other.tenant = "t2";
+  other.profile = {4, 2, 64, DType::kF32, "tiny"};
+  other.peer = {99, 2000, 2000};
+  EXPECT_TRUE(pool->Open(other).ok());
+  EXPECT_EQ(pool->num_sessions(), 3u);
+}
+
 // A TCP connection to 127.0.0.1:port, -1 on failure. Reads time out after
 // 10 s, so a blocked server fails the test instead of hanging it.
 int Connect(int port) {

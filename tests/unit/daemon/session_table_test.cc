@@ -26,23 +26,39 @@ Session Make(const std::string& agent, const std::string& token, uid_t uid, uint
 std::string Tok(char c) { return std::string(32, c); }
 
 TEST(SessionTableTest, CheckRoomRefusesAtMaxSessions) {
-  SessionTable t(2, kInstance);
-  EXPECT_TRUE(t.CheckRoom().ok());
+  SessionTable t(2, 2, kInstance);
+  EXPECT_TRUE(t.CheckRoom(1).ok());
   t.Insert(Make("a", Tok('a'), 1, 1000, kT0));
-  EXPECT_TRUE(t.CheckRoom().ok());
+  EXPECT_TRUE(t.CheckRoom(1).ok());
   const uint64_t id = t.Insert(Make("b", Tok('b'), 1, 1000, kT0)).id;
-  const absl::Status full = t.CheckRoom();
+  const absl::Status full = t.CheckRoom(1);
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(full.message().find("2 sessions"), absl::string_view::npos) << full;
   t.Erase(id);
   EXPECT_EQ(t.size(), 1u);
-  EXPECT_TRUE(t.CheckRoom().ok());
-  SessionTable none(0, kInstance);
-  EXPECT_EQ(none.CheckRoom().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(t.CheckRoom(1).ok());
+  SessionTable none(0, 0, kInstance);
+  EXPECT_EQ(none.CheckRoom(1).code(), absl::StatusCode::kResourceExhausted);
+}
+
+// Finding 5 of issue 14: one client could open all 4,096 session slots.
+TEST(SessionTableTest, Finding5_OneUidCannotTakeEverySessionSlot) {
+  SessionTable t(10, 3, kInstance);
+  std::vector<uint64_t> mine;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(t.CheckRoom(7).ok());
+    mine.push_back(t.Insert(Make("a", Tok('a'), 7, 1000, kT0)).id);
+  }
+  const absl::Status limit = t.CheckRoom(7);
+  EXPECT_EQ(limit.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(limit.message().find("uid 7 holds 3 sessions"), absl::string_view::npos) << limit;
+  EXPECT_TRUE(t.CheckRoom(8).ok());  // another uid still gets in
+  t.Erase(mine[0]);
+  EXPECT_TRUE(t.CheckRoom(7).ok());
 }
 
 TEST(SessionTableTest, InsertAssignsIncreasingIdsThatAreNeverReused) {
-  SessionTable t(10, kInstance);
+  SessionTable t(10, 10, kInstance);
   Session s = Make("a", Tok('a'), 1, 1000, kT0);
   s.id = 77;  // ignored: the table assigns
   Session& first = t.Insert(std::move(s));
@@ -62,12 +78,12 @@ TEST(SessionTableTest, InsertAssignsIncreasingIdsThatAreNeverReused) {
   t.Erase(kBase + 99);  // unknown: no-op
   EXPECT_EQ(t.size(), 2u);
   // Another instance numbers its own sessions.
-  SessionTable other(10, 8);
+  SessionTable other(10, 10, 8);
   EXPECT_EQ(other.Insert(Make("a", Tok('a'), 1, 1000, kT0)).id, (uint64_t{8} << 32) + 1);
 }
 
 TEST(SessionTableTest, AuthorizeChecksTokenThenUidAndRenewsTheLease) {
-  SessionTable t(10, kInstance);
+  SessionTable t(10, 10, kInstance);
   const uint64_t id = t.Insert(Make("a", Tok('a'), 1000, 250, kT0)).id;
   const PeerCreds me{4321, 1000, 5};  // pid and gid are not checked
   const absl::Time later = kT0 + absl::Seconds(3);
@@ -105,7 +121,7 @@ TEST(SessionTableTest, AuthorizeChecksTokenThenUidAndRenewsTheLease) {
 }
 
 TEST(SessionTableTest, MutationsAreRefusedWhileCompacting) {
-  SessionTable t(10, kInstance);
+  SessionTable t(10, 10, kInstance);
   const uint64_t id = t.Insert(Make("a", Tok('a'), 7, 1000, kT0)).id;
   const PeerCreds me{1, 7, 1};
   ASSERT_TRUE(t.AuthorizeMutation(id, Tok('a'), me, kT0).ok());
@@ -128,7 +144,7 @@ TEST(SessionTableTest, MutationsAreRefusedWhileCompacting) {
 }
 
 TEST(SessionTableTest, ExpiredSkipsCompactingSessionsAndHonoursAll) {
-  SessionTable t(10, kInstance);
+  SessionTable t(10, 10, kInstance);
   const uint64_t a = t.Insert(Make("a", Tok('a'), 1, 1000, kT0)).id;  // deadline T0+1s
   const uint64_t b = t.Insert(Make("b", Tok('b'), 1, 3000, kT0)).id;  // T0+3s
   const uint64_t c = t.Insert(Make("c", Tok('c'), 1, 1000, kT0)).id;  // T0+1s, compacting
@@ -150,7 +166,7 @@ TEST(SessionTableTest, ExpiredSkipsCompactingSessionsAndHonoursAll) {
 }
 
 TEST(SessionTableTest, HasOtherOfLooksAtOtherSessionsOfTheAgent) {
-  SessionTable t(10, kInstance);
+  SessionTable t(10, 10, kInstance);
   const uint64_t a1 = t.Insert(Make("a", Tok('a'), 1, 1000, kT0)).id;
   const uint64_t b1 = t.Insert(Make("b", Tok('b'), 1, 1000, kT0)).id;
   EXPECT_FALSE(t.HasOtherOf("a", a1));
