@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -13,6 +14,11 @@
 #include "proto/polykv/v1/fd_socket.h"
 
 namespace polykv {
+namespace {
+
+constexpr int kFdFetchTimeoutSeconds = 2;
+
+}  // namespace
 
 absl::StatusOr<int> FetchArenaFd(const std::string& path, const SessionRef& ref,
                                  uint32_t arena_id) {
@@ -28,6 +34,11 @@ absl::StatusOr<int> FetchArenaFd(const std::string& path, const SessionRef& ref,
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  // The daemon answers in microseconds; a fetch that hangs must fail while
+  // the session's lease still has time to spare (issue 14, finding 3).
+  const timeval tv{kFdFetchTimeoutSeconds, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   auto fail = [&](absl::Status s) {
     close(fd);
     return s;
@@ -52,7 +63,12 @@ absl::StatusOr<int> FetchArenaFd(const std::string& path, const SessionRef& ref,
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
   ssize_t n = recvmsg(fd, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+  const int recv_errno = errno;
   close(fd);
+  if (n < 0 && (recv_errno == EAGAIN || recv_errno == EWOULDBLOCK)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "no answer from the fd socket ", path, " within ", kFdFetchTimeoutSeconds, " s"));
+  }
   if (n != static_cast<ssize_t>(sizeof(reply))) {
     return absl::UnavailableError("fd socket closed the connection (peer not allowed?)");
   }

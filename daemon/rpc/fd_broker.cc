@@ -4,9 +4,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
+#include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "proto/polykv/v1/fd_socket.h"
 
 namespace polykv::daemon {
@@ -15,6 +20,11 @@ absl::StatusOr<std::unique_ptr<FdBroker>> FdBroker::Create(FdBrokerOptions optio
   if (options.pool == nullptr) return absl::InvalidArgumentError("fd broker needs a pool");
   auto fd = BindUnixSocket(options.path, options.mode);
   if (!fd.ok()) return fd.status();
+  // Non-blocking: the loop accepts until EAGAIN.
+  if (fcntl(*fd, F_SETFL, fcntl(*fd, F_GETFL) | O_NONBLOCK) != 0) {
+    close(*fd);
+    return absl::InternalError(absl::StrCat("fcntl(O_NONBLOCK): ", std::strerror(errno)));
+  }
   return std::unique_ptr<FdBroker>(new FdBroker(std::move(options), *fd));
 }
 
@@ -31,45 +41,95 @@ void FdBroker::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void FdBroker::Loop() {
-  while (!stop_) {
-    pollfd p{listen_fd_, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    Serve(fd);
-    close(fd);
-  }
+struct FdBroker::Conn {
+  int fd = -1;
+  PeerCreds creds;
+  v1::FdRequest req;
+  size_t got = 0;
+  absl::Time deadline;
+};
+
+namespace {
+
+constexpr size_t kMaxConnections = 256;
+constexpr absl::Duration kRequestTimeout = absl::Seconds(2);
+
+void Fail(int fd, const absl::Status& s) {
+  v1::FdReply reply;
+  reply.status = static_cast<int32_t>(s.code());
+  std::snprintf(reply.message, sizeof(reply.message), "%s", std::string(s.message()).c_str());
+  (void)!send(fd, &reply, sizeof(reply), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
-void FdBroker::Serve(int fd) {
-  // A slow or silent peer must not stall the broker for others.
-  timeval tv{1, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  v1::FdReply reply;
-  auto fail = [&](absl::Status s) {
-    reply.status = static_cast<int32_t>(s.code());
-    std::snprintf(reply.message, sizeof(reply.message), "%s", std::string(s.message()).c_str());
-    (void)!send(fd, &reply, sizeof(reply), MSG_NOSIGNAL);
+}  // namespace
+
+void FdBroker::Loop() {
+  std::vector<Conn> conns;
+  std::vector<pollfd> fds;
+  auto drop = [](Conn& c) {
+    close(c.fd);
+    c.fd = -1;
   };
-  auto creds = PeerCredsOf(fd);
-  if (!creds.ok() || !options_.policy.Allows(*creds)) {
-    if (options_.on_reject) options_.on_reject(creds.ok() ? *creds : PeerCreds{});
-    return;  // Same as the gRPC socket: refused peers get nothing.
+  while (!stop_) {
+    const absl::Time now = absl::Now();
+    for (Conn& c : conns) {
+      if (now >= c.deadline) drop(c);
+    }
+    std::erase_if(conns, [](const Conn& c) { return c.fd < 0; });
+    fds.assign({{listen_fd_, POLLIN, 0}});
+    for (const Conn& c : conns) fds.push_back({c.fd, POLLIN, 0});
+    if (poll(fds.data(), fds.size(), 100) <= 0) continue;
+    for (size_t i = 0; i < conns.size(); ++i) {
+      Conn& c = conns[i];
+      if (fds[i + 1].revents == 0) continue;
+      const ssize_t n = recv(c.fd, reinterpret_cast<char*>(&c.req) + c.got,
+                             sizeof(c.req) - c.got, MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+      if (n <= 0) {
+        if (c.got > 0) Fail(c.fd, absl::InvalidArgumentError("short fd request"));
+        drop(c);
+        continue;
+      }
+      c.got += static_cast<size_t>(n);
+      if (c.got == sizeof(c.req)) {
+        Serve(c);
+        drop(c);
+      }
+    }
+    std::erase_if(conns, [](const Conn& c) { return c.fd < 0; });
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    while (true) {
+      const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) break;  // EAGAIN: all pending connections accepted
+      auto creds = PeerCredsOf(fd);
+      if (!creds.ok() || !options_.policy.Allows(*creds)) {
+        if (options_.on_reject) options_.on_reject(creds.ok() ? *creds : PeerCreds{});
+        close(fd);  // Same as the gRPC socket: refused peers get nothing.
+        continue;
+      }
+      if (conns.size() >= kMaxConnections) {
+        drop(conns.front());  // the oldest: it has waited longest for its request
+        conns.erase(conns.begin());
+      }
+      conns.push_back({fd, *creds, {}, 0, absl::Now() + kRequestTimeout});
+    }
   }
-  v1::FdRequest req;
-  if (recv(fd, &req, sizeof(req), MSG_WAITALL) != static_cast<ssize_t>(sizeof(req))) {
-    return fail(absl::InvalidArgumentError("short fd request"));
-  }
+  for (Conn& c : conns) drop(c);
+}
+
+void FdBroker::Serve(const Conn& c) {
+  const int fd = c.fd;
+  const v1::FdRequest& req = c.req;
+  auto fail = [&](absl::Status s) { Fail(fd, s); };
   if (req.magic != v1::kFdMagic || req.version != v1::kFdVersion) {
     return fail(absl::InvalidArgumentError(
         absl::StrCat("bad fd request header (magic/version ", req.magic, "/", req.version, ")")));
   }
   absl::string_view token(reinterpret_cast<const char*>(req.token), sizeof(req.token));
-  auto arena_fd = options_.pool->DupArenaFd(req.session_id, token, *creds, req.arena_id);
+  auto arena_fd = options_.pool->DupArenaFd(req.session_id, token, c.creds, req.arena_id);
   if (!arena_fd.ok()) return fail(arena_fd.status());
   off_t size = lseek(*arena_fd, 0, SEEK_END);
+  v1::FdReply reply;
   reply.status = 0;
   reply.size_bytes = size > 0 ? static_cast<uint64_t>(size) : 0;
   iovec iov{&reply, sizeof(reply)};
@@ -84,7 +144,9 @@ void FdBroker::Serve(int fd) {
   cm->cmsg_type = SCM_RIGHTS;
   cm->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(cm), &*arena_fd, sizeof(int));
-  (void)!sendmsg(fd, &msg, MSG_NOSIGNAL);
+  // 256 bytes into a fresh socket's buffer: never blocks in practice, and
+  // must not (MSG_DONTWAIT) — a peer that does not read loses its fd.
+  (void)!sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
   close(*arena_fd);
 }
 

@@ -1,6 +1,13 @@
 // FdBroker: serves arena file descriptors over the fd socket
 // (proto/polykv/v1/fd_socket.h) after checking peer credentials and the
 // session token.
+//
+// One thread multiplexes every connection with poll(): a request is answered
+// as soon as its 56 bytes are in, so a silent or slow peer delays nobody
+// else (issue 14, finding 3: served one at a time with 1 s each, 15 silent
+// connections made a worker's fetch miss its lease). Each connection has
+// kRequestTimeout to send its request; at kMaxConnections the one waiting
+// longest is dropped to admit a new one.
 #pragma once
 
 #include <atomic>
@@ -34,8 +41,10 @@ class FdBroker {
 
  private:
   FdBroker(FdBrokerOptions options, int fd) : options_(std::move(options)), listen_fd_(fd) {}
+  struct Conn;
   void Loop();
-  void Serve(int fd);
+  // Answers one complete request on `c` (checked header, token, tenant).
+  void Serve(const Conn& c);
 
   const FdBrokerOptions options_;
   const int listen_fd_;

@@ -3,10 +3,14 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -15,6 +19,8 @@
 
 #include "daemon/metrics/http_server.h"
 #include "daemon/pool/kv_pool.h"
+#include "daemon/rpc/fd_broker.h"
+#include "proto/polykv/v1/fd_socket.h"
 
 namespace polykv::daemon {
 namespace {
@@ -163,6 +169,84 @@ TEST_F(FindingsTest, Finding5_OneUidCannotOpenEverySession) {
   other.peer = {99, 2000, 2000};
   EXPECT_TRUE(pool->Open(other).ok());
   EXPECT_EQ(pool->num_sessions(), 3u);
+}
+
+// A Unix stream connection to `path` whose reads time out after 10 s (a
+// blocked broker fails the test instead of hanging it); -1 on failure.
+int ConnectUnix(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::snprintf(a.sun_path, sizeof(a.sun_path), "%s", path.c_str());
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Finding 3: the fd socket served one connection at a time with 1 s each, so
+// N silent connections delayed every arena fetch by ~N s (15 made a worker
+// lose its 5 s lease).
+TEST_F(FindingsTest, Finding3_SilentConnectionsDoNotDelayAnArenaFetch) {
+  auto pool = MakePool(16 * kMiB);
+  peer_ = {getpid(), getuid(), getgid()};  // the broker sees this process's credentials
+  auto s = Open(*pool, "a");
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto r = pool->Reserve(s->session_id, s->token, peer_, 16);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->new_arenas.size(), 1u);
+  FdBrokerOptions o;
+  o.path = ::testing::TempDir() + "findings-fd-" + std::to_string(getpid()) + ".sock";
+  o.mode = 0600;
+  o.policy.allowed_uids = {getuid()};
+  o.pool = pool.get();
+  auto broker = FdBroker::Create(o);
+  ASSERT_TRUE(broker.ok()) << broker.status();
+  (*broker)->Start();
+
+  std::vector<int> silent;
+  for (int i = 0; i < 30; ++i) silent.push_back(ConnectUnix(o.path));
+  for (int fd : silent) ASSERT_GE(fd, 0);
+  const int fd = ConnectUnix(o.path);
+  ASSERT_GE(fd, 0);
+  v1::FdRequest req;
+  req.session_id = s->session_id;
+  std::memcpy(req.token, s->token.data(), sizeof(req.token));
+  req.arena_id = r->new_arenas[0].arena_id;
+  ASSERT_EQ(send(fd, &req, sizeof(req), MSG_NOSIGNAL), ssize_t(sizeof(req)));
+  v1::FdReply reply;
+  iovec iov{&reply, sizeof(reply)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ASSERT_EQ(recvmsg(fd, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC), ssize_t(sizeof(reply)))
+      << "no reply within 10 s behind " << silent.size() << " silent connections";
+  close(fd);
+  EXPECT_EQ(reply.status, 0) << reply.message;
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  ASSERT_NE(cm, nullptr);
+  int arena_fd = -1;
+  std::memcpy(&arena_fd, CMSG_DATA(cm), sizeof(int));
+  struct stat st {};
+  ASSERT_EQ(fstat(arena_fd, &st), 0);
+  EXPECT_EQ(uint64_t(st.st_size), r->new_arenas[0].size_bytes);
+  close(arena_fd);
+
+  // A short request still gets its error once the peer stops writing.
+  const int shortfd = ConnectUnix(o.path);
+  ASSERT_EQ(send(shortfd, &req, 8, MSG_NOSIGNAL), 8);
+  shutdown(shortfd, SHUT_WR);
+  v1::FdReply err;
+  ASSERT_EQ(recv(shortfd, &err, sizeof(err), MSG_WAITALL), ssize_t(sizeof(err)));
+  EXPECT_EQ(err.status, int32_t(absl::StatusCode::kInvalidArgument)) << err.message;
+  close(shortfd);
+  for (int f : silent) close(f);
 }
 
 // A TCP connection to 127.0.0.1:port, -1 on failure. Reads time out after
