@@ -46,6 +46,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonConfig& confi
   po.default_lease_ms = config.lease_ms;
   po.max_sessions = config.max_sessions;
   po.max_sessions_per_uid = config.max_sessions_per_uid;
+  po.tenant_bindings = config.tenants;
   po.default_qos = config.default_qos;
   if (config.tier == "cuda") {
     const int device = config.cuda_device;

@@ -65,7 +65,7 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
       "socket", "socket_mode", "metrics_address", "tier", "cuda_device", "pool_bytes",
       "arena_bytes", "superblock_bytes", "block_tokens", "lease_ms", "max_sessions",
       "max_sessions_per_uid", "low_watermark_bytes",
-      "drain_timeout_ms", "allowed_uids", "allowed_gids", "admin_uids", "default_qos", "agents",
+      "drain_timeout_ms", "allowed_uids", "allowed_gids", "admin_uids", "default_qos", "agents", "tenants",
       "log_level"};
   try {
     for (const auto& kv : root) {
@@ -113,6 +113,28 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
         if (!q.ok()) return q.status();
         if (q->agent_id.empty()) return KeyError(absl::StrCat("agents[", i - 1, "]"), "agent_id is required");
         c.agents.push_back(*q);
+      }
+    }
+    if (root["tenants"]) {
+      if (!root["tenants"].IsMap()) return KeyError("tenants", "expected a mapping of names");
+      for (const auto& kv : root["tenants"]) {
+        const std::string name = kv.first.as<std::string>();
+        const std::string where = absl::StrCat("tenants.", name);
+        TenantBinding b;
+        for (const auto& field : kv.second) {
+          const std::string k = field.first.as<std::string>();
+          if (k == "uids") {
+            for (uid_t u : field.second.as<std::vector<uid_t>>()) b.uids.insert(u);
+          } else if (k == "gids") {
+            for (gid_t g : field.second.as<std::vector<gid_t>>()) b.gids.insert(g);
+          } else {
+            return KeyError(absl::StrCat(where, ".", k), "unknown key (uids, gids)");
+          }
+        }
+        if (b.uids.empty() && b.gids.empty()) {
+          return KeyError(where, "names no uids or gids: nobody could open it");
+        }
+        c.tenants[name] = std::move(b);
       }
     }
   } catch (const std::exception& e) {

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,9 @@ struct DaemonConfig {
   std::vector<uid_t> admin_uids;
   QosRecord default_qos;
   std::vector<QosRecord> agents;  // Initial per-agent QoS.
+  // Tenants shared by the listed uids/gids; any other tenant name is private
+  // to the uid that opens it. `tenants: {name: {uids: [..], gids: [..]}}`.
+  std::map<std::string, TenantBinding> tenants;
   std::string log_level = "info";
 };
 

@@ -171,9 +171,23 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
         options_.superblock_bytes, "); use smaller block_tokens"));
   }
 
+  // The pool's tenant key: a bound tenant is shared by its identities, any
+  // other name is the opening uid's own ('@' cannot occur in names).
+  std::string tenant_key = r.tenant;
+  if (auto b = options_.tenant_bindings.find(r.tenant); b != options_.tenant_bindings.end()) {
+    if (!b->second.Allows(r.peer)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "tenant '", r.tenant, "' is bound to other uids/gids in polykvd's config (tenants:); "
+          "uid ", r.peer.uid, " may not open it"));
+    }
+  } else {
+    tenant_key = absl::StrCat(r.tenant, "@uid", r.peer.uid);
+  }
+
   Session s;
   s.token = *std::move(token);
-  s.account = {r.tenant, r.agent_id, 0};
+  s.account = {tenant_key, r.agent_id, 0};
+  s.tenant_name = r.tenant;
   s.profile = r.profile;
   s.priority = admission_.HasRecord(r.agent_id)
                    ? qos.priority
@@ -672,9 +686,9 @@ std::vector<SessionSummary> KvPool::ListSessions(absl::string_view tenant,
   const absl::Time now = Now();
   std::vector<SessionSummary> out;
   for (const auto& [id, s] : sessions_) {
-    if (!tenant.empty() && s.tenant() != tenant) continue;
+    if (!tenant.empty() && s.tenant_name != tenant && s.tenant() != tenant) continue;
     if (!agent_id.empty() && s.agent_id() != agent_id) continue;
-    out.push_back({s.id, s.agent_id(), s.tenant(), s.priority, s.reserved_tokens(),
+    out.push_back({s.id, s.agent_id(), s.tenant_name, s.priority, s.reserved_tokens(),
                    s.tables.committed_tokens, s.account.bytes, s.tables.epoch,
                    s.shape.key_format, s.shape.value_format, s.lease.peer,
                    absl::ToDoubleSeconds(now - s.lease.last_seen), s.profile});

@@ -63,6 +63,11 @@ struct KvPoolOptions {
   uint32_t max_lease_ms = 600000;
   uint32_t max_sessions = 4096;
   uint32_t max_sessions_per_uid = 0;  // 0 = max_sessions / 4 (at least 1)
+  // Tenants bound to identities. A tenant named here is opened only by its
+  // uids/gids; any other name is private to the uid that opens it (two uids
+  // naming "t1" get two tenants), so pages never cross uids unless the
+  // config says so (issue 14, finding 1).
+  std::map<std::string, TenantBinding> tenant_bindings;
   QosRecord default_qos;  // For agents without a record (agent_id ignored).
   // Pressure ladder (RunPressureLadder): below low_watermark free bytes the
   // daemon compacts sessions of the lowest priority first, then refuses their

@@ -61,7 +61,8 @@ struct PolicyInputs {
 struct Session {
   uint64_t id = 0;
   std::string token;
-  BlockAccount account;  // tenant, agent, bytes held
+  BlockAccount account;  // tenant (the pool's key, see KvPoolOptions), agent, bytes held
+  std::string tenant_name;  // as the worker named it
   ModelProfile profile;
   Priority priority = Priority::kNormal;
   uint32_t block_tokens = 16;

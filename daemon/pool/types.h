@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,14 @@ struct PeerCreds {
   pid_t pid = 0;
   uid_t uid = 0;
   gid_t gid = 0;
+};
+
+// Who may open sessions in a tenant named in the config (polykvd.yaml
+// `tenants:`): a peer whose uid or primary gid is listed.
+struct TenantBinding {
+  std::set<uid_t> uids;
+  std::set<gid_t> gids;
+  bool Allows(const PeerCreds& p) const { return uids.contains(p.uid) || gids.contains(p.gid); }
 };
 
 struct OpenRequest {

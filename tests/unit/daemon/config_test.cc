@@ -1,5 +1,7 @@
 #include "daemon/config/config.h"
 
+#include <set>
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -56,6 +58,24 @@ TEST(ConfigTest, UnknownKeysAndBadValuesNameTheKey) {
 
 namespace polykv::daemon {
 namespace {
+
+TEST(ConfigTest, TenantsAreBoundToUidsAndGids) {
+  auto c = LoadConfigFile(
+      WriteTemp("tenants:\n  team-a: {uids: [1001, 1002], gids: [2000]}\n  ops: {gids: [3]}\n"),
+      DaemonConfig());
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->tenants.size(), 2u);
+  EXPECT_EQ(c->tenants.at("team-a").uids, (std::set<uid_t>{1001, 1002}));
+  EXPECT_EQ(c->tenants.at("team-a").gids, (std::set<gid_t>{2000}));
+  EXPECT_TRUE(c->tenants.at("ops").Allows({1, 55, 3}));
+  EXPECT_FALSE(c->tenants.at("ops").Allows({1, 55, 4}));
+  auto bad = LoadConfigFile(WriteTemp("tenants:\n  t: {users: [1]}\n"), DaemonConfig());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("tenants.t.users"), std::string::npos) << bad.status();
+  auto empty = LoadConfigFile(WriteTemp("tenants:\n  t: {}\n"), DaemonConfig());
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("nobody"), std::string::npos) << empty.status();
+}
 
 TEST(ConfigTest, PolicyBudgetAndLowWatermark) {
   const std::string path = ::testing::TempDir() + "/polykvd_config_policy_test.yaml";

@@ -56,6 +56,72 @@ class FindingsTest : public ::testing::Test {
   PeerCreds peer_{1234, 1000, 1000};
 };
 
+// Finding 1 (HIGH): OpenSessionRequest.tenant was whatever the caller wrote,
+// so an allowed uid opened a session named after another uid's tenant, got
+// that tenant's arena fd and read its KV.
+TEST_F(FindingsTest, Finding1_ANameDoesNotOpenAnotherUidsTenant) {
+  auto pool = MakePool(16 * kMiB);
+  const PeerCreds victim{10, 1000, 1000}, thief{20, 2000, 2000};
+  OpenRequest r;
+  r.agent_id = "v";
+  r.tenant = "victim";
+  r.profile = {4, 2, 64, DType::kF32, "tiny"};
+  r.peer = victim;
+  auto vs = pool->Open(r);
+  ASSERT_TRUE(vs.ok());
+  auto vr = pool->Reserve(vs->session_id, vs->token, victim, 16);
+  ASSERT_TRUE(vr.ok());
+  ASSERT_EQ(vr->new_arenas.size(), 1u);
+  const uint32_t victim_arena = vr->new_arenas[0].arena_id;
+
+  r.agent_id = "t";
+  r.peer = thief;
+  auto ts = pool->Open(r);  // the same name: the thief's own, empty tenant
+  ASSERT_TRUE(ts.ok()) << ts.status();
+  EXPECT_TRUE(ts->arenas.empty());
+  auto fd = pool->DupArenaFd(ts->session_id, ts->token, thief, victim_arena);
+  ASSERT_FALSE(fd.ok());
+  EXPECT_TRUE(absl::IsPermissionDenied(fd.status())) << fd.status();
+  auto tr = pool->Reserve(ts->session_id, ts->token, thief, 16);
+  ASSERT_TRUE(tr.ok());
+  ASSERT_EQ(tr->new_arenas.size(), 1u);
+  EXPECT_NE(tr->new_arenas[0].arena_id, victim_arena);
+  // Both are listed under the name they chose.
+  EXPECT_EQ(pool->ListSessions("victim", "").size(), 2u);
+  EXPECT_EQ(pool->Stats().tenants.size(), 2u);
+  ASSERT_TRUE(pool->CheckInvariants().ok());
+}
+
+// Tenants the config binds are shared by exactly their identities.
+TEST_F(FindingsTest, Finding1_BoundTenantsAdmitOnlyTheirIdentities) {
+  KvPoolOptions o;
+  o.pool_bytes = 16 * kMiB;
+  o.arena_bytes = 4 * kMiB;
+  o.superblock_bytes = 256 * 1024;
+  o.arena_factory = CreateHostShmArena;
+  o.tenant_bindings["team"] = TenantBinding{{1000}, {3000}};
+  auto pool = *KvPool::Create(o);
+  OpenRequest r;
+  r.agent_id = "a";
+  r.tenant = "team";
+  r.profile = {4, 2, 64, DType::kF32, "tiny"};
+  r.peer = {1, 1000, 1000};
+  auto a = pool->Open(r);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto ar = pool->Reserve(a->session_id, a->token, r.peer, 16);
+  ASSERT_TRUE(ar.ok());
+  r.peer = {2, 2000, 3000};  // by gid
+  auto b = pool->Open(r);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->arenas.size(), 1u);  // the team's arena
+  EXPECT_EQ(b->arenas[0].arena_id, ar->new_arenas[0].arena_id);
+  r.peer = {3, 4000, 4000};
+  auto c = pool->Open(r);
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(absl::IsPermissionDenied(c.status())) << c.status();
+  EXPECT_EQ(pool->num_sessions(), 2u);
+}
+
 // Finding 7a: the ladder's refusal was checked before guarantees, so an agent
 // whose guarantee was unused was refused under pressure like any other.
 TEST_F(FindingsTest, Finding7_UnusedGuaranteeIsNotRefusedUnderPressure) {
