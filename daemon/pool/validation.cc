@@ -14,9 +14,14 @@ absl::Status ValidateName(absl::string_view what, absl::string_view value, size_
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
               c == '_' || c == '.' || c == ':' || c == '-';
     if (!ok) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " may contain only letters, digits and _.:- (got '",
-                       std::string(1, c), "')"));
+      // A byte outside printable ASCII is shown as a number, so the message
+      // stays valid UTF-8 whatever the caller sent.
+      const bool printable = c >= 0x20 && c < 0x7f;
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " may contain only letters, digits and _.:- (got ",
+          printable ? absl::StrCat("'", std::string(1, c), "'")
+                    : absl::StrCat("byte 0x", absl::Hex(static_cast<unsigned char>(c))),
+          ")"));
     }
   }
   return absl::OkStatus();

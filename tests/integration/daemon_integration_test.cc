@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "polykv/admin.h"
+#include "polykv/client.h"
 #include "tests/integration/http.h"
 #include "tests/integration/subprocess.h"
 
@@ -218,6 +219,23 @@ TEST_F(DaemonIntegrationTest, MetricsEndpointListsPolykvMetrics) {
   const std::string again = HttpGet(port, "/metrics", 10000);
   EXPECT_NE(again.find("polykv_pool_bytes"), std::string::npos) << again;
   for (int fd : idle) close(fd);
+}
+
+// Finding 9 of issue 14: a name that is not valid UTF-8 made protobuf refuse
+// the whole request (INTERNAL, empty message, a log line per request).
+TEST_F(DaemonIntegrationTest, Finding9_InvalidUtf8NamesAreInvalidArgument) {
+  auto client = Client::Connect(socket_);
+  ASSERT_TRUE(client.ok()) << client.status();
+  SessionOptions o;
+  o.agent_id = "agent\xff\xfe";
+  o.tenant = "t";
+  o.profile = {4, 2, 64, DType::kF32, "test"};
+  auto s = (*client)->OpenSession(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(s.status())) << s.status();
+  EXPECT_NE(s.status().message().find("agent_id"), absl::string_view::npos) << s.status();
+  EXPECT_NE(s.status().message().find("byte 0xff"), absl::string_view::npos) << s.status();
+  EXPECT_EQ(UsedBytes(), 0u);
 }
 
 TEST_F(DaemonIntegrationTest, SocketIsNotOpenToOthers) {
