@@ -6,6 +6,11 @@
 # daemon. Prints each agent's answers and a summary: tokens, tokens/s and pool
 # bytes per agent; then stops polykvd with SIGTERM (it drains).
 #
+# Then the same support agent runs three times side by side under different
+# QoS — uncompressed f16, K8V4 pages (keys int8, values int4), and the h2o
+# policy at a 160-token budget set through the Admin API — and the demo prints
+# each one's pool bytes and whether each answer matches the uncompressed one.
+#
 # Usage: scripts/demo.sh [--model NAME]   (NAME as scripts/fetch-model.sh
 #        takes it: qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m)
 # While it runs, metrics are at http://127.0.0.1:9464/metrics.
@@ -17,7 +22,7 @@ model_name=qwen2.5-coder-0.5b
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) [ $# -ge 2 ] || { echo "demo: --model needs a NAME" >&2; exit 2; }; model_name=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "demo: unknown argument '$1' (--help)" >&2; exit 2 ;;
   esac
 done
@@ -95,6 +100,54 @@ for s in rows:
           s["prompt_tokens"] + s["completion_tokens"], s["prefill_tokens_per_s"],
           s["decode_tokens_per_s"], s["kv_bytes"], s["cache"]))
 print(f"all agents: {total} tokens in {end - start:.1f} s wall = {total / (end - start):.1f} tokens/s")
+PY
+
+echo
+echo "== one agent, three QoS settings, side by side (support script)"
+"$bin/polykvctl" --socket "$sock" qos set support-h2o --policy h2o --budget-tokens 160 >/dev/null
+qos_pids=()
+for spec in "support-f16 f16 f16" "support-k8v4 int8 int4" "support-h2o f16 f16"; do
+  set -- $spec
+  "$bin/polykv-worker" run tests/fixtures/worker/scripts/support.jsonl --model "$model" \
+      --daemon "$sock" --tenant team-c --agent "$1" --key-format "$2" --value-format "$3" \
+      --threads 1 --summary >"$dir/$1.jsonl" 2>"$dir/$1.err" &
+  qos_pids+=($!)
+done
+for p in "${qos_pids[@]}"; do wait "$p" || fail=1; done
+python3 - "$dir" <<'PY'
+import json, sys
+d = sys.argv[1]
+def load(a):
+    turns, summary = [], None
+    for line in open(f"{d}/{a}.jsonl"):
+        t = json.loads(line)
+        if t.get("summary"):
+            summary = t
+        else:
+            turns.append(t)
+    return turns, summary
+base, base_s = load("support-f16")
+print("%-13s %-15s %12s %8s  %s" % ("AGENT", "QOS", "POOL BYTES", "OF F16", "ANSWERS = F16"))
+for a, qos in [("support-f16", "f16, full"), ("support-k8v4", "K8V4, full"),
+               ("support-h2o", "f16, h2o@160")]:
+    turns, s = load(a)
+    if s is None:
+        print(f"{a}: no summary (see {d}/{a}.err)")
+        continue
+    same = sum(t["text"] == b["text"] for t, b in zip(turns, base))
+    print("%-13s %-15s %12d %7.0f%%  %d of %d" % (a, qos, s["kv_bytes"],
+          100.0 * s["kv_bytes"] / max(1, base_s["kv_bytes"]), same, len(base)))
+for a in ["support-k8v4", "support-h2o"]:
+    turns, _ = load(a)
+    for t, b in zip(turns, base):
+        if t["text"] != b["text"]:
+            # Where the two answers part (the first differing character).
+            i = next((k for k, (x, y) in enumerate(zip(t["text"], b["text"])) if x != y),
+                     min(len(t["text"]), len(b["text"])))
+            lo = max(0, i - 40)
+            print(f"  {a} {t.get('id', '')} differs from character {i}:")
+            print(f"    {a:>12}: ...{t['text'][lo:i + 60]!r}")
+            print(f"    {'support-f16':>12}: ...{b['text'][lo:i + 60]!r}")
 PY
 "$bin/polykvctl" --socket "$sock" status | head -n 4
 kill -TERM $daemon
