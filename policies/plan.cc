@@ -55,6 +55,26 @@ double OutputBytes(const SessionView& view, int layer, const LayerPlan& plan) {
 
 namespace {
 
+constexpr int kWithinBudget = -1;
+constexpr int kOverTotal = -2;
+
+// The plan's layer budgets against checks.budget (when given): kWithinBudget,
+// kOverTotal, or the first layer over its per-layer budget.
+int BudgetViolation(const SessionView& view, const Plan& plan, const PlanChecks& checks,
+                    int64_t total_tokens, int64_t total_bytes) {
+  if (checks.budget == nullptr) return kWithinBudget;
+  const Budget& b = *checks.budget;
+  const bool bytes = b.unit == Budget::Unit::kBytes;
+  if (b.per_layer.empty()) {
+    return (bytes ? total_bytes : total_tokens) > b.total ? kOverTotal : kWithinBudget;
+  }
+  for (int l = 0; l < view.num_layers(); ++l) {
+    const int64_t planned = bytes ? plan.layers[l].budget_bytes : plan.layers[l].budget_tokens;
+    if (l >= static_cast<int>(b.per_layer.size()) || planned > b.per_layer[l]) return l;
+  }
+  return kWithinBudget;
+}
+
 // Every check of ValidatePlan as one yes/no, in as few passes as it can: a
 // layer without merge groups is one merge-walk of keep and evict (both
 // ascending) over [0, n), no state array. Accepting here implies
@@ -153,20 +173,7 @@ bool PlanLooksValid(const SessionView& view, const Plan& plan, const PlanChecks&
     total_tokens += lp.budget_tokens;
     total_bytes += lp.budget_bytes;
   }
-  if (checks.budget != nullptr) {
-    const Budget& b = *checks.budget;
-    const bool bytes = b.unit == Budget::Unit::kBytes;
-    if (!b.per_layer.empty()) {
-      if (static_cast<int>(b.per_layer.size()) < view.num_layers()) return false;
-      for (int l = 0; l < view.num_layers(); ++l) {
-        const int64_t planned = bytes ? plan.layers[l].budget_bytes : plan.layers[l].budget_tokens;
-        if (planned > b.per_layer[l]) return false;
-      }
-    } else if ((bytes ? total_bytes : total_tokens) > b.total) {
-      return false;
-    }
-  }
-  return true;
+  return BudgetViolation(view, plan, checks, total_tokens, total_bytes) == kWithinBudget;
 }
 
 // ValidatePlan's checks one by one, naming the first violation.
@@ -268,19 +275,11 @@ absl::Status ValidatePlanDetailed(const SessionView& view, const Plan& plan,
     total_tokens += lp.budget_tokens;
     total_bytes += lp.budget_bytes;
   }
-  if (checks.budget != nullptr) {
-    const Budget& b = *checks.budget;
-    const bool bytes = b.unit == Budget::Unit::kBytes;
-    if (!b.per_layer.empty()) {
-      for (int l = 0; l < view.num_layers(); ++l) {
-        const int64_t planned = bytes ? plan.layers[l].budget_bytes : plan.layers[l].budget_tokens;
-        if (l >= static_cast<int>(b.per_layer.size()) || planned > b.per_layer[l]) {
-          return Bad(l, "planned budget exceeds the given per-layer budget");
-        }
-      }
-    } else if ((bytes ? total_bytes : total_tokens) > b.total) {
-      return absl::InvalidArgumentError("plan: layer budgets exceed the given total");
-    }
+  if (const int l = BudgetViolation(view, plan, checks, total_tokens, total_bytes);
+      l == kOverTotal) {
+    return absl::InvalidArgumentError("plan: layer budgets exceed the given total");
+  } else if (l != kWithinBudget) {
+    return Bad(l, "planned budget exceeds the given per-layer budget");
   }
   return absl::OkStatus();
 }
