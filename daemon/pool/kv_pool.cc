@@ -370,19 +370,7 @@ absl::StatusOr<std::vector<Block>> KvPool::AllocateForReserve(Session& s, uint64
   const uint64_t block_bytes = s.shape.bytes();
   admission_.AddInFlight(s.agent_id(), count * block_bytes);
   s.busy = true;
-  absl::Status failure;
-  for (uint64_t done = 0; done < count && failure.ok();) {
-    const uint64_t n = std::min<uint64_t>(kBlocksPerStep, count - done);
-    auto got = blocks_.Allocate(s.account, s.shape, n);
-    if (!got.ok()) {
-      failure = got.status();
-      break;
-    }
-    admission_.RemoveInFlight(s.agent_id(), n * block_bytes);
-    for (Block& b : *got) s.tables.staged.push_back(std::move(b));
-    done += n;
-    if (done < count && !Yield(s)) failure = absl::AbortedError("doomed");
-  }
+  const absl::Status failure = StageBlocks(s, count, /*in_flight=*/true);
   admission_.RemoveInFlight(s.agent_id(), (count - s.tables.staged.size()) * block_bytes);
   if (s.doomed) return FinishDoomed(s);
   if (!failure.ok()) {
@@ -402,11 +390,28 @@ bool KvPool::Yield(Session& s) {
   return !s.doomed;
 }
 
-bool KvPool::FreeGradually(Session& s, std::vector<Block>& blocks) {
+absl::Status KvPool::StageBlocks(Session& s, uint64_t count, bool in_flight) {
+  for (uint64_t done = 0; done < count;) {
+    const uint64_t n = std::min<uint64_t>(kBlocksPerStep, count - done);
+    auto got = blocks_.Allocate(s.account, s.shape, n);
+    if (!got.ok()) return got.status();
+    if (in_flight) admission_.RemoveInFlight(s.agent_id(), n * s.shape.bytes());
+    for (Block& b : *got) s.tables.staged.push_back(std::move(b));
+    done += n;
+    if (done < count && !Yield(s)) return absl::AbortedError("the session was closed meanwhile");
+  }
+  return absl::OkStatus();
+}
+
+bool KvPool::FreeGradually(Session& s, std::vector<Block>& blocks, bool pending) {
   while (!blocks.empty()) {
     for (size_t i = 0; i < kBlocksPerStep && !blocks.empty(); ++i) {
       blocks_.Free(s.account, s.shape, blocks.back());
       blocks.pop_back();
+      if (pending) {
+        s.tables.pending_bytes -= s.shape.bytes();
+        pending_bytes_ -= s.shape.bytes();
+      }
     }
     if (!blocks.empty() && !Yield(s)) return false;
   }
@@ -447,22 +452,11 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
   // session), so quotas do not apply, but the pool budget does. They are
   // the session's (staged) from allocation on, so counts stay exact.
   const size_t out_blocks = plan->out_blocks();
+  absl::Status failure = StageBlocks(s, out_blocks - plan->shared_blocks(), /*in_flight=*/false);
+  if (s.doomed) return FinishDoomed(s);
   std::vector<int64_t> added(out_blocks, -1);  // [out block] index into staged, or -1
-  absl::Status failure;
-  for (size_t j = 0; j < out_blocks && failure.ok();) {
-    size_t step = 0;
-    for (; j < out_blocks && step < kBlocksPerStep; ++j) {
-      if (plan->shared[j] >= 0) continue;
-      auto got = blocks_.Allocate(s.account, s.shape, 1);
-      if (!got.ok()) {
-        failure = got.status();
-        break;
-      }
-      added[j] = static_cast<int64_t>(s.tables.staged.size());
-      s.tables.staged.push_back(std::move(got->front()));
-      ++step;
-    }
-    if (j < out_blocks && failure.ok() && !Yield(s)) return FinishDoomed(s);
+  for (size_t j = 0, next = 0; j < out_blocks && next < s.tables.staged.size(); ++j) {
+    if (plan->shared[j] < 0) added[j] = static_cast<int64_t>(next++);
   }
   // Page addresses per layer; device arenas have none (not implemented).
   const uint32_t layers = s.profile.num_layers;
@@ -561,17 +555,9 @@ absl::Status KvPool::Ack(uint64_t session_id, absl::string_view token, const Pee
   // Old pages go back a few blocks per hold of the lock; the session is
   // marked busy meanwhile so nothing else changes its tables.
   s.busy = true;
-  while (!t.pending.empty()) {
-    for (size_t i = 0; i < kBlocksPerStep && !t.pending.empty(); ++i) {
-      blocks_.Free(s.account, s.shape, t.pending.back());
-      t.pending.pop_back();
-      t.pending_bytes -= s.shape.bytes();
-      pending_bytes_ -= s.shape.bytes();
-    }
-    if (!t.pending.empty() && !Yield(s)) {
-      (void)FinishDoomed(s);
-      return absl::OkStatus();  // the ack itself succeeded; the session is gone now
-    }
+  if (!FreeGradually(s, t.pending, /*pending=*/true)) {
+    (void)FinishDoomed(s);
+    return absl::OkStatus();  // the ack itself succeeded; the session is gone now
   }
   s.busy = false;
   return absl::OkStatus();

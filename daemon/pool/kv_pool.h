@@ -174,10 +174,18 @@ class KvPool {
   // Releases mu_ and takes it back (a compaction's pause, so other sessions'
   // calls go on). False when `s` was doomed meanwhile: the caller must stop.
   bool Yield(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends `count` new blocks to s's staged table, a few per hold of the
+  // lock (REQUIRES: s busy). With `in_flight`, each step's bytes leave
+  // admission's in-flight count as they land. OK; the allocation error (what
+  // was staged stays staged); or ABORTED when s was doomed during a yield.
+  absl::Status StageBlocks(Session& s, uint64_t count, bool in_flight)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees `blocks` (one of s's tables) from the back, a few blocks per hold
-  // of the lock. False when `s` was doomed meanwhile; what is left is freed
-  // by the deferred destruction.
-  bool FreeGradually(Session& s, std::vector<Block>& blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // of the lock; with `pending`, each block leaves the pending byte counts.
+  // False when `s` was doomed meanwhile; what is left is freed by the
+  // deferred destruction.
+  bool FreeGradually(Session& s, std::vector<Block>& blocks, bool pending = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreePending(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finishes a destruction deferred while `s` was busy.
   absl::Status FinishDoomed(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
