@@ -209,12 +209,8 @@ TEST_F(DaemonIntegrationTest, MetricsEndpointListsPolykvMetrics) {
   // two blocked every scrape for 29.7 s) do not delay it.
   int idle[2];
   for (int& fd : idle) {
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    fd = testing::ConnectLoopback(port);
+    ASSERT_GE(fd, 0);
   }
   const std::string again = HttpGet(port, "/metrics", 10000);
   EXPECT_NE(again.find("polykv_pool_bytes"), std::string::npos) << again;

@@ -1,5 +1,5 @@
-// HttpGet: a plain HTTP/1.0 GET on 127.0.0.1, enough to read the daemon's
-// Prometheus page in integration tests without curl.
+// Plain HTTP over 127.0.0.1, enough to read the daemon's Prometheus page in
+// tests without curl, and to hold connections open against it.
 #pragma once
 
 #include <arpa/inet.h>
@@ -12,10 +12,10 @@
 
 namespace polykv::testing {
 
-// The whole response (headers and body), or "" when nothing listens. With
-// timeout_ms > 0, each read gives up after that long (what arrived is returned).
-inline std::string HttpGet(int port, const std::string& path, int timeout_ms = 0) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+// A TCP connection to 127.0.0.1:port, or -1 when nothing listens. With
+// timeout_ms > 0, each read on it gives up after that long.
+inline int ConnectLoopback(int port, int timeout_ms = 0) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (timeout_ms > 0) {
     timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -26,16 +26,28 @@ inline std::string HttpGet(int port, const std::string& path, int timeout_ms = 0
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
     close(fd);
-    return "";
+    return -1;
   }
-  std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
+  return fd;
+}
+
+// Sends `request` as it is and returns the whole response (headers and body),
+// or "" when nothing listens. With timeout_ms > 0, what arrived by a read
+// timeout is returned.
+inline std::string HttpRequest(int port, const std::string& request, int timeout_ms = 0) {
+  const int fd = ConnectLoopback(port, timeout_ms);
+  if (fd < 0) return "";
+  (void)!write(fd, request.data(), request.size());
   std::string out;
   char buf[8192];
   ssize_t n;
   while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
   close(fd);
   return out;
+}
+
+inline std::string HttpGet(int port, const std::string& path, int timeout_ms = 0) {
+  return HttpRequest(port, "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", timeout_ms);
 }
 
 }  // namespace polykv::testing

@@ -1,7 +1,5 @@
 // Regression tests for the findings of the adversarial run in issue 14
 // ([harden]), named after them. Each failed before its fix.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -20,7 +18,9 @@
 #include "daemon/metrics/http_server.h"
 #include "daemon/pool/kv_pool.h"
 #include "daemon/rpc/fd_broker.h"
+#include "polykv/client.h"
 #include "proto/polykv/v1/fd_socket.h"
+#include "tests/integration/http.h"
 
 namespace polykv::daemon {
 namespace {
@@ -276,36 +276,19 @@ TEST_F(FindingsTest, Finding3_SilentConnectionsDoNotDelayAnArenaFetch) {
   std::vector<int> silent;
   for (int i = 0; i < 30; ++i) silent.push_back(ConnectUnix(o.path));
   for (int fd : silent) ASSERT_GE(fd, 0);
-  const int fd = ConnectUnix(o.path);
-  ASSERT_GE(fd, 0);
-  v1::FdRequest req;
-  req.session_id = s->session_id;
-  std::memcpy(req.token, s->token.data(), sizeof(req.token));
-  req.arena_id = r->new_arenas[0].arena_id;
-  ASSERT_EQ(send(fd, &req, sizeof(req), MSG_NOSIGNAL), ssize_t(sizeof(req)));
-  v1::FdReply reply;
-  iovec iov{&reply, sizeof(reply)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  ASSERT_EQ(recvmsg(fd, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC), ssize_t(sizeof(reply)))
-      << "no reply within 10 s behind " << silent.size() << " silent connections";
-  close(fd);
-  EXPECT_EQ(reply.status, 0) << reply.message;
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  ASSERT_NE(cm, nullptr);
-  int arena_fd = -1;
-  std::memcpy(&arena_fd, CMSG_DATA(cm), sizeof(int));
+  // The client library's fetch, with its own 2 s timeout.
+  auto arena_fd = FetchArenaFd(o.path, SessionRef{s->session_id, s->token},
+                               r->new_arenas[0].arena_id);
+  ASSERT_TRUE(arena_fd.ok()) << arena_fd.status() << " behind " << silent.size()
+                             << " silent connections";
   struct stat st {};
-  ASSERT_EQ(fstat(arena_fd, &st), 0);
+  ASSERT_EQ(fstat(*arena_fd, &st), 0);
   EXPECT_EQ(uint64_t(st.st_size), r->new_arenas[0].size_bytes);
-  close(arena_fd);
+  close(*arena_fd);
 
   // A short request still gets its error once the peer stops writing.
   const int shortfd = ConnectUnix(o.path);
+  const v1::FdRequest req;
   ASSERT_EQ(send(shortfd, &req, 8, MSG_NOSIGNAL), 8);
   shutdown(shortfd, SHUT_WR);
   v1::FdReply err;
@@ -315,33 +298,12 @@ TEST_F(FindingsTest, Finding3_SilentConnectionsDoNotDelayAnArenaFetch) {
   for (int f : silent) close(f);
 }
 
-// A TCP connection to 127.0.0.1:port, -1 on failure. Reads time out after
-// 10 s, so a blocked server fails the test instead of hanging it.
-int Connect(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
+// Requests time out after 10 s, so a blocked server fails the test instead
+// of hanging it.
+constexpr int kTimeoutMs = 10000;
 
 std::string Request(int port, const std::string& text) {
-  const int fd = Connect(port);
-  if (fd < 0) return "";
-  (void)!write(fd, text.data(), text.size());
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-  close(fd);
-  return out;
+  return testing::HttpRequest(port, text, kTimeoutMs);
 }
 
 // Finding 8: the metrics endpoint (civetweb, two threads, 30 s request
@@ -358,7 +320,7 @@ TEST(MetricsHttpServerTest, Finding8_IdleConnectionsDoNotBlockAScrape) {
   ASSERT_TRUE(server.ok()) << server.status();
   // More idle connections than the server keeps: the oldest make room.
   std::vector<int> idle;
-  for (int i = 0; i < 20; ++i) idle.push_back(Connect((*server)->port()));
+  for (int i = 0; i < 20; ++i) idle.push_back(testing::ConnectLoopback((*server)->port()));
   for (int fd : idle) ASSERT_GE(fd, 0);
   const std::string page = Request((*server)->port(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
   EXPECT_EQ(page.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << page;
