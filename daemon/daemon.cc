@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "daemon/log.h"
 #include "daemon/metrics/http_server.h"
+#include "daemon/memory/process_ref.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/rpc/admin_service.h"
 #include "daemon/rpc/fd_broker.h"
@@ -48,6 +49,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonConfig& confi
   po.max_sessions_per_uid = config.max_sessions_per_uid;
   po.tenant_bindings = config.tenants;
   po.default_qos = config.default_qos;
+  // Workers' liveness decides when memory they map may change owner.
+  po.process_watcher = PidfdWatcher();
+  if (!PidfdsSupported()) {
+    DaemonLogger()->warn(
+        "this kernel has no pidfd_open (Linux < 5.3): pages taken from a live worker and retired "
+        "arenas are reused at once, so a worker paused past its lease can write over them");
+  }
   if (config.tier == "cuda") {
     const int device = config.cuda_device;
     po.arena_factory = [device](const ArenaOptions& o) {

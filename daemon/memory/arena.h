@@ -26,7 +26,9 @@ struct ArenaExport {
   int cuda_device = -1;
 };
 
-// Thread-safety: immutable after creation; safe to read from any thread.
+// Thread-safety: the accessors are immutable after creation and safe from any
+// thread; Zero and Discard write the memory, so the owner serializes them with
+// every other use of the bytes they cover.
 class Arena {
  public:
   virtual ~Arena() = default;
@@ -38,6 +40,17 @@ class Arena {
   // File descriptor to hand to workers (host arenas), or -1. Owned by the arena.
   virtual int fd() const = 0;
   virtual ArenaExport Export() const = 0;
+  // Writes zeros over [offset, offset + len): a page changes owner only
+  // scrubbed (issue 14, finding 6). INVALID_ARGUMENT outside the arena.
+  virtual absl::Status Zero(uint64_t offset, uint64_t len) = 0;
+  // Gives the whole arena's memory back to the system (it then reads as
+  // zeros), even while workers still map it: an arena the pool retires must
+  // stop costing memory whatever its old mappers keep (finding 10). Device
+  // arenas cannot do this while imported; they are zeroed instead.
+  virtual absl::Status Discard() = 0;
+  // Memory the arena holds now: a host arena's resident pages (a discarded
+  // arena grows again only if a mapper writes to it); a device arena's size.
+  virtual uint64_t ResidentBytes() const = 0;
 };
 
 struct ArenaOptions {

@@ -43,6 +43,22 @@ class CudaIpcArena final : public Arena {
     e.cuda_device = device_;
     return e;
   }
+  absl::Status Zero(uint64_t offset, uint64_t len) override {
+    if (offset > size_ || len > size_ - offset) {
+      return absl::InvalidArgumentError(absl::StrCat("range ", offset, "+", len,
+                                                     " outside arena ", id_));
+    }
+    cudaSetDevice(device_);
+    if (cudaError_t err = cudaMemset(static_cast<char*>(ptr_) + offset, 0, len);
+        err != cudaSuccess) {
+      return CudaError("cudaMemset", err);
+    }
+    return absl::OkStatus();
+  }
+  // Imported IPC memory stays the exporter's allocation: it cannot be handed
+  // back while a worker has it open, only cleared. ResidentBytes says so.
+  absl::Status Discard() override { return Zero(0, size_); }
+  uint64_t ResidentBytes() const override { return size_; }
 
  private:
   const uint32_t id_;

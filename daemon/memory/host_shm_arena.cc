@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -41,6 +42,29 @@ class HostShmArena final : public Arena {
     e.kind = ArenaKind::kHostShm;
     e.size_bytes = size_;
     return e;
+  }
+  absl::Status Zero(uint64_t offset, uint64_t len) override {
+    if (offset > size_ || len > size_ - offset) {
+      return absl::InvalidArgumentError(absl::StrCat("range ", offset, "+", len,
+                                                     " outside arena ", id_));
+    }
+    std::memset(static_cast<char*>(base_) + offset, 0, len);
+    return absl::OkStatus();
+  }
+  absl::Status Discard() override {
+    // A hole in a memfd frees its pages for every mapper at once (their
+    // mappings stay valid and read zeros); the seals allow it, they only fix
+    // the size.
+    if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                  static_cast<off_t>(size_)) != 0) {
+      return Errno("punching arena memfd");
+    }
+    return absl::OkStatus();
+  }
+  uint64_t ResidentBytes() const override {
+    struct stat st;
+    if (fstat(fd_, &st) != 0) return size_;  // unknown: count it all
+    return std::min<uint64_t>(size_, uint64_t(st.st_blocks) * 512);
   }
 
  private:

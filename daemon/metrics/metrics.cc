@@ -176,6 +176,19 @@ std::vector<prometheus::MetricFamily> PoolCollector::Collect() const {
                         MetricType::Gauge);
   AddGauge(pending, {}, double(s.pending_bytes));
   out.push_back(std::move(pending));
+  auto quarantined = Family("polykv_quarantined_bytes",
+                            "Bytes of sessions taken from a live worker without its consent, "
+                            "kept from reuse until it learns or exits",
+                            MetricType::Gauge);
+  AddGauge(quarantined, {}, double(s.quarantined_bytes));
+  out.push_back(std::move(quarantined));
+  auto retired = Family("polykv_retired_arenas",
+                        "Arenas taken back whose old mappers still live (their memory is "
+                        "returned; resident: what they made it hold again)",
+                        MetricType::Gauge);
+  AddGauge(retired, {{"kind", "arenas"}}, double(s.retired_arenas));
+  AddGauge(retired, {{"kind", "resident_bytes"}}, double(s.retired_resident_bytes));
+  out.push_back(std::move(retired));
 
   auto draining = Family("polykv_draining", "1 while the daemon drains", MetricType::Gauge);
   AddGauge(draining, {}, s.draining ? 1 : 0);

@@ -44,45 +44,77 @@ void BlockPool::AttachSession(const BlockAccount& account) {
 
 void BlockPool::DetachSession(const BlockAccount& account) {
   Tenant& t = *tenants_.at(account.tenant);
-  if (--t.num_sessions == 0) ReleaseEmptyArenas(t);
+  if (--t.num_sessions == 0) RetireEmptyArenas(t);
 }
 
-uint64_t BlockPool::TotalArenaBytes() const {
+uint64_t BlockPool::ChargedBytes() const {
   uint64_t n = 0;
   for (const auto& [name, t] : tenants_) n += t->allocator.arena_bytes();
+  for (const auto& [id, r] : retired_) n += r.arena->ResidentBytes();
   return n;
 }
 
 absl::StatusOr<uint32_t> BlockPool::NextArenaId() {
   // Ids are 16 bits (they are part of page ids): round-robin from the last
-  // one handed out, skipping ids in use, so a freed id is reused last.
+  // one handed out, skipping ids in use, so a freed id is reused last. A
+  // retired arena keeps its id: a worker that still maps it must never take
+  // a new arena for it.
   for (uint32_t tries = 0; tries < kMaxArenaId; ++tries) {
     uint32_t id = next_arena_id_;
     next_arena_id_ = next_arena_id_ % kMaxArenaId + 1;
-    bool used = false;
+    bool used = retired_.contains(id);
     for (const auto& [name, t] : tenants_) used |= t->arenas.contains(id);
     if (!used) return id;
   }
   return absl::ResourceExhaustedError("all 65535 arena ids are in use");
 }
 
-void BlockPool::ReleaseEmptyArenas(Tenant& t) {
+void BlockPool::RetireEmptyArenas(Tenant& t) {
   for (uint32_t id : t.allocator.EmptyArenas()) {
-    if (t.allocator.RemoveArena(id).ok()) t.arenas.erase(id);
+    if (!t.allocator.RemoveArena(id).ok()) continue;
+    auto node = t.arenas.extract(id);
+    Retired r{std::move(node.mapped()), {}};
+    if (auto h = holders_.extract(id)) r.holders = std::move(h.mapped());
+    // Its memory goes back now; the memfd is kept only for the processes
+    // that may still map it. A failed punch leaves it resident: still counted.
+    (void)r.arena->Discard();
+    retired_.emplace(id, std::move(r));
+  }
+  SweepRetired();
+}
+
+void BlockPool::SweepRetired() {
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    auto& holders = it->second.holders;
+    std::erase_if(holders, [](const auto& p) { return !p->Alive(); });
+    if (holders.empty()) {
+      it = retired_.erase(it);  // closes the daemon's fd: the memfd is gone
+      continue;
+    }
+    // An old mapper wrote to it: that memory is nobody's, hand it back.
+    if (it->second.arena->ResidentBytes() > 0) (void)it->second.arena->Discard();
+    ++it;
   }
 }
 
 absl::StatusOr<uint32_t> BlockPool::Grow(Tenant& tenant) {
   const uint64_t sb = options_.superblock_bytes;
-  uint64_t room = options_.pool_bytes - std::min(options_.pool_bytes, TotalArenaBytes());
-  if (room < sb) {
-    // Empty arenas of tenants with no sessions are budget nobody uses.
+  auto room = [&] { return options_.pool_bytes - std::min(options_.pool_bytes, ChargedBytes()); };
+  // Each arena of a tenant twice its last, from a small first one.
+  uint64_t want = options_.first_arena_bytes ? options_.first_arena_bytes
+                                             : options_.arena_bytes / 16;
+  for (size_t i = 0; i < tenant.arenas.size() && want < options_.arena_bytes; ++i) want *= 2;
+  want = std::max(sb, std::min(want, options_.arena_bytes));
+  if (room() < want) {
+    // Empty arenas are budget nobody uses, whichever tenant holds them and
+    // whether or not it has sessions (finding 2). This tenant has none: its
+    // allocation would have used them.
+    SweepRetired();
     for (auto& [name, t] : tenants_) {
-      if (t.get() != &tenant && t->num_sessions == 0) ReleaseEmptyArenas(*t);
+      if (t.get() != &tenant) RetireEmptyArenas(*t);
     }
-    room = options_.pool_bytes - std::min(options_.pool_bytes, TotalArenaBytes());
   }
-  const uint64_t size = std::min(options_.arena_bytes, room) / sb * sb;
+  const uint64_t size = std::min(want, room()) / sb * sb;
   if (size < sb) return absl::ResourceExhaustedError("pool budget exhausted");
   auto id = NextArenaId();
   if (!id.ok()) return id.status();
@@ -94,6 +126,13 @@ absl::StatusOr<uint32_t> BlockPool::Grow(Tenant& tenant) {
   if (auto s = tenant.allocator.AddArena(*id, size); !s.ok()) return s;
   tenant.arenas.emplace(*id, *std::move(arena));
   return *id;
+}
+
+void BlockPool::ZeroPages(const Tenant& t, const Block& block) {
+  for (PageId p : block) {
+    auto loc = t.allocator.Locate(p);
+    if (loc.ok()) (void)t.arenas.at(loc->arena_id)->Zero(loc->offset, loc->size_bytes);
+  }
 }
 
 void BlockPool::Count(BlockAccount& account, const BlockShape& shape, int64_t sign) {
@@ -112,7 +151,8 @@ void BlockPool::Count(BlockAccount& account, const BlockShape& shape, int64_t si
 }
 
 absl::StatusOr<std::vector<Block>> BlockPool::Allocate(BlockAccount& account,
-                                                       const BlockShape& shape, uint64_t count) {
+                                                       const BlockShape& shape, uint64_t count,
+                                                       bool zero) {
   Tenant& t = *tenants_.at(account.tenant);
   std::vector<Block> out;
   out.reserve(count);
@@ -150,7 +190,10 @@ absl::StatusOr<std::vector<Block>> BlockPool::Allocate(BlockAccount& account,
     }
     return failure;
   }
-  for (size_t b = 0; b < out.size(); ++b) Count(account, shape, +1);
+  for (const Block& pages : out) {
+    if (zero) ZeroPages(t, pages);
+    Count(account, shape, +1);
+  }
   return out;
 }
 
@@ -189,7 +232,8 @@ std::vector<ArenaExport> BlockPool::NewArenas(const std::string& tenant,
   return out;
 }
 
-absl::StatusOr<int> BlockPool::DupArenaFd(const std::string& tenant, uint32_t arena_id) const {
+absl::StatusOr<int> BlockPool::DupArenaFd(const std::string& tenant, uint32_t arena_id,
+                                          pid_t holder) {
   const Tenant& t = TenantOf(tenant);
   auto it = t.arenas.find(arena_id);
   if (it == t.arenas.end()) {
@@ -202,6 +246,15 @@ absl::StatusOr<int> BlockPool::DupArenaFd(const std::string& tenant, uint32_t ar
   }
   int fd = dup(it->second->fd());
   if (fd < 0) return absl::InternalError("dup of arena fd failed");
+  if (options_.watcher) {
+    auto& holders = holders_[arena_id];
+    std::erase_if(holders, [](const auto& p) { return !p->Alive(); });
+    const bool known = std::any_of(holders.begin(), holders.end(),
+                                   [&](const auto& p) { return p->pid() == holder; });
+    if (!known) {
+      if (auto ref = options_.watcher(holder)) holders.push_back(std::move(ref));
+    }
+  }
   return fd;
 }
 
@@ -226,6 +279,8 @@ void BlockPool::Summarize(PoolSummary& p) const {
     p.num_superblocks_used += t->allocator.num_superblocks() - t->allocator.num_free_superblocks();
     p.tenants.push_back({name, t->allocator.used_bytes(), t->allocator.arena_bytes(), t->num_sessions});
   }
+  p.retired_arenas = retired_.size();
+  for (const auto& [id, r] : retired_) p.retired_resident_bytes += r.arena->ResidentBytes();
   for (const auto& [k, n] : pages_by_format_) p.pages_by_format.push_back({k, n});
   for (const auto& [a, b] : agent_bytes_) p.bytes_by_agent.push_back({a, b});
   std::stable_sort(p.bytes_by_agent.begin(), p.bytes_by_agent.end(),

@@ -1,9 +1,19 @@
 // BlockPool: the pool's memory, in blocks. Each tenant has its own arenas and
-// PageAllocator (arenas are never shared across tenants); the sum of all arena
-// sizes stays within pool_bytes. A block is the K and V page of every layer
-// for block_tokens tokens; blocks are allocated all-or-nothing and charged to
-// a BlockAccount (a session) as they are handed out, so the pool, tenant,
-// agent and per-format counts can never disagree.
+// PageAllocator (arenas are never shared across tenants). A block is the K and
+// V page of every layer for block_tokens tokens; blocks are allocated
+// all-or-nothing and charged to a BlockAccount (a session) as they are handed
+// out, so the pool, tenant, agent and per-format counts can never disagree.
+//
+// Memory (issue 14, findings 2 and 10). A tenant's arenas start small and
+// double, so many small tenants fit. When the budget is short, empty arenas
+// of ANY tenant are retired: their memfd is punched (its memory goes back to
+// the system even while workers still map it) and kept, with the processes
+// that were given its fd, until they are all gone; its id is not reused
+// meanwhile, and whatever memory an old mapper makes it hold again is counted
+// and punched anew. So live arenas plus what retired ones hold stay within
+// pool_bytes whatever workers keep mapped, and a retired arena's memory is
+// never another tenant's (new arenas are new memfds). Pages handed out for a
+// reservation are zeroed first: a page never shows a previous owner's KV.
 //
 // Thread-safety: none; the owner (KvPool) serializes calls under its mutex.
 #pragma once
@@ -20,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/memory/arena.h"
+#include "daemon/memory/process_ref.h"
 #include "daemon/pool/page_allocator.h"
 #include "daemon/pool/types.h"
 
@@ -56,9 +67,15 @@ BlockDesc DescribeBlock(const BlockShape& shape, uint64_t superblock_bytes, cons
 
 struct BlockPoolOptions {
   uint64_t pool_bytes = 1ull << 30;
-  uint64_t arena_bytes = 64ull << 20;
+  uint64_t arena_bytes = 64ull << 20;  // the largest arena
   uint64_t superblock_bytes = 2ull << 20;
   ArenaFactory arena_factory;
+  // A tenant's first arena; each next one is twice the last, up to
+  // arena_bytes. 0 = arena_bytes / 16 (at least one superblock).
+  uint64_t first_arena_bytes = 0;
+  // Who was given an arena's fd (DupArenaFd's pid); empty: nobody is
+  // watched, and a retired arena is dropped at once.
+  ProcessWatcher watcher;
 };
 
 class BlockPool {
@@ -67,17 +84,20 @@ class BlockPool {
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
-  // A session with this account opens / ends. A tenant's arenas go back to
-  // the budget when its last session ends.
+  // A session with this account opens / ends. A tenant's empty arenas are
+  // retired when its last session ends.
   void AttachSession(const BlockAccount& account);
   void DetachSession(const BlockAccount& account);
 
-  // `count` blocks for `account`, adding arenas within the budget as needed.
+  // `count` blocks for `account`, adding arenas within the budget as needed
+  // (retiring empty arenas of other tenants first when it is short).
   // All or nothing: on error no page stays allocated and arenas added for
   // the call are removed again. RESOURCE_EXHAUSTED when the budget or the
-  // arena ids run out.
+  // arena ids run out. With `zero`, the pages are zeroed (a reservation: the
+  // worker gets them to fill); a compaction's output is written whole by its
+  // copy before anyone reads it.
   absl::StatusOr<std::vector<Block>> Allocate(BlockAccount& account, const BlockShape& shape,
-                                              uint64_t count);
+                                              uint64_t count, bool zero = true);
   // Frees the block's pages and uncharges them; `block` is left empty.
   void Free(BlockAccount& account, const BlockShape& shape, Block& block);
 
@@ -87,8 +107,12 @@ class BlockPool {
   // Exports of the tenant's arenas whose ids are not in `known` (sorted),
   // which gains them.
   std::vector<ArenaExport> NewArenas(const std::string& tenant, std::vector<uint32_t>& known) const;
-  // A dup of the arena's fd; PERMISSION_DENIED unless it is the tenant's.
-  absl::StatusOr<int> DupArenaFd(const std::string& tenant, uint32_t arena_id) const;
+  // A dup of the arena's fd for process `holder` (recorded: the arena is not
+  // forgotten while it lives); PERMISSION_DENIED unless it is the tenant's.
+  absl::StatusOr<int> DupArenaFd(const std::string& tenant, uint32_t arena_id, pid_t holder);
+  // Drops retired arenas whose holders are all gone, and punches again the
+  // ones an old mapper wrote to. Called periodically and when short.
+  void SweepRetired();
 
   uint64_t pool_bytes() const { return options_.pool_bytes; }
   uint64_t superblock_bytes() const { return options_.superblock_bytes; }
@@ -115,16 +139,27 @@ class BlockPool {
   };
 
   const Tenant& TenantOf(const std::string& name) const { return *tenants_.at(name); }
-  // Adds one arena to `tenant` if the budget allows (after reclaiming empty
-  // arenas of tenants without sessions). Returns the new arena id.
+  // A retired arena and the processes that may still map it.
+  struct Retired {
+    std::unique_ptr<Arena> arena;
+    std::vector<std::shared_ptr<const ProcessRef>> holders;
+  };
+
+  // Adds one arena to `tenant` if the budget allows (after retiring empty
+  // arenas of other tenants). Returns the new arena id.
   absl::StatusOr<uint32_t> Grow(Tenant& tenant);
   absl::StatusOr<uint32_t> NextArenaId();
-  void ReleaseEmptyArenas(Tenant& tenant);
-  uint64_t TotalArenaBytes() const;
+  void RetireEmptyArenas(Tenant& tenant);
+  // Live arenas plus what retired ones hold: what pool_bytes caps.
+  uint64_t ChargedBytes() const;
+  void ZeroPages(const Tenant& t, const Block& block);
   void Count(BlockAccount& account, const BlockShape& shape, int64_t sign);
 
   const BlockPoolOptions options_;
   std::map<std::string, std::unique_ptr<Tenant>> tenants_;
+  // Live arena id -> processes given its fd (alive ones; pruned as they go).
+  std::map<uint32_t, std::vector<std::shared_ptr<const ProcessRef>>> holders_;
+  std::map<uint32_t, Retired> retired_;
   std::map<std::string, uint64_t> agent_bytes_;
   std::map<std::pair<PageFormat, bool>, uint64_t> pages_by_format_;
   uint64_t used_bytes_ = 0;

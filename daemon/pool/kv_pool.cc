@@ -77,7 +77,8 @@ KvPool::KvPool(const KvPoolOptions& options)
     : options_(options),
       start_time_(options.clock ? options.clock() : absl::Now()),
       blocks_(BlockPoolOptions{options.pool_bytes, options.arena_bytes, options.superblock_bytes,
-                               options.arena_factory}),
+                               options.arena_factory, options.first_arena_bytes,
+                               options.process_watcher}),
       sessions_(options.max_sessions,
                 options.max_sessions_per_uid ? options.max_sessions_per_uid
                                              : std::max<uint32_t>(1, options.max_sessions / 4),
@@ -123,6 +124,25 @@ absl::Status KvPool::CheckInvariants() const {
     pending_total += pending;
     session_bytes += b;
     by_agent[s.agent_id()] += b;
+  }
+  for (const auto& [id, q] : quarantine_) {
+    uint64_t b = 0;
+    for (const Block& block : q.blocks) {
+      for (PageId page : block) {
+        auto loc = blocks_.Locate(q.account.tenant, page);
+        if (!loc.ok()) {
+          return absl::InternalError(
+              absl::StrCat("quarantined session ", id, ": ", loc.status().message()));
+        }
+        b += loc->size_bytes;
+        ++pages;
+      }
+    }
+    if (b != q.account.bytes) {
+      return absl::InternalError(absl::StrCat("quarantined session ", id, " byte count drifted"));
+    }
+    session_bytes += b;
+    by_agent[q.account.agent_id] += b;
   }
   if (auto st = blocks_.CheckInvariants(by_agent, session_bytes, pages); !st.ok()) return st;
   if (pending_total != pending_bytes_) {
@@ -196,6 +216,7 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
   s.shape = {r.profile.num_layers, PageAllocator::SizeClass(kb), PageAllocator::SizeClass(vb), kf,
              vf};
   s.lease.peer = r.peer;
+  if (options_.process_watcher) s.lease.process = options_.process_watcher(r.peer.pid);
   s.lease.lease_ms = r.lease_ms ? r.lease_ms : options_.default_lease_ms;
   s.lease.Renew(Now());
   s.events = std::make_shared<EventChannel>();
@@ -221,7 +242,7 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
 absl::StatusOr<ReserveResult> KvPool::Reserve(uint64_t session_id, absl::string_view token,
                                               const PeerCreds& peer, uint64_t num_tokens) {
   absl::MutexLock lock(&mu_);
-  auto sp = sessions_.AuthorizeMutation(session_id, token, peer, Now());
+  auto sp = Authorize(session_id, token, peer, /*mutation=*/true);
   if (!sp.ok()) return sp.status();
   Session& s = **sp;
   if (num_tokens == 0 || num_tokens > kMaxReserveTokens) {
@@ -266,7 +287,7 @@ absl::StatusOr<ReserveResult> KvPool::Reserve(uint64_t session_id, absl::string_
 absl::StatusOr<uint64_t> KvPool::Commit(uint64_t session_id, absl::string_view token,
                                         const PeerCreds& peer, uint64_t committed) {
   absl::MutexLock lock(&mu_);
-  auto sp = sessions_.AuthorizeMutation(session_id, token, peer, Now());
+  auto sp = Authorize(session_id, token, peer, /*mutation=*/true);
   if (!sp.ok()) return sp.status();
   Session& s = **sp;
   if (committed < s.tables.committed_tokens) {
@@ -298,7 +319,7 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
   BlockShape shape;
   {
     absl::MutexLock lock(&mu_);
-    auto sp = sessions_.Authorize(session_id, token, peer, Now());
+    auto sp = Authorize(session_id, token, peer, /*mutation=*/false);
     if (!sp.ok()) return sp.status();
     Session& s = **sp;
     if (known_epoch > s.tables.epoch) {
@@ -393,7 +414,9 @@ bool KvPool::Yield(Session& s) {
 absl::Status KvPool::StageBlocks(Session& s, uint64_t count, bool in_flight) {
   for (uint64_t done = 0; done < count;) {
     const uint64_t n = std::min<uint64_t>(kBlocksPerStep, count - done);
-    auto got = blocks_.Allocate(s.account, s.shape, n);
+    // A reservation's pages (in flight) are zeroed for the worker; a
+    // compaction's are written whole by its copy before anyone reads them.
+    auto got = blocks_.Allocate(s.account, s.shape, n, /*zero=*/in_flight);
     if (!got.ok()) return got.status();
     if (in_flight) admission_.RemoveInFlight(s.agent_id(), n * s.shape.bytes());
     for (Block& b : *got) s.tables.staged.push_back(std::move(b));
@@ -421,7 +444,7 @@ bool KvPool::FreeGradually(Session& s, std::vector<Block>& blocks, bool pending)
 absl::Status KvPool::FinishDoomed(Session& s) {
   const uint64_t id = s.id;
   s.busy = false;
-  DestroySession(id, std::move(s.doom_event));
+  DestroySession(id, std::move(s.doom_event), s.doom_consented);
   return absl::NotFoundError(
       absl::StrCat("session ", id, " was closed or evicted while a call worked on its pages"));
 }
@@ -542,7 +565,7 @@ void KvPool::FreePending(Session& s) {
 absl::Status KvPool::Ack(uint64_t session_id, absl::string_view token, const PeerCreds& peer,
                          uint64_t epoch) {
   absl::MutexLock lock(&mu_);
-  auto sp = sessions_.AuthorizeMutation(session_id, token, peer, Now());
+  auto sp = Authorize(session_id, token, peer, /*mutation=*/true);
   if (!sp.ok()) return sp.status();
   Session& s = **sp;
   BlockTables& t = s.tables;
@@ -566,7 +589,7 @@ absl::Status KvPool::Ack(uint64_t session_id, absl::string_view token, const Pee
 absl::StatusOr<ReleaseResult> KvPool::Release(uint64_t session_id, absl::string_view token,
                                               const PeerCreds& peer, uint64_t keep_tokens) {
   absl::MutexLock lock(&mu_);
-  auto sp = sessions_.AuthorizeMutation(session_id, token, peer, Now());
+  auto sp = Authorize(session_id, token, peer, /*mutation=*/true);
   if (!sp.ok()) return sp.status();
   Session& s = **sp;
   if (keep_tokens > s.reserved_tokens()) {
@@ -584,7 +607,8 @@ absl::StatusOr<ReleaseResult> KvPool::Release(uint64_t session_id, absl::string_
   return ReleaseResult{s.reserved_tokens(), s.tables.committed_tokens, s.account.bytes};
 }
 
-uint64_t KvPool::DestroySession(uint64_t session_id, SessionEventMsg last_event) {
+uint64_t KvPool::DestroySession(uint64_t session_id, SessionEventMsg last_event,
+                                bool consented) {
   Session* sp = sessions_.Find(session_id);
   if (sp == nullptr) return 0;
   Session& s = *sp;
@@ -593,14 +617,27 @@ uint64_t KvPool::DestroySession(uint64_t session_id, SessionEventMsg last_event)
     // Its compaction works without the lock; it finishes the destruction
     // when it gets the lock back.
     s.doomed = true;
+    s.doom_consented = consented;
     s.doom_event = std::move(last_event);
     return before;
   }
-  for (auto* table : {&s.tables.blocks, &s.tables.staged}) {
-    for (Block& block : *table) blocks_.Free(s.account, s.shape, block);
-    table->clear();
+  if (!consented && s.lease.process && s.lease.process->Alive() && before > 0) {
+    QuarantinedSession q{s.token, s.lease.peer.uid, s.lease.process, s.account, s.shape, {}};
+    for (auto* table : {&s.tables.blocks, &s.tables.staged, &s.tables.pending}) {
+      for (Block& block : *table) q.blocks.push_back(std::move(block));
+      table->clear();
+    }
+    pending_bytes_ -= s.tables.pending_bytes;
+    s.tables.pending_bytes = 0;
+    s.account.bytes = 0;  // the quarantine's account holds them now
+    quarantine_.emplace(session_id, std::move(q));
+  } else {
+    for (auto* table : {&s.tables.blocks, &s.tables.staged}) {
+      for (Block& block : *table) blocks_.Free(s.account, s.shape, block);
+      table->clear();
+    }
+    FreePending(s);
   }
-  FreePending(s);
   s.events->Push(std::move(last_event));
   s.events->Close();
   blocks_.DetachSession(s.account);
@@ -611,18 +648,43 @@ uint64_t KvPool::DestroySession(uint64_t session_id, SessionEventMsg last_event)
   return before;
 }
 
+void KvPool::ReleaseQuarantined(uint64_t id) {
+  auto it = quarantine_.find(id);
+  if (it == quarantine_.end()) return;
+  QuarantinedSession& q = it->second;
+  for (Block& block : q.blocks) blocks_.Free(q.account, q.shape, block);
+  const std::string agent = q.account.agent_id;
+  quarantine_.erase(it);
+  if (!sessions_.HasOtherOf(agent, 0)) blocks_.ForgetAgent(agent);
+}
+
+absl::StatusOr<Session*> KvPool::Authorize(uint64_t id, absl::string_view token,
+                                           const PeerCreds& peer, bool mutation) {
+  auto sp = mutation ? sessions_.AuthorizeMutation(id, token, peer, Now())
+                     : sessions_.Authorize(id, token, peer, Now());
+  if (!absl::IsNotFound(sp.status())) return sp;
+  auto q = quarantine_.find(id);
+  if (q != quarantine_.end() && TokenEquals(token, q->second.token) && peer.uid == q->second.uid) {
+    // The worker hears now that the session is gone, and stops using its
+    // pages (the client library fails every later call on it).
+    ReleaseQuarantined(id);
+  }
+  return sp;
+}
+
 absl::StatusOr<uint64_t> KvPool::Close(uint64_t session_id, absl::string_view token,
                                        const PeerCreds& peer) {
   absl::MutexLock lock(&mu_);
-  auto sp = sessions_.Authorize(session_id, token, peer, Now());
+  auto sp = Authorize(session_id, token, peer, /*mutation=*/false);
   if (!sp.ok()) return sp.status();
-  return DestroySession(session_id, {SessionEventMsg::Type::kEvicted, 0, "session closed"});
+  return DestroySession(session_id, {SessionEventMsg::Type::kEvicted, 0, "session closed"},
+                        /*consented=*/true);
 }
 
 absl::StatusOr<HeartbeatResult> KvPool::Heartbeat(uint64_t session_id, absl::string_view token,
                                                   const PeerCreds& peer) {
   absl::MutexLock lock(&mu_);
-  auto sp = sessions_.Authorize(session_id, token, peer, Now());
+  auto sp = Authorize(session_id, token, peer, /*mutation=*/false);
   if (!sp.ok()) return sp.status();
   return HeartbeatResult{(*sp)->lease.lease_ms, (*sp)->tables.epoch, draining_};
 }
@@ -631,7 +693,7 @@ absl::StatusOr<std::shared_ptr<EventChannel>> KvPool::Watch(uint64_t session_id,
                                                             absl::string_view token,
                                                             const PeerCreds& peer) {
   absl::MutexLock lock(&mu_);
-  auto sp = sessions_.Authorize(session_id, token, peer, Now());
+  auto sp = Authorize(session_id, token, peer, /*mutation=*/false);
   if (!sp.ok()) return sp.status();
   return (*sp)->events;
 }
@@ -639,9 +701,9 @@ absl::StatusOr<std::shared_ptr<EventChannel>> KvPool::Watch(uint64_t session_id,
 absl::StatusOr<int> KvPool::DupArenaFd(uint64_t session_id, absl::string_view token,
                                        const PeerCreds& peer, uint32_t arena_id) {
   absl::MutexLock lock(&mu_);
-  auto sp = sessions_.Authorize(session_id, token, peer, Now());
+  auto sp = Authorize(session_id, token, peer, /*mutation=*/false);
   if (!sp.ok()) return sp.status();
-  return blocks_.DupArenaFd((*sp)->tenant(), arena_id);
+  return blocks_.DupArenaFd((*sp)->tenant(), arena_id, peer.pid);
 }
 
 PoolSummary KvPool::Stats() const {
@@ -657,6 +719,8 @@ PoolSummary KvPool::Stats() const {
   for (const auto& [id, s] : sessions_) ++prio[s.priority];
   for (const auto& [k, n] : prio) p.sessions_by_priority.push_back({k, n});
   p.pending_bytes = pending_bytes_;
+  p.quarantined_sessions = static_cast<uint32_t>(quarantine_.size());
+  for (const auto& [id, q] : quarantine_) p.quarantined_bytes += q.account.bytes;
   p.compaction_shared_blocks = shared_blocks_;
   p.compaction_copied_blocks = copied_blocks_;
   p.compactions_by_policy.assign(compactions_.begin(), compactions_.end());
@@ -715,7 +779,8 @@ absl::StatusOr<uint64_t> KvPool::Evict(uint64_t session_id, absl::string_view re
     return absl::NotFoundError(absl::StrCat("no session ", session_id));
   }
   return DestroySession(session_id,
-                        {SessionEventMsg::Type::kEvicted, 0, absl::StrCat("evicted: ", reason)});
+                        {SessionEventMsg::Type::kEvicted, 0, absl::StrCat("evicted: ", reason)},
+                        /*consented=*/false);
 }
 
 uint32_t KvPool::Drain(absl::Duration evict_after) {
@@ -743,9 +808,19 @@ std::vector<uint64_t> KvPool::ReclaimExpired() {
   for (uint64_t id : expired) {
     const bool lease = now >= sessions_.Find(id)->lease.deadline;
     if (lease) ++lease_expiries_;
-    DestroySession(id, {SessionEventMsg::Type::kEvicted, 0,
-                        lease ? "lease expired" : "evicted at the end of the drain"});
+    DestroySession(id,
+                   {SessionEventMsg::Type::kEvicted, 0,
+                    lease ? "lease expired" : "evicted at the end of the drain"},
+                   /*consented=*/false);
   }
+  // Quarantined pages of workers that are gone, and retired arenas nobody
+  // can map any more, go back.
+  std::vector<uint64_t> gone;
+  for (const auto& [id, q] : quarantine_) {
+    if (!q.process->Alive()) gone.push_back(id);
+  }
+  for (uint64_t id : gone) ReleaseQuarantined(id);
+  blocks_.SweepRetired();
   return expired;
 }
 
@@ -767,7 +842,7 @@ uint32_t KvPool::num_sessions() const {
 absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
                                  const PeerCreds& peer, const ReportSlotsRequest& r) {
   absl::MutexLock lock(&mu_);
-  auto sp = sessions_.AuthorizeMutation(session_id, token, peer, Now());
+  auto sp = Authorize(session_id, token, peer, /*mutation=*/true);
   if (!sp.ok()) return sp.status();
   Session& s = **sp;
   if (r.epoch != s.tables.epoch) {

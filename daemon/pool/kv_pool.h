@@ -17,7 +17,16 @@
 //  - pages of a session are in exactly one of: its block table, its pending
 //    tables (the previous epoch, until the worker acks), its staged pages (a
 //    compaction being copied); pending bytes add up across sessions;
-//  - a session holds one slot record per committed token.
+//  - a session holds one slot record per committed token;
+//  - quarantined pages (below) stay charged to their agent and tenant.
+//
+// Quarantine (issue 14, finding 6). A worker maps its tenant's arenas
+// read-write, so a session taken from it without its consent (evict, lease
+// expiry, the end of a drain) may still be written by it: a worker paused
+// past its lease writes on when resumed. Such a session's pages are not
+// reused until its worker has learned it — its next call with the session's
+// token, answered NOT_FOUND — or its process is gone (ReclaimExpired checks).
+// Pages a worker gives back itself (Close, Release, Ack) are reused at once.
 //
 // Compaction (docs/compaction.md) runs inside Sync, the worker's step
 // boundary: the policy decides on a snapshot and the pages are copied with
@@ -55,7 +64,8 @@ using Clock = std::function<absl::Time()>;
 struct KvPoolOptions {
   std::string tier = "host";               // For stats and metrics labels.
   uint64_t pool_bytes = 1ull << 30;        // Budget for all arenas together.
-  uint64_t arena_bytes = 64ull << 20;      // Size of each new arena (last one may be smaller).
+  uint64_t arena_bytes = 64ull << 20;      // The largest arena (block_pool.h).
+  uint64_t first_arena_bytes = 0;          // A tenant's first arena; 0 = arena_bytes / 16.
   uint64_t superblock_bytes = 2ull << 20;  // Slab unit inside arenas.
   uint32_t default_block_tokens = 16;
   uint32_t default_lease_ms = 5000;
@@ -78,6 +88,11 @@ struct KvPoolOptions {
   uint32_t instance = 0;
   ArenaFactory arena_factory;  // Required.
   Clock clock;                 // Defaults to absl::Now.
+  // Whether a worker process still lives (pidfds in polykvd). Pages taken
+  // from a live worker without its consent are quarantined, and retired
+  // arenas kept, while it lives. Empty: nobody is watched (pages and arenas
+  // change owner at once), as in-process tests without worker processes.
+  ProcessWatcher process_watcher;
 };
 
 class KvPool {
@@ -155,8 +170,17 @@ class KvPool {
   absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }
   // Frees everything the session holds and forgets it (deferred to the end
   // of its compaction if one is running). Returns bytes freed.
-  uint64_t DestroySession(uint64_t session_id, SessionEventMsg last_event)
+  // `consented`: the worker asked (Close); otherwise the pages of a live
+  // worker are quarantined.
+  uint64_t DestroySession(uint64_t session_id, SessionEventMsg last_event, bool consented)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SessionTable's Authorize / AuthorizeMutation; a NOT_FOUND for a
+  // quarantined session of this caller (token and uid) releases its pages:
+  // the worker now knows.
+  absl::StatusOr<Session*> Authorize(uint64_t id, absl::string_view token, const PeerCreds& peer,
+                                     bool mutation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees a quarantined session's pages and forgets it.
+  void ReleaseQuarantined(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs the session's policy down to `target` tokens and, when the plan
   // changes anything, writes NEW pages and publishes them at epoch + 1; the
   // old tables become pending. Releases mu_ while deciding and copying.
@@ -175,8 +199,9 @@ class KvPool {
   // calls go on). False when `s` was doomed meanwhile: the caller must stop.
   bool Yield(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends `count` new blocks to s's staged table, a few per hold of the
-  // lock (REQUIRES: s busy). With `in_flight`, each step's bytes leave
-  // admission's in-flight count as they land. OK; the allocation error (what
+  // lock (REQUIRES: s busy). With `in_flight` (a reservation), the pages
+  // are zeroed and each step's bytes leave admission's in-flight count as
+  // they land. OK; the allocation error (what
   // was staged stays staged); or ABORTED when s was doomed during a yield.
   absl::Status StageBlocks(Session& s, uint64_t count, bool in_flight)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -209,6 +234,7 @@ class KvPool {
   std::map<std::string, uint64_t> merged_tokens_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint64_t> ladder_steps_ ABSL_GUARDED_BY(mu_);
   uint64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, QuarantinedSession> quarantine_ ABSL_GUARDED_BY(mu_);  // by session id
   uint64_t shared_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // output blocks reusing old pages
   uint64_t copied_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // output blocks written anew
 };

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "daemon/compaction/executor.h"
+#include "daemon/memory/process_ref.h"
 #include "daemon/pool/block_pool.h"
 #include "daemon/pool/event_channel.h"
 #include "daemon/pool/types.h"
@@ -25,6 +26,7 @@ namespace polykv::daemon {
 // The worker end of a session: who it is and until when it is trusted.
 struct Lease {
   PeerCreds peer;
+  std::shared_ptr<const ProcessRef> process;  // the worker, while watched
   uint32_t lease_ms = 0;
   absl::Time deadline;
   absl::Time last_seen;
@@ -78,11 +80,23 @@ struct Session {
   // destruction is deferred (`doomed`) until that call is back under the lock.
   bool busy = false;
   bool doomed = false;
+  bool doom_consented = false;
   SessionEventMsg doom_event;
 
   const std::string& agent_id() const { return account.agent_id; }
   const std::string& tenant() const { return account.tenant; }
   uint64_t reserved_tokens() const { return uint64_t(tables.blocks.size()) * block_tokens; }
+};
+
+// What is left of a session taken from a live worker (kv_pool.h, Quarantine):
+// its pages, still charged, and how to recognize its worker.
+struct QuarantinedSession {
+  std::string token;
+  uid_t uid = 0;
+  std::shared_ptr<const ProcessRef> process;
+  BlockAccount account;
+  BlockShape shape;
+  std::vector<Block> blocks;
 };
 
 // Session ids are [instance:32][counter:32]: `instance` is drawn anew each

@@ -193,6 +193,12 @@ struct PoolSummary {
   std::vector<std::pair<std::string, uint64_t>> evicted_tokens_by_policy;
   std::vector<std::pair<std::string, uint64_t>> merged_tokens_by_policy;
   std::vector<std::pair<std::string, uint64_t>> ladder_steps;  // step -> count
+  // Memory that left the pool's use but may still be touched by an old
+  // mapper (issue 14, findings 6 and 10); both count against pool_bytes.
+  uint64_t retired_arenas = 0;          // taken back, old mappers still alive
+  uint64_t retired_resident_bytes = 0;  // memory those still hold (0 unless rewritten)
+  uint32_t quarantined_sessions = 0;    // taken from a live worker without its consent
+  uint64_t quarantined_bytes = 0;       // their pages, not reused until it knows
 };
 
 // Daemon events delivered to a session's watchers.

@@ -6,27 +6,14 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/unit/daemon/no_memory_arena.h"
+
 namespace polykv::daemon {
 namespace {
 
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kPool = 1024 * kKiB;
 constexpr uint64_t kBlock = 16 * kKiB;  // 2 layers x (4 KiB K + 4 KiB V)
-
-class NoMemoryArena : public Arena {
- public:
-  explicit NoMemoryArena(const ArenaOptions& o) : id_(o.id), size_(o.size_bytes) {}
-  uint32_t id() const override { return id_; }
-  ArenaKind kind() const override { return ArenaKind::kCudaIpc; }
-  uint64_t size_bytes() const override { return size_; }
-  void* host_base() const override { return nullptr; }
-  int fd() const override { return -1; }
-  ArenaExport Export() const override { return {id_, ArenaKind::kCudaIpc, size_, "", 0}; }
-
- private:
-  uint32_t id_;
-  uint64_t size_;
-};
 
 class AdmissionTest : public ::testing::Test {
  protected:
