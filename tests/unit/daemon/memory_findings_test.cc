@@ -401,11 +401,12 @@ TEST(MemoryFindingsEndToEndTest, Finding6_AWorkerResumedPastItsLeaseCannotOverwr
 
   // Its lease runs out and the daemon takes the session.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while ((*d)->pool()->Stats().quarantined_sessions == 0 &&
+  while ((*d)->pool()->Stats().lease_expiries == 0 &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  ASSERT_EQ((*d)->pool()->Stats().quarantined_sessions, 1u);
+  ASSERT_EQ((*d)->pool()->Stats().lease_expiries, 1u);
+  EXPECT_EQ((*d)->pool()->Stats().quarantined_sessions, 1u);
 
   auto fresh = open("fresh", true);
   ASSERT_NE(fresh, nullptr);
