@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "policies/lowering.h"
 #include "policies/tagger.h"
 
 namespace polykv::eval {
@@ -80,35 +80,32 @@ absl::StatusOr<Selection> Select(const policies::Policy& policy, const policies:
   const int64_t tokens = std::max<int64_t>(1, std::llround(budget_fraction * per_layer));
   auto plan = policy.Decide(view, policies::Budget::TotalTokens(tokens * num_layers));
   if (!plan.ok()) return plan.status();
+  std::vector<std::vector<uint32_t>> counts(num_layers);
+  for (int l = 0; l < num_layers; ++l) {
+    for (const policies::Slot& slot : view.layers[l].slots) counts[l].push_back(slot.count);
+  }
+  // The daemon's compaction runs the same lowering (policies/lowering.h).
+  auto lowered = policies::Lower(*plan, counts);
+  if (!lowered.ok()) return lowered.status();
+  if (lowered->requant_ops() > 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        policy.spec(), " requantizes ", lowered->requant_ops(), " slots; neither the daemon nor "
+        "this harness stores slots of one layer in mixed formats yet"));
+  }
   Selection out;
   out.layers.resize(num_layers);
   int64_t kept = 0;
   for (int l = 0; l < num_layers; ++l) {
-    const policies::LayerPlan& lp = plan->layers[l];
-    absl::flat_hash_map<uint32_t, const policies::MergeGroup*> by_rep;
-    for (const auto& g : lp.merges) by_rep[g.representative] = &g;
+    policies::LoweredLayer& low = lowered->layers[l];
     LayerSelection& sel = out.layers[l];
-    sel.offsets.push_back(0);
-    for (uint32_t src : policies::OutputOrder(lp)) {
-      auto it = by_rep.find(src);
-      if (it == by_rep.end()) {
-        sel.members.push_back(src);
-        sel.weights.push_back(1.f);
-        sel.counts.push_back(view.layers[l].slots[src].count);
-      } else {
-        const policies::MergeGroup& g = *it->second;
-        double sum = 0;
-        for (float w : g.weights) sum += std::max(w, 0.f);
-        for (size_t i = 0; i < g.members.size(); ++i) {
-          sel.members.push_back(g.members[i]);
-          sel.weights.push_back(sum > 0 ? static_cast<float>(std::max(g.weights[i], 0.f) / sum)
-                                        : 1.f / static_cast<float>(g.members.size()));
-        }
-        // Without the log-count bias a merged slot weighs as one token.
-        sel.counts.push_back(plan->log_count_bias ? g.count : 1);
-        ++out.merged_groups;
-      }
-      sel.offsets.push_back(static_cast<uint32_t>(sel.members.size()));
+    sel.offsets.assign(low.group_offsets.begin(), low.group_offsets.end());
+    sel.members.assign(low.members.begin(), low.members.end());
+    sel.weights = std::move(low.weights);
+    sel.counts.resize(low.num_out());
+    for (size_t j = 0; j < low.num_out(); ++j) {
+      // Without the log-count bias a merged slot weighs as one token.
+      sel.counts[j] = low.merged(j) && !lowered->log_count_bias ? 1 : low.counts[j];
+      out.merged_groups += low.merged(j);
     }
     kept += static_cast<int64_t>(sel.counts.size());
   }

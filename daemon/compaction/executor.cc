@@ -2,9 +2,9 @@
 
 #include <algorithm>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/ops.h"
+#include "policies/lowering.h"
 
 namespace polykv::daemon {
 
@@ -36,39 +36,35 @@ absl::StatusOr<CompactionGroups> LowerPlan(const std::vector<SlotRecord>& slots,
   if (plan.layers.size() != 1) {
     return absl::InternalError(absl::StrCat("daemon plans are one-layer; got ", plan.layers.size()));
   }
-  const policies::LayerPlan& lp = plan.layers[0];
-  absl::flat_hash_map<uint32_t, const policies::MergeGroup*> by_rep;
-  for (const auto& g : lp.merges) by_rep[g.representative] = &g;
-  CompactionGroups out;
-  out.group_offsets.push_back(0);
-  for (uint32_t src : policies::OutputOrder(lp)) {
-    if (src >= slots.size()) return absl::InternalError("plan names a slot past the session");
-    auto it = by_rep.find(src);
-    if (it == by_rep.end()) {
-      out.members.push_back(static_cast<int32_t>(src));
-      out.weights.push_back(1.f);
-      out.slots.push_back(slots[src]);
-    } else {
-      const policies::MergeGroup& g = *it->second;
-      SlotRecord rec = slots[g.representative];
-      rec.count = 0;
-      rec.attn = 0.f;
-      for (size_t i = 0; i < g.members.size(); ++i) {
-        const SlotRecord& m = slots[g.members[i]];
-        out.members.push_back(static_cast<int32_t>(g.members[i]));
-        out.weights.push_back(i < g.weights.size() ? std::max(g.weights[i], 0.f) : 1.f);
-        rec.count += std::max<uint32_t>(m.count, 1);
-        rec.attn += m.attn;
-        rec.meta.pinned |= m.meta.pinned;
-        if (g.members[i] != g.representative) out.merged_tokens += std::max<uint32_t>(m.count, 1);
-      }
-      out.slots.push_back(rec);
-    }
-    out.group_offsets.push_back(static_cast<int32_t>(out.members.size()));
+  std::vector<uint32_t> counts(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) counts[i] = slots[i].count;
+  auto lowered = policies::LowerLayer(plan.layers[0], counts);
+  if (!lowered.ok()) return absl::InternalError(lowered.status().message());
+  if (!lowered->requant.empty()) {
+    // A session's pages share one format per kind today; storing some slots
+    // coarser needs per-block formats (issue 12, item 3). Refused, not dropped.
+    return absl::UnimplementedError(absl::StrCat(
+        "the plan requantizes ", lowered->requant.size(), " slots; daemon compaction stores a "
+        "session in one format per kind (use a policy without cold.format)"));
   }
-  for (uint32_t e : lp.evict) {
-    if (e >= slots.size()) return absl::InternalError("plan evicts a slot past the session");
-    out.evicted_tokens += std::max<uint32_t>(slots[e].count, 1);
+  CompactionGroups out;
+  out.group_offsets = std::move(lowered->group_offsets);
+  out.members = std::move(lowered->members);
+  out.weights = std::move(lowered->weights);
+  out.evicted_tokens = lowered->evicted_tokens;
+  out.merged_tokens = lowered->merged_tokens;
+  out.slots.reserve(lowered->num_out());
+  for (size_t j = 0; j < lowered->num_out(); ++j) {
+    SlotRecord rec = slots[lowered->sources[j]];
+    rec.count = lowered->counts[j];
+    if (out.group_offsets[j + 1] - out.group_offsets[j] > 1) {
+      rec.attn = 0.f;
+      for (int32_t m = out.group_offsets[j]; m < out.group_offsets[j + 1]; ++m) {
+        rec.attn += slots[size_t(out.members[size_t(m)])].attn;
+        rec.meta.pinned |= slots[size_t(out.members[size_t(m)])].meta.pinned;
+      }
+    }
+    out.slots.push_back(rec);
   }
   return out;
 }

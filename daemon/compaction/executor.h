@@ -50,10 +50,12 @@ struct CompactionGroups {
   int num_out() const { return static_cast<int>(slots.size()); }
 };
 
+// The daemon's side of policies::LowerLayer (policies/lowering.h, the one
+// lowering the evaluation harness runs too): its groups, and the output
+// slots' records. A merged slot takes its representative's metadata, the
+// members' summed count and attention, and is pinned if any member was.
+// UNIMPLEMENTED when the plan requantizes (one format per kind per session).
 // REQUIRES: plan has exactly one layer and is valid for BuildView(slots...).
-// Output order is source order (policies::OutputOrder). A merged slot takes its
-// representative's metadata, the members' summed count and attention, and is
-// pinned if any member was.
 absl::StatusOr<CompactionGroups> LowerPlan(const std::vector<SlotRecord>& slots,
                                            const policies::Plan& plan);
 

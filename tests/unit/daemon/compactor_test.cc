@@ -251,5 +251,14 @@ TEST(PlanCompactionTest, PolicyErrorsPassThrough) {
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
 }
 
+// The one lowering (policies/lowering.h) may say "requantize"; the daemon
+// cannot store mixed formats yet, so that is an error, never dropped.
+TEST(PlanCompactionTest, ARequantizingPlanIsRefusedNotDropped) {
+  auto plan = PlanCompaction(*Policy("h2o", {{"cold.format", "int4"}, {"cold.fraction", "0.5"}}),
+                             Slots(64), In(32));
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnimplemented) << plan.status();
+  EXPECT_NE(plan.status().message().find("requantizes"), absl::string_view::npos);
+}
+
 }  // namespace
 }  // namespace polykv::daemon
