@@ -168,7 +168,11 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
 
   absl::MutexLock lock(&mu_);
   if (draining_) return absl::UnavailableError("polykvd is draining; no new sessions");
-  if (auto st = sessions_.CheckRoom(r.peer.uid); !st.ok()) return st;
+  // Quarantined sessions count against their uid's cap: letting leases run
+  // out must not open more sessions than the cap allows.
+  uint32_t quarantined = 0;
+  for (const auto& [id, q] : quarantine_) quarantined += q.uid == r.peer.uid;
+  if (auto st = sessions_.CheckRoom(r.peer.uid, quarantined); !st.ok()) return st;
   const QosRecord& qos = admission_.For(r.agent_id);
   const PageFormat default_format = FormatForDtype(r.profile.dtype);
   const PageFormat kf = ApplyFloor(r.key_format.value_or(default_format), qos.key_floor);
@@ -684,7 +688,10 @@ absl::StatusOr<uint64_t> KvPool::Close(uint64_t session_id, absl::string_view to
 absl::StatusOr<HeartbeatResult> KvPool::Heartbeat(uint64_t session_id, absl::string_view token,
                                                   const PeerCreds& peer) {
   absl::MutexLock lock(&mu_);
-  auto sp = Authorize(session_id, token, peer, /*mutation=*/false);
+  // Not Authorize: a heartbeat (or Watch, or an fd fetch) comes from a
+  // thread other than the one writing the session's pages, so its NOT_FOUND
+  // does not mean the writer has stopped; quarantined pages stay.
+  auto sp = sessions_.Authorize(session_id, token, peer, Now());
   if (!sp.ok()) return sp.status();
   return HeartbeatResult{(*sp)->lease.lease_ms, (*sp)->tables.epoch, draining_};
 }
@@ -693,7 +700,7 @@ absl::StatusOr<std::shared_ptr<EventChannel>> KvPool::Watch(uint64_t session_id,
                                                             absl::string_view token,
                                                             const PeerCreds& peer) {
   absl::MutexLock lock(&mu_);
-  auto sp = Authorize(session_id, token, peer, /*mutation=*/false);
+  auto sp = sessions_.Authorize(session_id, token, peer, Now());
   if (!sp.ok()) return sp.status();
   return (*sp)->events;
 }
@@ -701,7 +708,7 @@ absl::StatusOr<std::shared_ptr<EventChannel>> KvPool::Watch(uint64_t session_id,
 absl::StatusOr<int> KvPool::DupArenaFd(uint64_t session_id, absl::string_view token,
                                        const PeerCreds& peer, uint32_t arena_id) {
   absl::MutexLock lock(&mu_);
-  auto sp = Authorize(session_id, token, peer, /*mutation=*/false);
+  auto sp = sessions_.Authorize(session_id, token, peer, Now());
   if (!sp.ok()) return sp.status();
   return blocks_.DupArenaFd((*sp)->tenant(), arena_id, peer.pid);
 }

@@ -25,8 +25,11 @@
 // expiry, the end of a drain) may still be written by it: a worker paused
 // past its lease writes on when resumed. Such a session's pages are not
 // reused until its worker has learned it — its next call with the session's
-// token, answered NOT_FOUND — or its process is gone (ReclaimExpired checks).
-// Pages a worker gives back itself (Close, Release, Ack) are reused at once.
+// token on the session's own thread (any call but Heartbeat, Watch and the fd
+// fetch, which run beside the writer), answered NOT_FOUND — or its process is
+// gone (ReclaimExpired checks). Quarantined sessions count against their
+// uid's session cap. Pages a worker gives back itself (Close, Release, Ack)
+// are reused at once.
 //
 // Compaction (docs/compaction.md) runs inside Sync, the worker's step
 // boundary: the policy decides on a snapshot and the pages are copied with

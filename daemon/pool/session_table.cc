@@ -5,15 +5,16 @@
 
 namespace polykv::daemon {
 
-absl::Status SessionTable::CheckRoom(uid_t uid) const {
+absl::Status SessionTable::CheckRoom(uid_t uid, uint32_t also_held) const {
   if (sessions_.size() >= max_sessions_) {
     return absl::ResourceExhaustedError(
         absl::StrCat("session limit reached (", max_sessions_, " sessions)"));
   }
   auto it = per_uid_.find(uid);
-  if (it != per_uid_.end() && it->second >= max_per_uid_) {
+  const uint32_t held = (it == per_uid_.end() ? 0 : it->second) + also_held;
+  if (held >= max_per_uid_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "uid ", uid, " holds ", it->second, " sessions, the most one uid may hold "
+        "uid ", uid, " holds ", held, " sessions, the most one uid may hold "
         "(max_sessions_per_uid); close some, or raise the limit in polykvd's config"));
   }
   return absl::OkStatus();

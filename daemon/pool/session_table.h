@@ -112,8 +112,9 @@ class SessionTable {
         instance_(instance),
         next_id_((uint64_t(instance) << 32) | 1) {}
 
-  // RESOURCE_EXHAUSTED at max_sessions, or when `uid` holds max_per_uid.
-  absl::Status CheckRoom(uid_t uid) const;
+  // RESOURCE_EXHAUSTED at max_sessions, or when `uid` holds max_per_uid
+  // (counting `also_held` sessions held elsewhere, e.g. quarantined).
+  absl::Status CheckRoom(uid_t uid, uint32_t also_held = 0) const;
   // Takes the next id; `s.id` is set.
   // REQUIRES: fewer than 2^32 - 1 sessions opened by this instance.
   Session& Insert(Session s);

@@ -230,8 +230,10 @@ TEST(MemoryFindingsTest, Finding6_ReservedPagesAreZeroed) {
 
 class QuarantineTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { MakePool(); }
+  void MakePool(uint32_t max_sessions_per_uid = 0) {
     KvPoolOptions o;
+    o.max_sessions_per_uid = max_sessions_per_uid;
     o.pool_bytes = 16 * kMiB;
     o.arena_bytes = 4 * kMiB;
     o.superblock_bytes = 256 * kKiB;
@@ -301,11 +303,13 @@ TEST_F(QuarantineTest, Finding6_PagesOfAnExpiredLiveWorkerAreNotGivenToAnotherSe
   ASSERT_TRUE(pool_->CheckInvariants().ok()) << pool_->CheckInvariants();
 
   // A call with the wrong token, or from another uid, learns nothing and
-  // frees nothing.
+  // frees nothing; nor does the worker's heartbeat thread, which runs beside
+  // the thread that writes the pages.
   const PeerCreds stale_peer{101, 1000, 1000};
-  EXPECT_TRUE(absl::IsNotFound(pool_->Heartbeat(stale.session_id, "wrong", stale_peer).status()));
+  EXPECT_TRUE(absl::IsNotFound(pool_->Commit(stale.session_id, "wrong", stale_peer, 16).status()));
   EXPECT_TRUE(absl::IsNotFound(
-      pool_->Heartbeat(stale.session_id, stale.token, {101, 1001, 1000}).status()));
+      pool_->Commit(stale.session_id, stale.token, {101, 1001, 1000}, 16).status()));
+  EXPECT_TRUE(absl::IsNotFound(pool_->Heartbeat(stale.session_id, stale.token, stale_peer).status()));
   EXPECT_EQ(pool_->Stats().quarantined_sessions, 1u);
 
   // Resumed, the worker's next call says the session is gone: from then on
@@ -434,6 +438,27 @@ TEST(MemoryFindingsEndToEndTest, Finding6_AWorkerResumedPastItsLeaseCannotOverwr
   keeper.reset();
   EXPECT_EQ((*d)->pool()->used_bytes(), 0u);
   (*d)->Shutdown();
+}
+
+// Letting leases run out does not get a uid more sessions than its cap.
+TEST_F(QuarantineTest, Finding6_QuarantinedSessionsCountAgainstTheUidsSessionCap) {
+  MakePool(/*max_sessions_per_uid=*/2);
+  const OpenResult a = Open("a", 101);
+  Reserve(a, 101, 16);
+  const OpenResult b = Open("b", 101);
+  Reserve(b, 101, 16);
+  now_ += absl::Seconds(5);
+  ASSERT_EQ(pool_->ReclaimExpired().size(), 2u);
+  EXPECT_EQ(pool_->Stats().quarantined_sessions, 2u);
+  OpenRequest r;
+  r.agent_id = "c";
+  r.tenant = "t1";
+  r.profile = {4, 2, 64, DType::kF32, "tiny"};
+  r.peer = {101, 1000, 1000};
+  EXPECT_TRUE(absl::IsResourceExhausted(pool_->Open(r).status()));
+  // Once the worker has heard of one, it may open one more.
+  EXPECT_TRUE(absl::IsNotFound(pool_->Sync(a.session_id, a.token, r.peer, 0).status()));
+  EXPECT_TRUE(pool_->Open(r).ok());
 }
 
 // The watcher polykvd uses: a pidfd notices a real child's exit, whatever
