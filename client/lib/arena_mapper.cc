@@ -102,6 +102,10 @@ absl::Status ArenaMapper::Add(const v1::ArenaHandle& h) {
     return absl::OkStatus();
   }
   auto fd = FetchArenaFd(fd_socket_path_, ref_, h.arena_id());
+  // Retired between its announcement and this fetch: it was empty, so no
+  // page of ours is in it; were its id used again, it would be announced
+  // again (and mapped then).
+  if (absl::IsNotFound(fd.status())) return absl::OkStatus();
   if (!fd.ok()) return fd.status();
   void* base = mmap(nullptr, h.size_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
   close(*fd);

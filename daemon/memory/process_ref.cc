@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <map>
+#include <mutex>
 
 namespace polykv::daemon {
 namespace {
@@ -40,11 +42,29 @@ bool PidfdsSupported() {
 }
 
 ProcessWatcher PidfdWatcher() {
-  return [](pid_t pid) -> std::shared_ptr<const ProcessRef> {
+  // One pidfd per live process, however many sessions and arenas watch it
+  // (a worker may hold hundreds): refs are shared while any is held.
+  struct Cache {
+    std::mutex mu;
+    std::map<pid_t, std::weak_ptr<const ProcessRef>> refs;
+    uint64_t calls = 0;
+  };
+  auto cache = std::make_shared<Cache>();
+  return [cache](pid_t pid) -> std::shared_ptr<const ProcessRef> {
     if (pid <= 0) return nullptr;
+    std::lock_guard<std::mutex> lock(cache->mu);
+    if (++cache->calls % 1024 == 0) {
+      std::erase_if(cache->refs, [](const auto& e) { return e.second.expired(); });
+    }
+    auto& slot = cache->refs[pid];
+    // A cached ref of a process that has exited is not reused: the pid may
+    // now name another process.
+    if (auto ref = slot.lock(); ref && ref->Alive()) return ref;
     const int fd = PidfdOpen(pid);
     if (fd < 0) return nullptr;  // ESRCH: gone already; ENOSYS: see PidfdsSupported
-    return std::make_shared<PidfdRef>(pid, fd);
+    auto ref = std::make_shared<PidfdRef>(pid, fd);
+    slot = ref;
+    return ref;
   };
 }
 

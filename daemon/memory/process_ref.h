@@ -28,9 +28,10 @@ class ProcessRef {
 // the pool in-process) watches nothing.
 using ProcessWatcher = std::function<std::shared_ptr<const ProcessRef>(pid_t)>;
 
-// pidfd_open(2): a process is alive until its pidfd polls readable. On a
-// kernel without pidfds (before 5.3) it watches nothing, so memory changes
-// owner as soon as the pool lets it; the daemon logs that once.
+// pidfd_open(2): a process is alive until its pidfd polls readable. One pidfd
+// per live process, shared by every ref to it (thread-safe). On a kernel
+// without pidfds (before 5.3) it watches nothing, so memory changes owner as
+// soon as the pool lets it; the daemon logs that once.
 ProcessWatcher PidfdWatcher();
 bool PidfdsSupported();
 

@@ -10,6 +10,12 @@ namespace polykv::daemon {
 namespace {
 
 constexpr uint32_t kMaxArenaId = (1u << 16) - 1;
+// Retired arenas watched at most. A long-lived worker keeps every arena it
+// ever mapped "held"; past this many the oldest untouched (punched, nothing
+// resident) ones are let go, so ids and the daemon's fds stay bounded. Such a
+// worker could then make one of those hold memory again unseen: at most
+// arena_bytes each, and only by writing where it has no pages.
+constexpr size_t kMaxRetiredArenas = 256;
 
 }  // namespace
 
@@ -37,7 +43,7 @@ BlockDesc DescribeBlock(const BlockShape& shape, uint64_t superblock_bytes, cons
 
 void BlockPool::AttachSession(const BlockAccount& account) {
   auto& t = tenants_[account.tenant];
-  if (!t) t = std::make_unique<Tenant>(PageAllocatorOptions{options_.superblock_bytes});
+  if (!t) t = std::make_unique<Tenant>(account.tenant, PageAllocatorOptions{options_.superblock_bytes});
   ++t->num_sessions;
   agent_bytes_.try_emplace(account.agent_id, 0);
 }
@@ -73,7 +79,8 @@ void BlockPool::RetireEmptyArenas(Tenant& t) {
   for (uint32_t id : t.allocator.EmptyArenas()) {
     if (!t.allocator.RemoveArena(id).ok()) continue;
     auto node = t.arenas.extract(id);
-    Retired r{std::move(node.mapped()), {}};
+    Retired r{std::move(node.mapped()), {}, ++retirements_};
+    retired_owner_[id] = t.name;
     if (auto h = holders_.extract(id)) r.holders = std::move(h.mapped());
     // Its memory goes back now; the memfd is kept only for the processes
     // that may still map it. A failed punch leaves it resident: still counted.
@@ -84,6 +91,7 @@ void BlockPool::RetireEmptyArenas(Tenant& t) {
 }
 
 void BlockPool::SweepRetired() {
+  std::vector<std::pair<uint64_t, uint32_t>> untouched;  // (serial, id)
   for (auto it = retired_.begin(); it != retired_.end();) {
     auto& holders = it->second.holders;
     std::erase_if(holders, [](const auto& p) { return !p->Alive(); });
@@ -92,8 +100,17 @@ void BlockPool::SweepRetired() {
       continue;
     }
     // An old mapper wrote to it: that memory is nobody's, hand it back.
-    if (it->second.arena->ResidentBytes() > 0) (void)it->second.arena->Discard();
+    if (it->second.arena->ResidentBytes() > 0) {
+      (void)it->second.arena->Discard();
+    } else {
+      untouched.push_back({it->second.serial, it->first});
+    }
     ++it;
+  }
+  if (retired_.size() <= kMaxRetiredArenas) return;
+  std::sort(untouched.begin(), untouched.end());
+  for (size_t i = 0; i < untouched.size() && retired_.size() > kMaxRetiredArenas; ++i) {
+    retired_.erase(untouched[i].second);
   }
 }
 
@@ -125,6 +142,7 @@ absl::StatusOr<uint32_t> BlockPool::Grow(Tenant& tenant) {
   if (!arena.ok()) return arena.status();
   if (auto s = tenant.allocator.AddArena(*id, size); !s.ok()) return s;
   tenant.arenas.emplace(*id, *std::move(arena));
+  retired_owner_.erase(*id);
   return *id;
 }
 
@@ -222,8 +240,10 @@ absl::StatusOr<PageLocation> BlockPool::Locate(const std::string& tenant, PageId
 
 std::vector<ArenaExport> BlockPool::NewArenas(const std::string& tenant,
                                               std::vector<uint32_t>& known) const {
+  const auto& arenas = TenantOf(tenant).arenas;
+  std::erase_if(known, [&](uint32_t id) { return !arenas.contains(id); });
   std::vector<ArenaExport> out;
-  for (const auto& [id, arena] : TenantOf(tenant).arenas) {
+  for (const auto& [id, arena] : arenas) {
     if (!std::binary_search(known.begin(), known.end(), id)) {
       out.push_back(arena->Export());
       known.insert(std::upper_bound(known.begin(), known.end(), id), id);
@@ -236,6 +256,14 @@ absl::StatusOr<int> BlockPool::DupArenaFd(const std::string& tenant, uint32_t ar
                                           pid_t holder) {
   const Tenant& t = TenantOf(tenant);
   auto it = t.arenas.find(arena_id);
+  if (auto r = retired_owner_.find(arena_id);
+      it == t.arenas.end() && r != retired_owner_.end() && r->second == tenant) {
+    // Announced, then retired before this fetch (empty arenas go back under
+    // pressure): none of the tenant's pages are in it, so skipping it is safe.
+    return absl::NotFoundError(absl::StrCat(
+        "arena ", arena_id, " was retired (it was empty and the pool needed the room); it holds "
+        "no page of this tenant"));
+  }
   if (it == t.arenas.end()) {
     // Same answer whether the arena is another tenant's or does not exist.
     return absl::PermissionDeniedError(

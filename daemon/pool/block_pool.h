@@ -105,10 +105,13 @@ class BlockPool {
   uint64_t HostAddress(const std::string& tenant, PageId page) const;
   absl::StatusOr<PageLocation> Locate(const std::string& tenant, PageId page) const;
   // Exports of the tenant's arenas whose ids are not in `known` (sorted),
-  // which gains them.
+  // which gains them; ids of arenas retired since leave `known`, so an id
+  // used again later is announced again.
   std::vector<ArenaExport> NewArenas(const std::string& tenant, std::vector<uint32_t>& known) const;
   // A dup of the arena's fd for process `holder` (recorded: the arena is not
-  // forgotten while it lives); PERMISSION_DENIED unless it is the tenant's.
+  // forgotten while it lives). NOT_FOUND for an arena of the tenant retired
+  // since it was announced (it is empty: nothing of the session is in it);
+  // PERMISSION_DENIED unless it is the tenant's.
   absl::StatusOr<int> DupArenaFd(const std::string& tenant, uint32_t arena_id, pid_t holder);
   // Drops retired arenas whose holders are all gone, and punches again the
   // ones an old mapper wrote to. Called periodically and when short.
@@ -132,7 +135,8 @@ class BlockPool {
 
  private:
   struct Tenant {
-    explicit Tenant(const PageAllocatorOptions& o) : allocator(o) {}
+    Tenant(std::string n, const PageAllocatorOptions& o) : name(std::move(n)), allocator(o) {}
+    const std::string name;
     PageAllocator allocator;
     std::map<uint32_t, std::unique_ptr<Arena>> arenas;
     uint32_t num_sessions = 0;
@@ -143,6 +147,7 @@ class BlockPool {
   struct Retired {
     std::unique_ptr<Arena> arena;
     std::vector<std::shared_ptr<const ProcessRef>> holders;
+    uint64_t serial = 0;  // retirement order
   };
 
   // Adds one arena to `tenant` if the budget allows (after retiring empty
@@ -160,6 +165,11 @@ class BlockPool {
   // Live arena id -> processes given its fd (alive ones; pruned as they go).
   std::map<uint32_t, std::vector<std::shared_ptr<const ProcessRef>>> holders_;
   std::map<uint32_t, Retired> retired_;
+  uint64_t retirements_ = 0;
+  // Id -> tenant of every arena retired since its id was last handed out,
+  // watched or not: a fetch of an announced, since retired arena is
+  // NOT_FOUND for its tenant (and PERMISSION_DENIED for everyone else).
+  std::map<uint32_t, std::string> retired_owner_;
   std::map<std::string, uint64_t> agent_bytes_;
   std::map<std::pair<PageFormat, bool>, uint64_t> pages_by_format_;
   uint64_t used_bytes_ = 0;

@@ -225,6 +225,56 @@ TEST(MemoryFindingsTest, Finding6_ReservedPagesAreZeroed) {
   }
 }
 
+// Found by the soak: an arena announced to a session (OpenSession lists the
+// tenant's arenas, empty ones too) and retired under pressure before the
+// worker fetched it made the fetch PERMISSION_DENIED, and the client's
+// OpenSession failed. It is NOT_FOUND now (the client skips it: nothing of
+// the session is in it); to other tenants it stays PERMISSION_DENIED.
+TEST(MemoryFindingsTest, Finding2_AnArenaRetiredBeforeItsFetchIsNotFoundAndAnnouncedAgainIfReused) {
+  KvPoolOptions o;
+  o.pool_bytes = 8 * kMiB;
+  o.arena_bytes = 4 * kMiB;
+  o.first_arena_bytes = 4 * kMiB;
+  o.superblock_bytes = 256 * kKiB;
+  o.arena_factory = CreateHostShmArena;
+  auto pool = *KvPool::Create(o);
+  const PeerCreds peer{0, 1000, 1000};
+  auto open = [&](const std::string& tenant, const std::string& agent) {
+    OpenRequest r;
+    r.agent_id = agent;
+    r.tenant = tenant;
+    r.profile = {4, 2, 64, DType::kF32, "tiny"};
+    r.peer = peer;
+    auto s = pool->Open(r);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return *s;
+  };
+  const OpenResult a = open("t1", "a");
+  ASSERT_TRUE(pool->Reserve(a.session_id, a.token, peer, 64).ok());
+  ASSERT_TRUE(pool->Release(a.session_id, a.token, peer, 0).ok());  // t1's arena is empty
+  const OpenResult b = open("t1", "b");
+  ASSERT_EQ(b.arenas.size(), 1u);
+  const uint32_t listed = b.arenas[0].arena_id;
+  const OpenResult c = open("t2", "c");
+  ASSERT_TRUE(pool->Reserve(c.session_id, c.token, peer, 1280).ok());  // retires t1's
+  EXPECT_EQ(pool->Stats().tenants.size(), 2u);
+  auto fd = pool->DupArenaFd(b.session_id, b.token, peer, listed);
+  EXPECT_TRUE(absl::IsNotFound(fd.status())) << fd.status();
+  // An id that was never t1's stays PERMISSION_DENIED, live or not.
+  EXPECT_TRUE(absl::IsPermissionDenied(pool->DupArenaFd(b.session_id, b.token, peer, 999).status()));
+  // t1 grows again; whatever id its new arena has, b is told of it.
+  ASSERT_TRUE(pool->Release(c.session_id, c.token, peer, 0).ok());
+  auto rb = pool->Reserve(b.session_id, b.token, peer, 16);
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  ASSERT_EQ(rb->new_arenas.size(), 1u);
+  const uint32_t mine = rb->blocks[0].pages[0].arena_id;
+  EXPECT_EQ(rb->new_arenas[0].arena_id, mine);
+  auto fd2 = pool->DupArenaFd(b.session_id, b.token, peer, mine);
+  ASSERT_TRUE(fd2.ok()) << fd2.status();
+  close(*fd2);
+  ASSERT_TRUE(pool->CheckInvariants().ok());
+}
+
 // --- Finding 6: a worker stopped past its lease kept a writable mapping; its
 // pages went to another session, and on resume it overwrote all 8 of them.
 
