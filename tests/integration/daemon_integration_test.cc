@@ -16,27 +16,19 @@
 #include "polykv/admin.h"
 #include "polykv/client.h"
 #include "tests/integration/http.h"
+#include "tests/integration/probe.h"
 #include "tests/integration/subprocess.h"
 
 namespace polykv {
 namespace {
 
 using testing::BinDir;
+using testing::Field;
 using testing::HttpGet;
 using testing::RunProgram;
 using testing::Subprocess;
 
 constexpr int kLeaseMs = 1500;
-
-std::string Field(const std::string& json, const std::string& key) {
-  std::smatch m;
-  std::regex re("\"" + key + "\":\\s*(\"[^\"]*\"|\\[[^\\]]*\\]|[^,}]+)");
-  if (!std::regex_search(json, m, re)) return "";
-  std::string v = m[1];
-  while (!v.empty() && std::isspace(static_cast<unsigned char>(v.back()))) v.pop_back();
-  if (!v.empty() && v.front() == '"') v = v.substr(1, v.size() - 2);
-  return v;
-}
 
 std::set<std::string> Arenas(const std::string& json) {
   std::string list = Field(json, "arenas");
