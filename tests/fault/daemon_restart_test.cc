@@ -42,7 +42,7 @@ TEST_P(DaemonRestartTest, OldSessionIsNotFoundAndTheWorkerOpensANewOne) {
   EXPECT_EQ(Field(resumed, "reopen_code"), "0") << resumed;
   EXPECT_EQ(worker.Wait(), 0) << resumed;
 
-  EXPECT_EQ(PoolEmptyAndExact(**second), "");
+  EXPECT_EQ(WaitForPoolEmptyAndExact(**second), "");
   auto stats = (*second)->Stats();
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->lease_expiries(), 0u);

@@ -93,8 +93,7 @@ TEST_F(FaultTest, StalledFdSocketClientsDelayNoFetchAndAreDropped) {
     EXPECT_TRUE(WaitUntil([&] { return Dropped(fd); })) << "a stalled client was kept";
     close(fd);
   }
-  ASSERT_TRUE(WaitUntil([&] { return NumSessions() == 0; }));
-  EXPECT_EQ(PoolEmptyAndExact(*daemon_), "");
+  EXPECT_EQ(WaitForPoolEmptyAndExact(*daemon_), "");
 }
 
 }  // namespace

@@ -51,17 +51,19 @@ TEST_F(FaultTest, KilledWorkersAreReclaimedAfterTheLeaseWithNoLeakedPages) {
                                          std::chrono::steady_clock::now() - killed_at)
                                          .count()),
               options_.lease_ms);
-  EXPECT_EQ(PoolEmptyAndExact(*daemon_), "");
+  EXPECT_EQ(WaitForPoolEmptyAndExact(*daemon_), "");
   auto stats = daemon_->Stats();
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->lease_expiries(), 4u);
 }
 
 // A worker SIGSTOPped past its lease: the daemon reclaims its session (and
-// only its: a neighbour in the same tenant keeps exactly its bytes). Resumed
-// with SIGCONT, its next call is NOT_FOUND with a message that says why, not
-// a hang, and it can open a new session. (What it could still write through
-// its old mapping is finding 6, not tested here.)
+// only its: a neighbour in the same tenant keeps exactly its bytes). Its pages
+// stay quarantined — allocated and charged, reused by nobody — while the
+// stopped process lives and has not learned it. Resumed with SIGCONT, its
+// next call is NOT_FOUND with a message that says why, not a hang; that call
+// frees the quarantined pages, and the worker can open a new session. (That
+// its old mapping cannot hurt anyone is finding 6's test.)
 TEST_F(FaultTest, StoppedWorkerIsReclaimedAndItsNextCallIsNotFoundOnResume) {
   Subprocess neighbour(Worker("hang", "t", "neighbour", 64, 1));
   const std::string held = neighbour.ReadLine();
@@ -70,6 +72,9 @@ TEST_F(FaultTest, StoppedWorkerIsReclaimedAndItsNextCallIsNotFoundOnResume) {
   const std::string opened = stopped.ReadLine();
   ASSERT_EQ(Field(opened, "ok"), "true") << opened;
   const uint64_t stopped_id = FieldNum(opened, "session_id");
+  const uint64_t neighbour_bytes = FieldNum(held, "bytes"), stopped_bytes = FieldNum(opened, "bytes");
+  ASSERT_GT(neighbour_bytes, 0u);
+  ASSERT_GT(stopped_bytes, 0u);
 
   stopped.Signal(SIGSTOP);
   ASSERT_TRUE(WaitUntil([&] { return NumSessions() == 1; }))
@@ -78,14 +83,15 @@ TEST_F(FaultTest, StoppedWorkerIsReclaimedAndItsNextCallIsNotFoundOnResume) {
   ASSERT_TRUE(list.ok()) << list.status();
   ASSERT_EQ(list->sessions_size(), 1);
   EXPECT_NE(list->sessions(0).session_id(), stopped_id);
-  // Exact accounting with a session still open: what is used is the
-  // neighbour's, to the byte, and the invariants hold.
+  EXPECT_EQ(list->sessions(0).bytes(), neighbour_bytes);
+  // Exact accounting with one session open and one quarantined, to the byte.
   auto stats = daemon_->Stats();
   ASSERT_TRUE(stats.ok()) << stats.status();
-  EXPECT_EQ(stats->pool().used_bytes(), FieldNum(held, "bytes"));
-  EXPECT_EQ(list->sessions(0).bytes(), FieldNum(held, "bytes"));
+  EXPECT_EQ(stats->pool().used_bytes(), neighbour_bytes + stopped_bytes);
   EXPECT_EQ(stats->lease_expiries(), 1u);
-  EXPECT_EQ(Sample(daemon_->Metrics(), "polykv_pool_invariants_ok"), 1);
+  std::string page = daemon_->Metrics();
+  EXPECT_EQ(Sample(page, "polykv_quarantined_bytes"), double(stopped_bytes));
+  EXPECT_EQ(Sample(page, "polykv_pool_invariants_ok"), 1);
 
   stopped.Signal(SIGCONT);
   const std::string resumed = stopped.ReadLine(60000);
@@ -94,11 +100,18 @@ TEST_F(FaultTest, StoppedWorkerIsReclaimedAndItsNextCallIsNotFoundOnResume) {
   EXPECT_NE(Field(resumed, "message").find("lease expired"), std::string::npos) << resumed;
   EXPECT_EQ(Field(resumed, "reopen_code"), "0") << resumed;
   EXPECT_EQ(stopped.Wait(), 0) << resumed;
+  // Learned: the quarantined pages are free; the neighbour's are untouched.
+  stats = daemon_->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->pool().used_bytes(), neighbour_bytes);
+  EXPECT_EQ(stats->num_sessions(), 1u);
+  page = daemon_->Metrics();
+  EXPECT_EQ(Sample(page, "polykv_quarantined_bytes"), 0);
+  EXPECT_EQ(Sample(page, "polykv_pool_invariants_ok"), 1);
 
   neighbour.Signal(SIGKILL);
   neighbour.Wait();
-  ASSERT_TRUE(WaitUntil([&] { return NumSessions() == 0; }));
-  EXPECT_EQ(PoolEmptyAndExact(*daemon_), "");
+  EXPECT_EQ(WaitForPoolEmptyAndExact(*daemon_), "");
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -99,6 +100,16 @@ class DaemonProcess {
   // VmRSS of polykvd in bytes, from /proc/<pid>/status; 0 when unreadable.
   uint64_t RssBytes() const { return StatusKib("VmRSS:") * 1024; }
   uint64_t RssAnonBytes() const { return StatusKib("RssAnon:") * 1024; }
+  // Open file descriptors of polykvd (sockets, arena memfds, pidfds).
+  uint64_t NumFds() const {
+    std::error_code ec;
+    uint64_t n = 0;
+    for (std::filesystem::directory_iterator it("/proc/" + std::to_string(pid()) + "/fd", ec), end;
+         !ec && it != end; it.increment(ec)) {
+      ++n;
+    }
+    return n;
+  }
 
   // Sends `sig` and waits for the exit: the exit code, or 128 + signal.
   int Stop(int sig = SIGTERM) {
@@ -135,8 +146,9 @@ class DaemonProcess {
 
 // The accounting check every fault and soak test ends with, once all its
 // sessions are closed or reclaimed: the Admin API, polykvctl and the metrics
-// page all say no sessions, no used bytes, no pages, nothing pending, and the
-// pool's invariant check passes. Returns what differs ("" when all agree).
+// page all say no sessions, no used bytes, no pages, nothing pending or
+// quarantined, and the pool's invariant check passes. Returns what differs
+// ("" when all agree).
 inline std::string PoolEmptyAndExact(DaemonProcess& d) {
   std::string problems;
   auto s = d.Stats();
@@ -155,6 +167,10 @@ inline std::string PoolEmptyAndExact(DaemonProcess& d) {
     absl::StrAppend(&problems, "polykv_pool_invariants_ok is ",
                     Sample(page, "polykv_pool_invariants_ok"), "; ");
   }
+  if (Sample(page, "polykv_quarantined_bytes") != 0) {
+    absl::StrAppend(&problems, "polykv_quarantined_bytes is ",
+                    Sample(page, "polykv_quarantined_bytes"), "; ");
+  }
   if (Sample(page, "polykv_pending_bytes") != 0) {
     absl::StrAppend(&problems, "polykv_pending_bytes is ", Sample(page, "polykv_pending_bytes"),
                     "; ");
@@ -163,6 +179,20 @@ inline std::string PoolEmptyAndExact(DaemonProcess& d) {
     absl::StrAppend(&problems, "polykv_pages sum to ", SampleSum(page, "polykv_pages"), "; ");
   }
   return problems;
+}
+
+// PoolEmptyAndExact once the pool looks empty to the Admin API (no sessions,
+// no used bytes), waiting up to `deadline_ms` for that: the pages of a
+// reclaimed session whose worker is dead are freed at a reaper sweep after
+// the lease, not with it.
+inline std::string WaitForPoolEmptyAndExact(DaemonProcess& d, int deadline_ms = 30000) {
+  WaitUntil(
+      [&] {
+        auto s = d.Stats();
+        return s.ok() && s->num_sessions() == 0 && s->pool().used_bytes() == 0;
+      },
+      deadline_ms);
+  return PoolEmptyAndExact(d);
 }
 
 }  // namespace polykv::testing
