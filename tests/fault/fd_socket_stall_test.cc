@@ -5,11 +5,10 @@
 // The unit test Finding3_... covers the broker in-process; this is the
 // daemon's, with churn: stalled clients are replaced as soon as they are
 // dropped, so every worker's fetch meets them.
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <memory>

@@ -28,8 +28,8 @@ TEST_F(FaultTest, KilledWorkersAreReclaimedAfterTheLeaseWithNoLeakedPages) {
   }
   // 6144 tokens of 4 KiB each: the agents are still decoding when killed.
   for (const char* tenant : {"tenant-a", "tenant-b"}) {
-    workers.push_back(std::make_unique<Subprocess>(Worker(
-        "agent", tenant, absl::StrCat("decoder-", tenant), 6144, 3, {"--step", "16"})));
+    workers.push_back(std::make_unique<Subprocess>(
+        Worker("agent", tenant, absl::StrCat("decoder-", tenant), 6144, 3, {"--step", "16"})));
   }
   ASSERT_TRUE(WaitUntil([&] {
     auto l = daemon_->admin().ListSessions();
@@ -72,7 +72,8 @@ TEST_F(FaultTest, StoppedWorkerIsReclaimedAndItsNextCallIsNotFoundOnResume) {
   const std::string opened = stopped.ReadLine();
   ASSERT_EQ(Field(opened, "ok"), "true") << opened;
   const uint64_t stopped_id = FieldNum(opened, "session_id");
-  const uint64_t neighbour_bytes = FieldNum(held, "bytes"), stopped_bytes = FieldNum(opened, "bytes");
+  const uint64_t neighbour_bytes = FieldNum(held, "bytes"),
+                 stopped_bytes = FieldNum(opened, "bytes");
   ASSERT_GT(neighbour_bytes, 0u);
   ASSERT_GT(stopped_bytes, 0u);
 
