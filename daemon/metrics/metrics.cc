@@ -193,6 +193,18 @@ std::vector<prometheus::MetricFamily> PoolCollector::Collect() const {
   auto draining = Family("polykv_draining", "1 while the daemon drains", MetricType::Gauge);
   AddGauge(draining, {}, s.draining ? 1 : 0);
   out.push_back(std::move(draining));
+
+  // The pool's full invariant check (bytes, pages and slot records of every
+  // session against the allocators), run at each scrape so that fault and
+  // soak tests, and operators, can see drifted accounting from outside the
+  // process. It walks every session under the pool lock: O(pages), a few
+  // milliseconds for a full pool, once per scrape.
+  auto invariants = Family("polykv_pool_invariants_ok",
+                           "1 when the pool's accounting invariants (KvPool::CheckInvariants) hold "
+                           "at this scrape; 0 is a bug in polykvd",
+                           MetricType::Gauge);
+  AddGauge(invariants, {}, pool_->CheckInvariants().ok() ? 1 : 0);
+  out.push_back(std::move(invariants));
   return out;
 }
 

@@ -18,31 +18,17 @@
 #include "absl/strings/str_cat.h"
 #include "polykv/admin.h"
 #include "tests/integration/http.h"
+#include "tests/integration/probe.h"
 #include "tests/integration/subprocess.h"
 
 namespace polykv {
 namespace {
 
 using testing::BinDir;
+using testing::Field;
 using testing::HttpGet;
+using testing::Sample;
 using testing::Subprocess;
-
-// Value of the first sample line starting with `prefix` in a Prometheus text page.
-double Sample(const std::string& page, const std::string& prefix) {
-  size_t at = page.find("\n" + prefix);
-  if (at == std::string::npos) return -1;
-  size_t sp = page.find(' ', at + 1 + prefix.size());
-  return std::stod(page.substr(sp + 1, page.find('\n', sp) - sp - 1));
-}
-
-std::string Field(const std::string& json, const std::string& key) {
-  std::smatch m;
-  std::regex re("\"" + key + "\":\\s*(\"[^\"]*\"|[^,}]+)");
-  if (!std::regex_search(json, m, re)) return "";
-  std::string v = m[1];
-  if (!v.empty() && v.front() == '"') v = v.substr(1, v.size() - 2);
-  return v;
-}
 
 // budget: tokens per agent. 192 x 8 leaves the pool mostly free (compaction
 // by budget alone); 480 x 8 needs more than the pool, so the pressure ladder

@@ -25,14 +25,16 @@ class Subprocess {
   // Starts argv[0] (a path) with stdout piped back; stderr is inherited so a
   // failing test shows what the program said.
   explicit Subprocess(std::vector<std::string> argv) {
+    // The child only calls async-signal-safe functions before execv: the
+    // soak forks from a process whose other threads may hold malloc's locks.
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) return;
     pid_ = fork();
     if (pid_ == 0) {
       dup2(fds[1], 1);
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
       execv(args[0], args.data());
       _exit(127);
     }

@@ -15,10 +15,19 @@
 //         With --barrier DIR --barrier-count N it opens its session, then
 //         waits until N agents have (files in DIR) before writing, so that
 //         all agents hold pages at once however slowly they start.
+//   resume --socket S --tenant T --agent A --tokens N --seed X
+//         like hang, but waits for SIGCONT or SIGUSR1 (after a SIGSTOP past
+//         its lease, or a daemon restart), then makes its next call: a
+//         Reserve, retried while UNAVAILABLE (the daemon coming back) for up
+//         to 60 s; then opens a new session on the same client (Reserve,
+//         Commit, Close). Its second line has "code"/"message" of that call,
+//         "unavailable" (retries) and "reopen_code" (0: the new session worked).
 //
 // Prints one JSON line: {"ok":..., "code":..., "session_id":..., "token":"hex",
 // "arenas":[...], "bytes":..., "pid":..., "dumpable":0|1, "message":"..."}.
 // Exit 0 when ok.
+#include <pthread.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -67,7 +76,42 @@ uint8_t PatternByte(uint64_t seed, uint64_t page_id, uint64_t i) {
   return static_cast<uint8_t>(x >> 56);
 }
 
-int RunWorker(const std::map<std::string, std::string>& f, bool hang) {
+// What a resumed worker does first: the call whose answer the fault tests
+// check, then a new session to show the worker can carry on.
+int Resume(polykv::Client& client, polykv::Session& stale, const polykv::SessionOptions& o) {
+  absl::Status call;
+  int unavailable = 0;
+  for (; unavailable < 300; ++unavailable) {
+    call = stale.Reserve(16).status();
+    if (!absl::IsUnavailable(call)) break;
+    usleep(200000);
+  }
+  absl::Status reopen;
+  if (auto fresh = client.OpenSession(o); !fresh.ok()) {
+    reopen = fresh.status();
+  } else if (auto r = (*fresh)->Reserve(16); !r.ok()) {
+    reopen = r.status();
+  } else if (reopen = (*fresh)->Commit(16); reopen.ok()) {
+    reopen = (*fresh)->Close();
+  }
+  std::printf("{\"ok\":%s,\"code\":%d,\"message\":\"%s\",\"unavailable\":%d,"
+              "\"reopen_code\":%d,\"reopen_message\":\"%s\"}\n",
+              reopen.ok() ? "true" : "false", static_cast<int>(call.code()),
+              Escape(call.message()).c_str(), unavailable, static_cast<int>(reopen.code()),
+              Escape(reopen.message()).c_str());
+  std::fflush(stdout);
+  return reopen.ok() ? 0 : 1;
+}
+
+// mode: "run", "hang" or "resume".
+int RunWorker(const std::map<std::string, std::string>& f, const std::string& mode) {
+  sigset_t wake;
+  sigemptyset(&wake);
+  sigaddset(&wake, SIGCONT);
+  sigaddset(&wake, SIGUSR1);
+  // Blocked before the client starts its threads, so they inherit the mask
+  // and sigwait below is the only taker.
+  if (mode == "resume") pthread_sigmask(SIG_BLOCK, &wake, nullptr);
   auto client = polykv::Client::Connect(f.at("--socket"));
   if (!client.ok()) return Report(client.status());
   polykv::SessionOptions o;
@@ -96,9 +140,15 @@ int RunWorker(const std::map<std::string, std::string>& f, bool hang) {
   const std::string extra = absl::StrCat(id, ",\"arenas\":[", absl::StrJoin(arenas, ","),
                                          "],\"bytes\":", bytes, ",\"pid\":", getpid(),
                                          ",\"dumpable\":", prctl(PR_GET_DUMPABLE));
-  if (hang) {
+  if (mode == "hang") {
     Report(absl::OkStatus(), extra);
     while (true) pause();
+  }
+  if (mode == "resume") {
+    Report(absl::OkStatus(), extra);
+    int sig = 0;
+    sigwait(&wake, &sig);
+    return Resume(**client, s, o);
   }
   // Another process may write to its own pages meanwhile; ours must stay intact.
   usleep(static_cast<useconds_t>(Num(f, "--hold-ms", 0) * 1000));
@@ -260,12 +310,12 @@ int RunAgent(const std::map<std::string, std::string>& f) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: polykv-test-worker run|hang|forge|fetch --flag value ...\n");
+    std::fprintf(stderr, "usage: polykv-test-worker run|hang|resume|agent|forge|fetch --flag value ...\n");
     return 2;
   }
   const std::string mode = argv[1];
   auto f = Flags(argc, argv);
-  if (mode == "run" || mode == "hang") return RunWorker(f, mode == "hang");
+  if (mode == "run" || mode == "hang" || mode == "resume") return RunWorker(f, mode);
   if (mode == "agent") return RunAgent(f);
   polykv::SessionRef ref{Num(f, "--session"), absl::HexStringToBytes(f["--token"])};
   if (mode == "forge") return Report(polykv::ReserveRaw(f.at("--socket"), ref, 16).status());
