@@ -20,6 +20,7 @@
 #include "daemon/rpc/admin_service.h"
 #include "daemon/rpc/fd_broker.h"
 #include "daemon/rpc/log_throttle.h"
+#include "daemon/rpc/parse_errors.h"
 #include "daemon/rpc/peer_registry.h"
 #include "daemon/rpc/session_service.h"
 #include "daemon/rpc/status_map.h"
@@ -124,6 +125,7 @@ absl::Status Daemon::Start() {
   session_service_ = std::make_unique<SessionService>(ctx);
   admin_service_ = std::make_unique<AdminService>(ctx);
 
+  RouteProtobufLogs();
   grpc::ServerBuilder builder;
   builder.RegisterService(session_service_.get());
   builder.RegisterService(admin_service_.get());
@@ -135,6 +137,9 @@ absl::Status Daemon::Start() {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
                                static_cast<int>(config_.connection_idle_ms));
   }
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<ParseErrorInterceptorFactory>(metrics_.get()));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   if (!server_) return absl::InternalError("gRPC server failed to start");
 

@@ -33,6 +33,7 @@ class PoolCollector;
 class PeerRegistry;
 class ErrorLog;
 class LogThrottle;
+class ParseErrorInterceptorFactory;
 class FdBroker;
 class SessionService;
 class AdminService;
