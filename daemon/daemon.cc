@@ -133,7 +133,8 @@ absl::Status Daemon::Start() {
   builder.SetMaxReceiveMessageSize(1 << 20);
   if (config_.connection_idle_ms > 0) {
     // Applies to the connections we hand over with AddInsecureChannelFromFd
-    // too (they get the server's channel args); findings_test checks it.
+    // too (they get the server's channel args): rpc_findings_test's
+    // Finding4_IdleConnectionsAreClosedAfterTheTimeout checks it.
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
                                static_cast<int>(config_.connection_idle_ms));
   }
@@ -197,7 +198,7 @@ absl::Status Daemon::Start() {
 void Daemon::OnAccept(const Connection& c) {
   // Registered before gRPC sees the fd: its first RPC finds the entry.
   peers_->Add(c.fd, c.id, c.peer);
-  metrics_->SetGrpcConnections(listener_ ? listener_->num_connections() : 0);
+  metrics_->SetGrpcConnections(listener_->num_connections());
   grpc::AddInsecureChannelFromFd(server_.get(), c.fd);
 }
 
