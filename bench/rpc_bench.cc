@@ -120,8 +120,8 @@ int Main(int argc, char** argv) {
   daemon::UdsListenerOptions lo;
   lo.path = dir + "/echo.sock";
   lo.policy.allowed_uids = {0, geteuid()};
-  lo.on_accept = [&](int fd, const daemon::PeerCreds&) {
-    grpc::AddInsecureChannelFromFd(echo_server.get(), fd);
+  lo.on_accept = [&](const daemon::Connection& c) {
+    grpc::AddInsecureChannelFromFd(echo_server.get(), c.fd);
   };
   auto listener = daemon::UdsListener::Create(lo);
   if (!listener.ok()) {

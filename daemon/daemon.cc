@@ -3,9 +3,12 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>
 #include <prometheus/text_serializer.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +19,8 @@
 #include "daemon/metrics/metrics.h"
 #include "daemon/rpc/admin_service.h"
 #include "daemon/rpc/fd_broker.h"
+#include "daemon/rpc/log_throttle.h"
+#include "daemon/rpc/parse_errors.h"
 #include "daemon/rpc/peer_registry.h"
 #include "daemon/rpc/session_service.h"
 #include "daemon/rpc/status_map.h"
@@ -120,11 +125,22 @@ absl::Status Daemon::Start() {
   session_service_ = std::make_unique<SessionService>(ctx);
   admin_service_ = std::make_unique<AdminService>(ctx);
 
+  RouteProtobufLogs();
   grpc::ServerBuilder builder;
   builder.RegisterService(session_service_.get());
   builder.RegisterService(admin_service_.get());
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.SetMaxReceiveMessageSize(1 << 20);
+  if (config_.connection_idle_ms > 0) {
+    // Applies to the connections we hand over with AddInsecureChannelFromFd
+    // too (they get the server's channel args): rpc_findings_test's
+    // Finding4_IdleConnectionsAreClosedAfterTheTimeout checks it.
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                               static_cast<int>(config_.connection_idle_ms));
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<ParseErrorInterceptorFactory>(metrics_.get()));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   if (!server_) return absl::InternalError("gRPC server failed to start");
 
@@ -153,19 +169,18 @@ absl::Status Daemon::Start() {
   if (!broker.ok()) return broker.status();
   fd_broker_ = *std::move(broker);
 
+  RaiseFdLimit();
+  listener_log_ = std::make_unique<LogThrottle>(LogThrottle::Options{.period = absl::Seconds(10)});
   UdsListenerOptions lo;
   lo.path = config_.socket;
   lo.mode = config_.socket_mode;
   lo.policy = policy;
-  lo.on_accept = [this](int fd, const PeerCreds& peer) {
-    peers_->Set(fd, peer);
-    grpc::AddInsecureChannelFromFd(server_.get(), fd);
-  };
-  lo.on_reject = [this](const PeerCreds& p) {
-    DaemonLogger()->warn("socket: refused peer pid={} uid={} gid={} (not in allowed_uids/allowed_gids)",
-                 p.pid, p.uid, p.gid);
-    metrics_->PeerRejected("grpc");
-  };
+  lo.limits = {.max_connections = config_.max_connections,
+               .max_connections_per_uid = config_.max_connections_per_uid};
+  lo.on_accept = [this](const Connection& c) { OnAccept(c); };
+  lo.on_close = [this](const Connection& c) { OnClose(c); };
+  lo.on_reject = [this](const PeerCreds& p, RejectReason why) { OnReject(p, why); };
+  lo.on_accept_error = [this](int error) { OnAcceptError(error); };
   auto listener = UdsListener::Create(lo);
   if (!listener.ok()) return listener.status();
   listener_ = *std::move(listener);
@@ -179,6 +194,70 @@ absl::Status Daemon::Start() {
                config_.lease_ms, metrics_address_.empty() ? "off" : metrics_address_);
   return absl::OkStatus();
 }
+
+void Daemon::OnAccept(const Connection& c) {
+  // Registered before gRPC sees the fd: its first RPC finds the entry.
+  peers_->Add(c.fd, c.id, c.peer);
+  metrics_->SetGrpcConnections(listener_->num_connections());
+  grpc::AddInsecureChannelFromFd(server_.get(), c.fd);
+}
+
+void Daemon::OnClose(const Connection& c) {
+  peers_->Remove(c.fd, c.id);
+  metrics_->SetGrpcConnections(listener_->num_connections());
+}
+
+void Daemon::OnReject(const PeerCreds& p, RejectReason why) {
+  const char* reason = RejectReasonName(why);
+  if (why == RejectReason::kNotAllowed) {
+    metrics_->PeerRejected("grpc");
+  } else {
+    metrics_->ConnectionRefused(reason);
+  }
+  auto skipped = listener_log_->Admit(reason);
+  if (!skipped) return;
+  if (why == RejectReason::kNotAllowed) {
+    DaemonLogger()->warn("socket: refused peer pid={} uid={} gid={} (not in allowed_uids/allowed_gids); "
+                         "{} more refused for this reason since the last line",
+                         p.pid, p.uid, p.gid, *skipped);
+    return;
+  }
+  DaemonLogger()->warn("socket: refused a connection of pid={} uid={}: {} reached ({} open, limits "
+                       "{} in all, {} per uid; raise them in the config); {} more refused for this "
+                       "reason since the last line",
+                       p.pid, p.uid, reason, listener_->num_connections(), config_.max_connections,
+                       config_.max_connections_per_uid, *skipped);
+}
+
+void Daemon::OnAcceptError(int error) {
+  metrics_->AcceptBackoff();
+  if (auto skipped = listener_log_->Admit("accept_error")) {
+    DaemonLogger()->warn("socket: accept failed: {}; new connections wait in the backlog until fds "
+                         "free up (RLIMIT_NOFILE, max_connections); {} more since the last line",
+                         std::strerror(error), *skipped);
+  }
+}
+
+void Daemon::RaiseFdLimit() {
+  // Room for the gRPC connections plus arenas, the fd socket, gRPC's own fds.
+  constexpr rlim_t kHeadroom = 512;
+  const rlim_t wanted = rlim_t{config_.max_connections} + kHeadroom;
+  rlimit lim{};
+  if (config_.max_connections == 0 || getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= wanted) {
+    return;
+  }
+  const rlim_t soft = std::min(wanted, lim.rlim_max);
+  rlimit raised{soft, lim.rlim_max};
+  if (soft > lim.rlim_cur && setrlimit(RLIMIT_NOFILE, &raised) == 0) lim.rlim_cur = soft;
+  if (lim.rlim_cur < wanted) {
+    DaemonLogger()->warn("RLIMIT_NOFILE is {} (hard {}), below max_connections {} + {}: past it, new "
+                         "connections wait (raise LimitNOFILE or lower max_connections)",
+                         lim.rlim_cur, lim.rlim_max, config_.max_connections, kHeadroom);
+  }
+}
+
+size_t Daemon::num_connections() const { return listener_->num_connections(); }
+size_t Daemon::num_registered_peers() const { return peers_->size(); }
 
 void Daemon::ReaperLoop() {
   // A quarter lease between sweeps: a dead worker's pages are back within

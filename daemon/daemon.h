@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "daemon/config/config.h"
 #include "daemon/pool/kv_pool.h"
+#include "daemon/rpc/uds_listener.h"
 
 namespace grpc {
 class Server;
@@ -31,7 +32,8 @@ class MetricsHttpServer;
 class PoolCollector;
 class PeerRegistry;
 class ErrorLog;
-class UdsListener;
+class LogThrottle;
+class ParseErrorInterceptorFactory;
 class FdBroker;
 class SessionService;
 class AdminService;
@@ -53,11 +55,23 @@ class Daemon {
   // host:port the metrics server is bound to ("" when disabled).
   const std::string& metrics_address() const { return metrics_address_; }
   const std::string& fd_socket_path() const { return fd_socket_path_; }
+  // Open gRPC connections, and entries of the peer registry (tests of
+  // findings 4 and 11). REQUIRES: Start() succeeded.
+  size_t num_connections() const;
+  size_t num_registered_peers() const;
 
  private:
   explicit Daemon(const DaemonConfig& config);
   void ReaperLoop();
   void LadderLoop();
+  // Raises RLIMIT_NOFILE's soft limit so max_connections fit; warns if the
+  // hard limit is lower.
+  void RaiseFdLimit();
+  // The listener's callbacks (listener thread).
+  void OnAccept(const Connection& c);
+  void OnClose(const Connection& c);
+  void OnReject(const PeerCreds& p, RejectReason why);
+  void OnAcceptError(int error);
 
   const DaemonConfig config_;
   const std::string fd_socket_path_;
@@ -69,6 +83,7 @@ class Daemon {
   std::unique_ptr<MetricsHttpServer> metrics_server_;
   std::unique_ptr<PeerRegistry> peers_;
   std::unique_ptr<ErrorLog> errors_;  // Unexpected RPC errors, logged once each.
+  std::unique_ptr<LogThrottle> listener_log_;  // Refusals and accept errors.
   std::unique_ptr<SessionService> session_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -64,7 +64,8 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
   static const std::set<std::string> kKeys = {
       "socket", "socket_mode", "metrics_address", "tier", "cuda_device", "pool_bytes",
       "arena_bytes", "superblock_bytes", "block_tokens", "lease_ms", "max_sessions",
-      "max_sessions_per_uid", "low_watermark_bytes",
+      "max_sessions_per_uid", "low_watermark_bytes", "max_connections",
+      "max_connections_per_uid", "connection_idle_ms",
       "drain_timeout_ms", "allowed_uids", "allowed_gids", "admin_uids", "default_qos", "agents", "tenants",
       "log_level"};
   try {
@@ -97,6 +98,11 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
       c.max_sessions_per_uid = root["max_sessions_per_uid"].as<uint32_t>();
     }
     if (root["drain_timeout_ms"]) c.drain_timeout_ms = root["drain_timeout_ms"].as<uint32_t>();
+    for (auto [key, field] : {std::pair{"max_connections", &c.max_connections},
+                              std::pair{"max_connections_per_uid", &c.max_connections_per_uid},
+                              std::pair{"connection_idle_ms", &c.connection_idle_ms}}) {
+      if (root[key]) *field = root[key].as<uint32_t>();
+    }
     if (root["allowed_uids"]) c.allowed_uids = root["allowed_uids"].as<std::vector<uid_t>>();
     if (root["allowed_gids"]) c.allowed_gids = root["allowed_gids"].as<std::vector<gid_t>>();
     if (root["admin_uids"]) c.admin_uids = root["admin_uids"].as<std::vector<uid_t>>();
@@ -158,6 +164,14 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   if (c.lease_ms < 200 || c.lease_ms > 600000) return KeyError("lease_ms", "must be in 200..600000");
   if (c.block_tokens == 0 || c.block_tokens > 256 || (c.block_tokens & (c.block_tokens - 1))) {
     return KeyError("block_tokens", "must be a power of two in 1..256");
+  }
+  if (c.max_connections > 0 && c.max_connections_per_uid > c.max_connections) {
+    return KeyError("max_connections_per_uid",
+                    absl::StrCat("is ", c.max_connections_per_uid, ", above max_connections (",
+                                 c.max_connections, ")"));
+  }
+  if (c.connection_idle_ms > 0 && c.connection_idle_ms < 100) {
+    return KeyError("connection_idle_ms", "must be 0 (never) or at least 100");
   }
   if ((c.socket_mode & 0007) != 0) {
     return KeyError("socket_mode", "must not grant access to others (use 0600 or 0660)");

@@ -28,6 +28,14 @@ struct DaemonConfig {
   uint32_t max_sessions = 4096;
   uint32_t max_sessions_per_uid = 0;  // 0 = max_sessions / 4
   uint32_t drain_timeout_ms = 10000;
+  // gRPC socket connection limits (finding 4 of issue 14): past them a new
+  // connection is closed at once. Each connection costs polykvd one fd; the
+  // daemon raises its RLIMIT_NOFILE to fit max_connections. 0 = no limit.
+  uint32_t max_connections = 1024;
+  uint32_t max_connections_per_uid = 64;
+  // A connection with no RPC in flight for this long is closed (GOAWAY, then
+  // close); a client library reconnects on its next call. 0 = never.
+  uint32_t connection_idle_ms = 300000;
   // Pressure ladder: below this many free pool bytes the daemon compacts
   // and then refuses the lowest priority class. 0 = pool_bytes / 10.
   uint64_t low_watermark_bytes = 0;  // SIGTERM: evict what is left after this

@@ -5,6 +5,7 @@
 namespace polykv::daemon {
 
 using prometheus::BuildCounter;
+using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
 Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
@@ -24,7 +25,23 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry)
       reclaimed_(BuildCounter()
                      .Name("polykv_sessions_reclaimed_total")
                      .Help("Sessions reclaimed by the daemon, by reason")
-                     .Register(*registry_)) {}
+                     .Register(*registry_)),
+      connections_refused_(BuildCounter()
+                               .Name("polykv_connections_refused_total")
+                               .Help("gRPC socket connections closed at once by the connection "
+                                     "limits, by the limit reached")
+                               .Register(*registry_)),
+      grpc_connections_(BuildGauge()
+                            .Name("polykv_grpc_connections")
+                            .Help("Open connections on the gRPC socket")
+                            .Register(*registry_)
+                            .Add({})),
+      accept_backoffs_(BuildCounter()
+                           .Name("polykv_accept_backoffs_total")
+                           .Help("Pauses of the gRPC socket's accept loop for lack of fds or "
+                                 "memory (EMFILE, ENFILE, ENOBUFS, ENOMEM)")
+                           .Register(*registry_)
+                           .Add({})) {}
 
 void Metrics::ObserveRpc(const std::string& rpc, const std::string& code, double seconds) {
   const std::string key = absl::StrCat(rpc, "/", code);
@@ -49,6 +66,14 @@ void Metrics::ObserveRpc(const std::string& rpc, const std::string& code, double
 void Metrics::PeerRejected(const std::string& socket) {
   peer_rejections_.Add({{"socket", socket}}).Increment();
 }
+
+void Metrics::ConnectionRefused(const std::string& reason) {
+  connections_refused_.Add({{"reason", reason}}).Increment();
+}
+
+void Metrics::SetGrpcConnections(size_t n) { grpc_connections_.Set(static_cast<double>(n)); }
+
+void Metrics::AcceptBackoff() { accept_backoffs_.Increment(); }
 
 void Metrics::SessionReclaimed(const std::string& reason) {
   reclaimed_.Add({{"reason", reason}}).Increment();

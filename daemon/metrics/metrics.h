@@ -17,6 +17,7 @@
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
+#include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 
@@ -36,6 +37,12 @@ class Metrics {
   void ObserveRpc(const std::string& rpc, const std::string& code, double seconds);
   void PeerRejected(const std::string& socket);  // socket: "grpc" | "fd"
   void SessionReclaimed(const std::string& reason);
+  // The gRPC socket's connection limits (finding 4 of issue 14). reason:
+  // "max_connections" | "max_connections_per_uid".
+  void ConnectionRefused(const std::string& reason);
+  void SetGrpcConnections(size_t n);
+  // accept() found no fd (EMFILE/ENFILE) or memory and the listener paused.
+  void AcceptBackoff();
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
@@ -45,6 +52,9 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>& rpc_seconds_;
   prometheus::Family<prometheus::Counter>& peer_rejections_;
   prometheus::Family<prometheus::Counter>& reclaimed_;
+  prometheus::Family<prometheus::Counter>& connections_refused_;
+  prometheus::Gauge& grpc_connections_;
+  prometheus::Counter& accept_backoffs_;
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::pair<prometheus::Counter*, prometheus::Histogram*>>

@@ -94,3 +94,34 @@ TEST(ConfigTest, PolicyBudgetAndLowWatermark) {
 
 }  // namespace
 }  // namespace polykv::daemon
+
+namespace polykv::daemon {
+namespace {
+
+// Finding 4 of issue 14: the gRPC socket's connection limits and idle timeout.
+TEST(ConfigTest, Finding4_ConnectionLimitsHaveDefaultsAndAreChecked) {
+  const DaemonConfig d;
+  EXPECT_EQ(d.max_connections, 1024u);
+  EXPECT_EQ(d.max_connections_per_uid, 64u);
+  EXPECT_EQ(d.connection_idle_ms, 300000u);
+  auto c = LoadConfigFile(WriteTemp("max_connections: 100\nmax_connections_per_uid: 10\n"
+                                    "connection_idle_ms: 0\n"),
+                          DaemonConfig());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_connections, 100u);
+  EXPECT_EQ(c->max_connections_per_uid, 10u);
+  EXPECT_EQ(c->connection_idle_ms, 0u);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+  c->max_connections_per_uid = 101;
+  auto s = ValidateConfig(*c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("max_connections_per_uid"), absl::string_view::npos) << s;
+  c->max_connections_per_uid = 10;
+  c->connection_idle_ms = 5;
+  s = ValidateConfig(*c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("connection_idle_ms"), absl::string_view::npos) << s;
+}
+
+}  // namespace
+}  // namespace polykv::daemon

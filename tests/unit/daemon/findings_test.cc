@@ -21,6 +21,7 @@
 #include "polykv/client.h"
 #include "proto/polykv/v1/fd_socket.h"
 #include "tests/integration/http.h"
+#include "tests/unit/daemon/socket_peers.h"
 
 namespace polykv::daemon {
 namespace {
@@ -237,21 +238,7 @@ TEST_F(FindingsTest, Finding5_OneUidCannotOpenEverySession) {
   EXPECT_EQ(pool->num_sessions(), 3u);
 }
 
-// A Unix stream connection to `path` whose reads time out after 10 s (a
-// blocked broker fails the test instead of hanging it); -1 on failure.
-int ConnectUnix(const std::string& path) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::snprintf(a.sun_path, sizeof(a.sun_path), "%s", path.c_str());
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
+using testing::ConnectUnix;
 
 // Finding 3: the fd socket served one connection at a time with 1 s each, so
 // N silent connections delayed every arena fetch by ~N s (15 made a worker

@@ -107,15 +107,20 @@ TEST(ConvertTest, SlotMetaKeepsItsValuesAndRefusesOutOfRange) {
 
 TEST(PeerRegistryTest, OnlyAcceptedFdPeersResolve) {
   PeerRegistry r;
-  r.Set(7, PeerCreds{100, 1000, 1000});
+  r.Add(7, 1, PeerCreds{100, 1000, 1000});
   auto p = r.Lookup("fd:7");
   ASSERT_TRUE(p.has_value());
   EXPECT_EQ(p->uid, 1000u);
   EXPECT_FALSE(r.Lookup("fd:8").has_value());
   EXPECT_FALSE(r.Lookup("unix:/tmp/x").has_value());
   EXPECT_FALSE(r.Lookup("fd:7x").has_value());
-  r.Set(7, PeerCreds{101, 2000, 2000});  // fd number reused by a later accept
+  r.Add(7, 2, PeerCreds{101, 2000, 2000});  // fd number reused by a later accept
   EXPECT_EQ(r.Lookup("fd:7")->uid, 2000u);
+  r.Remove(7, 1);  // the old connection's late removal keeps the new entry
+  EXPECT_EQ(r.Lookup("fd:7")->uid, 2000u);
+  r.Remove(7, 2);
+  EXPECT_FALSE(r.Lookup("fd:7").has_value());
+  EXPECT_EQ(r.size(), 0u);
 }
 
 }  // namespace
