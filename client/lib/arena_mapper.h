@@ -7,6 +7,8 @@
 // Thread-safety: not thread-safe; owned by one Session.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -14,8 +16,15 @@
 #include "absl/status/statusor.h"
 #include "polykv/client.h"
 #include "polykv/v1/common.pb.h"
+#include "proto/polykv/v1/fd_socket.h"
 
 namespace polykv::internal {
+
+// Receives one FdReply on a connected fd socket and the descriptor attached
+// to it (*fd = -1 when none is). Returns what recvmsg returned:
+// sizeof(*reply) for a whole reply, 0 at EOF, -1 with errno set. Shared by
+// FetchArenaFd and the fd broker's fuzz target (tests/fuzz/).
+ssize_t RecvFdReply(int sock, v1::FdReply* reply, int* fd);
 
 class ArenaMapper {
  public:

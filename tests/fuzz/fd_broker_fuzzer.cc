@@ -22,6 +22,7 @@
 #include <cstring>
 #include <string>
 
+#include "client/lib/arena_mapper.h"
 #include "daemon/rpc/fd_broker.h"
 #include "daemon/rpc/fd_wire.h"
 #include "proto/polykv/v1/fd_socket.h"
@@ -140,22 +141,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   shutdown(fd, SHUT_WR);
   v1::FdReply reply;
-  iovec iov{&reply, sizeof(reply)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  const ssize_t n = recvmsg(fd, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+  int arena_fd = -1;
+  const ssize_t n = polykv::internal::RecvFdReply(fd, &reply, &arena_fd);
   const int recv_errno = errno;
   close(fd);
-  int arena_fd = -1;
-  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-      std::memcpy(&arena_fd, CMSG_DATA(cm), sizeof(int));
-    }
-  }
   if (n < 0 && (recv_errno == EAGAIN || recv_errno == EWOULDBLOCK)) {
     Fail("fd broker: no answer within 10 s");
   }
