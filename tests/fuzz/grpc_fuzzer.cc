@@ -234,7 +234,7 @@ class Fixture {
     // A Watch on a live session streams until cancelled: give it a moment.
     const bool watch = &m == &kMethods[8];
     ctx.set_deadline(std::chrono::system_clock::now() +
-                     (watch ? std::chrono::milliseconds(20) : std::chrono::seconds(30)));
+                     (watch ? std::chrono::milliseconds(5) : std::chrono::seconds(30)));
     std::promise<grpc::Status> done;
     generic_->UnaryCall(&ctx, m.name, grpc::StubOptions(), &request, &response,
                         [&done](grpc::Status s) { done.set_value(std::move(s)); });
