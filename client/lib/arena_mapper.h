@@ -21,9 +21,11 @@
 namespace polykv::internal {
 
 // Receives one FdReply on a connected fd socket and the descriptor attached
-// to it (*fd = -1 when none is). Returns what recvmsg returned:
-// sizeof(*reply) for a whole reply, 0 at EOF, -1 with errno set. Shared by
-// FetchArenaFd and the fd broker's fuzz target (tests/fuzz/).
+// to it (*fd = -1 when none is), reading on through signals. Returns
+// sizeof(*reply) for a whole reply, fewer bytes when the daemon closed the
+// connection first (0: nothing came), -1 with errno set on an error
+// (EAGAIN: the socket's SO_RCVTIMEO ran out). Shared by FetchArenaFd and the
+// fd broker's fuzz target (tests/fuzz/).
 ssize_t RecvFdReply(int sock, v1::FdReply* reply, int* fd);
 
 class ArenaMapper {

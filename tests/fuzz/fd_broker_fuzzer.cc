@@ -85,17 +85,20 @@ Fixture& GetFixture() {
 // Connected, with reads that give up after 10 s: a broker that never
 // answers is a finding, not a stuck fuzzer.
 int Connect(const std::string& path) {
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) Fail("socket");
-  const timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
   std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    Fail(std::string("connect: ") + std::strerror(errno));
+  while (true) {
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) Fail("socket");
+    const timeval tv{10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) return fd;
+    const int err = errno;
+    close(fd);
+    // A signal (libFuzzer's timer) while the backlog was full: try again.
+    if (err != EINTR) Fail(std::string("connect: ") + std::strerror(err));
   }
-  return fd;
 }
 
 // What the broker must answer for `req`: a status code, -1 for no reply.
@@ -136,8 +139,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   const int fd = Connect(f.path);
   // The broker stops reading after 56 bytes and closes; later sends may fail.
-  for (size_t at = 0; at < req.size(); at += chunk) {
-    if (send(fd, req.data() + at, std::min(chunk, req.size() - at), MSG_NOSIGNAL) < 0) break;
+  // EINTR: libFuzzer's timeout timer (SIGALRM) interrupts blocking calls.
+  for (size_t at = 0; at < req.size();) {
+    const ssize_t n = send(fd, req.data() + at, std::min(chunk, req.size() - at), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    at += static_cast<size_t>(n);
   }
   shutdown(fd, SHUT_WR);
   v1::FdReply reply;
