@@ -45,8 +45,8 @@ void CheckRoundTrip(const google::protobuf::Message& m, std::string_view what) {
 
 std::unique_ptr<daemon::KvPool> MakeFuzzPool(daemon::Clock clock) {
   daemon::KvPoolOptions o;
-  o.pool_bytes = 8u << 20;
-  o.arena_bytes = 1u << 20;
+  o.pool_bytes = 2u << 20;
+  o.arena_bytes = 512u << 10;
   o.superblock_bytes = 64u << 10;
   o.default_lease_ms = 1000;
   o.max_sessions = 64;

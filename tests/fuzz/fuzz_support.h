@@ -30,9 +30,11 @@ void CheckRefusal(const absl::Status& s, std::string_view call);
 // parser rejects) fails here instead of at the worker.
 void CheckRoundTrip(const google::protobuf::Message& m, std::string_view what);
 
-// 8 MiB of host arenas in 1 MiB arenas of 64 KiB superblocks: big enough for
-// a few sessions and a compaction, small enough that a Reserve of the
-// maximum runs the pool out (a normal refusal). `clock` is the pool's.
+// 2 MiB of host arenas in 512 KiB arenas of 64 KiB superblocks: room for a
+// few sessions and a compaction, small enough that large Reserves run the
+// pool out (a normal refusal) and that CheckInvariants, which visits every
+// page in use, stays cheap enough to run after each command. `clock` is the
+// pool's.
 std::unique_ptr<daemon::KvPool> MakeFuzzPool(daemon::Clock clock);
 
 // An OpenRequest that succeeds: 2 layers x 2 heads x 32 dims of f16.

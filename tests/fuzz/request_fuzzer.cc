@@ -34,7 +34,7 @@ namespace {
 using daemon::KvPool;
 using daemon::PeerCreds;
 
-constexpr int kMaxCommands = 64;
+constexpr int kMaxCommands = 32;
 constexpr size_t kMaxSessions = 8;
 const PeerCreds kPeerA{100, 1000, 1000};
 const PeerCreds kPeerB{200, 2000, 2000};
