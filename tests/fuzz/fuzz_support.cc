@@ -43,7 +43,8 @@ void CheckRoundTrip(const google::protobuf::Message& m, std::string_view what) {
   }
 }
 
-std::unique_ptr<daemon::KvPool> MakeFuzzPool(daemon::Clock clock) {
+std::unique_ptr<daemon::KvPool> MakeFuzzPool(daemon::Clock clock,
+                                             daemon::ProcessWatcher watcher) {
   daemon::KvPoolOptions o;
   o.pool_bytes = 2u << 20;
   o.arena_bytes = 512u << 10;
@@ -53,6 +54,7 @@ std::unique_ptr<daemon::KvPool> MakeFuzzPool(daemon::Clock clock) {
   o.instance = 1;  // fixed session ids: an input names the same session on every run
   o.arena_factory = daemon::CreateHostShmArena;
   o.clock = std::move(clock);
+  o.process_watcher = std::move(watcher);
   auto p = daemon::KvPool::Create(o);
   CheckOk(p.status(), "KvPool::Create");
   return *std::move(p);

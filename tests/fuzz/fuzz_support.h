@@ -35,7 +35,9 @@ void CheckRoundTrip(const google::protobuf::Message& m, std::string_view what);
 // pool out (a normal refusal) and that CheckInvariants, which visits every
 // page in use, stays cheap enough to run after each command. `clock` is the
 // pool's.
-std::unique_ptr<daemon::KvPool> MakeFuzzPool(daemon::Clock clock);
+// `watcher` tells the pool which workers live (empty: none is watched).
+std::unique_ptr<daemon::KvPool> MakeFuzzPool(daemon::Clock clock,
+                                             daemon::ProcessWatcher watcher = {});
 
 // An OpenRequest that succeeds: 2 layers x 2 heads x 32 dims of f16.
 daemon::OpenRequest FuzzOpenRequest(const std::string& agent, const std::string& tenant,

@@ -27,7 +27,7 @@ enum Op : uint8_t {
   kOpen, kReserve, kCommit, kSync, kAck, kRelease, kClose, kHeartbeat, kWatch, kReportSlots,
   kStats, kList, kGetQos, kSetQos, kEvict,
   // request_fuzzer only
-  kDrain, kAdvance, kLadder, kDupArenaFd, kValidate,
+  kDrain, kAdvance, kLadder, kDupArenaFd, kValidate, kExit,
   // grpc_fuzzer only
   kGrpcNoSuchMethod = 254, kGrpcDrain = 255,
 };
@@ -177,6 +177,11 @@ std::map<std::string, std::string> RequestCorpus() {
   p.set_num_layers(1025);
   c["validation"] = Cmd(kValidate, 0, "ok_name:1.2-3") + Cmd(kValidate, 0, "bad name\x01") +
                     Cmd(kValidate, 0, U32(16)) + Cmd(kValidate, 0, p.SerializeAsString());
+  c["quarantine"] = Cmd(kReserve, kSetup, Reserve(64)) + Cmd(kEvict, 0x01) +
+                    Cmd(kStats, 0) + Cmd(kReserve, kSetup, Reserve(16)) +
+                    Cmd(kReserve, 0x13, Reserve(64)) + Cmd(kDupArenaFd, 0x13, U32(2)) +
+                    Cmd(kEvict, 0x11) + Cmd(kExit, 0x10) + Cmd(kAdvance, 0, U32(2000)) +
+                    Cmd(kOpen, 0, Open("z", "t2")) + Cmd(kReserve, 0x23, Reserve(128));
   c["second_session"] = Cmd(kOpen, 0x04, Open("c", "t1")) + Cmd(kReserve, 0x23, Reserve(16)) +
                         Cmd(kReserve, 0x13, Reserve(16)) + Cmd(kClose, 0x13) +
                         Cmd(kList, 0) + Cmd(kEvict, 0x21);

@@ -6,20 +6,24 @@
 // pool's invariants must hold, and no call may answer INTERNAL or UNKNOWN.
 //
 // Input: commands as in fuzz_input.h.
-//   op % 20: 0 OpenSession  1 Reserve  2 Commit  3 Sync  4 Ack  5 Release
+//   op % 21: 0 OpenSession  1 Reserve  2 Commit  3 Sync  4 Ack  5 Release
 //            6 CloseSession  7 Heartbeat  8 Watch  9 ReportSlots
 //            10 GetStats  11 ListSessions  12 GetQos  13 SetQos
 //            14 EvictSession  15 Drain  16 clock += payload ms, reclaim
 //            17 pressure ladder  18 DupArenaFd  19 validation.h directly
+//            20 the session's worker process exits (then reclaim)
 //   flags:   0x01 session_id := a live session's   0x02 token := its token
 //            0x04 call as the other uid             0x30 which session (of
 //            those open: two opened in setup, later Opens append)
 // Without the flags the ids and tokens are the fuzzer's, so forged and
-// unknown sessions are exercised as much as valid ones.
+// unknown sessions are exercised as much as valid ones. Every worker lives
+// (the pool's quarantine applies) until op 20 ends its process.
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,6 +43,19 @@ constexpr size_t kMaxSessions = 8;
 const PeerCreds kPeerA{100, 1000, 1000};
 const PeerCreds kPeerB{200, 2000, 2000};
 
+// A worker process as the pool's ProcessWatcher sees it; `alive` is the
+// Run's to clear.
+class FakeProcess : public daemon::ProcessRef {
+ public:
+  FakeProcess(pid_t pid, std::shared_ptr<const bool> alive) : pid_(pid), alive_(std::move(alive)) {}
+  pid_t pid() const override { return pid_; }
+  bool Alive() const override { return *alive_; }
+
+ private:
+  const pid_t pid_;
+  const std::shared_ptr<const bool> alive_;
+};
+
 struct Known {
   uint64_t id = 0;
   std::string token;
@@ -49,7 +66,7 @@ struct Known {
 // One input's world: a fresh pool, a fake clock, the sessions it knows.
 class Run {
  public:
-  Run() : pool_(MakeFuzzPool([this] { return now_; })) {
+  Run() : pool_(MakeFuzzPool([this] { return now_; }, [this](pid_t pid) { return ProcessOf(pid); })) {
     known_.reserve(kMaxSessions);  // target_ points into it across an Open
     Open(FuzzOpenRequest("a", "t1", kPeerA));
     Open(FuzzOpenRequest("b", "t2", kPeerB));
@@ -61,7 +78,7 @@ class Run {
     const Known& k = known_[((c.flags >> 4) & 3) % known_.size()];
     target_ = &k;
     peer_ = (c.flags & 0x04) ? (k.peer.uid == kPeerA.uid ? kPeerB : kPeerA) : k.peer;
-    switch (c.op % 20) {
+    switch (c.op % 21) {
       case 0: OpenSession(c.payload); break;
       case 1: Reserve(c.payload); break;
       case 2: Commit(c.payload); break;
@@ -82,11 +99,24 @@ class Run {
       case 17: pool_->RunPressureLadder(); break;
       case 18: DupArenaFd(c.payload); break;
       case 19: Validate(c.payload); break;
+      case 20: Exit(k.peer.pid); break;
     }
     CheckOk(pool_->CheckInvariants(), "KvPool::CheckInvariants");
   }
 
  private:
+  std::shared_ptr<const daemon::ProcessRef> ProcessOf(pid_t pid) {
+    auto& alive = alive_[pid];
+    if (!alive) alive = std::make_shared<bool>(true);
+    if (!*alive) return nullptr;  // the watcher's answer for a process already gone
+    return std::make_shared<FakeProcess>(pid, alive);
+  }
+
+  void Exit(pid_t pid) {
+    if (auto it = alive_.find(pid); it != alive_.end()) *it->second = false;
+    pool_->ReclaimExpired();
+  }
+
   // The session fields of a request, after the flags' substitutions.
   std::pair<uint64_t, std::string> Ref(const v1::SessionRef& r) const {
     return {(flags_ & 0x01) ? target_->id : r.session_id(),
@@ -289,6 +319,7 @@ class Run {
   }
 
   absl::Time now_ = absl::FromUnixSeconds(1000000);
+  std::map<pid_t, std::shared_ptr<bool>> alive_;  // by pid, for the pool's watcher
   std::unique_ptr<KvPool> pool_;
   std::vector<Known> known_;
   // Of the command being run.
