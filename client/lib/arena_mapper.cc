@@ -55,28 +55,17 @@ absl::StatusOr<int> FetchArenaFd(const std::string& path, const SessionRef& ref,
     return fail(absl::UnavailableError("fd socket closed the connection (peer refused?)"));
   }
   v1::FdReply reply;
-  iovec iov{&reply, sizeof(reply)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  ssize_t n = recvmsg(fd, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+  int arena_fd = -1;
+  const ssize_t n = internal::RecvFdReply(fd, &reply, &arena_fd);
   const int recv_errno = errno;
   close(fd);
+  if (n != static_cast<ssize_t>(sizeof(reply)) && arena_fd >= 0) close(arena_fd);
   if (n < 0 && (recv_errno == EAGAIN || recv_errno == EWOULDBLOCK)) {
     return absl::DeadlineExceededError(absl::StrCat(
         "no answer from the fd socket ", path, " within ", kFdFetchTimeoutSeconds, " s"));
   }
   if (n != static_cast<ssize_t>(sizeof(reply))) {
     return absl::UnavailableError("fd socket closed the connection (peer not allowed?)");
-  }
-  int arena_fd = -1;
-  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-      std::memcpy(&arena_fd, CMSG_DATA(cm), sizeof(int));
-    }
   }
   if (reply.status != 0) {
     if (arena_fd >= 0) close(arena_fd);
@@ -88,6 +77,35 @@ absl::StatusOr<int> FetchArenaFd(const std::string& path, const SessionRef& ref,
 }
 
 namespace internal {
+
+ssize_t RecvFdReply(int sock, v1::FdReply* reply, int* fd) {
+  *fd = -1;
+  char* const buf = reinterpret_cast<char*>(reply);
+  size_t got = 0;
+  while (got < sizeof(*reply)) {
+    iovec iov{buf + got, sizeof(*reply) - got};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = recvmsg(sock, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+    // A signal (a profiler's, a timer's) ends MSG_WAITALL early: with nothing
+    // read as EINTR, even under SA_RESTART since the socket has a timeout,
+    // else as a short read. Either way the rest is still coming.
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -1;
+    for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+      if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS && *fd < 0) {
+        std::memcpy(fd, CMSG_DATA(cm), sizeof(int));
+      }
+    }
+    if (n == 0) break;  // EOF
+    got += static_cast<size_t>(n);
+  }
+  return static_cast<ssize_t>(got);
+}
 
 ArenaMapper::~ArenaMapper() {
   for (auto& [id, m] : mappings_) {

@@ -7,6 +7,8 @@
 // Thread-safety: not thread-safe; owned by one Session.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -14,8 +16,17 @@
 #include "absl/status/statusor.h"
 #include "polykv/client.h"
 #include "polykv/v1/common.pb.h"
+#include "proto/polykv/v1/fd_socket.h"
 
 namespace polykv::internal {
+
+// Receives one FdReply on a connected fd socket and the descriptor attached
+// to it (*fd = -1 when none is), reading on through signals. Returns
+// sizeof(*reply) for a whole reply, fewer bytes when the daemon closed the
+// connection first (0: nothing came), -1 with errno set on an error
+// (EAGAIN: the socket's SO_RCVTIMEO ran out). Shared by FetchArenaFd and the
+// fd broker's fuzz target (tests/fuzz/).
+ssize_t RecvFdReply(int sock, v1::FdReply* reply, int* fd);
 
 class ArenaMapper {
  public:

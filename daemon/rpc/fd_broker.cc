@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "daemon/rpc/fd_wire.h"
 #include "proto/polykv/v1/fd_socket.h"
 
 namespace polykv::daemon {
@@ -121,12 +122,11 @@ void FdBroker::Serve(const Conn& c) {
   const int fd = c.fd;
   const v1::FdRequest& req = c.req;
   auto fail = [&](absl::Status s) { Fail(fd, s); };
-  if (req.magic != v1::kFdMagic || req.version != v1::kFdVersion) {
-    return fail(absl::InvalidArgumentError(
-        absl::StrCat("bad fd request header (magic/version ", req.magic, "/", req.version, ")")));
-  }
-  absl::string_view token(reinterpret_cast<const char*>(req.token), sizeof(req.token));
-  auto arena_fd = options_.pool->DupArenaFd(req.session_id, token, c.creds, req.arena_id);
+  auto parsed = ParseFdRequest(
+      absl::string_view(reinterpret_cast<const char*>(&req), sizeof(req)));
+  if (!parsed.ok()) return fail(parsed.status());
+  auto arena_fd =
+      options_.pool->DupArenaFd(parsed->session_id, parsed->token, c.creds, parsed->arena_id);
   if (!arena_fd.ok()) return fail(arena_fd.status());
   off_t size = lseek(*arena_fd, 0, SEEK_END);
   v1::FdReply reply;

@@ -1,0 +1,19 @@
+# POLYKV_FUZZ=ON: the libFuzzer build of tests/fuzz/ (scripts/fuzz.sh makes
+# one in build-fuzz/). Every unit of ours is compiled with coverage
+# instrumentation for libFuzzer and with ASan and UBSan, so a fuzz input that
+# overflows a buffer or hits undefined behaviour anywhere in the daemon
+# aborts; Debian's gRPC, protobuf and abseil are linked uninstrumented.
+# Needs clang and its fuzzer runtime (libclang-rt or clang's own on Debian).
+option(POLYKV_FUZZ "Build tests/fuzz with libFuzzer, ASan and UBSan (clang only)" OFF)
+if(POLYKV_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "POLYKV_FUZZ=ON needs clang: "
+                        "-DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14")
+  endif()
+  # clang ignores the '#pragma GCC target' that gives kernels/cpu its AVX2
+  # copy, so the whole fuzz build targets AVX2 (it runs where it is built).
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined
+                      -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+                      -mavx2 -mfma -mf16c)
+  add_link_options(-fsanitize=address,undefined)
+endif()
