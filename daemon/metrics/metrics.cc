@@ -196,17 +196,17 @@ std::vector<prometheus::MetricFamily> PoolCollector::Collect() const {
   AddCounter(blocks, {{"kind", "shared"}}, double(s.compaction_shared_blocks));
   AddCounter(blocks, {{"kind", "copied"}}, double(s.compaction_copied_blocks));
   out.push_back(std::move(blocks));
-  auto pending = Family("polykv_pending_bytes",
-                        "Bytes of old pages kept until workers acknowledge a newer epoch",
-                        MetricType::Gauge);
-  AddGauge(pending, {}, double(s.pending_bytes));
-  out.push_back(std::move(pending));
-  auto quarantined = Family("polykv_quarantined_bytes",
-                            "Bytes of sessions taken from a live worker without its consent, "
-                            "kept from reuse until it learns or exits",
-                            MetricType::Gauge);
-  AddGauge(quarantined, {}, double(s.quarantined_bytes));
-  out.push_back(std::move(quarantined));
+  auto gauge = [&](const char* name, const char* help, double value) {
+    auto f = Family(name, help, MetricType::Gauge);
+    AddGauge(f, {}, value);
+    out.push_back(std::move(f));
+  };
+  gauge("polykv_pending_bytes", "Bytes of old pages kept until workers acknowledge a newer epoch",
+        double(s.pending_bytes));
+  gauge("polykv_quarantined_bytes",
+        "Bytes of sessions taken from a live worker without its consent, kept from reuse until "
+        "it learns or exits",
+        double(s.quarantined_bytes));
   auto retired = Family("polykv_retired_arenas",
                         "Arenas taken back whose old mappers still live (their memory is "
                         "returned; resident: what they made it hold again)",
@@ -214,22 +214,17 @@ std::vector<prometheus::MetricFamily> PoolCollector::Collect() const {
   AddGauge(retired, {{"kind", "arenas"}}, double(s.retired_arenas));
   AddGauge(retired, {{"kind", "resident_bytes"}}, double(s.retired_resident_bytes));
   out.push_back(std::move(retired));
-
-  auto draining = Family("polykv_draining", "1 while the daemon drains", MetricType::Gauge);
-  AddGauge(draining, {}, s.draining ? 1 : 0);
-  out.push_back(std::move(draining));
+  gauge("polykv_draining", "1 while the daemon drains", s.draining ? 1 : 0);
 
   // The pool's full invariant check (bytes, pages and slot records of every
   // session against the allocators), run at each scrape so that fault and
   // soak tests, and operators, can see drifted accounting from outside the
   // process. It walks every session under the pool lock: O(pages), a few
   // milliseconds for a full pool, once per scrape.
-  auto invariants = Family("polykv_pool_invariants_ok",
-                           "1 when the pool's accounting invariants (KvPool::CheckInvariants) hold "
-                           "at this scrape; 0 is a bug in polykvd",
-                           MetricType::Gauge);
-  AddGauge(invariants, {}, pool_->CheckInvariants().ok() ? 1 : 0);
-  out.push_back(std::move(invariants));
+  gauge("polykv_pool_invariants_ok",
+        "1 when the pool's accounting invariants (KvPool::CheckInvariants) hold at this scrape; "
+        "0 is a bug in polykvd",
+        pool_->CheckInvariants().ok() ? 1 : 0);
   return out;
 }
 

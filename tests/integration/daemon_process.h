@@ -24,20 +24,9 @@
 #include "tests/integration/http.h"
 #include "tests/integration/probe.h"
 #include "tests/integration/subprocess.h"
+#include "tests/integration/wait_until.h"
 
 namespace polykv::testing {
-
-// Polls `done` every 20 ms until it holds or `deadline_ms` passed; returns
-// whether it held. Tests wait for events with a generous deadline and never
-// assert how long they took: the machines are shared and noisy.
-inline bool WaitUntil(const std::function<bool()>& done, int deadline_ms = 30000) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(deadline_ms);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
-}
 
 // A fresh folder under the test temp dir, for sockets and barriers.
 inline std::string MakeTempDir(const std::string& name) {
@@ -191,7 +180,7 @@ inline std::string WaitForPoolEmptyAndExact(DaemonProcess& d, int deadline_ms = 
         auto s = d.Stats();
         return s.ok() && s->num_sessions() == 0 && s->pool().used_bytes() == 0;
       },
-      deadline_ms);
+      std::chrono::milliseconds(deadline_ms));
   return PoolEmptyAndExact(d);
 }
 

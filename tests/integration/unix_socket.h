@@ -12,6 +12,14 @@
 
 namespace polykv::testing {
 
+// Connects the socket `fd` to the Unix socket at `path`.
+inline bool ConnectSocket(int fd, const std::string& path) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::snprintf(a.sun_path, sizeof(a.sun_path), "%s", path.c_str());
+  return connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+}
+
 // A connection to the Unix socket `path`, or -1. With timeout_ms > 0, each
 // read on it gives up after that long (a blocked server fails the test
 // instead of hanging it).
@@ -22,10 +30,7 @@ inline int ConnectUnix(const std::string& path, int timeout_ms = 0) {
     timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   }
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::snprintf(a.sun_path, sizeof(a.sun_path), "%s", path.c_str());
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+  if (!ConnectSocket(fd, path)) {
     close(fd);
     return -1;
   }

@@ -261,7 +261,7 @@ TEST_F(FindingsTest, Finding3_SilentConnectionsDoNotDelayAnArenaFetch) {
   (*broker)->Start();
 
   std::vector<int> silent;
-  for (int i = 0; i < 30; ++i) silent.push_back(ConnectUnix(o.path));
+  for (int i = 0; i < 30; ++i) silent.push_back(ConnectUnix(o.path, testing::kReadTimeoutMs));
   for (int fd : silent) ASSERT_GE(fd, 0);
   // The client library's fetch, with its own 2 s timeout.
   auto arena_fd = FetchArenaFd(o.path, SessionRef{s->session_id, s->token},
@@ -274,7 +274,7 @@ TEST_F(FindingsTest, Finding3_SilentConnectionsDoNotDelayAnArenaFetch) {
   close(*arena_fd);
 
   // A short request still gets its error once the peer stops writing.
-  const int shortfd = ConnectUnix(o.path);
+  const int shortfd = ConnectUnix(o.path, testing::kReadTimeoutMs);
   const v1::FdRequest req;
   ASSERT_EQ(send(shortfd, &req, 8, MSG_NOSIGNAL), 8);
   shutdown(shortfd, SHUT_WR);

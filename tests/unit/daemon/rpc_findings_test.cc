@@ -181,9 +181,9 @@ TEST(RpcFindingsTest, Finding4_ConnectionsPastTheCapAreRefusedUntilOthersClose) 
   auto d = StartDaemon(c);
   ASSERT_NE(d, nullptr);
   std::vector<int> held;
-  for (int i = 0; i < 3; ++i) held.push_back(ConnectUnix(c.socket));
+  for (int i = 0; i < 3; ++i) held.push_back(ConnectUnix(c.socket, testing::kReadTimeoutMs));
   ASSERT_TRUE(WaitUntil([&] { return d->num_connections() == 3; })) << d->num_connections();
-  const int refused = ConnectUnix(c.socket);
+  const int refused = ConnectUnix(c.socket, testing::kReadTimeoutMs);
   ASSERT_GE(refused, 0);
   EXPECT_TRUE(WaitForClose(refused));
   close(refused);
@@ -201,7 +201,7 @@ TEST(RpcFindingsTest, Finding4_IdleConnectionsAreClosedAfterTheTimeout) {
   c.connection_idle_ms = 300;
   auto d = StartDaemon(c);
   ASSERT_NE(d, nullptr);
-  const int raw = ConnectUnix(c.socket);
+  const int raw = ConnectUnix(c.socket, testing::kReadTimeoutMs);
   ASSERT_GE(raw, 0);
   EXPECT_TRUE(WaitForClose(raw)) << "an idle connection was not closed";
   close(raw);
@@ -222,7 +222,7 @@ TEST(RpcFindingsTest, Finding11_RegistryEntriesGoWhenConnectionsClose) {
   auto d = StartDaemon(c);
   ASSERT_NE(d, nullptr);
   for (int i = 0; i < 100; ++i) {
-    const int fd = ConnectUnix(c.socket);
+    const int fd = ConnectUnix(c.socket, testing::kReadTimeoutMs);
     ASSERT_GE(fd, 0);
     close(fd);
   }

@@ -20,42 +20,16 @@
 #include <string>
 #include <thread>
 
+#include "tests/integration/unix_socket.h"
+#include "tests/integration/wait_until.h"
+
 namespace polykv::testing {
 
 // A uid no one on a test box uses; allowed in the tests' daemons.
 inline constexpr uid_t kOtherUid = 4242;
 
-// Connects the socket `fd` to the Unix socket at `path`.
-inline bool ConnectSocket(int fd, const std::string& path) {
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::snprintf(a.sun_path, sizeof(a.sun_path), "%s", path.c_str());
-  return connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-}
-
-// A Unix stream connection to `path` whose reads time out after 10 s (a
-// blocked server fails the test instead of hanging it); -1 on failure.
-inline int ConnectUnix(const std::string& path) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  if (!ConnectSocket(fd, path)) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// Polls `done` until it holds or `timeout` passes; whether it held.
-inline bool WaitUntil(const std::function<bool()>& done,
-                      std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
+// A blocked server fails a findings test after this long instead of hanging it.
+inline constexpr int kReadTimeoutMs = 10000;
 
 // Reads (and drops) what the server sends until it closes the connection
 // (EOF or a reset); false if it is still open after `timeout`.
