@@ -85,7 +85,9 @@ KvPool::KvPool(const KvPoolOptions& options)
                 options.instance ? options.instance : DrawInstance()),
       admission_(options.default_qos, options.pool_bytes, options.low_watermark_bytes) {}
 
-KvPool::~KvPool() {
+KvPool::~KvPool() { CloseEventStreams(); }
+
+void KvPool::CloseEventStreams() {
   absl::MutexLock lock(&mu_);
   for (auto& [id, s] : sessions_) s.events->Close();
 }

@@ -140,6 +140,9 @@ class KvPool {
   // Stops admitting sessions and reservations. With evict_after > 0, sessions
   // still open after it are evicted by ReclaimExpired.
   uint32_t Drain(absl::Duration evict_after);
+  // Ends every session's event stream (Watch returns): the daemon is
+  // stopping, and gRPC's shutdown would otherwise wait for each stream.
+  void CloseEventStreams();
   bool draining() const;
 
   // Reclaims sessions whose lease ran out (and, after a drain deadline, all
