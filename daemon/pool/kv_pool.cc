@@ -97,29 +97,21 @@ absl::Status KvPool::CheckInvariants() const {
   uint64_t session_bytes = 0, pages = 0, pending_total = 0;
   std::map<std::string, uint64_t> by_agent;
   for (const auto& [id, s] : sessions_) {
+    const std::string who = absl::StrCat("session ", id);
     uint64_t b = 0;
     uint64_t pending = 0;
     for (const auto* table : {&s.tables.blocks, &s.tables.pending, &s.tables.staged}) {
-      for (const Block& block : *table) {
-        for (PageId page : block) {
-          auto loc = blocks_.Locate(s.tenant(), page);
-          if (!loc.ok()) {
-            return absl::InternalError(absl::StrCat("session ", id, ": ", loc.status().message()));
-          }
-          b += loc->size_bytes;
-          if (table == &s.tables.pending) pending += loc->size_bytes;
-          ++pages;
-        }
-      }
+      auto tb = TableBytes(s.tenant(), *table, who, pages);
+      if (!tb.ok()) return tb.status();
+      b += *tb;
+      if (table == &s.tables.pending) pending = *tb;
     }
-    if (b != s.account.bytes) {
-      return absl::InternalError(absl::StrCat("session ", id, " byte count drifted"));
-    }
+    if (b != s.account.bytes) return absl::InternalError(absl::StrCat(who, " byte count drifted"));
     if (pending != s.tables.pending_bytes) {
-      return absl::InternalError(absl::StrCat("session ", id, " pending byte count drifted"));
+      return absl::InternalError(absl::StrCat(who, " pending byte count drifted"));
     }
     if (s.policy.slots.size() != s.tables.committed_tokens) {
-      return absl::InternalError(absl::StrCat("session ", id, ": ", s.policy.slots.size(),
+      return absl::InternalError(absl::StrCat(who, ": ", s.policy.slots.size(),
                                               " slot records for ", s.tables.committed_tokens,
                                               " committed tokens"));
     }
@@ -128,23 +120,12 @@ absl::Status KvPool::CheckInvariants() const {
     by_agent[s.agent_id()] += b;
   }
   for (const auto& [id, q] : quarantine_) {
-    uint64_t b = 0;
-    for (const Block& block : q.blocks) {
-      for (PageId page : block) {
-        auto loc = blocks_.Locate(q.account.tenant, page);
-        if (!loc.ok()) {
-          return absl::InternalError(
-              absl::StrCat("quarantined session ", id, ": ", loc.status().message()));
-        }
-        b += loc->size_bytes;
-        ++pages;
-      }
-    }
-    if (b != q.account.bytes) {
-      return absl::InternalError(absl::StrCat("quarantined session ", id, " byte count drifted"));
-    }
-    session_bytes += b;
-    by_agent[q.account.agent_id] += b;
+    const std::string who = absl::StrCat("quarantined session ", id);
+    auto b = TableBytes(q.account.tenant, q.blocks, who, pages);
+    if (!b.ok()) return b.status();
+    if (*b != q.account.bytes) return absl::InternalError(absl::StrCat(who, " byte count drifted"));
+    session_bytes += *b;
+    by_agent[q.account.agent_id] += *b;
   }
   if (auto st = blocks_.CheckInvariants(by_agent, session_bytes, pages); !st.ok()) return st;
   if (pending_total != pending_bytes_) {
@@ -152,6 +133,21 @@ absl::Status KvPool::CheckInvariants() const {
                                             pending_total));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> KvPool::TableBytes(const std::string& tenant,
+                                             const std::vector<Block>& table,
+                                             absl::string_view who, uint64_t& pages) const {
+  uint64_t b = 0;
+  for (const Block& block : table) {
+    for (PageId page : block) {
+      auto loc = blocks_.Locate(tenant, page);
+      if (!loc.ok()) return absl::InternalError(absl::StrCat(who, ": ", loc.status().message()));
+      b += loc->size_bytes;
+      ++pages;
+    }
+  }
+  return b;
 }
 
 absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {

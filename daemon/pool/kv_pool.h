@@ -185,6 +185,11 @@ class KvPool {
   // the worker now knows.
   absl::StatusOr<Session*> Authorize(uint64_t id, absl::string_view token, const PeerCreds& peer,
                                      bool mutation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bytes of `table`'s pages (each must be allocated in `tenant`; else
+  // INTERNAL naming `who`); adds their number to `pages`. For CheckInvariants.
+  absl::StatusOr<uint64_t> TableBytes(const std::string& tenant, const std::vector<Block>& table,
+                                      absl::string_view who, uint64_t& pages) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Frees a quarantined session's pages and forgets it.
   void ReleaseQuarantined(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs the session's policy down to `target` tokens and, when the plan
