@@ -20,19 +20,21 @@ set(_polykv_allowed_policies kernels)
 set(_polykv_allowed_proto "")
 set(_polykv_allowed_daemon/memory "")
 set(_polykv_allowed_daemon/log "")
+set(_polykv_allowed_daemon/sys "")
 set(_polykv_allowed_daemon/compaction kernels policies)
 set(_polykv_allowed_daemon/pool daemon/memory daemon/compaction kernels policies)
 set(_polykv_allowed_daemon/config daemon/pool daemon/memory daemon/compaction kernels policies)
-set(_polykv_allowed_daemon/metrics daemon/pool daemon/memory daemon/compaction kernels policies)
+set(_polykv_allowed_daemon/metrics daemon/pool daemon/memory daemon/compaction daemon/sys kernels
+    policies)
 set(_polykv_allowed_daemon/rpc daemon/pool daemon/memory daemon/compaction daemon/metrics
-    daemon/log proto kernels policies)
+    daemon/log daemon/sys proto kernels policies)
 set(_polykv_allowed_daemon daemon/rpc daemon/pool daemon/memory daemon/compaction daemon/metrics
-    daemon/config daemon/log proto kernels policies)
+    daemon/config daemon/log daemon/sys proto kernels policies)
 set(_polykv_allowed_client kernels proto policies)
 set(_polykv_allowed_client/worker client kernels proto policies)
 # Benchmarks and the evaluation harness measure everything, the daemon in-process too.
 set(_polykv_allowed_bench client/worker client daemon daemon/rpc daemon/pool daemon/memory
-    daemon/compaction daemon/metrics daemon/config daemon/log proto kernels policies)
+    daemon/compaction daemon/metrics daemon/config daemon/log daemon/sys proto kernels policies)
 
 # polykv_room(<target> ROOM <room> [PUBLIC <path>...] [PRIVATE <path>...])
 # <target> belongs to <room>; each <path> (a folder or file, relative to the repo

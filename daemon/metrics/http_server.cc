@@ -2,7 +2,6 @@
 
 #include <netdb.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -108,32 +107,30 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   const int bound_port = bound.ss_family == AF_INET6
                              ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                              : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  const int wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wake < 0) {
+  auto wake = WakeFd::Create();
+  if (!wake.ok()) {
     close(fd);
-    return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+    return wake.status();
   }
   return std::unique_ptr<MetricsHttpServer>(
-      new MetricsHttpServer(options, std::move(render), fd, wake, bound_port));
+      new MetricsHttpServer(options, std::move(render), fd, *std::move(wake), bound_port));
 }
 
 MetricsHttpServer::MetricsHttpServer(const MetricsHttpOptions& options,
                                      std::function<std::string()> render, int listen_fd,
-                                     int wake_fd, int port)
+                                     WakeFd wake, int port)
     : options_(options),
       render_(std::move(render)),
       listen_fd_(listen_fd),
-      wake_fd_(wake_fd),
+      wake_(std::move(wake)),
       port_(port),
       thread_([this] { Loop(); }) {}
 
 MetricsHttpServer::~MetricsHttpServer() {
   stop_ = true;
-  const uint64_t one = 1;
-  (void)!write(wake_fd_, &one, sizeof(one));
+  wake_.Notify();
   thread_.join();
   close(listen_fd_);
-  close(wake_fd_);
 }
 
 void MetricsHttpServer::Loop() {
@@ -148,7 +145,7 @@ void MetricsHttpServer::Loop() {
     }
     std::erase_if(conns, [](const Conn& c) { return c.fd < 0; });
     absl::Time next = now + absl::Seconds(1);
-    fds.assign({{wake_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}});
+    fds.assign({{wake_.fd(), POLLIN, 0}, {listen_fd_, POLLIN, 0}});
     for (const Conn& c : conns) {
       fds.push_back({c.fd, static_cast<short>(c.replying ? POLLOUT : POLLIN), 0});
       next = std::min(next, c.deadline);

@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "daemon/sys/wake_fd.h"
 
 namespace polykv::daemon {
 
@@ -44,13 +45,13 @@ class MetricsHttpServer {
 
  private:
   MetricsHttpServer(const MetricsHttpOptions& options, std::function<std::string()> render,
-                    int listen_fd, int wake_fd, int port);
+                    int listen_fd, WakeFd wake, int port);
   void Loop();
 
   const MetricsHttpOptions options_;
   const std::function<std::string()> render_;
   const int listen_fd_;
-  const int wake_fd_;  // eventfd: Stop wakes the poll
+  WakeFd wake_;  // the destructor wakes the poll
   const int port_;
   std::atomic<bool> stop_{false};
   std::thread thread_;

@@ -6,7 +6,9 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -19,6 +21,8 @@ namespace polykv::daemon {
 
 absl::StatusOr<std::unique_ptr<FdBroker>> FdBroker::Create(FdBrokerOptions options) {
   if (options.pool == nullptr) return absl::InvalidArgumentError("fd broker needs a pool");
+  auto wake = WakeFd::Create();
+  if (!wake.ok()) return wake.status();
   auto fd = BindUnixSocket(options.path, options.mode);
   if (!fd.ok()) return fd.status();
   // Non-blocking: the loop accepts until EAGAIN.
@@ -26,7 +30,7 @@ absl::StatusOr<std::unique_ptr<FdBroker>> FdBroker::Create(FdBrokerOptions optio
     close(*fd);
     return absl::InternalError(absl::StrCat("fcntl(O_NONBLOCK): ", std::strerror(errno)));
   }
-  return std::unique_ptr<FdBroker>(new FdBroker(std::move(options), *fd));
+  return std::unique_ptr<FdBroker>(new FdBroker(std::move(options), *fd, *std::move(wake)));
 }
 
 FdBroker::~FdBroker() {
@@ -38,7 +42,7 @@ FdBroker::~FdBroker() {
 void FdBroker::Start() { thread_ = std::thread([this] { Loop(); }); }
 
 void FdBroker::Stop() {
-  stop_ = true;
+  stop_.Notify();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -71,18 +75,23 @@ void FdBroker::Loop() {
     close(c.fd);
     c.fd = -1;
   };
-  while (!stop_) {
+  constexpr size_t kFirstConn = 2;  // fds: the stop eventfd, the listening socket, then conns
+  while (true) {
     const absl::Time now = absl::Now();
+    absl::Time next = now + absl::Seconds(1);
     for (Conn& c : conns) {
       if (now >= c.deadline) drop(c);
+      next = std::min(next, c.deadline);
     }
     std::erase_if(conns, [](const Conn& c) { return c.fd < 0; });
-    fds.assign({{listen_fd_, POLLIN, 0}});
+    fds.assign({{stop_.fd(), POLLIN, 0}, {listen_fd_, POLLIN, 0}});
     for (const Conn& c : conns) fds.push_back({c.fd, POLLIN, 0});
-    if (poll(fds.data(), fds.size(), 100) <= 0) continue;
+    const int wait_ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(next - now)) + 1);
+    if (poll(fds.data(), fds.size(), wait_ms) <= 0) continue;
+    if (fds[0].revents != 0) break;
     for (size_t i = 0; i < conns.size(); ++i) {
       Conn& c = conns[i];
-      if (fds[i + 1].revents == 0) continue;
+      if (fds[i + kFirstConn].revents == 0) continue;
       const ssize_t n = recv(c.fd, reinterpret_cast<char*>(&c.req) + c.got,
                              sizeof(c.req) - c.got, MSG_DONTWAIT);
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
@@ -98,7 +107,7 @@ void FdBroker::Loop() {
       }
     }
     std::erase_if(conns, [](const Conn& c) { return c.fd < 0; });
-    if ((fds[0].revents & POLLIN) == 0) continue;
+    if ((fds[1].revents & POLLIN) == 0) continue;
     while (true) {
       const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) break;  // EAGAIN: all pending connections accepted

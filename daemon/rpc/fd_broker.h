@@ -10,7 +10,6 @@
 // longest is dropped to admit a new one.
 #pragma once
 
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -19,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "daemon/pool/kv_pool.h"
 #include "daemon/rpc/uds_listener.h"
+#include "daemon/sys/wake_fd.h"
 
 namespace polykv::daemon {
 
@@ -40,7 +40,8 @@ class FdBroker {
   void Stop();
 
  private:
-  FdBroker(FdBrokerOptions options, int fd) : options_(std::move(options)), listen_fd_(fd) {}
+  FdBroker(FdBrokerOptions options, int fd, WakeFd wake)
+      : options_(std::move(options)), listen_fd_(fd), stop_(std::move(wake)) {}
   struct Conn;
   void Loop();
   // Answers one complete request on `c` (checked header, token, tenant).
@@ -48,7 +49,7 @@ class FdBroker {
 
   const FdBrokerOptions options_;
   const int listen_fd_;
-  std::atomic<bool> stop_{false};
+  WakeFd stop_;  // Stop wakes the loop's poll
   std::thread thread_;
 };
 

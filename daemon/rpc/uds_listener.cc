@@ -6,7 +6,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 
@@ -84,13 +86,19 @@ const char* RejectReasonName(RejectReason r) {
 }
 
 absl::StatusOr<std::unique_ptr<UdsListener>> UdsListener::Create(UdsListenerOptions options) {
+  auto wake = WakeFd::Create();
+  if (!wake.ok()) return wake.status();
   auto fd = BindUnixSocket(options.path, options.mode);
   if (!fd.ok()) return fd.status();
-  return std::unique_ptr<UdsListener>(new UdsListener(std::move(options), *fd));
+  return std::unique_ptr<UdsListener>(
+      new UdsListener(std::move(options), *fd, *std::move(wake)));
 }
 
-UdsListener::UdsListener(UdsListenerOptions options, int fd)
-    : options_(std::move(options)), listen_fd_(fd), table_(options_.limits) {}
+UdsListener::UdsListener(UdsListenerOptions options, int fd, WakeFd wake)
+    : options_(std::move(options)),
+      listen_fd_(fd),
+      stop_(std::move(wake)),
+      table_(options_.limits) {}
 
 UdsListener::~UdsListener() {
   Stop();
@@ -101,7 +109,7 @@ UdsListener::~UdsListener() {
 void UdsListener::Start() { thread_ = std::thread([this] { Loop(); }); }
 
 void UdsListener::Stop() {
-  stop_ = true;
+  stop_.Notify();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -116,14 +124,16 @@ constexpr int kBackoffMs = 100;
 
 void UdsListener::Loop() {
   absl::Time next_sweep = absl::Now() + kSweepPeriod;
-  while (!stop_) {
-    pollfd p{listen_fd_, POLLIN, 0};
-    const int ready = poll(&p, 1, 100);
+  while (true) {
+    pollfd p[2] = {{stop_.fd(), POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    const int64_t wait_ms = absl::ToInt64Milliseconds(next_sweep - absl::Now()) + 1;
+    poll(p, 2, static_cast<int>(std::clamp<int64_t>(wait_ms, 0, 1000)));
+    if (p[0].revents != 0) break;
     if (absl::Now() >= next_sweep) {
       SweepClosed();
       next_sweep = absl::Now() + kSweepPeriod;
     }
-    if (ready > 0) AcceptOne();
+    if (p[1].revents != 0) AcceptOne();
   }
 }
 
@@ -140,7 +150,8 @@ void UdsListener::AcceptOne() {
     if (options_.on_accept_error) options_.on_accept_error(error);
     // Closed connections free fds: look for them now rather than in 200 ms.
     SweepClosed();
-    poll(nullptr, 0, kBackoffMs);
+    pollfd p{stop_.fd(), POLLIN, 0};
+    poll(&p, 1, kBackoffMs);
   }
   // EAGAIN, ECONNABORTED, EINTR, EPROTO: the peer is gone or nothing waits.
 }

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "daemon/pool/types.h"
 #include "daemon/rpc/connection_table.h"
+#include "daemon/sys/wake_fd.h"
 
 namespace polykv::daemon {
 
@@ -81,7 +82,7 @@ class UdsListener {
   uint64_t num_accept_backoffs() const { return num_accept_backoffs_.load(); }
 
  private:
-  UdsListener(UdsListenerOptions options, int fd);
+  UdsListener(UdsListenerOptions options, int fd, WakeFd wake);
   void Loop();
   void AcceptOne();
   void Admit(int fd);
@@ -90,7 +91,7 @@ class UdsListener {
 
   const UdsListenerOptions options_;
   const int listen_fd_;
-  std::atomic<bool> stop_{false};
+  WakeFd stop_;  // Stop wakes the loop's poll
   std::thread thread_;
   ConnectionTable table_;  // Listener thread only.
   // Atomics: written by the listener thread, read by tests and metrics.

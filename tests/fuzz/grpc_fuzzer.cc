@@ -17,7 +17,7 @@
 //           0x02 with 0x01: the session this input opened last instead.
 //
 // Unlike the other targets the daemon lives across inputs (a restart costs
-// up to 0.2 s: its socket loops poll at 100 ms). The sessions an input
+// about 3 ms, ten inputs' worth). The sessions an input
 // opens are closed after it; the daemon is restarted after a Drain, every
 // kRestartEvery inputs and should sessions pile up anyway, so a finding may
 // need the inputs before it (libFuzzer keeps them in its crash log).
