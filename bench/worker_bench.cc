@@ -232,6 +232,11 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const std::string& kind, cons
     po.shape = shape;
     po.key_format = *kf;
     po.value_format = *vf;
+    if (kind == "pool-tagged") {  // what polykv-worker runs: tags reported with every commit
+      po.token_text = [tok = m.tokenizer.get()](int32_t id) {
+        return tok->Decode(std::span(&id, 1), /*skip_special=*/true);
+      };
+    }
     auto s = worker::NewPoolPageSource(po);
     if (!s.ok()) return s.status();
     src = std::move(*s);
@@ -303,7 +308,9 @@ int Main(int argc, char** argv) {
                   "[--anchor auto|off|PYTHON] [--anchor-script PATH]\n"
                   "Prefill and decode tokens/s with the KV cache in process memory "
                   "(local), in process-memory pages (pages) and in polykvd's pool (pool: "
-                  "the daemon at --daemon SOCKET, else one started in this process); "
+                  "the daemon at --daemon SOCKET, else one started in this process; "
+                  "pool-tagged: the same with structure tags reported, as polykv-worker "
+                  "does); "
                   "ratios vs local from one interleaved run. Then llama.cpp on the same "
                   "GGUF, threads and prompt ids (--anchor auto: the venv of "
                   "scripts/setup-bench-venv.sh if present), and the worker's peak RSS "
@@ -382,7 +389,8 @@ int Main(int argc, char** argv) {
     own_daemon = *std::move(d);
     o.daemon = cfg.socket;
   }
-  std::vector<std::string> kinds = {"local", "pages", "pool"};
+  // pool-tagged beside pool: the cost of the worker's structure tagging.
+  std::vector<std::string> kinds = {"local", "pages", "pool", "pool-tagged"};
   std::vector<Kind> results(kinds.size());
   bool peak_per_store = true;
   for (int r = 0; r < o.rounds; ++r) {
@@ -401,7 +409,7 @@ int Main(int argc, char** argv) {
         return 1;
       }
       results[k].peak_rss_bytes = std::max(results[k].peak_rss_bytes, ProcStatus()["VmHWM"]);
-      std::fprintf(stderr, "round %d %-6s prefill %7.1f tok/s  decode %6.1f tok/s\n", r,
+      std::fprintf(stderr, "round %d %-11s prefill %7.1f tok/s  decode %6.1f tok/s\n", r,
                    kinds[k].c_str(), results[k].prefill_tps.back(), results[k].decode_tps.back());
     }
   }
@@ -438,6 +446,10 @@ int Main(int argc, char** argv) {
                                {"prefill_ratio_vs_local", Round(prefill / lp, 4)},
                                {"decode_ratio_vs_local", Round(decode / ld, 4)}};
     }
+    out["tagging_decode_ratio"] =
+        Round(Median(results[3].decode_tps) / Median(results[2].decode_tps), 4);
+    out["tagging_prefill_ratio"] =
+        Round(Median(results[3].prefill_tps) / Median(results[2].prefill_tps), 4);
     if (own_daemon) out["daemon"] = "in-process polykvd (host tier)";
     out["model_path"] = o.model;
     out["threads"] = threads;
@@ -474,12 +486,15 @@ int Main(int argc, char** argv) {
     PrintJson(out);
   } else {
     for (const Kind& k : results) {
-      std::printf("%-6s %-16s prefill %8.1f tok/s (x%.3f)  decode %7.1f tok/s (x%.3f)  kv %lld B"
+      std::printf("%-11s %-16s prefill %8.1f tok/s (x%.3f)  decode %7.1f tok/s (x%.3f)  kv %lld B"
                   "  peak rss %.1f MiB\n",
                   k.name.c_str(), k.store_name.c_str(), Median(k.prefill_tps),
                   Median(k.prefill_tps) / lp, Median(k.decode_tps), Median(k.decode_tps) / ld,
                   static_cast<long long>(k.kv_bytes), k.peak_rss_bytes / 1048576.0);
     }
+    std::printf("structure tagging (pool-tagged / pool): prefill x%.3f, decode x%.3f\n",
+                Median(results[3].prefill_tps) / Median(results[2].prefill_tps),
+                Median(results[3].decode_tps) / Median(results[2].decode_tps));
     if (anchor.json.is_null()) {
       std::printf("llama.cpp: none (%s)\n", anchor.reason.c_str());
     } else {

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/worker/slot_tagger.h"
 #include "polykv/client.h"
 
 namespace polykv::worker {
@@ -22,7 +23,9 @@ class PoolPageSource : public PageSource {
  public:
   PoolPageSource(std::unique_ptr<Client> client, std::unique_ptr<Session> session,
                  const PoolPageSourceOptions& o)
-      : client_(std::move(client)), session_(std::move(session)), o_(o) {}
+      : client_(std::move(client)), session_(std::move(session)), o_(o) {
+    if (o.token_text) tagger_.emplace(o.token_text);
+  }
 
   int block_tokens() const override { return static_cast<int>(session_->info().block_tokens); }
 
@@ -45,7 +48,13 @@ class PoolPageSource : public PageSource {
     if (absl::Status s = session_->Commit(static_cast<uint64_t>(total_tokens)); !s.ok()) return s;
     committed_ = total_tokens;
     if (new_tokens.empty()) return absl::OkStatus();
-    // Per-token metadata (turn, role) for the daemon's policies, one batch per commit.
+    // Per-token metadata for the daemon's policies, one batch per commit.
+    const uint64_t first = static_cast<uint64_t>(total_tokens) - new_tokens.size();
+    const auto turn = static_cast<uint32_t>(new_tokens.back().turn);
+    if (tagger_) {
+      SlotTagger::Report r = tagger_->Commit(first, new_tokens);
+      return Benign(session_->ReportSlots(r.first_slot, r.meta, {}, turn));
+    }
     std::vector<SlotMeta> meta;
     meta.reserve(new_tokens.size());
     for (const TokenMeta& t : new_tokens) {
@@ -54,9 +63,7 @@ class PoolPageSource : public PageSource {
       m.role = t.role;
       meta.push_back(m);
     }
-    const uint64_t first = static_cast<uint64_t>(total_tokens) - new_tokens.size();
-    return Benign(session_->ReportSlots(first, meta, {},
-                                        static_cast<uint32_t>(new_tokens.back().turn)));
+    return Benign(session_->ReportSlots(first, meta, {}, turn));
   }
 
   absl::Status ReportAttention(std::span<const float> mass) override {
@@ -70,6 +77,7 @@ class PoolPageSource : public PageSource {
     auto changed = session_->Sync();
     if (!changed.ok()) return changed.status();
     if (!*changed) return std::nullopt;
+    if (tagger_) tagger_->SlotsMoved();
     PagedTable t;
     for (const Block& b : session_->blocks()) {
       auto pb = Convert(b);
@@ -139,6 +147,7 @@ class PoolPageSource : public PageSource {
   std::unique_ptr<Client> client_;
   std::unique_ptr<Session> session_;
   const PoolPageSourceOptions o_;
+  std::optional<SlotTagger> tagger_;  // when o_.token_text is set
   int64_t committed_ = 0;
 };
 

@@ -3,6 +3,7 @@
 // tokens' K/V into them in place and the daemon sees the committed count.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +23,9 @@ struct PoolPageSourceOptions {
   std::optional<kernels::PageFormat> key_format;
   std::optional<kernels::PageFormat> value_format;
   int block_tokens = 0;  // 0 = the daemon's default.
+  // The text of one token id. When set, every commit reports the tokens'
+  // structure tags (SlotTagger) with their turn and role; else turn and role.
+  std::function<std::string(int32_t)> token_text;
 };
 
 // Connects, opens the session (maps the arenas) and checks that the pages
