@@ -2,8 +2,10 @@
 // (SmolLM2-135M by default, OpenBLAS) with its KV cache in process memory
 // (--local-cache, the baseline) versus in pages: polykvd's pool when --daemon
 // is given, and process-memory pages (the same paged store and kernels,
-// without the daemon) always. Stores run interleaved, round after round, in
-// one process, and the ratios are medians of the same run.
+// without the daemon) always; pool-bare is the pool without the policy
+// signals (structure tags, prefill attention mass). Stores run interleaved,
+// round after round, in one process, and the ratios are medians of the same
+// run.
 //
 // Beside it, the anchor: llama.cpp (bench/anchor/llamacpp_bench.py in the
 // bench-only venv of scripts/setup-bench-venv.sh) on the same GGUF, thread
@@ -232,7 +234,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const std::string& kind, cons
     po.shape = shape;
     po.key_format = *kf;
     po.value_format = *vf;
-    if (kind == "pool-tagged") {  // what polykv-worker runs: tags reported with every commit
+    if (kind == "pool") {  // what polykv-worker runs: tags reported with every commit
       po.token_text = [tok = m.tokenizer.get()](int32_t id) {
         return tok->Decode(std::span(&id, 1), /*skip_special=*/true);
       };
@@ -247,6 +249,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const std::string& kind, cons
   worker::PagedKvStoreOptions po;
   po.shape = shape;
   po.exec = exec;
+  po.prefill_attention_mass = kind != "pool-bare";
   auto s = worker::PagedKvStore::Create(po, std::move(src));
   if (!s.ok()) return s.status();
   return std::unique_ptr<KvStore>(std::move(*s));
@@ -308,9 +311,9 @@ int Main(int argc, char** argv) {
                   "[--anchor auto|off|PYTHON] [--anchor-script PATH]\n"
                   "Prefill and decode tokens/s with the KV cache in process memory "
                   "(local), in process-memory pages (pages) and in polykvd's pool (pool: "
-                  "the daemon at --daemon SOCKET, else one started in this process; "
-                  "pool-tagged: the same with structure tags reported, as polykv-worker "
-                  "does); "
+                  "the daemon at --daemon SOCKET, else one started in this process, "
+                  "reporting structure tags and prefill attention mass as polykv-worker "
+                  "does; pool-bare: neither); "
                   "ratios vs local from one interleaved run. Then llama.cpp on the same "
                   "GGUF, threads and prompt ids (--anchor auto: the venv of "
                   "scripts/setup-bench-venv.sh if present), and the worker's peak RSS "
@@ -389,8 +392,9 @@ int Main(int argc, char** argv) {
     own_daemon = *std::move(d);
     o.daemon = cfg.socket;
   }
-  // pool-tagged beside pool: the cost of the worker's structure tagging.
-  std::vector<std::string> kinds = {"local", "pages", "pool", "pool-tagged"};
+  // pool-bare beside pool: what the signals the daemon's policies read cost
+  // (structure tags, prefill attention mass); pool-bare reports neither.
+  std::vector<std::string> kinds = {"local", "pages", "pool", "pool-bare"};
   std::vector<Kind> results(kinds.size());
   bool peak_per_store = true;
   for (int r = 0; r < o.rounds; ++r) {
@@ -446,10 +450,10 @@ int Main(int argc, char** argv) {
                                {"prefill_ratio_vs_local", Round(prefill / lp, 4)},
                                {"decode_ratio_vs_local", Round(decode / ld, 4)}};
     }
-    out["tagging_decode_ratio"] =
-        Round(Median(results[3].decode_tps) / Median(results[2].decode_tps), 4);
-    out["tagging_prefill_ratio"] =
-        Round(Median(results[3].prefill_tps) / Median(results[2].prefill_tps), 4);
+    out["signals_decode_ratio"] =
+        Round(Median(results[2].decode_tps) / Median(results[3].decode_tps), 4);
+    out["signals_prefill_ratio"] =
+        Round(Median(results[2].prefill_tps) / Median(results[3].prefill_tps), 4);
     if (own_daemon) out["daemon"] = "in-process polykvd (host tier)";
     out["model_path"] = o.model;
     out["threads"] = threads;
@@ -492,9 +496,10 @@ int Main(int argc, char** argv) {
                   Median(k.prefill_tps) / lp, Median(k.decode_tps), Median(k.decode_tps) / ld,
                   static_cast<long long>(k.kv_bytes), k.peak_rss_bytes / 1048576.0);
     }
-    std::printf("structure tagging (pool-tagged / pool): prefill x%.3f, decode x%.3f\n",
-                Median(results[3].prefill_tps) / Median(results[2].prefill_tps),
-                Median(results[3].decode_tps) / Median(results[2].decode_tps));
+    std::printf("policy signals (pool / pool-bare: tags, prefill mass): prefill x%.3f, "
+                "decode x%.3f\n",
+                Median(results[2].prefill_tps) / Median(results[3].prefill_tps),
+                Median(results[2].decode_tps) / Median(results[3].decode_tps));
     if (anchor.json.is_null()) {
       std::printf("llama.cpp: none (%s)\n", anchor.reason.c_str());
     } else {

@@ -176,6 +176,9 @@ absl::Status AttentionImpl(const Exec& exec, const PagedKvView& kv, const Attent
                      slot_mass);
       return absl::OkStatus();
     case Backend::kCuda:
+      if (slot_mass != nullptr && num_queries > 1) {
+        return absl::UnimplementedError("prefill attention mass on the CUDA backend");
+      }
       POLYKV_CUDA_CALL("attention", cuda::Attention(exec.cuda_stream, kv, p.num_q_heads, scale,
                                                     num_queries, q, out, lse, slot_mass));
     default:
@@ -257,8 +260,8 @@ absl::Status PagedDecodeAttention(const Exec& exec, const PagedKvView& kv,
 
 absl::Status PagedPrefillAttention(const Exec& exec, const PagedKvView& kv,
                                    const AttentionParams& params, int num_new, const float* q,
-                                   float* out, float* lse) {
-  return AttentionImpl(exec, kv, params, num_new, q, out, lse, nullptr);
+                                   float* out, float* lse, float* slot_mass) {
+  return AttentionImpl(exec, kv, params, num_new, q, out, lse, slot_mass);
 }
 
 absl::Status CompactSlots(const Exec& exec, const PagedKvView& src, const CompactPlan& plan,

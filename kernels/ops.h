@@ -112,10 +112,15 @@ absl::Status PagedDecodeAttention(const Exec& exec, const PagedKvView& kv,
 //   q:   [num_new][num_q_heads][head_dim]
 //   out: [num_new][num_q_heads][head_dim]
 //   lse: [num_new][num_q_heads] or null
+//   slot_mass: [num_kv_heads][kv.num_tokens] or null: as in decode, summed over
+//        the chunk's queries too (each query's softmax over its causal
+//        prefix), so row g sums to group size x num_new. It is what H2O-style
+//        scores need from a prefill, which is most of an agent's context.
+//        CPU and reference backends; CUDA answers UNIMPLEMENTED when asked.
 // REQUIRES: 1 <= num_new <= kv.num_tokens.
 absl::Status PagedPrefillAttention(const Exec& exec, const PagedKvView& kv,
                                    const AttentionParams& params, int num_new, const float* q,
-                                   float* out, float* lse);
+                                   float* out, float* lse, float* slot_mass = nullptr);
 
 // ---------------------------------------------------------------------------
 // Compaction: gather and merge slots into NEW pages (the daemon never rewrites

@@ -277,13 +277,18 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
   view.num_tokens = static_cast<int>(total);
   kernels::AttentionParams params;
   params.num_q_heads = num_heads;
-  if (n > 1) {
+  if (n > 1 && !(options_.prefill_attention_mass && source_->wants_attention())) {
     return kernels::PagedPrefillAttention(options_.exec, view, params, n, q, out, nullptr);
   }
   const int kvh = options_.shape.num_kv_heads;
   head_mass_.resize(static_cast<size_t>(kvh) * total);
-  RETURN_IF_ERROR_(kernels::PagedDecodeAttention(options_.exec, view, params, q, out, nullptr,
-                                                 head_mass_.data()));
+  if (n > 1) {
+    RETURN_IF_ERROR_(kernels::PagedPrefillAttention(options_.exec, view, params, n, q, out,
+                                                    nullptr, head_mass_.data()));
+  } else {
+    RETURN_IF_ERROR_(kernels::PagedDecodeAttention(options_.exec, view, params, q, out, nullptr,
+                                                   head_mass_.data()));
+  }
   for (int g = 0; g < kvh; ++g) {
     const float* hm = head_mass_.data() + static_cast<size_t>(g) * total;
     for (int64_t s = 0; s < total; ++s) mass_[s] += hm[s];

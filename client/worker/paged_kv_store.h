@@ -64,10 +64,13 @@ class PageSource {
   // At a step boundary: the new table if the source's epoch moved, else
   // nullopt. Adopting it acknowledges the epoch.
   virtual absl::StatusOr<std::optional<PagedTable>> Sync() = 0;
-  // Per-slot attention mass of the latest decode steps, for the daemon's
+  // Per-slot attention mass of the latest steps, for the daemon's
   // eviction scores. Default: dropped.
   //   mass: [num_slots] summed over layers and query heads since the last report.
   virtual absl::Status ReportAttention(std::span<const float> mass) { return absl::OkStatus(); }
+  // Whether ReportAttention goes anywhere: the store skips the extra work of
+  // prefill attention mass for a source that drops it.
+  virtual bool wants_attention() const { return false; }
   // Bytes of pages held.
   virtual int64_t bytes() const = 0;
   virtual std::string name() const = 0;
@@ -93,6 +96,11 @@ struct PagedKvStoreOptions {
   // Reports attention mass to the source at the first commit after this many
   // steps (0: never).
   int report_every_steps = 16;
+  // Prefill chunks add their attention mass too (the kernel's by-product
+  // from a second pass over the chunk's scores), when the source wants it.
+  // Most of an agent's context is prefilled, not decoded: without it the
+  // daemon's H2O-style scores see only the answers' attention.
+  bool prefill_attention_mass = true;
   kernels::Exec exec;  // kernels backend and threads (CPU by default)
 };
 
@@ -115,9 +123,9 @@ class PagedKvStore : public KvStore {
   // Commits the tokens written since the last commit (if any).
   absl::Status CommitPending();
 
-  // [num_slots] attention mass of decode steps (summed over layers and query
-  // heads) not yet reported. Prefill chunks add none (the prefill kernel does
-  // not produce it).
+  // [num_slots] attention mass (summed over layers, query heads and the
+  // step's queries) not yet reported: decode steps, and prefill chunks when
+  // options.prefill_attention_mass and the source wants_attention().
   const std::vector<float>& pending_attention_mass() const { return mass_; }
   uint64_t epoch() const { return epoch_; }
   PageSource* source() const { return source_.get(); }

@@ -66,6 +66,8 @@ class PoolPageSource : public PageSource {
     return Benign(session_->ReportSlots(first, meta, {}, turn));
   }
 
+  bool wants_attention() const override { return true; }
+
   absl::Status ReportAttention(std::span<const float> mass) override {
     // Only committed slots may be reported.
     const size_t n = std::min(mass.size(), static_cast<size_t>(committed_));

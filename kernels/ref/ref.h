@@ -13,7 +13,7 @@ void QuantizePages(const PageShape& shape, KvKind kind, PageFormat format, const
 void DequantizePages(const PageShape& shape, KvKind kind, PageFormat format, const void* pages,
                      int num_pages, int rows_per_page, float* dst);
 // Attention for `num_queries` query tokens that are the last num_queries slots
-// of kv (decode: num_queries == 1). slot_mass only when num_queries == 1.
+// of kv (decode: num_queries == 1). slot_mass sums over the queries.
 void Attention(const PagedKvView& kv, int num_q_heads, float sm_scale, int num_queries,
                const float* q, float* out, float* lse, float* slot_mass);
 void Compact(const PagedKvView& src, const CompactPlan& plan, const PagedKvMut& dst);

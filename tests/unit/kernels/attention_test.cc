@@ -287,6 +287,49 @@ TEST(PagedPrefillAttentionTest, ChunkIsCausalAndMatchesDecodeAndDense) {
   }
 }
 
+// A prefill's slot mass is the sum of the decode masses of its queries, each
+// over its causal prefix: what the worker reports for H2O-style scores.
+TEST(PagedPrefillAttentionTest, MassIsTheSumOfEachQuerysDecodeMass) {
+  std::mt19937 rng(testing::TestSeed(77));
+  const PageShape shape{16, 3, 64};
+  const int T = 16 * 6 + 9, num_new = 37;  // the chunk spans three pages
+  const Data d = MakeData(shape, 9, T, num_new, true, rng);
+  const testing::FormatFn formats = [](int b) {
+    return b < 2 ? std::make_pair(PageFormat::kInt4, PageFormat::kInt8)
+                 : std::make_pair(PageFormat::kF16, PageFormat::kF16);
+  };
+  const testing::PagedKv kv = testing::BuildPaged(shape, d.k, d.v, T, formats);
+  const size_t n = size_t(num_new) * 9 * 64;
+  std::vector<float> out(n), ref_mass(3 * T), fast_mass(3 * T, -1.0f);
+  ASSERT_TRUE(PagedPrefillAttention(Exec{Backend::kReference}, kv.View(), AttentionParams{9},
+                                    num_new, d.q.data(), out.data(), nullptr, ref_mass.data())
+                  .ok());
+  ASSERT_TRUE(PagedPrefillAttention(Exec{Backend::kCpu, 3}, kv.View(), AttentionParams{9},
+                                    num_new, d.q.data(), out.data(), nullptr, fast_mass.data())
+                  .ok());
+  EXPECT_LE(testing::MaxAbsDiff(fast_mass, ref_mass), 1e-4);
+  std::vector<float> want(3 * T, 0.0f);
+  for (int i = 0; i < num_new; ++i) {
+    PagedKvView view = kv.View();
+    view.num_tokens = T - num_new + i + 1;
+    view.num_blocks = (view.num_tokens + 15) / 16;
+    std::vector<float> o(9 * 64), mass(3 * view.num_tokens);
+    ASSERT_TRUE(PagedDecodeAttention(Exec{Backend::kCpu}, view, AttentionParams{9},
+                                     d.q.data() + size_t(i) * 9 * 64, o.data(), nullptr,
+                                     mass.data())
+                    .ok());
+    for (int h = 0; h < 3; ++h) {
+      for (int s = 0; s < view.num_tokens; ++s) want[size_t(h) * T + s] += mass[size_t(h) * view.num_tokens + s];
+    }
+  }
+  EXPECT_LE(testing::MaxAbsDiff(fast_mass, want), 1e-4);
+  for (int h = 0; h < 3; ++h) {
+    double sum = 0;
+    for (int s = 0; s < T; ++s) sum += fast_mass[size_t(h) * T + s];
+    EXPECT_NEAR(sum, 3.0 * num_new, 1e-3) << "kv head " << h << ": group size x queries";
+  }
+}
+
 TEST(PagedAttentionValidationTest, RejectsBadArguments) {
   std::mt19937 rng(testing::TestSeed(1));
   const PageShape shape{16, 3, 64};

@@ -143,8 +143,14 @@ class RepublishingSource : public PageSource {
     ++syncs_;
     return PagedTable{blocks_, committed_, 7};
   }
+  absl::Status ReportAttention(std::span<const float> mass) override {
+    for (float m : mass) reported_mass_ += m;
+    return absl::OkStatus();
+  }
   int64_t bytes() const override { return inner_->bytes(); }
   std::string name() const override { return "republishing"; }
+  bool wants_attention() const override { return true; }
+  double reported_mass_ = 0;
   bool publish_ = false;
   int syncs_ = 0;
   int commits_ = 0;
@@ -207,6 +213,39 @@ TEST(PagedKvStoreTest, CommitsAndSyncsInBatches) {
   ASSERT_TRUE((*store)->BeginTurn(TurnInfo{1, Role::kUser, "next"}).ok());
   EXPECT_EQ(src->commits_, 3);
   EXPECT_EQ((*store)->num_slots(), 20);
+}
+
+// Most of an agent's context is prefilled: its chunks must report attention
+// mass like decode steps do (each query's softmax sums to 1 per query head and
+// layer), or the daemon's H2O scores see only the answers.
+TEST(PagedKvStoreTest, PrefillChunksReportTheirAttentionMass) {
+  POLYKV_REQUIRE_MODEL();
+  const LlamaModel& m = *model->model;
+  const int layers = m.config().num_layers, heads = m.config().num_heads;
+  for (bool prefill_mass : {true, false}) {
+    SCOPED_TRACE(prefill_mass ? "prefill mass on" : "prefill mass off");
+    HeapPageSourceOptions ho;
+    ho.shape = m.config().kv_shape();
+    auto inner = NewHeapPageSource(ho);
+    ASSERT_TRUE(inner.ok());
+    auto* src = new RepublishingSource(std::move(*inner));
+    PagedKvStoreOptions po;
+    po.shape = m.config().kv_shape();
+    po.sync_every_steps = 1;
+    po.report_every_steps = 1;
+    po.prefill_attention_mass = prefill_mass;
+    auto store = PagedKvStore::Create(po, std::unique_ptr<PageSource>(src));
+    ASSERT_TRUE(store.ok());
+    std::vector<TokenMeta> chunk;
+    for (int i = 0; i < 40; ++i) chunk.push_back({200 + i, i, 0, Role::kUser});
+    std::vector<float> logits;
+    for (int c = 0; c < 40; c += 8) {  // five prefill chunks of 8 tokens
+      ASSERT_TRUE(m.Forward(std::span(chunk).subspan(c, 8), store->get(), &logits).ok());
+    }
+    ASSERT_TRUE((*store)->BeginTurn(TurnInfo{1, Role::kUser, ""}).ok());  // reports the last chunk
+    const double want = prefill_mass ? double(layers) * heads * 40 : 0.0;
+    EXPECT_NEAR(src->reported_mass_, want, 1e-3 * std::max(1.0, want));
+  }
 }
 
 TEST(PagedKvStoreTest, ReservationFailureIsReported) {
