@@ -126,6 +126,19 @@ class SessionImpl final : public Session {
     return FromGrpc(stub_->ReportSlots(&ctx, req, &resp));
   }
 
+  absl::Status ReportIntent(uint64_t first_slot, const std::vector<float>& relevance) override {
+    if (closed_) return absl::FailedPreconditionError("session is closed");
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::ReportSlotsRequest req;
+    FillRef(ref_, req.mutable_session());
+    req.set_epoch(epoch_);
+    req.set_first_slot(first_slot);
+    req.mutable_intent()->Add(relevance.begin(), relevance.end());
+    v1::ReportSlotsResponse resp;
+    return FromGrpc(stub_->ReportSlots(&ctx, req, &resp));
+  }
+
   absl::StatusOr<bool> Sync() override {
     if (closed_) return absl::FailedPreconditionError("session is closed");
     v1::SyncResponse resp;

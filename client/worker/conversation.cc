@@ -128,6 +128,7 @@ absl::Status Conversation::AddMessage(const ChatMessage& message, std::string_vi
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = ProbeIntent(intent); !s.ok()) return s;
   std::vector<TaggedToken> tokens;
   chat_.AddMessage(message, turn_, &tokens);
   Queue(tokens);
@@ -139,6 +140,10 @@ absl::Status Conversation::Flush(std::vector<float>* last_logits) {
   std::vector<TaggedToken> held;
   chat_.Flush(&held);
   Queue(held);
+  return ForwardPending(last_logits);
+}
+
+absl::Status Conversation::ForwardPending(std::vector<float>* last_logits) {
   const int chunk = std::max(1, options_.prefill_chunk);
   for (size_t i = 0; i < pending_.size(); i += chunk) {
     const size_t n = std::min(pending_.size() - i, static_cast<size_t>(chunk));
@@ -159,6 +164,7 @@ absl::StatusOr<TurnResult> Conversation::Generate(
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = ProbeIntent(intent); !s.ok()) return s;
   std::vector<TaggedToken> prompt;
   chat_.AddGenerationPrompt(turn_, &prompt);
   Queue(prompt);
@@ -211,6 +217,28 @@ absl::StatusOr<TurnResult> Conversation::Generate(
   ++turn_;
   r.cached_tokens = store_->num_slots();
   return r;
+}
+
+absl::Status Conversation::ProbeIntent(std::string_view intent) {
+  if (intent.empty() || !options_.intent_probe || !store_->SupportsProbe()) {
+    return absl::OkStatus();
+  }
+  // The probe attends over what is cached, so the final tokens queued so far
+  // go in first (text the chat tokenizer still holds stays held: flushing it
+  // could tokenize a boundary differently).
+  std::vector<float> logits;
+  if (absl::Status s = ForwardPending(&logits); !s.ok()) return s;
+  const std::vector<int32_t> ids = m_->tokenizer->Encode(intent, false);
+  if (ids.empty()) return absl::OkStatus();
+  std::vector<TokenMeta> probe;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    probe.push_back(TokenMeta{ids[i], next_position_ + static_cast<int32_t>(i), turn_,
+                              Role::kAssistant});
+  }
+  if (absl::Status s = store_->BeginProbe(); !s.ok()) return s;
+  absl::Status forward = m_->model->Forward(probe, store_, &logits);
+  absl::Status end = store_->EndProbe();
+  return forward.ok() ? end : forward;
 }
 
 }  // namespace polykv::worker

@@ -44,6 +44,9 @@ absl::StatusOr<Role> ParseRole(std::string_view role);
 
 struct ConversationOptions {
   int prefill_chunk = 64;     // Tokens per prefill step.
+  // A message's intent is probed (KvStore::BeginProbe) over the cache when it
+  // starts, if the store supports it: the daemon's `intent` policies rank by it.
+  bool intent_probe = true;
   SamplerOptions sampler;
 };
 
@@ -104,6 +107,10 @@ class Conversation {
  private:
   void Queue(const std::vector<int32_t>& ids, Role role);
   void Queue(const std::vector<TaggedToken>& tokens);
+  // Runs the queued tokens through the model (no chat-tokenizer flush).
+  absl::Status ForwardPending(std::vector<float>* last_logits);
+  // The intent's tokens over the cache as a probe the store does not keep.
+  absl::Status ProbeIntent(std::string_view intent);
 
   const LoadedModel* m_;
   KvStore* store_;

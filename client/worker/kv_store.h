@@ -68,6 +68,14 @@ class KvStore {
   // Called when a new message starts. Default: nothing to report.
   virtual absl::Status BeginTurn(const TurnInfo& turn) { return absl::OkStatus(); }
 
+  // The intent probe (IntentKV relevance for the daemon's `intent` policies):
+  // a store that supports it runs the steps between BeginProbe and EndProbe
+  // (one token each: the intent text) over its cache without keeping them,
+  // and reports the attention they paid each slot. Default: unsupported.
+  virtual bool SupportsProbe() const { return false; }
+  virtual absl::Status BeginProbe() { return absl::UnimplementedError("intent probe"); }
+  virtual absl::Status EndProbe() { return absl::UnimplementedError("intent probe"); }
+
   // REQUIRES: no step in progress; tokens non-empty.
   // RESOURCE_EXHAUSTED when the cache has no room for the tokens.
   virtual absl::Status BeginStep(std::span<const TokenMeta> tokens) = 0;

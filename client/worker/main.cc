@@ -55,6 +55,7 @@ struct Flags {
   float temperature = 0.0f;
   float top_p = 1.0f;
   int prefill_chunk = 64;
+  bool no_intent_probe = false;
   int threads = 0;
   int64_t max_context = 8192;
   bool summary = false;
@@ -196,6 +197,7 @@ int RunScript(const Flags& f) {
   if (!store.ok()) return Fail(store.status());
   ConversationOptions co;
   co.prefill_chunk = f.prefill_chunk;
+  co.intent_probe = !f.no_intent_probe;
   co.sampler = {f.temperature, f.top_p, f.seed};
   Conversation conv(m->get(), store->get(), co);
 
@@ -301,6 +303,7 @@ int Chat(const Flags& f) {
   if (!store.ok()) return Fail(store.status());
   ConversationOptions co;
   co.prefill_chunk = f.prefill_chunk;
+  co.intent_probe = !f.no_intent_probe;
   co.sampler = {f.temperature, f.top_p, f.seed};
   Conversation conv(m->get(), store->get(), co);
   std::fprintf(stderr, "polykv-worker chat: %s, cache %s. One message per line; Ctrl-D ends.\n",
@@ -353,6 +356,7 @@ int main(int argc, char** argv) {
     c->add_option("--temperature", f.temperature, "0 = greedy (default)")->check(CLI::NonNegativeNumber);
     c->add_option("--top-p", f.top_p, "nucleus sampling mass (with --temperature > 0)")->check(CLI::Range(0.0, 1.0));
     c->add_option("--prefill-chunk", f.prefill_chunk, "tokens per prefill step")->check(CLI::PositiveNumber);
+    c->add_flag("--no-intent-probe", f.no_intent_probe, "--daemon: do not probe each message's \"intent\" over the cache (the daemon's intent policies then rank by attention)");
     c->add_option("--threads", f.threads, "threads of the weight products and attention kernels (0 = all cores); use 1 per worker when several share a host")->check(CLI::NonNegativeNumber);
     c->add_option("--max-context", f.max_context, "KV slots of the local cache")->check(CLI::PositiveNumber);
   };

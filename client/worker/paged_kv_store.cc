@@ -200,8 +200,10 @@ absl::Status PagedKvStore::BeginTurn(const TurnInfo& turn) {
 absl::Status PagedKvStore::BeginStep(std::span<const TokenMeta> tokens) {
   if (!step_meta_.empty()) return absl::FailedPreconditionError("BeginStep inside a step");
   if (tokens.empty()) return absl::InvalidArgumentError("BeginStep with no tokens");
-  // Step boundary: every few steps, commit and adopt the daemon's newer table.
-  if (steps_since_sync_ < 0 || steps_since_sync_ >= std::max(1, options_.sync_every_steps)) {
+  // Step boundary: every few steps, commit and adopt the daemon's newer table
+  // (not inside a probe: its tokens are never committed).
+  if (!probing_ &&
+      (steps_since_sync_ < 0 || steps_since_sync_ >= std::max(1, options_.sync_every_steps))) {
     RETURN_IF_ERROR_(CommitAndSync());
   }
   const int64_t need = num_slots_ + static_cast<int64_t>(tokens.size());
@@ -289,9 +291,12 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
     RETURN_IF_ERROR_(kernels::PagedDecodeAttention(options_.exec, view, params, q, out, nullptr,
                                                    head_mass_.data()));
   }
+  // A probe's attention is the intent relevance of the slots it began with.
+  float* acc = probing_ ? probe_mass_.data() : mass_.data();
+  const int64_t upto = probing_ ? probe_base_ : total;
   for (int g = 0; g < kvh; ++g) {
     const float* hm = head_mass_.data() + static_cast<size_t>(g) * total;
-    for (int64_t s = 0; s < total; ++s) mass_[s] += hm[s];
+    for (int64_t s = 0; s < upto; ++s) acc[s] += hm[s];
   }
   return absl::OkStatus();
 }
@@ -303,13 +308,56 @@ absl::Status PagedKvStore::EndStep() {
         "EndStep after ", next_layer_, " of ", options_.shape.num_layers, " layers"));
   }
   const int64_t total = num_slots_ + static_cast<int64_t>(step_meta_.size());
-  uncommitted_.insert(uncommitted_.end(), step_meta_.begin(), step_meta_.end());
+  if (!probing_) {
+    uncommitted_.insert(uncommitted_.end(), step_meta_.begin(), step_meta_.end());
+    ++steps_since_sync_;
+    ++steps_since_report_;
+  }
   num_slots_ = total;
-  ++steps_since_sync_;
   residual_block_ = (num_slots_ - 1) / page_shape_.block_tokens;
-  ++steps_since_report_;
   step_meta_.clear();
   return absl::OkStatus();
+}
+
+absl::Status PagedKvStore::BeginProbe() {
+  if (probing_ || !step_meta_.empty()) {
+    return absl::FailedPreconditionError("BeginProbe inside a step or a probe");
+  }
+  // Everything written so far is committed, so the relevance covers it all
+  // and the probe's rows are the only uncommitted ones.
+  RETURN_IF_ERROR_(CommitAndSync());
+  probing_ = true;
+  probe_base_ = num_slots_;
+  probe_residual_block_ = residual_block_;
+  probe_k_residual_ = k_residual_;
+  probe_v_residual_ = v_residual_;
+  probe_mass_.assign(static_cast<size_t>(num_slots_), 0.0f);
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvStore::EndProbe() {
+  if (!probing_ || !step_meta_.empty()) {
+    return absl::FailedPreconditionError("EndProbe outside a probe or inside a step");
+  }
+  probing_ = false;
+  num_slots_ = probe_base_;
+  residual_block_ = probe_residual_block_;
+  k_residual_ = std::move(probe_k_residual_);
+  v_residual_ = std::move(probe_v_residual_);
+  mass_.resize(static_cast<size_t>(num_slots_));
+  // The probe wrote its rows after the committed ones; a partly filled block
+  // is encoded again from its own rows (scaled formats: parameters over
+  // exactly those rows). Later blocks only ever held probe rows.
+  const int bt = page_shape_.block_tokens;
+  const int rows = static_cast<int>(num_slots_ - residual_block_ * bt);
+  if (num_slots_ > 0 && rows < bt) {
+    for (int l = 0; l < options_.shape.num_layers; ++l) {
+      RETURN_IF_ERROR_(EncodeBlock(l, residual_block_, rows));
+    }
+  }
+  std::vector<float> relevance = std::move(probe_mass_);
+  probe_mass_.clear();
+  return source_->ReportIntent(relevance);
 }
 
 }  // namespace polykv::worker

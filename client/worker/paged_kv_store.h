@@ -71,6 +71,12 @@ class PageSource {
   // Whether ReportAttention goes anywhere: the store skips the extra work of
   // prefill attention mass for a source that drops it.
   virtual bool wants_attention() const { return false; }
+  // Per-slot relevance to the current turn's intent (the intent probe's
+  // attention mass), replacing what was reported before. Default: dropped.
+  //   relevance: [committed slots]
+  virtual absl::Status ReportIntent(std::span<const float> relevance) {
+    return absl::OkStatus();
+  }
   // Bytes of pages held.
   virtual int64_t bytes() const = 0;
   virtual std::string name() const = 0;
@@ -120,6 +126,13 @@ class PagedKvStore : public KvStore {
   absl::Status EndStep() override;
   // A new message: commit what is pending and sync before its tokens.
   absl::Status BeginTurn(const TurnInfo& turn) override;
+  // The intent probe: between BeginProbe and EndProbe, steps of one token
+  // attend over the cache (and each other) as usual but are never committed;
+  // EndProbe drops them, restores the block being filled and reports the mass
+  // they gave each slot as its intent relevance (PageSource::ReportIntent).
+  bool SupportsProbe() const override { return source_->wants_attention(); }
+  absl::Status BeginProbe() override;
+  absl::Status EndProbe() override;
   // Commits the tokens written since the last commit (if any).
   absl::Status CommitPending();
 
@@ -157,6 +170,12 @@ class PagedKvStore : public KvStore {
   int steps_since_report_ = 0;
   std::vector<float> mass_;       // [num_slots]
   std::vector<float> head_mass_;  // Scratch: [num_kv_heads][slots].
+  // Intent probe state (BeginProbe..EndProbe).
+  bool probing_ = false;
+  int64_t probe_base_ = 0;  // num_slots_ when the probe began
+  int64_t probe_residual_block_ = 0;
+  std::vector<std::vector<float>> probe_k_residual_, probe_v_residual_;
+  std::vector<float> probe_mass_;  // [probe_base_]
 };
 
 }  // namespace polykv::worker

@@ -68,6 +68,13 @@ class PoolPageSource : public PageSource {
 
   bool wants_attention() const override { return true; }
 
+  absl::Status ReportIntent(std::span<const float> relevance) override {
+    const size_t n = std::min(relevance.size(), static_cast<size_t>(committed_));
+    if (n == 0) return absl::OkStatus();
+    return Benign(session_->ReportIntent(
+        0, std::vector<float>(relevance.begin(), relevance.begin() + n)));
+  }
+
   absl::Status ReportAttention(std::span<const float> mass) override {
     // Only committed slots may be reported.
     const size_t n = std::min(mass.size(), static_cast<size_t>(committed_));

@@ -1,6 +1,7 @@
 #include "daemon/compaction/executor.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/ops.h"
@@ -18,6 +19,15 @@ policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
   v.layers.resize(1);
   auto& layer = v.layers[0];
   layer.slots.resize(slots.size());
+  // Slots newer than the last intent probe have no relevance yet: they rank
+  // with the most relevant, not below everything (they are the current turn).
+  float newest_intent = 0.f;
+  bool any_intent = false;
+  for (const SlotRecord& r : slots) {
+    if (std::isnan(r.intent)) continue;
+    newest_intent = any_intent ? std::max(newest_intent, r.intent) : r.intent;
+    any_intent = true;
+  }
   for (size_t i = 0; i < slots.size(); ++i) {
     const SlotRecord& r = slots[i];
     v.tokens[i] = r.meta;
@@ -25,6 +35,7 @@ policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
     s.token = static_cast<uint32_t>(i);
     s.count = std::max<uint32_t>(r.count, 1);
     s.attn = r.attn;
+    s.intent = std::isnan(r.intent) ? newest_intent : r.intent;
     s.k_format = kf;
     s.v_format = vf;
   }
@@ -60,8 +71,13 @@ absl::StatusOr<CompactionGroups> LowerPlan(const std::vector<SlotRecord>& slots,
     if (out.group_offsets[j + 1] - out.group_offsets[j] > 1) {
       rec.attn = 0.f;
       for (int32_t m = out.group_offsets[j]; m < out.group_offsets[j + 1]; ++m) {
-        rec.attn += slots[size_t(out.members[size_t(m)])].attn;
-        rec.meta.pinned |= slots[size_t(out.members[size_t(m)])].meta.pinned;
+        const SlotRecord& member = slots[size_t(out.members[size_t(m)])];
+        rec.attn += member.attn;
+        rec.meta.pinned |= member.meta.pinned;
+        // The most relevant member speaks for the group (unknown stays unknown).
+        if (!std::isnan(member.intent)) {
+          rec.intent = std::isnan(rec.intent) ? member.intent : std::max(rec.intent, member.intent);
+        }
       }
     }
     out.slots.push_back(rec);

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -31,6 +32,8 @@ struct SlotRecord {
   policies::TokenMeta meta;  // of the slot's (representative) token
   uint32_t count = 1;        // tokens folded into this slot
   float attn = 0.f;          // accumulated attention mass
+  // Relevance to the current intent (ReportSlots); NaN until reported.
+  float intent = std::numeric_limits<float>::quiet_NaN();
 };
 
 // One-layer view of `slots` (see file comment).

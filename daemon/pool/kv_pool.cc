@@ -856,7 +856,7 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
         s.tables.epoch, "; Sync, then report slots of the new tables"));
   }
   const uint64_t committed = s.tables.committed_tokens;
-  const uint64_t n = std::max(r.slots.size(), r.attention.size());
+  const uint64_t n = std::max({r.slots.size(), r.attention.size(), r.intent.size()});
   if (r.first_slot > committed || n > committed - r.first_slot) {
     return absl::InvalidArgumentError(absl::StrCat(
         "slots [", r.first_slot, ", ", r.first_slot + n, ") are not all committed (",
@@ -878,6 +878,12 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
                                                      " is not a finite value >= 0"));
     }
   }
+  for (size_t i = 0; i < r.intent.size(); ++i) {
+    if (!std::isfinite(r.intent[i])) {
+      return absl::InvalidArgumentError(absl::StrCat("intent[", i, "] = ", r.intent[i],
+                                                     " is not finite"));
+    }
+  }
   if (r.current_turn > static_cast<uint32_t>(INT32_MAX)) {
     return absl::InvalidArgumentError("current_turn out of range");
   }
@@ -887,6 +893,7 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
     static_cast<policies::SlotMeta&>(slots[r.first_slot + i].meta) = r.slots[i];
   }
   for (size_t i = 0; i < r.attention.size(); ++i) slots[r.first_slot + i].attn += r.attention[i];
+  for (size_t i = 0; i < r.intent.size(); ++i) slots[r.first_slot + i].intent = r.intent[i];
   if (r.current_turn > 0) s.policy.current_turn = static_cast<int32_t>(r.current_turn);
   return absl::OkStatus();
 }

@@ -129,6 +129,7 @@ struct ReportSlotsRequest {
   // Checked by KvPool::ReportSlots: enums in range, turn >= 0.
   std::vector<policies::SlotMeta> slots;  // for [first_slot, first_slot + size)
   std::vector<float> attention;           // for [first_slot, first_slot + size)
+  std::vector<float> intent;              // for [first_slot, first_slot + size); replaces
   uint32_t current_turn = 0;          // 0 = unchanged
 };
 

@@ -152,6 +152,7 @@ absl::StatusOr<ReportSlotsRequest> FromProto(const v1::ReportSlotsRequest& r) {
     s.pinned = m.pinned();
   }
   o.attention.assign(r.attention().begin(), r.attention().end());
+  o.intent.assign(r.intent().begin(), r.intent().end());
   return o;
 }
 

@@ -134,6 +134,14 @@ class Session {
                                    uint32_t current_turn = 0) {
     return absl::UnimplementedError("ReportSlots");
   }
+  // Reports each slot's relevance to the current turn's intent (e.g. the
+  // attention an intent probe's tokens give it) for [first_slot, first_slot +
+  // relevance.size()), replacing earlier values: what `intent` policies rank
+  // by. Slots must be committed; values finite. FAILED_PRECONDITION when the
+  // daemon's epoch moved (Sync first).
+  virtual absl::Status ReportIntent(uint64_t first_slot, const std::vector<float>& relevance) {
+    return absl::UnimplementedError("ReportIntent");
+  }
 };
 
 struct AdminStats;  // client/include/polykv/admin.h

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <set>
 #include <thread>
@@ -294,6 +295,42 @@ TEST_F(CompactionTest, H2oKeepsReportedHeavyHittersAndPinnedSlots) {
   Check();
 }
 
+// The worker's intent probe (ReportSlots.intent) is what `intent` ranks by;
+// slots committed after the probe have none yet and rank with the most
+// relevant (they are the turn in progress), not below everything.
+TEST_F(CompactionTest, IntentKeepsTheSlotsMostRelevantToTheReportedIntent) {
+  SetQos("a", "intent", 32);
+  Sess s = Open("a");
+  ASSERT_TRUE(Append(s, 60).ok());
+  ReportSlotsRequest r;
+  r.slots.resize(60);
+  for (int i = 0; i < 60; ++i) r.slots[i].turn = i / 8;  // 8 turns: past intent.min_turns
+  r.intent.assign(56, 0.01f);                            // slots 56..59: after the probe
+  for (int i = 20; i < 28; ++i) r.intent[i] = 5.f;
+  ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
+  ASSERT_TRUE(Sync(s).value());
+  EXPECT_EQ(s.committed, 28u);
+  std::set<int64_t> kept(s.positions.begin(), s.positions.end());
+  for (int64_t p : {0, 1, 2, 3}) EXPECT_TRUE(kept.contains(p)) << "sink " << p;
+  for (int64_t p = 20; p < 28; ++p) EXPECT_TRUE(kept.contains(p)) << "relevant " << p;
+  for (int64_t p = 56; p < 60; ++p) EXPECT_TRUE(kept.contains(p)) << "newer than the probe " << p;
+  Check();
+  // A later report replaces the relevance: now 40..47 matter, and the kept
+  // slots of the old intent are no longer special.
+  ASSERT_TRUE(Append(s, 24).ok());  // 52 slots
+  ReportSlotsRequest next;
+  next.epoch = s.epoch;
+  next.intent.assign(52, 0.01f);
+  for (size_t i = 0; i < 52; ++i) {
+    if (s.positions.size() > i && s.positions[i] >= 60 && s.positions[i] < 68) next.intent[i] = 9.f;
+  }
+  ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, next).ok());
+  ASSERT_TRUE(Sync(s).value());
+  std::set<int64_t> kept2(s.positions.begin(), s.positions.end());
+  for (int64_t p = 60; p < 68; ++p) EXPECT_TRUE(kept2.contains(p)) << "relevant now " << p;
+  Check();
+}
+
 TEST_F(CompactionTest, BadReportSlotsChangesNothing) {
   SetQos("a", "window", 32);
   Sess s = Open("a");
@@ -314,6 +351,9 @@ TEST_F(CompactionTest, BadReportSlotsChangesNothing) {
   bad.attention = {1.f, -1.f};
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
   bad.attention.clear();
+  bad.intent = {0.5f, std::numeric_limits<float>::infinity()};
+  EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.intent.clear();
   bad.first_slot = 39;  // slots 39, 40: 40 is not committed
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
   bad.first_slot = 3;

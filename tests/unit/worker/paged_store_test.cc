@@ -147,6 +147,11 @@ class RepublishingSource : public PageSource {
     for (float m : mass) reported_mass_ += m;
     return absl::OkStatus();
   }
+  absl::Status ReportIntent(std::span<const float> relevance) override {
+    intent_.assign(relevance.begin(), relevance.end());
+    return absl::OkStatus();
+  }
+  std::vector<float> intent_;
   int64_t bytes() const override { return inner_->bytes(); }
   std::string name() const override { return "republishing"; }
   bool wants_attention() const override { return true; }
@@ -245,6 +250,67 @@ TEST(PagedKvStoreTest, PrefillChunksReportTheirAttentionMass) {
     ASSERT_TRUE((*store)->BeginTurn(TurnInfo{1, Role::kUser, ""}).ok());  // reports the last chunk
     const double want = prefill_mass ? double(layers) * heads * 40 : 0.0;
     EXPECT_NEAR(src->reported_mass_, want, 1e-3 * std::max(1.0, want));
+  }
+}
+
+// The intent probe leaves no trace in the cache: a store that probed in the
+// middle of a block (f16 and int4 pages: the block is re-encoded from its own
+// rows) gives the same logits afterwards as one that never probed, and
+// reports one relevance per committed slot, the probe tokens' attention.
+TEST(PagedKvStoreTest, AnIntentProbeIsReportedAndLeavesTheCacheAsItWas) {
+  POLYKV_REQUIRE_MODEL();
+  const LlamaModel& m = *model->model;
+  const int layers = m.config().num_layers, heads = m.config().num_heads;
+  for (PageFormat vf : {PageFormat::kF16, PageFormat::kInt4}) {
+    SCOPED_TRACE(std::string(kernels::FormatShortName(vf)));
+    auto make = [&](RepublishingSource** raw) {
+      HeapPageSourceOptions ho;
+      ho.shape = m.config().kv_shape();
+      ho.k_format = PageFormat::kF16;
+      ho.v_format = vf;
+      auto inner = NewHeapPageSource(ho);
+      EXPECT_TRUE(inner.ok());
+      *raw = new RepublishingSource(std::move(*inner));
+      PagedKvStoreOptions po;
+      po.shape = m.config().kv_shape();
+      auto store = PagedKvStore::Create(po, std::unique_ptr<PageSource>(*raw));
+      EXPECT_TRUE(store.ok());
+      return std::move(*store);
+    };
+    RepublishingSource *probed_src = nullptr, *plain_src = nullptr;
+    auto probed = make(&probed_src);
+    auto plain = make(&plain_src);
+    ASSERT_TRUE(probed->SupportsProbe());
+    std::vector<TokenMeta> context;
+    for (int i = 0; i < 27; ++i) context.push_back({300 + 7 * i, i, 0, Role::kUser});  // 1 block + 11
+    std::vector<float> a, b;
+    ASSERT_TRUE(m.Forward(context, probed.get(), &a).ok());
+    ASSERT_TRUE(m.Forward(context, plain.get(), &b).ok());
+    // Six probe tokens: they fill the partial block past its end into the next one.
+    std::vector<TokenMeta> probe;
+    for (int i = 0; i < 6; ++i) probe.push_back({900 + i, 27 + i, 1, Role::kAssistant});
+    ASSERT_TRUE(probed->BeginProbe().ok());
+    ASSERT_TRUE(m.Forward(probe, probed.get(), &a).ok());
+    ASSERT_TRUE(probed->EndProbe().ok());
+    EXPECT_EQ(probed->num_slots(), 27);
+    ASSERT_EQ(probed_src->intent_.size(), 27u);
+    double sum = 0;
+    for (float r : probed_src->intent_) {
+      EXPECT_GE(r, 0.0f);
+      sum += r;
+    }
+    // Each probe token's softmax over the cache and the probe tokens before
+    // it sums to 1 per head and layer; the 27 cached slots get most of it.
+    EXPECT_LE(sum, double(layers) * heads * 6 + 1e-2);
+    EXPECT_GT(sum, 0.5 * layers * heads * 6);
+    EXPECT_TRUE(plain_src->intent_.empty());
+    // The next tokens see exactly what the unprobed store has.
+    for (int i = 0; i < 8; ++i) {
+      const TokenMeta t{400 + i, 27 + i, 1, Role::kUser};
+      ASSERT_TRUE(m.Forward(std::span(&t, 1), probed.get(), &a).ok());
+      ASSERT_TRUE(m.Forward(std::span(&t, 1), plain.get(), &b).ok());
+      ASSERT_EQ(a, b) << "token " << i << " after the probe";
+    }
   }
 }
 
