@@ -128,7 +128,7 @@ absl::Status Conversation::AddMessage(const ChatMessage& message, std::string_vi
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = ProbeIntent(intent); !s.ok()) return s;
+  if (!intent.empty()) intent_to_probe_ = std::string(intent);
   std::vector<TaggedToken> tokens;
   chat_.AddMessage(message, turn_, &tokens);
   Queue(tokens);
@@ -140,10 +140,6 @@ absl::Status Conversation::Flush(std::vector<float>* last_logits) {
   std::vector<TaggedToken> held;
   chat_.Flush(&held);
   Queue(held);
-  return ForwardPending(last_logits);
-}
-
-absl::Status Conversation::ForwardPending(std::vector<float>* last_logits) {
   const int chunk = std::max(1, options_.prefill_chunk);
   for (size_t i = 0; i < pending_.size(); i += chunk) {
     const size_t n = std::min(pending_.size() - i, static_cast<size_t>(chunk));
@@ -153,6 +149,14 @@ absl::Status Conversation::ForwardPending(std::vector<float>* last_logits) {
     }
   }
   pending_.clear();
+  // The latest intent since the last probe, over what is now cached. Probing
+  // here, after the prefill, leaves the prefill's chunks as they would be
+  // without it (probing at each message would split them at message bounds).
+  if (!intent_to_probe_.empty()) {
+    const std::string intent = std::move(intent_to_probe_);
+    intent_to_probe_.clear();
+    return ProbeIntent(intent);
+  }
   return absl::OkStatus();
 }
 
@@ -164,7 +168,7 @@ absl::StatusOr<TurnResult> Conversation::Generate(
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = ProbeIntent(intent); !s.ok()) return s;
+  if (!intent.empty()) intent_to_probe_ = std::string(intent);
   std::vector<TaggedToken> prompt;
   chat_.AddGenerationPrompt(turn_, &prompt);
   Queue(prompt);
@@ -223,11 +227,7 @@ absl::Status Conversation::ProbeIntent(std::string_view intent) {
   if (intent.empty() || !options_.intent_probe || !store_->SupportsProbe()) {
     return absl::OkStatus();
   }
-  // The probe attends over what is cached, so the final tokens queued so far
-  // go in first (text the chat tokenizer still holds stays held: flushing it
-  // could tokenize a boundary differently).
-  std::vector<float> logits;
-  if (absl::Status s = ForwardPending(&logits); !s.ok()) return s;
+  std::vector<float> logits;  // the probe's own: the caller keeps the prefill's
   const std::vector<int32_t> ids = m_->tokenizer->Encode(intent, false);
   if (ids.empty()) return absl::OkStatus();
   std::vector<TokenMeta> probe;

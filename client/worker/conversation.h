@@ -44,8 +44,9 @@ absl::StatusOr<Role> ParseRole(std::string_view role);
 
 struct ConversationOptions {
   int prefill_chunk = 64;     // Tokens per prefill step.
-  // A message's intent is probed (KvStore::BeginProbe) over the cache when it
-  // starts, if the store supports it: the daemon's `intent` policies rank by it.
+  // The latest message intent is probed (KvStore::BeginProbe) over the cache
+  // after the next prefill, if the store supports it: the daemon's `intent`
+  // policies rank by it from their next compaction on.
   bool intent_probe = true;
   SamplerOptions sampler;
 };
@@ -107,8 +108,6 @@ class Conversation {
  private:
   void Queue(const std::vector<int32_t>& ids, Role role);
   void Queue(const std::vector<TaggedToken>& tokens);
-  // Runs the queued tokens through the model (no chat-tokenizer flush).
-  absl::Status ForwardPending(std::vector<float>* last_logits);
   // The intent's tokens over the cache as a probe the store does not keep.
   absl::Status ProbeIntent(std::string_view intent);
 
@@ -118,6 +117,7 @@ class Conversation {
   Sampler sampler_;
   ChatTokenizer chat_;  // Rendered and tokenized prompt pieces.
   std::vector<TokenMeta> pending_;
+  std::string intent_to_probe_;  // set by a message with an intent; probed after the next prefill
   int32_t next_position_ = 0;
   int32_t turn_ = 0;          // Index of the next message.
   int32_t end_of_turn_id_ = -1;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "client/worker/conversation.h"
 #include "client/worker/sampler.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/test_util.h"
@@ -312,6 +313,45 @@ TEST(PagedKvStoreTest, AnIntentProbeIsReportedAndLeavesTheCacheAsItWas) {
       ASSERT_EQ(a, b) << "token " << i << " after the probe";
     }
   }
+}
+
+// The conversation probes the latest intent after the prefill that follows
+// it, over every slot then cached, and leaves the answer as it would be
+// without the probe.
+TEST(PagedKvStoreTest, AConversationProbesTheLatestIntentAfterThePrefill) {
+  POLYKV_REQUIRE_MODEL();
+  const LlamaModel& m = *model->model;
+  std::vector<std::string> answers;
+  for (bool probe : {true, false}) {
+    HeapPageSourceOptions ho;
+    ho.shape = m.config().kv_shape();
+    auto inner = NewHeapPageSource(ho);
+    ASSERT_TRUE(inner.ok());
+    auto* src = new RepublishingSource(std::move(*inner));
+    PagedKvStoreOptions po;
+    po.shape = m.config().kv_shape();
+    auto store = PagedKvStore::Create(po, std::unique_ptr<PageSource>(src));
+    ASSERT_TRUE(store.ok());
+    ConversationOptions co;
+    co.intent_probe = probe;
+    Conversation conv(model, store->get(), co);
+    ASSERT_TRUE(conv.AddMessage(Role::kUser, "The build fails in parse_config: a KeyError on 'port'.",
+                                "user: reports a failing build").ok());
+    EXPECT_TRUE(src->intent_.empty()) << "nothing is probed before the prefill";
+    auto r = conv.Generate(8, "plan: find the missing key");
+    ASSERT_TRUE(r.ok()) << r.status();
+    answers.push_back(r->text);
+    if (probe) {
+      // Every slot cached at the probe: the prompt (context + generation prompt).
+      EXPECT_EQ(static_cast<int>(src->intent_.size()), r->prompt_tokens);
+      double sum = 0;
+      for (float x : src->intent_) sum += x;
+      EXPECT_GT(sum, 0.0);
+    } else {
+      EXPECT_TRUE(src->intent_.empty());
+    }
+  }
+  EXPECT_EQ(answers[0], answers[1]);
 }
 
 TEST(PagedKvStoreTest, ReservationFailureIsReported) {
