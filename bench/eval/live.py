@@ -50,11 +50,11 @@ TENANT = "eval"
 # polykv-eval's EvalKvStore keeps the latest 128 slots in f16 for int2
 # (cache_config.cc kInt2Residual); the worker's paged store has no such tail.
 INT2_TAIL = 128
-# The daemon compacts a session past budget + max(budget / 10, 1)
-# (daemon/compaction/compactor.cc CompactionTarget) ...
-# ... and only at a Sync, which the worker's PagedKvStore makes before its
-# first forward step and then every 8 steps (PagedKvStoreOptions::
-# sync_every_steps; a prefill chunk is one step).
+# polykvd compacts a session holding more than budget + max(budget / 10, 1)
+# tokens (daemon/compaction/compactor.cc CompactionTarget), and only at a
+# Sync, which the worker's PagedKvStore makes before its first forward step
+# and then every this many steps (PagedKvStoreOptions::sync_every_steps; a
+# prefill chunk is one step).
 WORKER_SYNC_EVERY_STEPS = 8
 # Agent ids: letters, digits and _.:- (daemon/pool/validation.cc), at most
 # this many characters (a shorter limit than the daemon's own, to be safe).
