@@ -6,9 +6,11 @@
   python3 bench/eval/eval.py --preset quick --families recall tools --per-family 1 \\
       --configs "full@1/f16,hybrid@0.1/K8V4" --skip-build
   python3 bench/eval/eval.py --preset quick --workload my_script.json --name mine
+  python3 bench/eval/eval.py --preset quick --live --name quick-live   # on a live polykvd
 
 Everything lands in OUT/NAME/ (default results/<preset>/): tasks/, configs.txt,
-results.jsonl, scored.jsonl, meta.json, report.md, summary.json, *.png.
+results.jsonl, scored.jsonl, meta.json, report.md, summary.json, *.png; with
+--live also polykvd.log, polykvd_metrics.txt and live/ (each worker's output).
 Stdlib only: the plotting dependencies live in a venv this script creates
 (${POLYKV_EVAL_VENV:-~/.cache/polykv/eval-venv}) and report.py runs in it.
 """
@@ -27,6 +29,9 @@ import subprocess
 import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import live  # noqa: E402  (bench/eval/live.py: --live)
 
 # ===========================================================================
 # PRESETS — the one place to tune run size. Edit freely after timing a run.
@@ -100,8 +105,9 @@ MAX_CONTEXT_TOKENS = 8192  # what a static allocator would reserve per session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EVAL_DIR = os.path.join(ROOT, "bench", "eval")
-BINARY = os.path.join(ROOT, "build", "bin", "polykv-eval")
-BENCH = os.path.join(ROOT, "build", "bin", "polykv-bench")
+BIN_DIR = os.path.join(ROOT, "build", "bin")
+BINARY = os.path.join(BIN_DIR, "polykv-eval")
+BENCH = os.path.join(BIN_DIR, "polykv-bench")
 # polykv-bench capacity takes seconds; a run far past that is stuck, and the
 # evaluation's results should not wait on it.
 CAPACITY_TIMEOUT_S = 600
@@ -214,9 +220,12 @@ def cpu_model() -> str:
 # Steps
 
 
-def ensure_venv() -> str:
+def ensure_venv(plots: bool = True) -> str:
     """Python to run report.py with: the eval venv's, or this one (plots
-    then skipped) where the venv cannot be made."""
+    then skipped) where the venv cannot be made or plots is False."""
+    if not plots:
+        log("plots off (--no-plots): report.py runs without the venv")
+        return sys.executable
     venv = os.environ.get("POLYKV_EVAL_VENV") or os.path.join(HOME_CACHE, "eval-venv")
     req = os.path.join(EVAL_DIR, "requirements.txt")
     py = os.path.join(venv, "bin", "python")
@@ -458,11 +467,24 @@ def parse_args(argv):
     ap.add_argument("--max-tokens", type=int)
     ap.add_argument("--model", help="GGUF model: a path or a scripts/fetch-model.sh name "
                     f"(default: {DEFAULT_MODEL})")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2,
+                    help="configs answered at once (--live: worker processes at once, each "
+                    "with --threads 1; default 2)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--data-dir", default=os.path.join(HOME_CACHE, "eval-data"),
                     help="public data sets for bfcl/humaneval (default ~/.cache/polykv/eval-data)")
     ap.add_argument("--skip-build", action="store_true", help="use the existing build/")
+    ap.add_argument("--bin-dir", default=BIN_DIR,
+                    help="where the binaries are (default build/bin; the build step still "
+                    "builds build/)")
+    ap.add_argument("--live", action="store_true",
+                    help="run every (task, config) as a polykv-worker on a live polykvd, the "
+                    "config set as the agent's QoS, instead of polykv-eval (README: Live mode)")
+    ap.add_argument("--resume", action="store_true",
+                    help="--live: keep OUT/NAME and skip the (task, config) pairs its "
+                    "results.jsonl already holds")
+    ap.add_argument("--no-plots", action="store_true",
+                    help="write the report without plots (no venv, no pip)")
     ap.add_argument("--no-live-capacity", action="store_true",
                     help="skip measuring capacity on a live polykvd (polykv-bench capacity)")
     ap.add_argument("--capacity-pool-mib", type=int, default=1024, metavar="MIB",
@@ -489,6 +511,13 @@ def main(argv=None) -> int:
         die(f"--min-tokens {mn} > --max-tokens {mx}")
     if args.capacity_pool_mib < 1:
         die("--capacity-pool-mib must be at least 1")
+    if args.resume and not args.live:
+        die("--resume continues --live runs only (polykv-eval has its own --resume)")
+    if args.threads < 1:
+        die("--threads must be at least 1")
+    bin_dir = os.path.abspath(os.path.expanduser(args.bin_dir))
+    binary = os.path.join(bin_dir, "polykv-eval")
+    bench = os.path.join(bin_dir, "polykv-bench")
     name = args.name or args.preset
     # Relative to the repository root, where results/ is gitignored.
     out = os.path.join(ROOT, os.path.expanduser(args.out), name)
@@ -503,7 +532,7 @@ def main(argv=None) -> int:
            else f"(workload files: {len(args.workload)})") + f", output {out}")
 
     step("report environment")
-    report_py = ensure_venv()
+    report_py = ensure_venv(plots=not args.no_plots)
 
     if args.skip_build:
         step("build skipped (--skip-build)")
@@ -511,8 +540,14 @@ def main(argv=None) -> int:
         step("build: bash scripts/build.sh")
         run(["bash", "scripts/build.sh"], "scripts/build.sh",
             hint="see the compiler output above")
-    if not os.access(BINARY, os.X_OK):
-        die(f"{os.path.relpath(BINARY, ROOT)} not found: build it with bash scripts/build.sh"
+    if args.live:
+        missing = live.Bins.at(bin_dir).missing()
+        if missing:
+            die(f"--live needs {', '.join(os.path.relpath(m, ROOT) for m in missing)}: build "
+                "them with bash scripts/build.sh" + (" (or drop --skip-build)" if args.skip_build
+                                                     else ""))
+    elif not os.access(binary, os.X_OK):
+        die(f"{os.path.relpath(binary, ROOT)} not found: build it with bash scripts/build.sh"
             + (" (or drop --skip-build)" if args.skip_build else ""))
 
     step("model")
@@ -527,12 +562,18 @@ def main(argv=None) -> int:
         run([sys.executable, data_py, "--dir", args.data_dir], "data.py")
 
     # A fresh output folder: stale tasks or records from an earlier run under
-    # the same name would silently join this one's averages.
-    if os.path.exists(out):
+    # the same name would silently join this one's averages. --resume keeps
+    # it, tasks included (the records name them).
+    resumed = args.resume and os.path.isdir(tasks_dir) and bool(os.listdir(tasks_dir))
+    if resumed:
+        log(f"resuming the run in {out} with its tasks")
+    elif os.path.exists(out):
         log(f"replacing the earlier run in {out}")
         shutil.rmtree(out)
-    os.makedirs(tasks_dir)
-    if args.workload:
+    os.makedirs(tasks_dir, exist_ok=True)
+    if resumed:
+        step("tasks: kept (--resume)")
+    elif args.workload:
         step(f"tasks: copying {len(args.workload)} workload file(s)")
         copy_workloads(args.workload, tasks_dir)
     else:
@@ -545,11 +586,27 @@ def main(argv=None) -> int:
     with open(configs_txt, "w") as f:
         f.write("".join(c + "\n" for c in configs))
     results = os.path.join(out, "results.jsonl")
-    step(f"run: polykv-eval, {len(configs)} configs, {args.threads} threads")
-    run([BINARY, "--tasks", tasks_dir, "--configs-file", configs_txt, "--out", results,
-         "--model", model, "--threads", str(args.threads)], "polykv-eval")
-    if not os.path.exists(results) or os.path.getsize(results) == 0:
-        die(f"polykv-eval wrote no records to {results}")
+    live_meta = None
+    if args.live:
+        step(f"run: live, {len(configs)} configs, {args.threads} workers at a time")
+        for c in configs:
+            try:
+                live.parse_config(c)
+            except ValueError as e:
+                die(str(e))
+        try:
+            live_meta = live.run_live(tasks_dir, configs, model, out, bin_dir, args.threads,
+                                      args.resume, log)
+        except live.LiveError as e:
+            die(str(e))
+        if not os.path.exists(results) or os.path.getsize(results) == 0:
+            die(f"the live run wrote no records to {results}")
+    else:
+        step(f"run: polykv-eval, {len(configs)} configs, {args.threads} threads")
+        run([binary, "--tasks", tasks_dir, "--configs-file", configs_txt, "--out", results,
+             "--model", model, "--threads", str(args.threads)], "polykv-eval")
+        if not os.path.exists(results) or os.path.getsize(results) == 0:
+            die(f"polykv-eval wrote no records to {results}")
 
     step("score: score.py")
     scored = os.path.join(out, "scored.jsonl")
@@ -561,7 +618,7 @@ def main(argv=None) -> int:
     step("meta.json")
     records = read_jsonl(scored)
     bpt = next((r["bytes_per_token_f16"] for r in records if r.get("bytes_per_token_f16")), None)
-    bpt_source = "polykv-eval records"
+    bpt_source = "live records" if args.live else "polykv-eval records"
     if bpt is None:
         bpt, bpt_source = SMOLLM2_BYTES_PER_TOKEN_F16, (
             "constant for SmolLM2-135M (30 layers x K,V x 3 KV heads x 64 x 2 bytes)")
@@ -585,7 +642,10 @@ def main(argv=None) -> int:
         "bytes_per_token_f16_source": bpt_source,
         "max_context_tokens": MAX_CONTEXT_TOKENS,
         "static_session_bytes": MAX_CONTEXT_TOKENS * bpt,
+        "mode": "live" if args.live else "harness",
     }
+    if live_meta is not None:
+        meta["live"] = live_meta
     with open(os.path.join(out, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
         f.write("\n")
@@ -595,20 +655,20 @@ def main(argv=None) -> int:
     run(report_cmd, "report.py", capture=True)
 
     if live_capacity:
-        if not os.access(BENCH, os.X_OK):
-            step(f"live capacity skipped: {os.path.relpath(BENCH, ROOT)} is not built")
+        if not os.access(bench, os.X_OK):
+            step(f"live capacity skipped: {os.path.relpath(bench, ROOT)} is not built")
         else:
             # Sized from this run's summary.json, so it follows the first
             # report; the second one adds the measurement to report.md.
             step(f"live capacity: polykv-bench capacity, pool {args.capacity_pool_mib} MiB")
-            warning = measure_live_capacity(out, args.capacity_pool_mib)
+            warning = measure_live_capacity(out, args.capacity_pool_mib, bench=bench)
             if warning:
                 log(f"warning: {warning}")
             # What negotiating with polykvd costs (report.py sets it against
             # the measured decode step).
             log("negotiation: polykv-bench rpc --json --iters 300")
             try:
-                rpc = subprocess.run([BENCH, "rpc", "--json", "--iters", "300"], text=True,
+                rpc = subprocess.run([bench, "rpc", "--json", "--iters", "300"], text=True,
                                      capture_output=True, timeout=300, check=True).stdout
                 json.loads(rpc)
                 with open(os.path.join(out, "rpc.json"), "w") as f:

@@ -62,6 +62,13 @@ class KvStore {
   virtual int64_t num_slots() const = 0;
   // Bytes of KV memory this store holds (for summaries).
   virtual int64_t bytes() const = 0;
+  // The most bytes() has been since the store was created. Default: bytes(),
+  // right for a store that never shrinks.
+  virtual int64_t peak_bytes() const { return bytes(); }
+  // The epoch of the block table in use: polykvd opens a session at 0 and
+  // publishes epoch + 1 at each compaction, so for a new session it counts
+  // the compactions adopted. Default: 0, for a store nothing else rewrites.
+  virtual uint64_t epoch() const { return 0; }
   // "local-f32", "pool", ...
   virtual std::string name() const = 0;
 

@@ -3,13 +3,15 @@
 // pool (--daemon) or in process memory (--local-cache, the baseline).
 //
 //   polykv-worker run SCRIPT.jsonl --local-cache [--max-new-tokens N] [--seed S]
+//   polykv-worker run SCRIPT.jsonl --count-tokens
 //   polykv-worker chat --local-cache
 //
 // Script: one JSON object per line, {"role": "system"|"user"|"tool"|"assistant",
 // "content": "..."}; an assistant line without "content" or "tool_calls"
 // generates that turn (optional "max_new_tokens"); any line may carry
-// "intent" and "id". An optional first line {"tools": [...]} declares tools
-// (client/worker/README.md has the details).
+// "intent" and "id", a generated one "answer_prefix" (the start of the
+// answer, given to the model). An optional first line {"tools": [...]}
+// declares tools (client/worker/README.md has the details).
 // Output: one JSON line per generated turn on stdout (stable field names;
 // fields are only ever added); progress and errors on stderr.
 
@@ -25,8 +27,9 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/worker/conversation.h"
 #include "client/worker/blas_core.h"
+#include "client/worker/chat_tokenizer.h"
+#include "client/worker/conversation.h"
 #include "client/worker/json.h"
 #include "client/worker/kv_store.h"
 #include "client/worker/paged_kv_store.h"
@@ -59,6 +62,7 @@ struct Flags {
   int threads = 0;
   int64_t max_context = 8192;
   bool summary = false;
+  bool count_tokens = false;
 };
 
 int Fail(const absl::Status& s) {
@@ -155,14 +159,15 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const Flags& f, const LoadedM
 }
 
 std::string TurnJson(const Flags& f, const std::string& id, int turn, const TurnResult& r,
-                     const KvStore& store) {
+                     const std::string& answer_prefix, const KvStore& store) {
   const double pre_tps = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0;
   const double dec_tps = r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0;
   const auto round = [](double x, double unit) { return std::round(x / unit) * unit; };
-  return DumpJson({{"agent", f.agent},
+  JsonValue out = {{"agent", f.agent},
                    {"id", id},
                    {"turn", turn},
                    {"text", r.text},
+                   {"tokens", r.tokens},
                    {"prompt_tokens", r.prompt_tokens},
                    {"completion_tokens", r.completion_tokens},
                    {"cached_tokens", r.cached_tokens},
@@ -172,7 +177,22 @@ std::string TurnJson(const Flags& f, const std::string& id, int turn, const Turn
                    {"decode_tokens_per_s", round(dec_tps, 1e-2)},
                    {"stop", r.stop},
                    {"cache", store.name()},
-                   {"kv_bytes", store.bytes()}});
+                   {"kv_bytes", store.bytes()},
+                   {"kv_bytes_peak", store.peak_bytes()},
+                   {"epoch", store.epoch()}};
+  if (!answer_prefix.empty()) out["answer_prefix"] = answer_prefix;
+  return DumpJson(out);
+}
+
+// --count-tokens: the number of tokens of the rendered conversation before
+// `chat`'s next message, i.e. its length if it were flushed for the model
+// now (what polykv-eval counts as a task's context). `emitted` holds the
+// tokens `chat` has made final so far.
+size_t TokensBefore(const ChatTokenizer& chat, const std::vector<TaggedToken>& emitted) {
+  ChatTokenizer copy = chat;
+  std::vector<TaggedToken> held;
+  copy.Flush(&held);
+  return emitted.size() + held.size();
 }
 
 // --model is a fetch-model.sh name or a path; --threads sizes the products.
@@ -193,13 +213,37 @@ int RunScript(const Flags& f) {
   if (!in) return Fail(absl::NotFoundError(absl::StrCat(f.script, ": cannot open the script")));
   auto m = LoadFlagsModel(f);
   if (!m.ok()) return Fail(m.status());
-  auto store = MakeStore(f, **m);
+  // --count-tokens renders and tokenizes the messages only: no store, no model run.
+  absl::StatusOr<std::unique_ptr<KvStore>> store = std::unique_ptr<KvStore>();
+  if (!f.count_tokens) store = MakeStore(f, **m);
   if (!store.ok()) return Fail(store.status());
   ConversationOptions co;
   co.prefill_chunk = f.prefill_chunk;
   co.intent_probe = !f.no_intent_probe;
   co.sampler = {f.temperature, f.top_p, f.seed};
   Conversation conv(m->get(), store->get(), co);
+  ChatTokenizer chat(&(*m)->chat_template, (*m)->tokenizer.get());
+  std::vector<TaggedToken> emitted;
+  int count_turn = 0;
+  const auto count_line = [&](int line_no, const std::string& id, const std::string& role,
+                              bool generate) {
+    JsonValue o = {{"line", line_no},
+                   {"id", id},
+                   {"role", role},
+                   {"position", TokensBefore(chat, emitted)}};
+    if (generate) o["generate"] = true;
+    std::printf("%s\n", DumpJson(o).c_str());
+  };
+  if (f.count_tokens) {
+    // First the model's KV geometry, which sizes each token's cache.
+    const ModelConfig& mc = (*m)->model->config();
+    std::printf("%s\n", DumpJson({{"model", mc.name},
+                                  {"num_layers", mc.num_layers},
+                                  {"num_kv_heads", mc.num_kv_heads},
+                                  {"head_dim", mc.head_dim},
+                                  {"context_length", mc.context_length}})
+                             .c_str());
+  }
 
   std::string line;
   int line_no = 0, generated = 0;
@@ -227,7 +271,11 @@ int RunScript(const Flags& f) {
       // {"tools": [schema, ...]}: declared once, before the first message.
       if (o.count("role") != 0) return Fail(where("a \"tools\" line is a line of its own"));
       if (!t->is_array()) return Fail(where("\"tools\" must be an array of JSON Schemas"));
-      if (auto s = conv.SetTools(t->get<std::vector<JsonValue>>()); !s.ok()) return Fail(where(s.message()));
+      auto tools = t->get<std::vector<JsonValue>>();
+      if (auto s = f.count_tokens ? chat.SetTools(std::move(tools)) : conv.SetTools(std::move(tools));
+          !s.ok()) {
+        return Fail(where(s.message()));
+      }
       continue;
     }
     std::string role_s, content, intent, id = absl::StrCat(line_no);
@@ -247,6 +295,11 @@ int RunScript(const Flags& f) {
     if (cs.ok() || o.count("tool_calls") != 0) {  // History: a message, or calls made.
       auto message = ChatMessageFromJson(*v);
       if (!message.ok()) return Fail(where(message.status().message()));
+      if (f.count_tokens) {
+        count_line(line_no, id, role_s, false);
+        chat.AddMessage(*message, count_turn++, &emitted);
+        continue;
+      }
       if (auto s = conv.AddMessage(*message, intent); !s.ok()) return Fail(where(s.message()));
       continue;
     }
@@ -259,10 +312,19 @@ int RunScript(const Flags& f) {
       }
       max_new = static_cast<int>(it->get<double>());
     }
+    std::string answer_prefix;
+    if (auto s = get_str("answer_prefix", &answer_prefix); !s.ok() && !absl::IsNotFound(s)) {
+      return Fail(s);
+    }
+    if (f.count_tokens) {
+      // What follows depends on the generated tokens, which only a run knows.
+      count_line(line_no, id, role_s, true);
+      return 0;
+    }
     const int turn = conv.turns();
-    auto r = conv.Generate(max_new, intent);
+    auto r = conv.Generate(max_new, intent, {}, answer_prefix);
     if (!r.ok()) return Fail(where(r.status().message()));
-    std::printf("%s\n", TurnJson(f, id, turn, *r, **store).c_str());
+    std::printf("%s\n", TurnJson(f, id, turn, *r, answer_prefix, **store).c_str());
     std::fflush(stdout);
     ++generated;
     total_prompt += r->prompt_tokens;
@@ -271,6 +333,7 @@ int RunScript(const Flags& f) {
     total_prefill += r->prefill_seconds;
     total_decode += r->decode_seconds;
   }
+  if (f.count_tokens) return 0;
   const double pre_tps = total_prefill > 0 ? total_prompt / total_prefill : 0;
   const double dec_tps = total_decode > 0 ? total_steps / total_decode : 0;
   std::fprintf(stderr,
@@ -290,7 +353,9 @@ int RunScript(const Flags& f) {
                                   {"decode_tokens_per_s", round2(dec_tps)},
                                   {"cached_tokens", (*store)->num_slots()},
                                   {"cache", (*store)->name()},
-                                  {"kv_bytes", (*store)->bytes()}})
+                                  {"kv_bytes", (*store)->bytes()},
+                                  {"kv_bytes_peak", (*store)->peak_bytes()},
+                                  {"epoch", (*store)->epoch()}})
                              .c_str());
   }
   return 0;
@@ -363,6 +428,9 @@ int main(int argc, char** argv) {
   CLI::App* run = app.add_subcommand("run", "run a JSONL conversation script");
   run->add_option("script", f.script, "SCRIPT.jsonl")->required();
   run->add_flag("--summary", f.summary, "print a final summary JSON line");
+  run->add_flag("--count-tokens", f.count_tokens,
+                "run no model: print the model's KV geometry, then each message's position (the "
+                "tokens before it); stops at the first generated turn");
   add_common(run);
   CLI::App* chat = app.add_subcommand("chat", "interactive chat on stdin/stdout");
   add_common(chat);

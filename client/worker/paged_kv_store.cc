@@ -132,6 +132,7 @@ void PagedKvStore::AddBlocks(const std::vector<PagedBlock>& blocks) {
     }
   }
   reserved_ = static_cast<int64_t>(tables_[0].size()) * page_shape_.block_tokens;
+  peak_bytes_ = std::max(peak_bytes_, source_->bytes());
 }
 
 absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {

@@ -19,6 +19,7 @@
 // per-token path makes no RPC on most steps.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -119,6 +120,9 @@ class PagedKvStore : public KvStore {
   const KvShape& shape() const override { return options_.shape; }
   int64_t num_slots() const override { return num_slots_; }
   int64_t bytes() const override { return source_->bytes(); }
+  // Taken whenever the block table grows or is replaced: a compacted
+  // session's peak is just before the compaction.
+  int64_t peak_bytes() const override { return std::max(peak_bytes_, bytes()); }
   std::string name() const override { return source_->name(); }
   absl::Status BeginStep(std::span<const TokenMeta> tokens) override;
   absl::Status Append(int layer, const float* k, const float* v) override;
@@ -140,7 +144,7 @@ class PagedKvStore : public KvStore {
   // step's queries) not yet reported: decode steps, and prefill chunks when
   // options.prefill_attention_mass and the source wants_attention().
   const std::vector<float>& pending_attention_mass() const { return mass_; }
-  uint64_t epoch() const { return epoch_; }
+  uint64_t epoch() const override { return epoch_; }
   PageSource* source() const { return source_.get(); }
 
  private:
@@ -163,6 +167,7 @@ class PagedKvStore : public KvStore {
   int64_t num_slots_ = 0;
   int64_t reserved_ = 0;
   uint64_t epoch_ = 0;
+  int64_t peak_bytes_ = 0;  // The largest source_->bytes() after AddBlocks.
   std::vector<TokenMeta> step_meta_;
   std::vector<TokenMeta> uncommitted_;  // Written, not yet committed to the source.
   int steps_since_sync_ = -1;           // -1: sync before the first step.

@@ -1,6 +1,7 @@
 // polykv-worker as a process: the output format of `run` (one JSON line per
-// generated turn, stable field names), reproducibility with --seed, and
-// clear errors for bad scripts and flags.
+// generated turn, stable field names), reproducibility with --seed, the
+// answer_prefix and --count-tokens that bench/eval/eval.py --live relies on,
+// and clear errors for bad scripts and flags.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -70,7 +71,8 @@ TEST(WorkerCliTest, RunPrintsOneLinePerGeneratedTurn) {
   ASSERT_EQ(lines.size(), 2u) << a.out;
   for (const char* key : {"id", "text", "prompt_tokens", "completion_tokens", "cached_tokens",
                           "prefill_ms", "decode_ms", "prefill_tokens_per_s",
-                          "decode_tokens_per_s", "stop", "agent", "turn", "cache", "kv_bytes"}) {
+                          "decode_tokens_per_s", "stop", "agent", "turn", "cache", "kv_bytes",
+                          "kv_bytes_peak", "epoch", "tokens"}) {
     EXPECT_EQ(lines[0].count(key), 1u) << key;
   }
   EXPECT_EQ(testing::Field(lines[0], "id").get_ref<const std::string&>(), "t1");
@@ -85,6 +87,94 @@ TEST(WorkerCliTest, RunPrintsOneLinePerGeneratedTurn) {
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(testing::Field(lines[i], "text").get_ref<const std::string&>(), testing::Field(lines_b[i], "text").get_ref<const std::string&>());
   }
+}
+
+// The generated ids come with the text; an answer_prefix is prefilled, not
+// generated, and echoed beside the text.
+TEST(WorkerCliTest, TurnsCarryTokenIdsAndAnswerPrefix) {
+  POLYKV_REQUIRE_MODEL();
+  const std::string script = WriteScript("cli_prefix.jsonl",
+      "{\"role\": \"user\", \"content\": \"The code is K-42. What is the code?\"}\n"
+      "{\"role\": \"assistant\", \"id\": \"a\", \"max_new_tokens\": 8}\n"
+      "{\"role\": \"user\", \"content\": \"And again?\"}\n"
+      "{\"role\": \"assistant\", \"id\": \"b\", \"max_new_tokens\": 8, "
+      "\"answer_prefix\": \"The code is\"}\n");
+  const Result r = RunWorker("run " + script + " --local-cache --summary");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto lines = Lines(r.out);
+  ASSERT_EQ(lines.size(), 3u) << r.out;
+  for (int i = 0; i < 2; ++i) {
+    const JsonValue& t = lines[i];
+    const auto& tokens = testing::Field(t, "tokens");
+    ASSERT_TRUE(tokens.is_array());
+    // Every sampled token but an end-of-turn one is in the list.
+    const bool eos = testing::Field(t, "stop").get_ref<const std::string&>() == "eos";
+    EXPECT_EQ(static_cast<double>(tokens.size()) + (eos ? 1 : 0),
+              testing::Field(t, "completion_tokens").get<double>());
+    EXPECT_GE(testing::Field(t, "kv_bytes_peak").get<double>(),
+              testing::Field(t, "kv_bytes").get<double>());
+    EXPECT_EQ(testing::Field(t, "epoch").get<double>(), 0);
+  }
+  EXPECT_EQ(lines[0].count("answer_prefix"), 0u);
+  EXPECT_EQ(testing::Field(lines[1], "answer_prefix").get_ref<const std::string&>(), "The code is");
+  // The prefix is part of the prompt: "The code is" adds tokens to turn b's
+  // prefill, and the text is what follows it.
+  const Result plain = RunWorker("run " + WriteScript("cli_noprefix.jsonl",
+      "{\"role\": \"user\", \"content\": \"The code is K-42. What is the code?\"}\n"
+      "{\"role\": \"assistant\", \"id\": \"a\", \"max_new_tokens\": 8}\n"
+      "{\"role\": \"user\", \"content\": \"And again?\"}\n"
+      "{\"role\": \"assistant\", \"id\": \"b\", \"max_new_tokens\": 8}\n") + " --local-cache");
+  const auto plain_lines = Lines(plain.out);
+  ASSERT_EQ(plain_lines.size(), 2u) << plain.out;
+  EXPECT_GT(testing::Field(lines[1], "prompt_tokens").get<double>(),
+            testing::Field(plain_lines[1], "prompt_tokens").get<double>());
+  EXPECT_EQ(testing::Field(lines[2], "kv_bytes_peak").get<double>(),
+            testing::Field(lines[1], "kv_bytes_peak").get<double>());
+}
+
+// --count-tokens runs no model: each message's position is the number of
+// tokens before it, so a run's first prefill is the generation line's
+// position plus the generation prompt, whatever came before.
+TEST(WorkerCliTest, CountTokensGivesMessagePositions) {
+  POLYKV_REQUIRE_MODEL();
+  const std::string a = WriteScript("cli_count_a.jsonl",
+      "{\"role\": \"system\", \"content\": \"You are terse.\"}\n"
+      "{\"role\": \"user\", \"content\": \"Say hi.\"}\n"
+      "{\"role\": \"assistant\", \"id\": \"g\", \"max_new_tokens\": 2}\n"
+      "{\"role\": \"user\", \"content\": \"never counted\"}\n");
+  const std::string b = WriteScript("cli_count_b.jsonl",
+      "{\"role\": \"system\", \"content\": \"You are terse.\"}\n"
+      "{\"role\": \"user\", \"content\": \"Say hi.\"}\n"
+      "{\"role\": \"tool\", \"content\": \"ok: 3 files, 12 lines\"}\n"
+      "{\"role\": \"assistant\", \"id\": \"g\", \"max_new_tokens\": 2}\n");
+  std::vector<double> generation_prompt;
+  for (const std::string& script : {a, b}) {
+    const Result c = RunWorker("run " + script + " --count-tokens");
+    ASSERT_EQ(c.code, 0) << c.out;
+    const auto lines = Lines(c.out);
+    // The model's geometry, then one line per message up to the generated turn.
+    ASSERT_EQ(lines.size(), script == a ? 4u : 5u) << c.out;
+    EXPECT_GT(testing::Field(lines[0], "num_layers").get<double>(), 0);
+    EXPECT_GT(testing::Field(lines[0], "head_dim").get<double>(), 0);
+    EXPECT_EQ(testing::Field(lines[1], "position").get<double>(), 0);
+    for (size_t i = 2; i < lines.size(); ++i) {
+      EXPECT_GT(testing::Field(lines[i], "position").get<double>(),
+                testing::Field(lines[i - 1], "position").get<double>());
+    }
+    const JsonValue& gen = lines.back();
+    EXPECT_TRUE(testing::Field(gen, "generate").get<bool>());
+    EXPECT_EQ(testing::Field(gen, "id").get_ref<const std::string&>(), "g");
+    EXPECT_EQ(testing::Field(gen, "line").get<double>(), script == a ? 3 : 4);
+    const Result r = RunWorker("run " + script + " --local-cache");
+    const auto turns = Lines(r.out);
+    ASSERT_GE(turns.size(), 1u) << r.out;
+    generation_prompt.push_back(testing::Field(turns[0], "prompt_tokens").get<double>() -
+                                testing::Field(gen, "position").get<double>());
+  }
+  // ChatML's "<|im_start|>assistant\n", the same few tokens after any history.
+  EXPECT_GT(generation_prompt[0], 0);
+  EXPECT_LT(generation_prompt[0], 8);
+  EXPECT_EQ(generation_prompt[0], generation_prompt[1]);
 }
 
 TEST(WorkerCliTest, BadScriptsAreClearErrors) {

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,38 +51,58 @@ std::vector<std::string> Texts(const std::string& out) {
   return texts;
 }
 
+// A polykvd on a private socket for one test, stopped with SIGTERM.
+class Daemon {
+ public:
+  // Empty socket() when polykvd is not built.
+  Daemon() {
+    const std::string daemon = Polykvd();
+    struct stat st;
+    if (daemon.empty() || stat(daemon.c_str(), &st) != 0) return;
+    dir_ = ::testing::TempDir() + "/polykv_worker_pool_" + std::to_string(getpid());
+    mkdir(dir_.c_str(), 0700);
+    const std::string sock = dir_ + "/polykvd.sock";
+    unlink(sock.c_str());
+    pid_ = fork();
+    if (pid_ < 0) return;
+    if (pid_ == 0) {
+      freopen((dir_ + "/polykvd.log").c_str(), "w", stderr);
+      execl(daemon.c_str(), daemon.c_str(), "--socket", sock.c_str(), "--metrics-address", "off",
+            "--pool-bytes", "256MiB", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    for (int i = 0; i < 100 && stat(sock.c_str(), &st) != 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    socket_ = sock;
+  }
+  ~Daemon() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+  }
+  const std::string& socket() const { return socket_; }
+
+ private:
+  std::string dir_, socket_;
+  pid_t pid_ = -1;
+};
+
 // Runs `script` (a fixture script) with `model` (a fetch-model.sh name, or
 // "" for the default) against --local-cache and a fresh polykvd with f32
 // pages; both must give the same greedy texts, `turns` of them.
 void CheckPoolEqualsLocal(const std::string& model, const std::string& script_name, size_t turns) {
-  const std::string daemon = Polykvd();
-  struct stat st;
-  if (daemon.empty() || stat(daemon.c_str(), &st) != 0) {
-    GTEST_SKIP() << "polykvd not built (" << daemon << "); set POLYKVD_BIN";
-  }
-  const std::string dir = ::testing::TempDir() + "/polykv_worker_pool_" + std::to_string(getpid());
-  mkdir(dir.c_str(), 0700);
-  const std::string sock = dir + "/polykvd.sock";
-  unlink(sock.c_str());
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    freopen((dir + "/polykvd.log").c_str(), "w", stderr);
-    execl(daemon.c_str(), daemon.c_str(), "--socket", sock.c_str(), "--metrics-address", "off",
-          "--pool-bytes", "256MiB", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  for (int i = 0; i < 100 && stat(sock.c_str(), &st) != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
   const std::string script = std::string(POLYKV_WORKER_FIXTURES) + "/scripts/" + script_name;
   std::string base = std::string(POLYKV_WORKER_BIN) + " run " + script + " --max-new-tokens 32 ";
   if (!model.empty()) base += "--model " + model + " ";
-  const auto local = Texts(Capture(base + "--local-cache"));
-  const auto pool = Texts(Capture(base + "--daemon " + sock + " --key-format f32 --value-format f32 2>&1"));
-  kill(pid, SIGTERM);
-  int status = 0;
-  waitpid(pid, &status, 0);
+  std::vector<std::string> local, pool;
+  {
+    Daemon d;
+    if (d.socket().empty()) GTEST_SKIP() << "polykvd not built (" << Polykvd() << "); set POLYKVD_BIN";
+    local = Texts(Capture(base + "--local-cache"));
+    pool = Texts(Capture(base + "--daemon " + d.socket() + " --key-format f32 --value-format f32 2>&1"));
+  }
   ASSERT_EQ(local.size(), turns);
   EXPECT_EQ(pool, local);
 }
@@ -99,6 +120,42 @@ TEST(WorkerPoolTest, F32PoolGreedyEqualsLocalCacheQwen) {
     GTEST_SKIP() << "run scripts/fetch-model.sh qwen2.5-coder-0.5b";
   }
   CheckPoolEqualsLocal("qwen2.5-coder-0.5b", "tool_coder.jsonl", 2);
+}
+
+// A session whose QoS budget makes polykvd compact it: the worker adopts the
+// new tables (its epoch counts them), holds fewer slots than it wrote, and
+// reports the bytes it held before the compactions as its peak.
+TEST(WorkerPoolTest, CompactedSessionReportsEpochAndPeakBytes) {
+  POLYKV_REQUIRE_MODEL();
+  const char* bin_dir = std::getenv("POLYKV_BIN_DIR");
+  const std::string ctl = bin_dir != nullptr ? std::string(bin_dir) + "/polykvctl" : "";
+  struct stat st;
+  if (ctl.empty() || stat(ctl.c_str(), &st) != 0) GTEST_SKIP() << "polykvctl not built (" << ctl << ")";
+  Daemon d;
+  if (d.socket().empty()) GTEST_SKIP() << "polykvd not built (" << Polykvd() << "); set POLYKVD_BIN";
+  const std::string set = Capture(ctl + " --socket " + d.socket() +
+                                  " qos set small --policy window --budget-tokens 48 2>&1");
+  ASSERT_NE(set.find("window"), std::string::npos) << set;
+  const std::string script = std::string(POLYKV_WORKER_FIXTURES) + "/scripts/coder.jsonl";
+  const std::string out =
+      Capture(std::string(POLYKV_WORKER_BIN) + " run " + script + " --max-new-tokens 32 --daemon " +
+              d.socket() + " --agent small --key-format f16 --value-format f16 --summary");
+  std::optional<JsonValue> summary;
+  size_t start = 0;
+  while (start < out.size()) {
+    size_t end = out.find('\n', start);
+    if (end == std::string::npos) end = out.size();
+    auto v = ParseJson(out.substr(start, end - start));
+    if (v.ok() && v->is_object() && v->count("summary")) summary = *v;
+    start = end + 1;
+  }
+  ASSERT_TRUE(summary.has_value()) << out;
+  EXPECT_GT(testing::Field(*summary, "epoch").get<double>(), 0) << out;
+  const double written = testing::Field(*summary, "prompt_tokens").get<double>() +
+                         testing::Field(*summary, "completion_tokens").get<double>();
+  EXPECT_LT(testing::Field(*summary, "cached_tokens").get<double>(), written - 48) << out;
+  EXPECT_GT(testing::Field(*summary, "kv_bytes_peak").get<double>(),
+            testing::Field(*summary, "kv_bytes").get<double>()) << out;
 }
 
 }  // namespace

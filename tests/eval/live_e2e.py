@@ -1,0 +1,124 @@
+"""eval.py --live end to end (ctest eval_live_test; not in the offline
+discover run, as it needs the binaries and the model).
+
+One SmolLM2 recall task of ~600 tokens under full@1/f16, window@0.5/f16 and a
+policy the daemon refuses, on a live polykvd; then polykv-eval's reference on
+the same task. Checks that the records are well-formed, that the refusal is
+an error carrying the daemon's message, that the window session was
+compacted, that the live reference answers with exactly polykv-eval's tokens,
+and that --resume runs nothing twice. About 30 s on 2 cores.
+
+  POLYKV_BIN_DIR=build/bin python3 tests/eval/live_e2e.py -v
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EVAL_PY = os.path.join(ROOT, "bench", "eval", "eval.py")
+BIN_DIR = os.environ.get("POLYKV_BIN_DIR") or os.path.join(ROOT, "build", "bin")
+MODEL_DIR = os.environ.get("POLYKV_MODEL_DIR") or os.path.join(
+    os.path.expanduser("~"), ".cache", "polykv", "models")
+MODEL = os.path.join(MODEL_DIR, "SmolLM2-135M-Instruct.Q4_1.gguf")
+CONFIGS = ["full@1/f16", "window@0.5/f16", "nosuchpolicy@0.5/f16"]
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def read_jsonl(path):
+    return [json.loads(x) for x in read(path).splitlines() if x.strip()]
+
+
+class LiveEndToEndTest(unittest.TestCase):
+    def setUp(self):
+        missing = [b for b in ("polykvd", "polykv-worker", "polykvctl", "polykv-eval")
+                   if not os.access(os.path.join(BIN_DIR, b), os.X_OK)]
+        if missing:
+            self.skipTest(f"not built in {BIN_DIR}: {', '.join(missing)}")
+        if not os.path.exists(MODEL):
+            self.skipTest("run scripts/fetch-model.sh smollm2-135m")
+
+    def eval_py(self, out, *extra):
+        cmd = [sys.executable, EVAL_PY, "--live", "--skip-build", "--no-plots",
+               "--no-live-capacity", "--bin-dir", BIN_DIR, "--model", MODEL,
+               "--families", "recall", "--per-family", "1", "--min-tokens", "600",
+               "--max-tokens", "650", "--configs", ",".join(CONFIGS), "--threads", "2",
+               "--out", out, "--name", "live", *extra]
+        p = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        return p
+
+    def test_live_run_matches_the_harness_reference(self):
+        with tempfile.TemporaryDirectory() as d:
+            self.eval_py(d)
+            run = os.path.join(d, "live")
+            recs = {r["config"]: r for r in read_jsonl(os.path.join(run, "results.jsonl"))}
+            self.assertEqual(sorted(recs), sorted(CONFIGS))
+            for r in recs.values():
+                self.assertEqual(r["mode"], "live")
+                self.assertEqual(r["task"], "recall-000")
+                self.assertEqual(r["family"], "recall")
+                self.assertIsInstance(r["context_tokens"], int)
+            ref, win, bad = (recs[c] for c in CONFIGS)
+            # The daemon's refusal, as an error with its message; nothing ran.
+            self.assertTrue(bad["error"].startswith("polykvctl qos set: INVALID_ARGUMENT: "
+                                                    "policy 'nosuchpolicy'"), bad["error"])
+            self.assertNotIn("output", bad)
+            for r in (ref, win):
+                self.assertNotIn("error", r, r.get("error"))
+                for k in ("output", "output_tokens", "token_agreement", "prefix_agreement",
+                          "bytes_peak", "bytes_full_f16", "bytes_fraction", "question_tokens",
+                          "decode_tokens_per_s", "prefill_tokens_per_s", "stop", "eval"):
+                    self.assertIn(k, r)
+                self.assertTrue(r["output"].startswith(r["answer_prefix"]))
+            self.assertEqual(ref["token_agreement"], 1.0)
+            self.assertEqual(ref["compactions"], 0)
+            self.assertIsNone(ref["budget_tokens"])
+            # window@0.5: half the context as its QoS budget, and compacted.
+            self.assertEqual(win["budget_tokens"], int(0.5 * win["context_tokens"] + 0.5))
+            self.assertGreaterEqual(win["compactions"], 1)
+            self.assertLess(win["bytes_final"], ref["bytes_final"])
+            self.assertLess(win["cached_tokens"], ref["cached_tokens"])
+            self.assertEqual(win["bytes_full_f16"], ref["bytes_peak"])
+            # The rest of the pipeline ran on the live records.
+            for f in ("scored.jsonl", "report.md", "meta.json", "polykvd.log",
+                      "polykvd_metrics.txt"):
+                self.assertTrue(os.path.exists(os.path.join(run, f)), f)
+            meta = json.loads(read(os.path.join(run, "meta.json")))
+            self.assertEqual(meta["mode"], "live")
+            self.assertIn("stopped", read(os.path.join(run, "polykvd.log")))
+
+            # polykv-eval's reference on the same task: the same context
+            # count, question and answer tokens (full cache, f16 pages).
+            harness = os.path.join(d, "harness.jsonl")
+            p = subprocess.run([os.path.join(BIN_DIR, "polykv-eval"), "--tasks",
+                                os.path.join(run, "tasks"), "--configs", "full@1/f16", "--out",
+                                harness, "--model", MODEL, "--threads", "1"],
+                               cwd=ROOT, text=True, capture_output=True)
+            self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+            h = read_jsonl(harness)
+            self.assertEqual(len(h), 1)
+            self.assertEqual(h[0]["context_tokens"], ref["context_tokens"])
+            self.assertEqual(h[0]["question_tokens"], ref["question_tokens"])
+            self.assertEqual(h[0]["output_tokens"], ref["output_tokens"])
+            self.assertEqual(h[0]["output"], ref["output"])
+
+            # --resume: every pair is recorded, so nothing runs again.
+            before = read(os.path.join(run, "results.jsonl"))
+            p = self.eval_py(d, "--resume")
+            self.assertIn("3 (task, config) pairs already in", p.stderr)
+            self.assertNotIn("worker runs", p.stderr)
+            self.assertEqual(read(os.path.join(run, "results.jsonl")), before)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,239 @@
+"""bench/eval/live.py and compare_live.py without a daemon or a model: config
+parsing as polykv-eval does it, budgets, agent names, task reading, the
+compaction check and the records built from worker output.
+
+The whole path (polykvd, workers, polykv-eval's reference) runs in
+tests/eval/live_e2e.py (ctest eval_live_test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench", "eval"))
+
+import compare_live  # noqa: E402
+import eval as driver  # noqa: E402
+import live  # noqa: E402
+
+
+def write_task(d: str, name: str, lines: list[dict]) -> str:
+    path = os.path.join(d, name)
+    with open(path, "w") as f:
+        for o in lines:
+            f.write(json.dumps(o) + "\n")
+    return path
+
+
+TASK_LINES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "The tag is v1.2."},
+    {"role": "assistant", "content": "Noted."},
+    {"role": "user", "content": "What is the tag?"},
+    {"role": "assistant", "id": "recall-007", "max_new_tokens": 8, "answer_prefix": "The tag is",
+     "eval": {"family": "recall", "scorer": "contains", "answers": ["v1.2"]}},
+]
+
+
+def turn(prompt, completion, tokens, epoch=0, cache="pool-f16-f16", peak=1000, final=600,
+         text=" v1.2.", stop="eos"):
+    return {"agent": "a", "id": "recall-007", "turn": 4, "text": text, "tokens": tokens,
+            "prompt_tokens": prompt, "completion_tokens": completion,
+            "cached_tokens": prompt + completion - 1, "decode_tokens_per_s": 20.0,
+            "prefill_tokens_per_s": 150.0, "stop": stop, "cache": cache, "kv_bytes": final,
+            "kv_bytes_peak": peak, "epoch": epoch}
+
+
+class ConfigTest(unittest.TestCase):
+    def test_canonical_text_and_formats(self):
+        c = live.parse_config("h2o@0.25/K8V4")
+        self.assertEqual((c.text, c.policy, c.budget, c.k_format, c.v_format, c.f16_tail),
+                         ("h2o@0.25/K8V4", "h2o", 0.25, "int8", "int4", 0))
+        # "full" ignores its budget; %g drops trailing zeros, as cache_config.cc does
+        self.assertEqual(live.parse_config("full@0.5/f16").text, "full@1/f16")
+        c = live.parse_config("sinks+structural+intent@0.10/K2V2")
+        self.assertEqual((c.text, c.k_format, c.v_format, c.f16_tail),
+                         ("sinks+structural+intent@0.1/K2V2", "int2", "int2", 128))
+        self.assertEqual(live.parse_config("window@1/f32").k_format, "f32")
+        for bad in ("h2o", "@0.5/f16", "h2o@0/f16", "h2o@1.5/f16", "h2o@x/f16", "h2o@0.5/K3V4",
+                    "h2o@0.5/bf16"):
+            with self.assertRaises(ValueError, msg=bad):
+                live.parse_config(bad)
+
+    def test_budget_rounds_like_llround(self):
+        self.assertEqual(live.budget_tokens(0.5, 1025), 513)   # 512.5 -> 513 (not to even)
+        self.assertEqual(live.budget_tokens(0.25, 1027), 257)
+        self.assertEqual(live.budget_tokens(0.001, 10), 1)
+
+    def test_agent_names_are_legal_and_unique(self):
+        taken = set()
+        a = live.agent_name("recall-000", "sinks+structural+intent@0.1/K2V2", taken)
+        self.assertEqual(a, "recall-000.sinks-structural-intent_0.1_K2V2")
+        self.assertRegex(a, r"^[A-Za-z0-9_.:-]+$")
+        self.assertEqual(live.agent_name("recall-000", "sinks+structural+intent@0.1/K2V2", taken),
+                         a + ".2")
+        long = live.agent_name("t" * 300, "h2o@0.5/f16", taken)
+        self.assertLessEqual(len(long), live.AGENT_MAX_LEN)
+        self.assertNotEqual(live.agent_name("t" * 300, "h2o@0.5/f16", taken), long)
+
+    def test_agreement_as_runner_cc(self):
+        self.assertEqual(live.agreement([1, 2, 3], [1, 2, 3]), (1.0, 1.0))
+        self.assertEqual(live.agreement([], []), (1.0, 1.0))
+        p, t = live.agreement([1, 2, 3], [1, 2])
+        self.assertAlmostEqual(p, 2 / 3)
+        self.assertAlmostEqual(t, 2 / 3)
+        p, t = live.agreement([1, 2], [9, 2, 3, 4])  # extra tokens count against
+        self.assertEqual((p, t), (0.0, 0.25))
+
+
+class TaskTest(unittest.TestCase):
+    def test_read_task_and_context(self):
+        with tempfile.TemporaryDirectory() as d:
+            t = live.read_task(write_task(d, "x.jsonl", TASK_LINES))
+            self.assertEqual((t.id, t.family, t.generation_line, t.question_line, t.answer_prefix),
+                             ("recall-007", "recall", 5, 4, "The tag is"))
+            count = [{"model": "m", "num_layers": 30, "num_kv_heads": 3, "head_dim": 64,
+                      "context_length": 8192}] + [
+                {"line": i + 1, "position": p} for i, p in enumerate([0, 10, 25, 31])] + [
+                {"line": 5, "position": 40, "generate": True}]
+            ctx, geo = live.context_from_count(t, count)
+            self.assertEqual(ctx, 31)
+            self.assertEqual(live.bytes_per_token_f16(geo), 23040)
+            with self.assertRaises(live.LiveError):
+                live.context_from_count(t, count[1:])  # no geometry
+            # no question: the context ends at the generation line
+            t2 = live.read_task(write_task(d, "y.jsonl", TASK_LINES[:3] + TASK_LINES[4:]))
+            self.assertIsNone(t2.question_line)
+            self.assertEqual(t2.generation_line, 4)
+            # a generated turn inside the context cannot be counted without a run
+            t3 = live.read_task(write_task(d, "z.jsonl", TASK_LINES[:2] + [
+                {"role": "assistant", "max_new_tokens": 4}] + TASK_LINES[3:]))
+            self.assertEqual(t3.generated_in_context, [3])
+            with self.assertRaisesRegex(live.LiveError, "generated turns"):
+                live.context_from_count(t3, count)
+            t4 = live.read_task(write_task(d, "plain.jsonl", TASK_LINES[:4] + [
+                {"role": "assistant"}]))
+            self.assertEqual((t4.id, t4.family, t4.eval), ("plain", "script", None))
+
+    def test_compaction_expected_follows_the_sync_cadence(self):
+        # 1050 prompt tokens = 8 chunks of 128 + 26: the Sync before step 8
+        # sees 1024 committed tokens
+        self.assertTrue(live.compaction_expected(513, [turn(1050, 24, [])]))
+        self.assertFalse(live.compaction_expected(2000, [turn(1050, 24, [])]))
+        # trigger 1100: the Syncs see 0, 1024, 1057 and 1065 tokens
+        self.assertFalse(live.compaction_expected(1000, [turn(1050, 24, [])]))
+        # earlier turns are already committed at the last turn's first Sync
+        self.assertTrue(live.compaction_expected(100, [turn(200, 5, []), turn(10, 2, [])]))
+        self.assertFalse(live.compaction_expected(100, []))
+
+
+class RecordTest(unittest.TestCase):
+    def setUp(self):
+        self.d = tempfile.mkdtemp()
+        self.task = live.read_task(write_task(self.d, "x.jsonl", TASK_LINES))
+
+    def test_reference_and_compressed_records(self):
+        ref_cfg = live.parse_config("full@1/f16")
+        ref = live.live_record(self.task, ref_cfg, 1025, 23040, None, "a0",
+                               [turn(1050, 8, [1, 2, 3, 4, 5, 6, 7], peak=2000, final=2000)],
+                               None, None, 3.0)
+        self.assertNotIn("error", ref)
+        self.assertEqual(ref["mode"], "live")
+        self.assertEqual(ref["output"], "The tag is v1.2.")
+        self.assertEqual((ref["token_agreement"], ref["bytes_fraction"]), (1.0, 1.0))
+        self.assertEqual((ref["question_tokens"], ref["bytes_full_f16"]), (25, 2000))
+        self.assertIsNone(ref["kept_slots_mean"])
+        cfg = live.parse_config("window@0.5/f16")
+        rec = live.live_record(self.task, cfg, 1025, 23040, 513, "a1",
+                               [turn(1050, 8, [1, 2, 9], epoch=2, peak=1500, final=700)],
+                               {"summary": True, "kv_bytes": 700, "kv_bytes_peak": 1500,
+                                "prefill_tokens_per_s": 140.0}, ref, 2.0)
+        self.assertNotIn("error", rec)
+        self.assertEqual(rec["compactions"], 2)
+        self.assertEqual((rec["bytes_peak"], rec["bytes_final"], rec["bytes_full_f16"]),
+                         (1500, 700, 2000))
+        self.assertEqual(rec["bytes_fraction"], 0.75)
+        self.assertEqual(rec["ref_tokens_len"], 7)
+        self.assertAlmostEqual(rec["token_agreement"], 2 / 7, places=5)
+        for k in ("task", "family", "file", "config", "policy", "budget", "formats",
+                  "k_format", "v_format", "context_tokens", "bytes_per_token_f16", "eval",
+                  "output_tokens", "stop", "prefix_agreement", "decode_tokens_per_s",
+                  "prefill_tokens_per_s", "bytes_mean", "compaction_ms"):
+            self.assertIn(k, rec)
+
+    def test_refusals_are_errors_not_other_configs(self):
+        cfg = live.parse_config("h2o@0.25/K8V4")
+        # the daemon gave other formats than asked
+        rec = live.live_record(self.task, cfg, 1025, 23040, 256, "a",
+                               [turn(1050, 8, [1], epoch=1)], None, {"output_tokens": [1]}, 1.0)
+        self.assertIn("not the pool-int8-int4", rec["error"])
+        # a budget that had to compact, but the table never changed
+        cfg = live.parse_config("h2o@0.25/f16")
+        rec = live.live_record(self.task, cfg, 1025, 23040, 256, "a",
+                               [turn(1050, 8, [1], epoch=0)], None, {"output_tokens": [1]}, 1.0)
+        self.assertIn("never compacted", rec["error"])
+        self.assertNotIn("output", rec)
+        # K2V2's f16 tail is the harness's only: said in the record
+        rec = live.base_record(self.task, live.parse_config("hybrid@0.25/K2V2"), 1025, 23040)
+        self.assertIn("no f16 tail", rec["live_notes"][0])
+
+    def test_tool_errors_keep_the_daemon_message(self):
+        msg = live.tool_error("polykvctl qos set",
+                              "polykvctl: INVALID_ARGUMENT: policy 'x': unknown policy\n")
+        self.assertEqual(msg, "polykvctl qos set: INVALID_ARGUMENT: policy 'x': unknown policy")
+
+    def test_worker_output_parsing(self):
+        text = json.dumps(turn(10, 2, [5])) + "\nnoise\n" + json.dumps({"summary": True}) + "\n"
+        turns, summary = live.parse_worker_output(text)
+        self.assertEqual(len(turns), 1)
+        self.assertTrue(summary["summary"])
+
+
+class CompareTest(unittest.TestCase):
+    def test_table(self):
+        def rec(task, config, success, tokens, agr, peak, full, mode=None, error=None):
+            r = {"task": task, "config": config, "success": success, "output_tokens": tokens,
+                 "token_agreement": agr, "bytes_peak": peak, "bytes_full_f16": full}
+            if mode:
+                r["mode"] = mode
+            if error:
+                r["error"] = error
+            return r
+        h = {}
+        l = {}
+        for r in [rec("a", "full@1/f16", True, [1, 2], 1.0, 100, 100),
+                  rec("b", "full@1/f16", True, [3], 1.0, 100, 100),
+                  rec("a", "h2o@0.5/f16", True, [1, 2], 1.0, 50, 100),
+                  rec("b", "h2o@0.5/f16", False, [4], 0.0, 50, 100)]:
+            h[(r["task"], r["config"])] = r
+        for r in [rec("a", "full@1/f16", True, [1, 2], 1.0, 110, 110, "live"),
+                  rec("b", "full@1/f16", True, [3], 1.0, 110, 110, "live"),
+                  rec("a", "h2o@0.5/f16", False, [1, 9], 0.5, 99, 110, "live"),
+                  rec("b", "h2o@0.5/f16", False, None, None, None, None, "live", "refused")]:
+            l[(r["task"], r["config"])] = r
+        header, rows = compare_live.compare(h, l)
+        self.assertEqual(header[0], "config")
+        self.assertEqual(rows[0], ["full@1/f16", "2", "1.000", "1.000", "1.000", "1.000",
+                                   "1.000", "1.000", "1.00", "0/0"])
+        self.assertEqual(rows[1], ["h2o@0.5/f16", "2", "0.500", "0.000", "0.500", "0.500",
+                                   "0.500", "0.900", "0.00", "0/1"])
+
+
+class DriverFlagsTest(unittest.TestCase):
+    def test_live_flags(self):
+        args = driver.parse_args(["--live", "--resume", "--bin-dir", "/x", "--no-plots"])
+        self.assertTrue(args.live and args.resume and args.no_plots)
+        self.assertEqual(args.bin_dir, "/x")
+        args = driver.parse_args([])
+        self.assertFalse(args.live or args.resume or args.no_plots)
+        with self.assertRaises(SystemExit):
+            driver.main(["--resume", "--skip-build"])
+
+
+if __name__ == "__main__":
+    unittest.main()
