@@ -102,13 +102,7 @@ class SessionImpl final : public Session {
 
   absl::Status ReportSlots(uint64_t first_slot, const std::vector<SlotMeta>& meta,
                            const std::vector<float>& attention, uint32_t current_turn) override {
-    if (closed_) return absl::FailedPreconditionError("session is closed");
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx);
     v1::ReportSlotsRequest req;
-    FillRef(ref_, req.mutable_session());
-    req.set_epoch(epoch_);
-    req.set_first_slot(first_slot);
     req.set_current_turn(current_turn);
     for (const SlotMeta& m : meta) {
       auto* p = req.add_slots();
@@ -122,21 +116,26 @@ class SessionImpl final : public Session {
       p->set_pinned(m.pinned);
     }
     req.mutable_attention()->Add(attention.begin(), attention.end());
-    v1::ReportSlotsResponse resp;
-    return FromGrpc(stub_->ReportSlots(&ctx, req, &resp));
+    return SendReport(first_slot, &req);
   }
 
   absl::Status ReportIntent(uint64_t first_slot, const std::vector<float>& relevance) override {
+    v1::ReportSlotsRequest req;
+    req.mutable_intent()->Add(relevance.begin(), relevance.end());
+    return SendReport(first_slot, &req);
+  }
+
+  // ReportSlots and ReportIntent share one RPC: the session, its epoch and
+  // the first slot go into whatever the caller filled.
+  absl::Status SendReport(uint64_t first_slot, v1::ReportSlotsRequest* req) {
     if (closed_) return absl::FailedPreconditionError("session is closed");
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
-    v1::ReportSlotsRequest req;
-    FillRef(ref_, req.mutable_session());
-    req.set_epoch(epoch_);
-    req.set_first_slot(first_slot);
-    req.mutable_intent()->Add(relevance.begin(), relevance.end());
+    FillRef(ref_, req->mutable_session());
+    req->set_epoch(epoch_);
+    req->set_first_slot(first_slot);
     v1::ReportSlotsResponse resp;
-    return FromGrpc(stub_->ReportSlots(&ctx, req, &resp));
+    return FromGrpc(stub_->ReportSlots(&ctx, *req, &resp));
   }
 
   absl::StatusOr<bool> Sync() override {

@@ -167,6 +167,29 @@ class RepublishingSource : public PageSource {
   int64_t committed_ = 0;
 };
 
+// A store over heap pages behind a RepublishingSource (which it owns; `src`
+// stays valid as long as `store`).
+struct Recorded {
+  RepublishingSource* src = nullptr;
+  std::unique_ptr<PagedKvStore> store;
+};
+Recorded NewRecorded(const LlamaModel& m, PagedKvStoreOptions po,
+                     PageFormat kf = PageFormat::kF32, PageFormat vf = PageFormat::kF32) {
+  HeapPageSourceOptions ho;
+  ho.shape = m.config().kv_shape();
+  ho.k_format = kf;
+  ho.v_format = vf;
+  auto inner = NewHeapPageSource(ho);
+  EXPECT_TRUE(inner.ok()) << inner.status();
+  Recorded r;
+  r.src = new RepublishingSource(std::move(*inner));
+  po.shape = m.config().kv_shape();
+  auto store = PagedKvStore::Create(po, std::unique_ptr<PageSource>(r.src));
+  EXPECT_TRUE(store.ok()) << store.status();
+  r.store = std::move(*store);
+  return r;
+}
+
 TEST(PagedKvStoreTest, AdoptsANewEpochAtAStepBoundary) {
   POLYKV_REQUIRE_MODEL();
   const LlamaModel& m = *model->model;
@@ -199,26 +222,19 @@ TEST(PagedKvStoreTest, AdoptsANewEpochAtAStepBoundary) {
 TEST(PagedKvStoreTest, CommitsAndSyncsInBatches) {
   POLYKV_REQUIRE_MODEL();
   const LlamaModel& m = *model->model;
-  HeapPageSourceOptions ho;
-  ho.shape = m.config().kv_shape();
-  auto inner = NewHeapPageSource(ho);
-  ASSERT_TRUE(inner.ok());
-  auto* src = new RepublishingSource(std::move(*inner));
   PagedKvStoreOptions po;
-  po.shape = m.config().kv_shape();
   po.sync_every_steps = 8;
-  auto store = PagedKvStore::Create(po, std::unique_ptr<PageSource>(src));
-  ASSERT_TRUE(store.ok());
+  auto [src, store] = NewRecorded(m, po);
   std::vector<float> logits;
   for (int i = 0; i < 20; ++i) {  // 20 decode steps: commits before steps 8 and 16.
     const TokenMeta t{100 + i, i, 0, Role::kUser};
-    ASSERT_TRUE(m.Forward(std::span(&t, 1), store->get(), &logits).ok());
+    ASSERT_TRUE(m.Forward(std::span(&t, 1), store.get(), &logits).ok());
   }
   EXPECT_EQ(src->commits_, 2);
   // A new message commits what is pending (the source checks the counts add up).
-  ASSERT_TRUE((*store)->BeginTurn(TurnInfo{1, Role::kUser, "next"}).ok());
+  ASSERT_TRUE(store->BeginTurn(TurnInfo{1, Role::kUser, "next"}).ok());
   EXPECT_EQ(src->commits_, 3);
-  EXPECT_EQ((*store)->num_slots(), 20);
+  EXPECT_EQ(store->num_slots(), 20);
 }
 
 // Most of an agent's context is prefilled: its chunks must report attention
@@ -230,25 +246,18 @@ TEST(PagedKvStoreTest, PrefillChunksReportTheirAttentionMass) {
   const int layers = m.config().num_layers, heads = m.config().num_heads;
   for (bool prefill_mass : {true, false}) {
     SCOPED_TRACE(prefill_mass ? "prefill mass on" : "prefill mass off");
-    HeapPageSourceOptions ho;
-    ho.shape = m.config().kv_shape();
-    auto inner = NewHeapPageSource(ho);
-    ASSERT_TRUE(inner.ok());
-    auto* src = new RepublishingSource(std::move(*inner));
     PagedKvStoreOptions po;
-    po.shape = m.config().kv_shape();
     po.sync_every_steps = 1;
     po.report_every_steps = 1;
     po.prefill_attention_mass = prefill_mass;
-    auto store = PagedKvStore::Create(po, std::unique_ptr<PageSource>(src));
-    ASSERT_TRUE(store.ok());
+    auto [src, store] = NewRecorded(m, po);
     std::vector<TokenMeta> chunk;
     for (int i = 0; i < 40; ++i) chunk.push_back({200 + i, i, 0, Role::kUser});
     std::vector<float> logits;
     for (int c = 0; c < 40; c += 8) {  // five prefill chunks of 8 tokens
-      ASSERT_TRUE(m.Forward(std::span(chunk).subspan(c, 8), store->get(), &logits).ok());
+      ASSERT_TRUE(m.Forward(std::span(chunk).subspan(c, 8), store.get(), &logits).ok());
     }
-    ASSERT_TRUE((*store)->BeginTurn(TurnInfo{1, Role::kUser, ""}).ok());  // reports the last chunk
+    ASSERT_TRUE(store->BeginTurn(TurnInfo{1, Role::kUser, ""}).ok());  // reports the last chunk
     const double want = prefill_mass ? double(layers) * heads * 40 : 0.0;
     EXPECT_NEAR(src->reported_mass_, want, 1e-3 * std::max(1.0, want));
   }
@@ -264,23 +273,8 @@ TEST(PagedKvStoreTest, AnIntentProbeIsReportedAndLeavesTheCacheAsItWas) {
   const int layers = m.config().num_layers, heads = m.config().num_heads;
   for (PageFormat vf : {PageFormat::kF16, PageFormat::kInt4}) {
     SCOPED_TRACE(std::string(kernels::FormatShortName(vf)));
-    auto make = [&](RepublishingSource** raw) {
-      HeapPageSourceOptions ho;
-      ho.shape = m.config().kv_shape();
-      ho.k_format = PageFormat::kF16;
-      ho.v_format = vf;
-      auto inner = NewHeapPageSource(ho);
-      EXPECT_TRUE(inner.ok());
-      *raw = new RepublishingSource(std::move(*inner));
-      PagedKvStoreOptions po;
-      po.shape = m.config().kv_shape();
-      auto store = PagedKvStore::Create(po, std::unique_ptr<PageSource>(*raw));
-      EXPECT_TRUE(store.ok());
-      return std::move(*store);
-    };
-    RepublishingSource *probed_src = nullptr, *plain_src = nullptr;
-    auto probed = make(&probed_src);
-    auto plain = make(&plain_src);
+    auto [probed_src, probed] = NewRecorded(m, {}, PageFormat::kF16, vf);
+    auto [plain_src, plain] = NewRecorded(m, {}, PageFormat::kF16, vf);
     ASSERT_TRUE(probed->SupportsProbe());
     std::vector<TokenMeta> context;
     for (int i = 0; i < 27; ++i) context.push_back({300 + 7 * i, i, 0, Role::kUser});  // 1 block + 11
@@ -323,18 +317,10 @@ TEST(PagedKvStoreTest, AConversationProbesTheLatestIntentAfterThePrefill) {
   const LlamaModel& m = *model->model;
   std::vector<std::string> answers;
   for (bool probe : {true, false}) {
-    HeapPageSourceOptions ho;
-    ho.shape = m.config().kv_shape();
-    auto inner = NewHeapPageSource(ho);
-    ASSERT_TRUE(inner.ok());
-    auto* src = new RepublishingSource(std::move(*inner));
-    PagedKvStoreOptions po;
-    po.shape = m.config().kv_shape();
-    auto store = PagedKvStore::Create(po, std::unique_ptr<PageSource>(src));
-    ASSERT_TRUE(store.ok());
+    auto [src, store] = NewRecorded(m, {});
     ConversationOptions co;
     co.intent_probe = probe;
-    Conversation conv(model, store->get(), co);
+    Conversation conv(model, store.get(), co);
     ASSERT_TRUE(conv.AddMessage(Role::kUser, "The build fails in parse_config: a KeyError on 'port'.",
                                 "user: reports a failing build").ok());
     EXPECT_TRUE(src->intent_.empty()) << "nothing is probed before the prefill";
