@@ -53,9 +53,11 @@ INT2_TAIL = 128
 # polykvd compacts a session holding more than budget + max(budget / 10, 1)
 # tokens (daemon/compaction/compactor.cc CompactionTarget), and only at a
 # Sync, which the worker's PagedKvStore makes before its first forward step
-# and then every this many steps (PagedKvStoreOptions::sync_every_steps; a
-# prefill chunk is one step).
+# and then every this many steps or tokens, whichever comes first
+# (PagedKvStoreOptions::sync_every_steps, sync_every_tokens; a prefill chunk
+# is one step).
 WORKER_SYNC_EVERY_STEPS = 8
+WORKER_SYNC_EVERY_TOKENS = 64
 # Agent ids: letters, digits and _.:- (daemon/pool/validation.cc), at most
 # this many characters (a shorter limit than the daemon's own, to be safe).
 AGENT_MAX_LEN = 100
@@ -225,7 +227,8 @@ def bytes_per_token_f16(geometry: dict) -> int:
 
 
 def compaction_expected(budget: int, turns: list[dict], chunk: int = PREFILL_CHUNK,
-                        sync_every: int = WORKER_SYNC_EVERY_STEPS) -> bool:
+                        sync_every: int = WORKER_SYNC_EVERY_STEPS,
+                        sync_tokens: int = WORKER_SYNC_EVERY_TOKENS) -> bool:
     """Whether the daemon must have compacted a session with this budget that
     wrote these turns: some Sync of the last turn saw more committed tokens
     than the trigger, had nothing been dropped before. Earlier turns count
@@ -240,10 +243,15 @@ def compaction_expected(budget: int, turns: list[dict], chunk: int = PREFILL_CHU
         steps.append(last["prompt_tokens"] % chunk)
     steps += [1] * max(0, last["completion_tokens"] - 1)  # decode steps fed back
     committed = before
-    for i, n in enumerate(steps):
-        if i % sync_every == 0 and committed > trigger:
-            return True
+    since_steps, since_tokens = sync_every, 0  # a sync before the first step
+    for n in steps:
+        if since_steps >= sync_every or since_tokens >= sync_tokens:
+            if committed > trigger:
+                return True
+            since_steps, since_tokens = 0, 0
         committed += n
+        since_steps += 1
+        since_tokens += n
     return False
 
 

@@ -181,6 +181,7 @@ absl::Status PagedKvStore::CommitAndSync() {
   // Commit first: a table published by the daemon covers committed tokens only.
   RETURN_IF_ERROR_(CommitPending());
   steps_since_sync_ = 0;
+  tokens_since_sync_ = 0;
   // Attention mass of committed slots, in the current epoch's slot order.
   if (options_.report_every_steps > 0 && steps_since_report_ >= options_.report_every_steps) {
     steps_since_report_ = 0;
@@ -204,7 +205,8 @@ absl::Status PagedKvStore::BeginStep(std::span<const TokenMeta> tokens) {
   // Step boundary: every few steps, commit and adopt the daemon's newer table
   // (not inside a probe: its tokens are never committed).
   if (!probing_ &&
-      (steps_since_sync_ < 0 || steps_since_sync_ >= std::max(1, options_.sync_every_steps))) {
+      (steps_since_sync_ < 0 || steps_since_sync_ >= std::max(1, options_.sync_every_steps) ||
+       tokens_since_sync_ >= std::max(1, options_.sync_every_tokens))) {
     RETURN_IF_ERROR_(CommitAndSync());
   }
   const int64_t need = num_slots_ + static_cast<int64_t>(tokens.size());
@@ -312,6 +314,7 @@ absl::Status PagedKvStore::EndStep() {
   if (!probing_) {
     uncommitted_.insert(uncommitted_.end(), step_meta_.begin(), step_meta_.end());
     ++steps_since_sync_;
+    tokens_since_sync_ += static_cast<int64_t>(step_meta_.size());
     ++steps_since_report_;
   }
   num_slots_ = total;

@@ -13,7 +13,8 @@
 // into NEW pages and publish a new block table).
 //
 // Epochs and commits: BeginStep is the step boundary. Every
-// `sync_every_steps` steps (and when a new message starts) the store commits
+// `sync_every_steps` steps or `sync_every_tokens` tokens, whichever comes
+// first (and when a new message starts), the store commits
 // the tokens written since the last commit, then asks the source for a newer
 // block table (Sync) and adopts it before reserving room for the step, so the
 // per-token path makes no RPC on most steps.
@@ -98,8 +99,13 @@ struct PagedKvStoreOptions {
   KvShape shape;
   // Tokens reserved ahead of need, so Reserve is not on every step.
   int reserve_ahead = 64;
-  // Commit + Sync with the source every this many steps (1: every step).
+  // Commit + Sync with the source every this many steps (1: every step), or
+  // once this many tokens were written since the last sync: a prefill chunk
+  // is one step of many tokens, and the daemon compacts a session only when
+  // it syncs, so steps alone let a prefill overshoot its budget by up to
+  // sync_every_steps chunks.
   int sync_every_steps = 8;
+  int sync_every_tokens = 64;
   // Reports attention mass to the source at the first commit after this many
   // steps (0: never).
   int report_every_steps = 16;
@@ -171,6 +177,7 @@ class PagedKvStore : public KvStore {
   std::vector<TokenMeta> step_meta_;
   std::vector<TokenMeta> uncommitted_;  // Written, not yet committed to the source.
   int steps_since_sync_ = -1;           // -1: sync before the first step.
+  int64_t tokens_since_sync_ = 0;
   int next_layer_ = 0;
   int steps_since_report_ = 0;
   std::vector<float> mass_;       // [num_slots]

@@ -121,12 +121,15 @@ class TaskTest(unittest.TestCase):
             self.assertEqual((t4.id, t4.family, t4.eval), ("plain", "script", None))
 
     def test_compaction_expected_follows_the_sync_cadence(self):
-        # 1050 prompt tokens = 8 chunks of 128 + 26: the Sync before step 8
-        # sees 1024 committed tokens
+        # 1050 prompt tokens = 8 chunks of 128 + 26; a chunk is past the
+        # 64 tokens of a sync, so the worker syncs before every prefill step
         self.assertTrue(live.compaction_expected(513, [turn(1050, 24, [])]))
+        self.assertTrue(live.compaction_expected(200, [turn(300, 1, [])]))  # the Sync at 256
         self.assertFalse(live.compaction_expected(2000, [turn(1050, 24, [])]))
-        # trigger 1100: the Syncs see 0, 1024, 1057 and 1065 tokens
+        # trigger 1100: the Syncs see 0, 128, ..., 1024, 1050, 1058 and 1066 tokens
         self.assertFalse(live.compaction_expected(1000, [turn(1050, 24, [])]))
+        # trigger 1045: only the Sync after the last prefill chunk sees past it
+        self.assertTrue(live.compaction_expected(950, [turn(1050, 24, [])]))
         # earlier turns are already committed at the last turn's first Sync
         self.assertTrue(live.compaction_expected(100, [turn(200, 5, []), turn(10, 2, [])]))
         self.assertFalse(live.compaction_expected(100, []))

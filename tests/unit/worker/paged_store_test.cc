@@ -139,6 +139,7 @@ class RepublishingSource : public PageSource {
     return inner_->Commit(total, t);
   }
   absl::StatusOr<std::optional<PagedTable>> Sync() override {
+    ++syncs_tried_;
     if (!publish_) return std::nullopt;
     publish_ = false;
     ++syncs_;
@@ -157,6 +158,7 @@ class RepublishingSource : public PageSource {
   std::string name() const override { return "republishing"; }
   bool wants_attention() const override { return true; }
   double reported_mass_ = 0;
+  int syncs_tried_ = 0;
   bool publish_ = false;
   int syncs_ = 0;
   int commits_ = 0;
@@ -235,6 +237,26 @@ TEST(PagedKvStoreTest, CommitsAndSyncsInBatches) {
   ASSERT_TRUE(store->BeginTurn(TurnInfo{1, Role::kUser, "next"}).ok());
   EXPECT_EQ(src->commits_, 3);
   EXPECT_EQ(store->num_slots(), 20);
+}
+
+// A prefill chunk is one step of many tokens: the store syncs once
+// sync_every_tokens were written, so the daemon sees (and can compact) a
+// growing context before sync_every_steps chunks have gone by.
+TEST(PagedKvStoreTest, PrefillChunksSyncByTokens) {
+  POLYKV_REQUIRE_MODEL();
+  const LlamaModel& m = *model->model;
+  PagedKvStoreOptions po;
+  po.sync_every_steps = 8;
+  po.sync_every_tokens = 64;
+  auto [src, store] = NewRecorded(m, po);
+  std::vector<TokenMeta> chunk;
+  for (int i = 0; i < 160; ++i) chunk.push_back({300 + i, i, 0, Role::kUser});
+  std::vector<float> logits;
+  for (int c = 0; c < 160; c += 32) {  // five chunks of 32: a sync before chunks 2 and 4
+    ASSERT_TRUE(m.Forward(std::span(chunk).subspan(c, 32), store.get(), &logits).ok());
+  }
+  EXPECT_EQ(src->commits_, 2);
+  EXPECT_EQ(src->syncs_tried_, 4);  // and Create's and the one before the first step
 }
 
 // Most of an agent's context is prefilled: its chunks must report attention
