@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -128,7 +129,7 @@ absl::Status Conversation::AddMessage(const ChatMessage& message, std::string_vi
       !s.ok()) {
     return s;
   }
-  if (!intent.empty()) intent_to_probe_ = std::string(intent);
+  if (absl::Status s = ProbeIntent(intent); !s.ok()) return s;
   std::vector<TaggedToken> tokens;
   chat_.AddMessage(message, turn_, &tokens);
   Queue(tokens);
@@ -140,6 +141,12 @@ absl::Status Conversation::Flush(std::vector<float>* last_logits) {
   std::vector<TaggedToken> held;
   chat_.Flush(&held);
   Queue(held);
+  return ForwardPending(last_logits);
+}
+
+absl::Status Conversation::ForwardPending(std::vector<float>* last_logits) {
+  const double t0 = Now();
+  prefilled_tokens_ += static_cast<int64_t>(pending_.size());
   const int chunk = std::max(1, options_.prefill_chunk);
   for (size_t i = 0; i < pending_.size(); i += chunk) {
     const size_t n = std::min(pending_.size() - i, static_cast<size_t>(chunk));
@@ -149,14 +156,7 @@ absl::Status Conversation::Flush(std::vector<float>* last_logits) {
     }
   }
   pending_.clear();
-  // The latest intent since the last probe, over what is now cached. Probing
-  // here, after the prefill, leaves the prefill's chunks as they would be
-  // without it (probing at each message would split them at message bounds).
-  if (!intent_to_probe_.empty()) {
-    const std::string intent = std::move(intent_to_probe_);
-    intent_to_probe_.clear();
-    return ProbeIntent(intent);
-  }
+  prefill_seconds_ += Now() - t0;
   return absl::OkStatus();
 }
 
@@ -168,19 +168,20 @@ absl::StatusOr<TurnResult> Conversation::Generate(
       !s.ok()) {
     return s;
   }
-  if (!intent.empty()) intent_to_probe_ = std::string(intent);
+  if (absl::Status s = ProbeIntent(intent); !s.ok()) return s;
   std::vector<TaggedToken> prompt;
   chat_.AddGenerationPrompt(turn_, &prompt);
   Queue(prompt);
   if (!answer_prefix.empty()) Queue(m_->tokenizer->Encode(answer_prefix, false), Role::kAssistant);
   TurnResult r;
-  r.prompt_tokens = static_cast<int>(pending_.size());
   std::vector<float> logits;
-  double t0 = Now();
   if (absl::Status s = Flush(&logits); !s.ok()) return s;
-  r.prefill_seconds = Now() - t0;
+  // Everything prefilled since the last turn: messages flushed early for an
+  // intent probe count here, as they would had they waited for this flush.
+  r.prompt_tokens = static_cast<int>(std::exchange(prefilled_tokens_, 0));
+  r.prefill_seconds = std::exchange(prefill_seconds_, 0.0);
 
-  t0 = Now();
+  double t0 = Now();
   size_t printed = 0;
   r.stop = "length";
   for (int i = 0; i < max_new_tokens; ++i) {
@@ -224,10 +225,16 @@ absl::StatusOr<TurnResult> Conversation::Generate(
 }
 
 absl::Status Conversation::ProbeIntent(std::string_view intent) {
-  if (intent.empty() || !options_.intent_probe || !store_->SupportsProbe()) {
-    return absl::OkStatus();
-  }
-  std::vector<float> logits;  // the probe's own: the caller keeps the prefill's
+  if (intent.empty() || !options_.intent_probe) return absl::OkStatus();
+  // The probe attends over what is cached, so the final tokens queued so far
+  // go in first (text the chat tokenizer still holds stays held: flushing it
+  // could tokenize a boundary differently). Every store prefills so, probing
+  // or not, so that where a prefill is cut into chunks (and with it the
+  // floats of the forward pass) depends on the script alone: a pool session
+  // that probes gives exactly what --local-cache gives.
+  std::vector<float> logits;
+  if (absl::Status s = ForwardPending(&logits); !s.ok()) return s;
+  if (!store_->SupportsProbe() || store_->num_slots() == 0) return absl::OkStatus();
   const std::vector<int32_t> ids = m_->tokenizer->Encode(intent, false);
   if (ids.empty()) return absl::OkStatus();
   std::vector<TokenMeta> probe;

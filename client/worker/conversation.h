@@ -44,9 +44,10 @@ absl::StatusOr<Role> ParseRole(std::string_view role);
 
 struct ConversationOptions {
   int prefill_chunk = 64;     // Tokens per prefill step.
-  // The latest message intent is probed (KvStore::BeginProbe) over the cache
-  // after the next prefill, if the store supports it: the daemon's `intent`
-  // policies rank by it from their next compaction on.
+  // A message's intent is probed (KvStore::BeginProbe) over the cache when
+  // the message starts, if the store supports it: the daemon's `intent`
+  // policies rank the slots by it while the message is prefilled. Either way
+  // the tokens queued before such a message are prefilled first.
   bool intent_probe = true;
   SamplerOptions sampler;
 };
@@ -96,9 +97,12 @@ class Conversation {
   // that continues on `store`, which must hold a copy of this one's cache,
   // possibly compressed: the eval harness prefills one context and answers
   // its question under many cache configurations.
+  // The copy's next turn counts only what it prefills itself.
   Conversation Fork(KvStore* store) const {
     Conversation c(*this);
     c.store_ = store;
+    c.prefilled_tokens_ = 0;
+    c.prefill_seconds_ = 0;
     return c;
   }
 
@@ -108,7 +112,10 @@ class Conversation {
  private:
   void Queue(const std::vector<int32_t>& ids, Role role);
   void Queue(const std::vector<TaggedToken>& tokens);
-  // The intent's tokens over the cache as a probe the store does not keep.
+  // Runs the queued tokens through the model (no chat-tokenizer flush).
+  absl::Status ForwardPending(std::vector<float>* last_logits);
+  // Prefills what is queued, then runs the intent's tokens over the cache as
+  // a probe the store does not keep.
   absl::Status ProbeIntent(std::string_view intent);
 
   const LoadedModel* m_;
@@ -117,7 +124,9 @@ class Conversation {
   Sampler sampler_;
   ChatTokenizer chat_;  // Rendered and tokenized prompt pieces.
   std::vector<TokenMeta> pending_;
-  std::string intent_to_probe_;  // set by a message with an intent; probed after the next prefill
+  // Prefilled since the last generated turn (its prompt_tokens, prefill_seconds).
+  int64_t prefilled_tokens_ = 0;
+  double prefill_seconds_ = 0;
   int32_t next_position_ = 0;
   int32_t turn_ = 0;          // Index of the next message.
   int32_t end_of_turn_id_ = -1;

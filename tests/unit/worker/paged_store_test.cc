@@ -331,35 +331,34 @@ TEST(PagedKvStoreTest, AnIntentProbeIsReportedAndLeavesTheCacheAsItWas) {
   }
 }
 
-// The conversation probes the latest intent after the prefill that follows
-// it, over every slot then cached, and leaves the answer as it would be
-// without the probe.
-TEST(PagedKvStoreTest, AConversationProbesTheLatestIntentAfterThePrefill) {
+// A message's intent is probed when the message starts, over every slot
+// cached before it, and the answer is the one a store that cannot probe gives
+// (both prefill the queued tokens at the intent, so their chunks agree).
+TEST(PagedKvStoreTest, AConversationProbesEachIntentOverWhatCameBefore) {
   POLYKV_REQUIRE_MODEL();
   const LlamaModel& m = *model->model;
-  std::vector<std::string> answers;
-  for (bool probe : {true, false}) {
-    auto [src, store] = NewRecorded(m, {});
-    ConversationOptions co;
-    co.intent_probe = probe;
-    Conversation conv(model, store.get(), co);
-    ASSERT_TRUE(conv.AddMessage(Role::kUser, "The build fails in parse_config: a KeyError on 'port'.",
-                                "user: reports a failing build").ok());
-    EXPECT_TRUE(src->intent_.empty()) << "nothing is probed before the prefill";
-    auto r = conv.Generate(8, "plan: find the missing key");
-    ASSERT_TRUE(r.ok()) << r.status();
-    answers.push_back(r->text);
-    if (probe) {
-      // Every slot cached at the probe: the prompt (context + generation prompt).
-      EXPECT_EQ(static_cast<int>(src->intent_.size()), r->prompt_tokens);
-      double sum = 0;
-      for (float x : src->intent_) sum += x;
-      EXPECT_GT(sum, 0.0);
-    } else {
-      EXPECT_TRUE(src->intent_.empty());
-    }
+  auto [src, store] = NewRecorded(m, {});
+  auto plain = NewPaged(m, PageFormat::kF32, PageFormat::kF32);  // heap pages: no probe
+  ASSERT_FALSE(plain->SupportsProbe());
+  Conversation probing(model, store.get(), ConversationOptions{});
+  Conversation not_probing(model, plain.get(), ConversationOptions{});
+  for (Conversation* c : {&probing, &not_probing}) {
+    ASSERT_TRUE(c->AddMessage(Role::kUser, "The build fails in parse_config: a KeyError on 'port'.",
+                              "user: reports a failing build").ok());
   }
-  EXPECT_EQ(answers[0], answers[1]);
+  EXPECT_TRUE(src->intent_.empty()) << "an empty cache has no slot to rank";
+  auto a = probing.Generate(8, "plan: find the missing key");
+  auto b = not_probing.Generate(8, "plan: find the missing key");
+  ASSERT_TRUE(a.ok() && b.ok());
+  // The generated turn's probe saw the user message, not the generation
+  // prompt that followed it (this turn's prompt_tokens) nor the answer.
+  EXPECT_GT(src->intent_.size(), 0u);
+  EXPECT_EQ(static_cast<int>(src->intent_.size()) + a->prompt_tokens + a->decode_steps,
+            a->cached_tokens);
+  double sum = 0;
+  for (float x : src->intent_) sum += x;
+  EXPECT_GT(sum, 0.0);
+  EXPECT_EQ(a->tokens, b->tokens);
 }
 
 TEST(PagedKvStoreTest, ReservationFailureIsReported) {
