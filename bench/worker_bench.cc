@@ -4,8 +4,8 @@
 // is given, and process-memory pages (the same paged store and kernels,
 // without the daemon) always; pool-bare is the pool without the policy
 // signals (structure tags, prefill attention mass). Stores run interleaved,
-// round after round, in one process, and the ratios are medians of the same
-// run.
+// round after round (in reverse order on odd rounds), in one process, and the
+// ratios are medians of the same run.
 //
 // Beside it, the anchor: llama.cpp (bench/anchor/llamacpp_bench.py in the
 // bench-only venv of scripts/setup-bench-venv.sh) on the same GGUF, thread
@@ -398,7 +398,11 @@ int Main(int argc, char** argv) {
   std::vector<Kind> results(kinds.size());
   bool peak_per_store = true;
   for (int r = 0; r < o.rounds; ++r) {
-    for (size_t k = 0; k < kinds.size(); ++k) {
+    for (size_t i = 0; i < kinds.size(); ++i) {
+      // Odd rounds run the stores in reverse: a store that follows another
+      // finds the pool's pages already faulted in (and caches warm), so a
+      // fixed order biases the pairs measured side by side.
+      const size_t k = r % 2 == 0 ? i : kinds.size() - 1 - i;
       results[k].name = kinds[k];
       peak_per_store = ResetPeakRss() && peak_per_store;
       auto store = MakeStore(kinds[k], o, **m);
