@@ -21,11 +21,11 @@ policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
   layer.slots.resize(slots.size());
   // Slots newer than the last intent probe have no relevance yet: they rank
   // with the most relevant, not below everything (they are the current turn).
-  float newest_intent = 0.f;
+  float most_relevant = 0.f;
   bool any_intent = false;
   for (const SlotRecord& r : slots) {
     if (std::isnan(r.intent)) continue;
-    newest_intent = any_intent ? std::max(newest_intent, r.intent) : r.intent;
+    most_relevant = any_intent ? std::max(most_relevant, r.intent) : r.intent;
     any_intent = true;
   }
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -35,7 +35,7 @@ policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
     s.token = static_cast<uint32_t>(i);
     s.count = std::max<uint32_t>(r.count, 1);
     s.attn = r.attn;
-    s.intent = std::isnan(r.intent) ? newest_intent : r.intent;
+    s.intent = std::isnan(r.intent) ? most_relevant : r.intent;
     s.k_format = kf;
     s.v_format = vf;
   }
