@@ -127,7 +127,10 @@ def load(a):
             turns.append(t)
     return turns, summary
 base, base_s = load("support-f16")
-print("%-13s %-15s %12s %8s  %s" % ("AGENT", "QOS", "POOL BYTES", "OF F16", "ANSWERS = F16"))
+# Pool bytes are the pages the session holds at the end, the worker's
+# reserve-ahead (64 slots) included; tokens held are the cached slots.
+print("%-13s %-15s %12s %8s %12s  %s" % ("AGENT", "QOS", "POOL BYTES", "OF F16", "TOKENS HELD",
+                                          "ANSWERS = F16"))
 for a, qos in [("support-f16", "f16, full"), ("support-k8v4", "K8V4, full"),
                ("support-h2o", "f16, h2o@160")]:
     turns, s = load(a)
@@ -135,8 +138,9 @@ for a, qos in [("support-f16", "f16, full"), ("support-k8v4", "K8V4, full"),
         print(f"{a}: no summary (see {d}/{a}.err)")
         continue
     same = sum(t["text"] == b["text"] for t, b in zip(turns, base))
-    print("%-13s %-15s %12d %7.0f%%  %d of %d" % (a, qos, s["kv_bytes"],
-          100.0 * s["kv_bytes"] / max(1, base_s["kv_bytes"]), same, len(base)))
+    print("%-13s %-15s %12d %7.0f%% %12d  %d of %d" % (a, qos, s["kv_bytes"],
+          100.0 * s["kv_bytes"] / max(1, base_s["kv_bytes"]), s.get("cached_tokens", 0), same,
+          len(base)))
 for a in ["support-k8v4", "support-h2o"]:
     turns, _ = load(a)
     for t, b in zip(turns, base):
