@@ -235,9 +235,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const std::string& kind, cons
     po.key_format = *kf;
     po.value_format = *vf;
     if (kind == "pool") {  // what polykv-worker runs: tags reported with every commit
-      po.token_text = [tok = m.tokenizer.get()](int32_t id) {
-        return tok->Decode(std::span(&id, 1), /*skip_special=*/true);
-      };
+      po.token_text = [tok = m.tokenizer.get()](int32_t id) { return tok->TokenText(id); };
     }
     auto s = worker::NewPoolPageSource(po);
     if (!s.ok()) return s.status();
@@ -422,6 +420,11 @@ int Main(int argc, char** argv) {
     }
   }
   const double lp = Median(results[0].prefill_tps), ld = Median(results[0].decode_tps);
+  // The policy signals' cost: pool (kinds[2]) over pool-bare (kinds[3]).
+  const Kind& pool = results[2];
+  const Kind& bare = results[3];
+  const double signals_prefill = Median(pool.prefill_tps) / Median(bare.prefill_tps);
+  const double signals_decode = Median(pool.decode_tps) / Median(bare.decode_tps);
 
   // RSS: the peak over the whole run (the max of the per-store peaks, as each
   // store's run resets VmHWM first) against GGUF + the largest store's KV +
@@ -454,10 +457,8 @@ int Main(int argc, char** argv) {
                                {"prefill_ratio_vs_local", Round(prefill / lp, 4)},
                                {"decode_ratio_vs_local", Round(decode / ld, 4)}};
     }
-    out["signals_decode_ratio"] =
-        Round(Median(results[2].decode_tps) / Median(results[3].decode_tps), 4);
-    out["signals_prefill_ratio"] =
-        Round(Median(results[2].prefill_tps) / Median(results[3].prefill_tps), 4);
+    out["signals_decode_ratio"] = Round(signals_decode, 4);
+    out["signals_prefill_ratio"] = Round(signals_prefill, 4);
     if (own_daemon) out["daemon"] = "in-process polykvd (host tier)";
     out["model_path"] = o.model;
     out["threads"] = threads;
@@ -502,8 +503,7 @@ int Main(int argc, char** argv) {
     }
     std::printf("policy signals (pool / pool-bare: tags, prefill mass): prefill x%.3f, "
                 "decode x%.3f\n",
-                Median(results[2].prefill_tps) / Median(results[3].prefill_tps),
-                Median(results[2].decode_tps) / Median(results[3].decode_tps));
+                signals_prefill, signals_decode);
     if (anchor.json.is_null()) {
       std::printf("llama.cpp: none (%s)\n", anchor.reason.c_str());
     } else {

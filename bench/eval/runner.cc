@@ -129,7 +129,7 @@ absl::StatusOr<std::vector<std::string>> RunTask(
   texts.reserve(base.tokens().size());
   for (const worker::TokenMeta& t : base.tokens()) {
     const int32_t id = t.token_id;
-    texts.push_back(model.tokenizer->Decode(std::span(&id, 1), /*skip_special=*/true));
+    texts.push_back(model.tokenizer->TokenText(id));
   }
   const int32_t answer_turn = conv.turns() + (task.has_question ? 1 : 0);
   auto view = BuildContextView(base, texts, answer_turn);

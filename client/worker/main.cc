@@ -126,9 +126,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const Flags& f, const LoadedM
     o.model_id = m.model->config().name;
     o.shape = shape;
     o.block_tokens = f.block_tokens;
-    o.token_text = [tok = m.tokenizer.get()](int32_t id) {
-      return tok->Decode(std::span(&id, 1), /*skip_special=*/true);
-    };
+    o.token_text = [tok = m.tokenizer.get()](int32_t id) { return tok->TokenText(id); };
     if (!f.key_format.empty()) {
       auto kf = FormatFlag(f.key_format, "--key-format");
       if (!kf.ok()) return kf.status();
