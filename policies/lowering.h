@@ -9,6 +9,13 @@
 // metadata it carries (itself, or the group's representative), the tokens it
 // stands for, and any requantization of its keys or values. An executor that
 // cannot carry out an operation must fail the compaction; nothing is dropped.
+//
+// Formats are per block (a page holds block_tokens slots in one format), so
+// requantization is too: each output block is stored in the most precise
+// format any of its slots has after the plan (its requant target, else its
+// source format, a merged slot its representative's). No slot is stored
+// coarser than the plan says; a plan that requantizes part of a block, or the
+// trailing partial block (the one still being filled), is refused.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +25,7 @@
 #include "absl/types/span.h"
 #include "kernels/page_format.h"
 #include "policies/plan.h"
+#include "policies/session_view.h"
 
 namespace polykv::policies {
 
@@ -34,6 +42,9 @@ struct LoweredLayer {
   std::vector<uint32_t> sources;          // [num_out] whose metadata it carries
   std::vector<uint32_t> counts;           // [num_out] tokens it stands for
   std::vector<RequantOp> requant;         // ordered by (out_slot, kind)
+  int block_tokens = 0;                   // slots per output block
+  // [ceil(num_out / block_tokens)] K and V format of each output block.
+  std::vector<kernels::PageFormat> block_k_formats, block_v_formats;
   uint64_t evicted_tokens = 0;            // counts of the evicted slots
   uint64_t merged_tokens = 0;             // counts folded into a representative
   size_t num_out() const { return counts.size(); }
@@ -46,14 +57,19 @@ struct LoweredPlan {
   size_t requant_ops() const;
 };
 
-// src_counts: tokens each source slot of the layer stands for (0 reads as 1).
-// INVALID_ARGUMENT when the plan names a slot outside the layer, a merge
-// group's count is not the sum of its members', or a requantization targets
-// a slot the plan does not keep.
-absl::StatusOr<LoweredLayer> LowerLayer(const LayerPlan& plan,
-                                        absl::Span<const uint32_t> src_counts);
-// src_counts[l]: as above, for layer l.
-absl::StatusOr<LoweredPlan> Lower(const Plan& plan,
-                                  const std::vector<std::vector<uint32_t>>& src_counts);
+// src: the layer the plan was made for (each slot's count, 0 read as 1, and
+// formats); block_tokens: slots per page. INVALID_ARGUMENT when the plan
+// names a slot outside the layer, a merge group's count is not the sum of
+// its members', a requantization targets a slot the plan does not keep (a
+// merge group's representative counts as kept) or part of a block (see the
+// file comment), or block_tokens < 1.
+absl::StatusOr<LoweredLayer> LowerLayer(const LayerPlan& plan, const LayerView& src,
+                                        int block_tokens);
+// Every layer of `view`, with view.shape.block_tokens.
+absl::StatusOr<LoweredPlan> Lower(const Plan& plan, const SessionView& view);
+
+// The more precise of two formats: more bits, ties to the lower wire value
+// (f16 over bf16, fp8 over int8). What a block mixing them is stored in.
+kernels::PageFormat FinerFormat(kernels::PageFormat a, kernels::PageFormat b);
 
 }  // namespace polykv::policies

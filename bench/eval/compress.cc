@@ -80,12 +80,8 @@ absl::StatusOr<Selection> Select(const policies::Policy& policy, const policies:
   const int64_t tokens = std::max<int64_t>(1, std::llround(budget_fraction * per_layer));
   auto plan = policy.Decide(view, policies::Budget::TotalTokens(tokens * num_layers));
   if (!plan.ok()) return plan.status();
-  std::vector<std::vector<uint32_t>> counts(num_layers);
-  for (int l = 0; l < num_layers; ++l) {
-    for (const policies::Slot& slot : view.layers[l].slots) counts[l].push_back(slot.count);
-  }
   // The daemon's compaction runs the same lowering (policies/lowering.h).
-  auto lowered = policies::Lower(*plan, counts);
+  auto lowered = policies::Lower(*plan, view);
   if (!lowered.ok()) return lowered.status();
   if (lowered->requant_ops() > 0) {
     return absl::UnimplementedError(absl::StrCat(

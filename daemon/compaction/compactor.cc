@@ -37,7 +37,7 @@ absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
   if (!plan.ok()) return plan.status();
   CompactionPlan out;
   if (!plan->changes()) return out;
-  auto groups = LowerPlan(slots, *plan);
+  auto groups = LowerPlan(view, slots, *plan);
   if (!groups.ok()) return groups.status();
   out.changes = true;
   out.groups = *std::move(groups);

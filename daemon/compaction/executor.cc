@@ -42,14 +42,13 @@ policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
   return v;
 }
 
-absl::StatusOr<CompactionGroups> LowerPlan(const std::vector<SlotRecord>& slots,
+absl::StatusOr<CompactionGroups> LowerPlan(const policies::SessionView& view,
+                                           const std::vector<SlotRecord>& slots,
                                            const policies::Plan& plan) {
-  if (plan.layers.size() != 1) {
+  if (plan.layers.size() != 1 || view.layers.size() != 1) {
     return absl::InternalError(absl::StrCat("daemon plans are one-layer; got ", plan.layers.size()));
   }
-  std::vector<uint32_t> counts(slots.size());
-  for (size_t i = 0; i < slots.size(); ++i) counts[i] = slots[i].count;
-  auto lowered = policies::LowerLayer(plan.layers[0], counts);
+  auto lowered = policies::LowerLayer(plan.layers[0], view.layers[0], view.shape.block_tokens);
   if (!lowered.ok()) return absl::InternalError(lowered.status().message());
   if (!lowered->requant.empty()) {
     // A session's pages share one format per kind today; storing some slots

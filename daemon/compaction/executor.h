@@ -58,8 +58,9 @@ struct CompactionGroups {
 // slots' records. A merged slot takes its representative's metadata, the
 // members' summed count and attention, and is pinned if any member was.
 // UNIMPLEMENTED when the plan requantizes (one format per kind per session).
-// REQUIRES: plan has exactly one layer and is valid for BuildView(slots...).
-absl::StatusOr<CompactionGroups> LowerPlan(const std::vector<SlotRecord>& slots,
+// REQUIRES: view == BuildView(slots, ...), and the plan is valid for it.
+absl::StatusOr<CompactionGroups> LowerPlan(const policies::SessionView& view,
+                                           const std::vector<SlotRecord>& slots,
                                            const policies::Plan& plan);
 
 // Pages of one layer: the K/V page addresses of each block (absolute host

@@ -469,7 +469,9 @@ TEST(CompactionExecutorTest, LowersMergeGroupsAndAveragesTheirRows) {
   g.representative = 3;
   g.count = 2;
   lp.merges.push_back(g);
-  auto groups = LowerPlan(slots, plan);
+  const auto view = BuildView(slots, kernels::PageShape{16, 1, 8}, kernels::PageFormat::kF16,
+                              kernels::PageFormat::kF16, 0);
+  auto groups = LowerPlan(view, slots, plan);
   ASSERT_TRUE(groups.ok()) << groups.status();
   ASSERT_EQ(groups->num_out(), 3);
   EXPECT_EQ(groups->group_offsets, (std::vector<int32_t>{0, 1, 3, 4}));
