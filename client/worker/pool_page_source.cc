@@ -101,10 +101,14 @@ class PoolPageSource : public PageSource {
     return t;
   }
 
+  // Summed per page: a requantized block is smaller than the session's
+  // granted formats say.
   int64_t bytes() const override {
-    const SessionInfo& i = session_->info();
-    return static_cast<int64_t>(session_->blocks().size()) * o_.shape.num_layers *
-           (int64_t{i.key_page_bytes} + i.value_page_bytes);
+    int64_t n = 0;
+    for (const Block& b : session_->blocks()) {
+      for (const Page& p : b.pages) n += p.size_bytes;
+    }
+    return n;
   }
   std::string name() const override {
     const SessionInfo& i = session_->info();

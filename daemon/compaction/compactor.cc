@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "policies/lowering.h"
+
 namespace polykv::daemon {
 
 uint64_t CompactionTarget(const TargetInputs& in) {
@@ -22,6 +24,26 @@ uint64_t CompactionTarget(const TargetInputs& in) {
   return target;
 }
 
+namespace {
+
+// See the file comment of compactor.h.
+void ApplyStorageRules(const CompactionInputs& in, CompactionGroups& g) {
+  const size_t blocks = g.block_k_formats.size();
+  for (size_t b = 0; b < blocks; ++b) {
+    if (in.key_floor) g.block_k_formats[b] = policies::FinerFormat(g.block_k_formats[b], *in.key_floor);
+    if (in.value_floor) {
+      g.block_v_formats[b] = policies::FinerFormat(g.block_v_formats[b], *in.value_floor);
+    }
+  }
+  const size_t bt = static_cast<size_t>(in.shape.block_tokens);
+  if (blocks > 0 && static_cast<size_t>(g.num_out()) % bt != 0) {
+    g.block_k_formats.back() = policies::FinerFormat(g.block_k_formats.back(), in.formats.fill_k);
+    g.block_v_formats.back() = policies::FinerFormat(g.block_v_formats.back(), in.formats.fill_v);
+  }
+}
+
+}  // namespace
+
 size_t CompactionPlan::shared_blocks() const {
   return static_cast<size_t>(std::count_if(shared.begin(), shared.end(),
                                            [](int64_t i) { return i >= 0; }));
@@ -30,8 +52,7 @@ size_t CompactionPlan::shared_blocks() const {
 absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
                                               const std::vector<SlotRecord>& slots,
                                               const CompactionInputs& in) {
-  const policies::SessionView view =
-      BuildView(slots, in.shape, in.key_format, in.value_format, in.current_turn);
+  const policies::SessionView view = BuildView(slots, in.shape, in.formats, in.current_turn);
   auto plan = policy.Decide(
       view, policies::Budget::TokensPerLayer(1, static_cast<int64_t>(in.target_tokens)));
   if (!plan.ok()) return plan.status();
@@ -41,6 +62,7 @@ absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
   if (!groups.ok()) return groups.status();
   out.changes = true;
   out.groups = *std::move(groups);
+  ApplyStorageRules(in, out.groups);
   // Room for the tokens committed until the next compaction (at +10%), so
   // that Commit, under the pool lock, appends without reallocating.
   out.groups.slots.reserve(out.groups.slots.size() + out.groups.slots.size() / 8 + 64);
@@ -59,7 +81,8 @@ absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
     const int first = static_cast<int>(j) * bt;
     const int last = std::min(num_out, first + bt);
     const int32_t m0 = g.members[g.group_offsets[first]];
-    bool same = m0 % bt == 0;
+    bool same = m0 % bt == 0 && g.block_k_formats[j] == in.formats.key(size_t(m0 / bt)) &&
+                g.block_v_formats[j] == in.formats.value(size_t(m0 / bt));
     for (int o = first; o < last && same; ++o) {
       same = g.group_offsets[o + 1] - g.group_offsets[o] == 1 &&
              g.members[g.group_offsets[o]] == m0 + (o - first);
@@ -76,6 +99,8 @@ absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
       out.copy.group_offsets.push_back(static_cast<int32_t>(out.copy.members.size()));
       out.copy.slots.push_back(g.slots[o]);
     }
+    out.copy.block_k_formats.push_back(g.block_k_formats[j]);
+    out.copy.block_v_formats.push_back(g.block_v_formats[j]);
   }
   return out;
 }

@@ -1,8 +1,11 @@
 // Compactor: the decision half of a compaction, over plain data. From a
 // snapshot of a session's slot records it runs the policy, lowers the plan
 // (executor.h) and works out which output blocks can keep their old pages
-// (a plain copy of one whole source block IS that block) and which need new
-// pages and a copy. The pool calls it WITHOUT its lock (the snapshot is the
+// (a plain copy of one whole source block in its formats IS that block) and
+// which need new pages and a copy. On top of the lowering's block formats it
+// applies the daemon's two storage rules: no block coarser than the agent's
+// QoS floors (as at Open), and the trailing partial block, which the worker
+// goes on filling, at least in the fill formats. The pool calls it WITHOUT its lock (the snapshot is the
 // session's state at a frozen epoch), then allocates, copies and publishes
 // (docs/compaction.md).
 //
@@ -10,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -40,8 +44,9 @@ uint64_t CompactionTarget(const TargetInputs& in);
 // busy, instead of copying them).
 struct CompactionInputs {
   kernels::PageShape shape;  // of one page (block_tokens rows)
-  kernels::PageFormat key_format = kernels::PageFormat::kF16;
-  kernels::PageFormat value_format = kernels::PageFormat::kF16;
+  TableFormats formats;      // of the session's blocks
+  // The agent's QoS floors: no output block is stored coarser.
+  std::optional<kernels::PageFormat> key_floor, value_floor;
   int32_t current_turn = 0;
   uint64_t target_tokens = 0;
 };
@@ -51,7 +56,9 @@ struct CompactionPlan {
   CompactionGroups groups;   // every output slot
   // [output block]: the source block it reuses unchanged, or -1 (new pages).
   std::vector<int64_t> shared;
-  CompactionGroups copy;     // the groups of the output blocks that are not shared
+  // The groups of the output blocks that are not shared (block formats: of
+  // those blocks, in order).
+  CompactionGroups copy;
   size_t out_blocks() const { return shared.size(); }
   size_t shared_blocks() const;
 };

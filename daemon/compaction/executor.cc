@@ -10,8 +10,8 @@
 namespace polykv::daemon {
 
 policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
-                                const kernels::PageShape& shape, kernels::PageFormat kf,
-                                kernels::PageFormat vf, int32_t current_turn) {
+                                const kernels::PageShape& shape, const TableFormats& formats,
+                                int32_t current_turn) {
   policies::SessionView v;
   v.shape = shape;
   v.current_turn = current_turn;
@@ -36,8 +36,9 @@ policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
     s.count = std::max<uint32_t>(r.count, 1);
     s.attn = r.attn;
     s.intent = std::isnan(r.intent) ? most_relevant : r.intent;
-    s.k_format = kf;
-    s.v_format = vf;
+    const size_t block = i / static_cast<size_t>(std::max(shape.block_tokens, 1));
+    s.k_format = formats.key(block);
+    s.v_format = formats.value(block);
   }
   return v;
 }
@@ -50,14 +51,9 @@ absl::StatusOr<CompactionGroups> LowerPlan(const policies::SessionView& view,
   }
   auto lowered = policies::LowerLayer(plan.layers[0], view.layers[0], view.shape.block_tokens);
   if (!lowered.ok()) return absl::InternalError(lowered.status().message());
-  if (!lowered->requant.empty()) {
-    // A session's pages share one format per kind today; storing some slots
-    // coarser needs per-block formats (issue 12, item 3). Refused, not dropped.
-    return absl::UnimplementedError(absl::StrCat(
-        "the plan requantizes ", lowered->requant.size(), " slots; daemon compaction stores a "
-        "session in one format per kind (use a policy without cold.format)"));
-  }
   CompactionGroups out;
+  out.block_k_formats = std::move(lowered->block_k_formats);
+  out.block_v_formats = std::move(lowered->block_v_formats);
   out.group_offsets = std::move(lowered->group_offsets);
   out.members = std::move(lowered->members);
   out.weights = std::move(lowered->weights);

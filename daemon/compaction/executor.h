@@ -36,11 +36,22 @@ struct SlotRecord {
   float intent = std::numeric_limits<float>::quiet_NaN();
 };
 
-// One-layer view of `slots` (see file comment).
-// shape: the session's page shape; kf/vf: its K/V page formats.
+// The K/V formats of a session's blocks. A requantized block is coarser than
+// the fill formats (what the worker appends in); blocks past k/v (all of
+// them when those are empty) are in the fill formats.
+struct TableFormats {
+  kernels::PageFormat fill_k = kernels::PageFormat::kF16;
+  kernels::PageFormat fill_v = kernels::PageFormat::kF16;
+  std::vector<kernels::PageFormat> k, v;  // [block]
+  kernels::PageFormat key(size_t block) const { return block < k.size() ? k[block] : fill_k; }
+  kernels::PageFormat value(size_t block) const { return block < v.size() ? v[block] : fill_v; }
+};
+
+// One-layer view of `slots` (see file comment); each slot has its block's
+// formats. shape: the session's page shape.
 policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
-                                const kernels::PageShape& shape, kernels::PageFormat kf,
-                                kernels::PageFormat vf, int32_t current_turn);
+                                const kernels::PageShape& shape, const TableFormats& formats,
+                                int32_t current_turn);
 
 // A plan lowered to the kernels' CSR groups, plus the new slot records.
 struct CompactionGroups {
@@ -48,6 +59,8 @@ struct CompactionGroups {
   std::vector<int32_t> members;        // [group_offsets[num_out]] source slots
   std::vector<float> weights;          // same length as members
   std::vector<SlotRecord> slots;       // [num_out] records of the output slots
+  // [output block] formats of each output block (policies::LowerLayer's).
+  std::vector<kernels::PageFormat> block_k_formats, block_v_formats;
   uint64_t evicted_tokens = 0;         // tokens dropped (multiplicity counted)
   uint64_t merged_tokens = 0;          // tokens folded into another slot
   int num_out() const { return static_cast<int>(slots.size()); }
@@ -57,7 +70,7 @@ struct CompactionGroups {
 // lowering the evaluation harness runs too): its groups, and the output
 // slots' records. A merged slot takes its representative's metadata, the
 // members' summed count and attention, and is pinned if any member was.
-// UNIMPLEMENTED when the plan requantizes (one format per kind per session).
+// Requantization is the output blocks' formats (executed by the copy).
 // REQUIRES: view == BuildView(slots, ...), and the plan is valid for it.
 absl::StatusOr<CompactionGroups> LowerPlan(const policies::SessionView& view,
                                            const std::vector<SlotRecord>& slots,

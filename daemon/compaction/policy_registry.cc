@@ -36,21 +36,6 @@ absl::Status ValidatePolicyName(const std::string& text) {
     return absl::InvalidArgumentError(
         absl::StrCat("policy '", text, "': ", std::string(p.status().message())));
   }
-  // The canonical spec names every parameter. A policy whose plans
-  // requantize could not be carried out by compaction (executor.h LowerPlan):
-  // it is refused here rather than failing every Sync of its agents.
-  const std::string& spec = (*p)->spec();
-  const size_t at = spec.find("cold.format=");
-  if (at != std::string::npos) {
-    const size_t begin = at + std::string_view("cold.format=").size();
-    const std::string value = spec.substr(begin, spec.find_first_of(",}", begin) - begin);
-    if (value != "none") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "policy '", text, "': cold.format=", value, " requantizes kept slots, which daemon "
-          "compaction cannot store yet (one format per kind per session); use key/value "
-          "floors or the session's formats instead"));
-    }
-  }
   return absl::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -19,16 +20,34 @@ constexpr size_t kMaxRetiredArenas = 256;
 
 }  // namespace
 
-BlockDesc DescribeBlock(const BlockShape& shape, uint64_t superblock_bytes, const Block& block,
-                        uint32_t block_index) {
+absl::StatusOr<BlockShape> MakeBlockShape(uint32_t layers, const kernels::PageShape& page,
+                                          PageFormat kf, PageFormat vf, uint64_t max_page_bytes) {
+  const uint64_t kb = kernels::PageBytes(kf, kernels::KvKind::kKey, page);
+  const uint64_t vb = kernels::PageBytes(vf, kernels::KvKind::kValue, page);
+  if (kb == 0 || vb == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "formats ", std::string(kernels::FormatShortName(kf)), "/",
+        std::string(kernels::FormatShortName(vf)), " cannot store heads of ", page.head_dim,
+        " channels (quantized values need head_dim divisible by the value group)"));
+  }
+  if (std::max(kb, vb) > max_page_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a page would be ", std::max(kb, vb), " bytes, over the superblock size (",
+        max_page_bytes, "); use smaller block_tokens"));
+  }
+  return BlockShape{layers, PageAllocator::SizeClass(kb), PageAllocator::SizeClass(vb), kf, vf};
+}
+
+BlockDesc DescribeBlock(uint64_t superblock_bytes, const Block& block, uint32_t block_index) {
+  const BlockShape& shape = block.shape;
   BlockDesc b;
   b.block_index = block_index;
-  b.pages.reserve(block.size());
-  for (size_t i = 0; i < block.size(); ++i) {
+  b.pages.reserve(block.pages.size());
+  for (size_t i = 0; i < block.pages.size(); ++i) {
     const PageLocation loc =
-        PageAllocator::LocationOf(block[i], shape.page_bytes(i), superblock_bytes);
+        PageAllocator::LocationOf(block.pages[i], shape.page_bytes(i), superblock_bytes);
     PageDesc d;
-    d.page_id = block[i];
+    d.page_id = block.pages[i];
     d.arena_id = loc.arena_id;
     d.offset = loc.offset;
     d.size_bytes = loc.size_bytes;
@@ -147,7 +166,7 @@ absl::StatusOr<uint32_t> BlockPool::Grow(Tenant& tenant) {
 }
 
 void BlockPool::ZeroPages(const Tenant& t, const Block& block) {
-  for (PageId p : block) {
+  for (PageId p : block.pages) {
     auto loc = t.allocator.Locate(p);
     if (loc.ok()) (void)t.arenas.at(loc->arena_id)->Zero(loc->offset, loc->size_bytes);
   }
@@ -177,7 +196,8 @@ absl::StatusOr<std::vector<Block>> BlockPool::Allocate(BlockAccount& account,
   std::vector<uint32_t> grown;
   absl::Status failure;
   for (uint64_t b = 0; b < count && failure.ok(); ++b) {
-    Block pages;
+    Block block{shape, {}};
+    std::vector<PageId>& pages = block.pages;
     pages.reserve(2 * shape.layers);
     for (uint32_t i = 0; i < 2 * shape.layers; ++i) {
       const uint32_t bytes = shape.page_bytes(i);
@@ -197,33 +217,33 @@ absl::StatusOr<std::vector<Block>> BlockPool::Allocate(BlockAccount& account,
       }
       pages.push_back(*page);
     }
-    out.push_back(std::move(pages));
+    out.push_back(std::move(block));
   }
   if (!failure.ok()) {
-    for (const Block& pages : out) {
-      for (PageId p : pages) (void)t.allocator.Free(p);
+    for (const Block& block : out) {
+      for (PageId p : block.pages) (void)t.allocator.Free(p);
     }
     for (uint32_t id : grown) {
       if (t.allocator.RemoveArena(id).ok()) t.arenas.erase(id);
     }
     return failure;
   }
-  for (const Block& pages : out) {
-    if (zero) ZeroPages(t, pages);
+  for (const Block& block : out) {
+    if (zero) ZeroPages(t, block);
     Count(account, shape, +1);
   }
   return out;
 }
 
-void BlockPool::Free(BlockAccount& account, const BlockShape& shape, Block& block) {
+void BlockPool::Free(BlockAccount& account, Block& block) {
   if (block.empty()) return;
   Tenant& t = *tenants_.at(account.tenant);
   // A page of a block is allocated by construction; a failure here is a bug
   // that CheckInvariants reports as drifted counts.
   bool all = true;
-  for (PageId p : block) all &= t.allocator.Free(p).ok();
-  if (all) Count(account, shape, -1);
-  block.clear();
+  for (PageId p : block.pages) all &= t.allocator.Free(p).ok();
+  if (all) Count(account, block.shape, -1);
+  block.pages.clear();
 }
 
 uint64_t BlockPool::HostAddress(const std::string& tenant, PageId page) const {

@@ -33,12 +33,14 @@
 #include "daemon/memory/process_ref.h"
 #include "daemon/pool/page_allocator.h"
 #include "daemon/pool/types.h"
+#include "kernels/page_format.h"
 
 namespace polykv::daemon {
 
 using ArenaFactory = std::function<absl::StatusOr<std::unique_ptr<Arena>>(const ArenaOptions&)>;
 
-// What one block of a session is made of.
+// What one block is made of. A session's blocks start in its fill shape; a
+// compaction may store cold blocks in coarser formats (requantization).
 struct BlockShape {
   uint32_t layers = 0;
   uint32_t key_page_bytes = 0;    // size class
@@ -47,10 +49,24 @@ struct BlockShape {
   PageFormat value_format = PageFormat::kF16;
   uint64_t bytes() const { return uint64_t(layers) * (key_page_bytes + value_page_bytes); }
   uint32_t page_bytes(size_t i) const { return i % 2 ? value_page_bytes : key_page_bytes; }
+  bool operator==(const BlockShape&) const = default;
 };
 
-// pages[2 * layer] is K, pages[2 * layer + 1] is V.
-using Block = std::vector<PageId>;
+// The shape of a block of `layers` layers in formats kf/vf for `page`-shaped
+// pages (size classes from PageBytes). INVALID_ARGUMENT when a format cannot
+// hold such pages (PageBytes is 0: e.g. quantized values need head_dim
+// divisible by the value group) or a page would exceed `max_page_bytes`.
+absl::StatusOr<BlockShape> MakeBlockShape(uint32_t layers, const kernels::PageShape& page,
+                                          PageFormat kf, PageFormat vf, uint64_t max_page_bytes);
+
+// One block's pages, in its shape's formats: pages[2 * layer] is K,
+// pages[2 * layer + 1] is V.
+struct Block {
+  BlockShape shape;
+  std::vector<PageId> pages;
+  bool empty() const { return pages.empty(); }
+  uint64_t bytes() const { return shape.bytes(); }
+};
 
 // Whose blocks: every page handed out is charged to exactly one account.
 struct BlockAccount {
@@ -61,9 +77,8 @@ struct BlockAccount {
 
 // Where the block's pages are, for the worker. Pure arithmetic on page ids
 // (PageAllocator::LocationOf), so it needs no lock: REQUIRES the pages are
-// allocated with `shape`'s size classes.
-BlockDesc DescribeBlock(const BlockShape& shape, uint64_t superblock_bytes, const Block& block,
-                        uint32_t block_index);
+// allocated with the block's size classes.
+BlockDesc DescribeBlock(uint64_t superblock_bytes, const Block& block, uint32_t block_index);
 
 struct BlockPoolOptions {
   uint64_t pool_bytes = 1ull << 30;
@@ -99,7 +114,7 @@ class BlockPool {
   absl::StatusOr<std::vector<Block>> Allocate(BlockAccount& account, const BlockShape& shape,
                                               uint64_t count, bool zero = true);
   // Frees the block's pages and uncharges them; `block` is left empty.
-  void Free(BlockAccount& account, const BlockShape& shape, Block& block);
+  void Free(BlockAccount& account, Block& block);
 
   // Host address of an allocated page; 0 for device arenas or unknown pages.
   uint64_t HostAddress(const std::string& tenant, PageId page) const;

@@ -140,7 +140,7 @@ absl::StatusOr<uint64_t> KvPool::TableBytes(const std::string& tenant,
                                              absl::string_view who, uint64_t& pages) const {
   uint64_t b = 0;
   for (const Block& block : table) {
-    for (PageId page : block) {
+    for (PageId page : block.pages) {
       auto loc = blocks_.Locate(tenant, page);
       if (!loc.ok()) return absl::InternalError(absl::StrCat(who, ": ", loc.status().message()));
       b += loc->size_bytes;
@@ -175,23 +175,11 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
   const PageFormat default_format = FormatForDtype(r.profile.dtype);
   const PageFormat kf = ApplyFloor(r.key_format.value_or(default_format), qos.key_floor);
   const PageFormat vf = ApplyFloor(r.value_format.value_or(default_format), qos.value_floor);
-  const kernels::PageShape shape{static_cast<int>(block_tokens),
-                                 static_cast<int>(r.profile.num_kv_heads),
-                                 static_cast<int>(r.profile.head_dim)};
-  const uint64_t kb = kernels::PageBytes(kf, kernels::KvKind::kKey, shape);
-  const uint64_t vb = kernels::PageBytes(vf, kernels::KvKind::kValue, shape);
-  if (kb == 0 || vb == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "formats ", std::string(kernels::FormatShortName(kf)), "/",
-        std::string(kernels::FormatShortName(vf)),
-        " cannot store heads of ", r.profile.head_dim, " channels (quantized values need head_dim "
-        "divisible by the value group)"));
-  }
-  if (std::max(kb, vb) > options_.superblock_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a page would be ", std::max(kb, vb), " bytes, over the superblock size (",
-        options_.superblock_bytes, "); use smaller block_tokens"));
-  }
+  const kernels::PageShape page{static_cast<int>(block_tokens),
+                                static_cast<int>(r.profile.num_kv_heads),
+                                static_cast<int>(r.profile.head_dim)};
+  auto shape = MakeBlockShape(r.profile.num_layers, page, kf, vf, options_.superblock_bytes);
+  if (!shape.ok()) return shape.status();
 
   // The pool's tenant key: a bound tenant is shared by its identities, any
   // other name is the opening uid's own ('@' cannot occur in names).
@@ -215,8 +203,7 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
                    ? qos.priority
                    : r.priority_hint.value_or(options_.default_qos.priority);
   s.block_tokens = block_tokens;
-  s.shape = {r.profile.num_layers, PageAllocator::SizeClass(kb), PageAllocator::SizeClass(vb), kf,
-             vf};
+  s.shape = *shape;
   s.lease.peer = r.peer;
   if (options_.process_watcher) s.lease.process = options_.process_watcher(r.peer.pid);
   s.lease.lease_ms = r.lease_ms ? r.lease_ms : options_.default_lease_ms;
@@ -274,11 +261,10 @@ absl::StatusOr<ReserveResult> KvPool::Reserve(uint64_t session_id, absl::string_
     return added.status();
   }
   ReserveResult out;
-  for (Block& pages : *added) {
-    s.tables.blocks.push_back(std::move(pages));
+  for (Block& block : *added) {
+    s.tables.blocks.push_back(std::move(block));
     const auto index = static_cast<uint32_t>(s.tables.blocks.size() - 1);
-    out.blocks.push_back(
-        DescribeBlock(s.shape, options_.superblock_bytes, s.tables.blocks.back(), index));
+    out.blocks.push_back(DescribeBlock(options_.superblock_bytes, s.tables.blocks.back(), index));
   }
   out.reserved_tokens = s.reserved_tokens();
   out.session_bytes = s.account.bytes;
@@ -317,8 +303,7 @@ absl::StatusOr<uint64_t> KvPool::Commit(uint64_t session_id, absl::string_view t
 absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view token,
                                         const PeerCreds& peer, uint64_t known_epoch) {
   SyncResult out;
-  std::vector<PageId> tables;  // flat, to describe after the lock is released
-  BlockShape shape;
+  std::vector<Block> tables;  // copied, to describe after the lock is released
   {
     absl::MutexLock lock(&mu_);
     auto sp = Authorize(session_id, token, peer, /*mutation=*/false);
@@ -351,9 +336,7 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     out.committed_tokens = s.tables.committed_tokens;
     out.changed = known_epoch != s.tables.epoch;
     if (out.changed) {
-      tables.reserve(s.tables.blocks.size() * 2 * s.shape.layers);
-      for (const Block& b : s.tables.blocks) tables.insert(tables.end(), b.begin(), b.end());
-      shape = s.shape;
+      tables = s.tables.blocks;
       out.slot_positions.reserve(s.policy.slots.size());
       out.slot_counts.reserve(s.policy.slots.size());
       for (const SlotRecord& r : s.policy.slots) {
@@ -365,23 +348,19 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
   }
   // Describing is arithmetic on the page ids copied above, so it needs no
   // lock (and a session closed meanwhile only gets tables it will not use).
-  const size_t per_block = 2 * size_t(shape.layers);
-  const size_t num_blocks = per_block ? tables.size() / per_block : 0;
-  out.blocks.reserve(num_blocks);
-  Block block(per_block);
-  for (uint32_t b = 0; b < num_blocks; ++b) {
-    std::copy_n(tables.begin() + ptrdiff_t(b * per_block), per_block, block.begin());
-    out.blocks.push_back(DescribeBlock(shape, options_.superblock_bytes, block, b));
+  out.blocks.reserve(tables.size());
+  for (uint32_t b = 0; b < tables.size(); ++b) {
+    out.blocks.push_back(DescribeBlock(options_.superblock_bytes, tables[b], b));
   }
   return out;
 }
 
 kernels::BlockEntry KvPool::EntryOf(const Session& s, const Block& block, uint32_t layer) const {
   kernels::BlockEntry e;
-  e.k_offset = blocks_.HostAddress(s.tenant(), block[2 * layer]);
-  e.v_offset = blocks_.HostAddress(s.tenant(), block[2 * layer + 1]);
-  e.k_format = s.shape.key_format;
-  e.v_format = s.shape.value_format;
+  e.k_offset = blocks_.HostAddress(s.tenant(), block.pages[2 * layer]);
+  e.v_offset = blocks_.HostAddress(s.tenant(), block.pages[2 * layer + 1]);
+  e.k_format = block.shape.key_format;
+  e.v_format = block.shape.value_format;
   return e;
 }
 
@@ -393,7 +372,8 @@ absl::StatusOr<std::vector<Block>> KvPool::AllocateForReserve(Session& s, uint64
   const uint64_t block_bytes = s.shape.bytes();
   admission_.AddInFlight(s.agent_id(), count * block_bytes);
   s.busy = true;
-  const absl::Status failure = StageBlocks(s, count, /*in_flight=*/true);
+  const absl::Status failure =
+      StageBlocks(s, std::vector<BlockShape>(count, s.shape), /*in_flight=*/true);
   admission_.RemoveInFlight(s.agent_id(), (count - s.tables.staged.size()) * block_bytes);
   if (s.doomed) return FinishDoomed(s);
   if (!failure.ok()) {
@@ -413,16 +393,22 @@ bool KvPool::Yield(Session& s) {
   return !s.doomed;
 }
 
-absl::Status KvPool::StageBlocks(Session& s, uint64_t count, bool in_flight) {
-  for (uint64_t done = 0; done < count;) {
-    const uint64_t n = std::min<uint64_t>(kBlocksPerStep, count - done);
-    // A reservation's pages (in flight) are zeroed for the worker; a
-    // compaction's are written whole by its copy before anyone reads them.
-    auto got = blocks_.Allocate(s.account, s.shape, n, /*zero=*/in_flight);
-    if (!got.ok()) return got.status();
-    if (in_flight) admission_.RemoveInFlight(s.agent_id(), n * s.shape.bytes());
-    for (Block& b : *got) s.tables.staged.push_back(std::move(b));
-    done += n;
+absl::Status KvPool::StageBlocks(Session& s, const std::vector<BlockShape>& shapes,
+                                 bool in_flight) {
+  const size_t count = shapes.size();
+  for (size_t done = 0; done < count;) {
+    const size_t step_end = std::min(count, done + kBlocksPerStep);
+    while (done < step_end) {  // runs of one shape per Allocate
+      size_t run = 1;
+      while (done + run < step_end && shapes[done + run] == shapes[done]) ++run;
+      // A reservation's pages (in flight) are zeroed for the worker; a
+      // compaction's are written whole by its copy before anyone reads them.
+      auto got = blocks_.Allocate(s.account, shapes[done], run, /*zero=*/in_flight);
+      if (!got.ok()) return got.status();
+      if (in_flight) admission_.RemoveInFlight(s.agent_id(), run * shapes[done].bytes());
+      for (Block& b : *got) s.tables.staged.push_back(std::move(b));
+      done += run;
+    }
     if (done < count && !Yield(s)) return absl::AbortedError("the session was closed meanwhile");
   }
   return absl::OkStatus();
@@ -431,11 +417,12 @@ absl::Status KvPool::StageBlocks(Session& s, uint64_t count, bool in_flight) {
 bool KvPool::FreeGradually(Session& s, std::vector<Block>& blocks, bool pending) {
   while (!blocks.empty()) {
     for (size_t i = 0; i < kBlocksPerStep && !blocks.empty(); ++i) {
-      blocks_.Free(s.account, s.shape, blocks.back());
+      const uint64_t bytes = blocks.back().bytes();
+      blocks_.Free(s.account, blocks.back());
       blocks.pop_back();
       if (pending) {
-        s.tables.pending_bytes -= s.shape.bytes();
-        pending_bytes_ -= s.shape.bytes();
+        s.tables.pending_bytes -= bytes;
+        pending_bytes_ -= bytes;
       }
     }
     if (!blocks.empty() && !Yield(s)) return false;
@@ -455,8 +442,19 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
   const std::string policy_name = admission_.For(s.agent_id()).policy;
   auto policy = policies_.Get(policy_name);
   if (!policy.ok()) return policy.status();
-  const CompactionInputs in{ShapeOf(s), s.shape.key_format, s.shape.value_format,
-                            s.policy.current_turn, target};
+  const QosRecord& qos = admission_.For(s.agent_id());
+  CompactionInputs in;
+  in.shape = ShapeOf(s);
+  in.formats.fill_k = s.shape.key_format;
+  in.formats.fill_v = s.shape.value_format;
+  for (const Block& b : s.tables.blocks) {
+    in.formats.k.push_back(b.shape.key_format);
+    in.formats.v.push_back(b.shape.value_format);
+  }
+  in.key_floor = qos.key_floor;
+  in.value_floor = qos.value_floor;
+  in.current_turn = s.policy.current_turn;
+  in.target_tokens = target;
   // From here until the end the session cannot change: its worker is in
   // this Sync, its other mutating calls are refused while `busy`, and
   // Close / evict / lease reclaim are deferred (`doomed`). Its pages, old
@@ -477,7 +475,19 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
   // session), so quotas do not apply, but the pool budget does. They are
   // the session's (staged) from allocation on, so counts stay exact.
   const size_t out_blocks = plan->out_blocks();
-  absl::Status failure = StageBlocks(s, out_blocks - plan->shared_blocks(), /*in_flight=*/false);
+  std::vector<BlockShape> shapes;  // of the new blocks, in order
+  absl::Status failure;
+  for (size_t j = 0; j < plan->copy.block_k_formats.size() && failure.ok(); ++j) {
+    auto shape = MakeBlockShape(s.profile.num_layers, in.shape, plan->copy.block_k_formats[j],
+                                plan->copy.block_v_formats[j], options_.superblock_bytes);
+    if (shape.ok()) {
+      shapes.push_back(*shape);
+    } else {
+      failure = absl::FailedPreconditionError(
+          absl::StrCat("policy '", policy_name, "' requantizes: ", shape.status().message()));
+    }
+  }
+  if (failure.ok()) failure = StageBlocks(s, shapes, /*in_flight=*/false);
   if (s.doomed) return FinishDoomed(s);
   std::vector<int64_t> added(out_blocks, -1);  // [out block] index into staged, or -1
   for (size_t j = 0, next = 0; j < out_blocks && next < s.tables.staged.size(); ++j) {
@@ -527,17 +537,19 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
   for (size_t j = 0; j < out_blocks; ++j) {
     if (plan->shared[j] >= 0) {
       t.blocks.push_back(std::move(old[size_t(plan->shared[j])]));
-      old[size_t(plan->shared[j])].clear();
+      old[size_t(plan->shared[j])].pages.clear();
     } else {
       t.blocks.push_back(std::move(t.staged[size_t(added[j])]));
     }
   }
   t.staged.clear();
   t.pending.clear();
-  for (Block& pages : old) {
-    if (!pages.empty()) t.pending.push_back(std::move(pages));
+  t.pending_bytes = 0;
+  for (Block& block : old) {
+    if (block.empty()) continue;
+    t.pending_bytes += block.bytes();
+    t.pending.push_back(std::move(block));
   }
-  t.pending_bytes = static_cast<uint64_t>(t.pending.size()) * s.shape.bytes();
   pending_bytes_ += t.pending_bytes;
   const uint64_t shared = plan->shared_blocks();
   shared_blocks_ += shared;
@@ -558,7 +570,7 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
 }
 
 void KvPool::FreePending(Session& s) {
-  for (Block& block : s.tables.pending) blocks_.Free(s.account, s.shape, block);
+  for (Block& block : s.tables.pending) blocks_.Free(s.account, block);
   s.tables.pending.clear();
   pending_bytes_ -= s.tables.pending_bytes;
   s.tables.pending_bytes = 0;
@@ -601,7 +613,7 @@ absl::StatusOr<ReleaseResult> KvPool::Release(uint64_t session_id, absl::string_
   }
   const uint64_t keep_blocks = (keep_tokens + s.block_tokens - 1) / s.block_tokens;
   while (s.tables.blocks.size() > keep_blocks) {
-    blocks_.Free(s.account, s.shape, s.tables.blocks.back());
+    blocks_.Free(s.account, s.tables.blocks.back());
     s.tables.blocks.pop_back();
   }
   s.tables.committed_tokens = std::min(s.tables.committed_tokens, keep_tokens);
@@ -624,7 +636,7 @@ uint64_t KvPool::DestroySession(uint64_t session_id, SessionEventMsg last_event,
     return before;
   }
   if (!consented && s.lease.process && s.lease.process->Alive() && before > 0) {
-    QuarantinedSession q{s.token, s.lease.peer.uid, s.lease.process, s.account, s.shape, {}};
+    QuarantinedSession q{s.token, s.lease.peer.uid, s.lease.process, s.account, {}};
     for (auto* table : {&s.tables.blocks, &s.tables.staged, &s.tables.pending}) {
       for (Block& block : *table) q.blocks.push_back(std::move(block));
       table->clear();
@@ -635,7 +647,7 @@ uint64_t KvPool::DestroySession(uint64_t session_id, SessionEventMsg last_event,
     quarantine_.emplace(session_id, std::move(q));
   } else {
     for (auto* table : {&s.tables.blocks, &s.tables.staged}) {
-      for (Block& block : *table) blocks_.Free(s.account, s.shape, block);
+      for (Block& block : *table) blocks_.Free(s.account, block);
       table->clear();
     }
     FreePending(s);
@@ -654,7 +666,7 @@ void KvPool::ReleaseQuarantined(uint64_t id) {
   auto it = quarantine_.find(id);
   if (it == quarantine_.end()) return;
   QuarantinedSession& q = it->second;
-  for (Block& block : q.blocks) blocks_.Free(q.account, q.shape, block);
+  for (Block& block : q.blocks) blocks_.Free(q.account, block);
   const std::string agent = q.account.agent_id;
   quarantine_.erase(it);
   if (!sessions_.HasOtherOf(agent, 0)) blocks_.ForgetAgent(agent);

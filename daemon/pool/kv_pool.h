@@ -209,12 +209,12 @@ class KvPool {
   // Releases mu_ and takes it back (a compaction's pause, so other sessions'
   // calls go on). False when `s` was doomed meanwhile: the caller must stop.
   bool Yield(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Appends `count` new blocks to s's staged table, a few per hold of the
-  // lock (REQUIRES: s busy). With `in_flight` (a reservation), the pages
+  // Appends new blocks of `shapes` to s's staged table, a few per hold of
+  // the lock (REQUIRES: s busy). With `in_flight` (a reservation), the pages
   // are zeroed and each step's bytes leave admission's in-flight count as
   // they land. OK; the allocation error (what
   // was staged stays staged); or ABORTED when s was doomed during a yield.
-  absl::Status StageBlocks(Session& s, uint64_t count, bool in_flight)
+  absl::Status StageBlocks(Session& s, const std::vector<BlockShape>& shapes, bool in_flight)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees `blocks` (one of s's tables) from the back, a few blocks per hold
   // of the lock; with `pending`, each block leaves the pending byte counts.

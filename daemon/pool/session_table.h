@@ -68,7 +68,7 @@ struct Session {
   ModelProfile profile;
   Priority priority = Priority::kNormal;
   uint32_t block_tokens = 16;
-  BlockShape shape;
+  BlockShape shape;  // the fill shape: of every reserved block (compaction may store coarser)
   Lease lease;
   BlockTables tables;
   PolicyInputs policy;
@@ -95,7 +95,6 @@ struct QuarantinedSession {
   uid_t uid = 0;
   std::shared_ptr<const ProcessRef> process;
   BlockAccount account;
-  BlockShape shape;
   std::vector<Block> blocks;
 };
 

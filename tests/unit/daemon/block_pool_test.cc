@@ -94,8 +94,8 @@ TEST_F(BlockPoolTest, AllocateChargesAccountAgentPoolAndFormatsExactly) {
   ASSERT_EQ(got->size(), 3u);
   std::set<PageId> distinct;
   for (const Block& b : *got) {
-    ASSERT_EQ(b.size(), 4u);  // K, V of two layers
-    for (PageId p : b) distinct.insert(p);
+    ASSERT_EQ(b.pages.size(), 4u);  // K, V of two layers
+    for (PageId p : b.pages) distinct.insert(p);
   }
   EXPECT_EQ(distinct.size(), 12u);
   EXPECT_EQ(a.bytes, 3 * kBlockBytes);
@@ -118,7 +118,7 @@ TEST_F(BlockPoolTest, AllocateChargesAccountAgentPoolAndFormatsExactly) {
 
   // Free one block: exactly one block's worth comes back, the block is emptied.
   Block& middle = (*got)[1];
-  pool->Free(a, Shape(), middle);
+  pool->Free(a, middle);
   EXPECT_TRUE(middle.empty());
   EXPECT_EQ(a.bytes, 2 * kBlockBytes);
   EXPECT_EQ(pool->used_bytes(), 2 * kBlockBytes);
@@ -127,12 +127,12 @@ TEST_F(BlockPoolTest, AllocateChargesAccountAgentPoolAndFormatsExactly) {
   EXPECT_EQ(FormatPages(s, PageFormat::kInt8, true), 4u);
   Check(*pool, {&a}, 8);
   // Freeing an empty block is a no-op.
-  pool->Free(a, Shape(), middle);
+  pool->Free(a, middle);
   EXPECT_EQ(a.bytes, 2 * kBlockBytes);
   Check(*pool, {&a}, 8);
 
-  pool->Free(a, Shape(), (*got)[0]);
-  pool->Free(a, Shape(), (*got)[2]);
+  pool->Free(a, (*got)[0]);
+  pool->Free(a, (*got)[2]);
   EXPECT_EQ(a.bytes, 0u);
   EXPECT_EQ(pool->used_bytes(), 0u);
   EXPECT_EQ(pool->agent_bytes("agent-x"), 0u);
@@ -170,7 +170,7 @@ TEST_F(BlockPoolTest, DescribeBlockEqualsLocateForEveryAllocatedPage) {
     ASSERT_TRUE(gb.ok()) << gb.status();
     for (Block& x : *ga) as.push_back(std::move(x));
     for (Block& x : *gb) bs.push_back(std::move(x));
-    pool->Free(a, Shape(), as[as.size() - 3]);
+    pool->Free(a, as[as.size() - 3]);
     Check(*pool, {&a, &b}, 4 * (as.size() + bs.size() - round - 1));
   }
   std::erase_if(as, [](const Block& x) { return x.empty(); });
@@ -180,14 +180,14 @@ TEST_F(BlockPoolTest, DescribeBlockEqualsLocateForEveryAllocatedPage) {
        {std::pair<std::string, std::vector<Block>*>{"t1", &as}, {"t2", &bs}}) {
     for (uint32_t i = 0; i < blocks->size(); ++i) {
       const Block& blk = (*blocks)[i];
-      const BlockDesc d = DescribeBlock(Shape(), kSb, blk, i);
+      const BlockDesc d = DescribeBlock(kSb, blk, i);
       EXPECT_EQ(d.block_index, i);
-      ASSERT_EQ(d.pages.size(), blk.size());
-      for (size_t j = 0; j < blk.size(); ++j) {
-        auto loc = pool->Locate(tenant, blk[j]);
+      ASSERT_EQ(d.pages.size(), blk.pages.size());
+      for (size_t j = 0; j < blk.pages.size(); ++j) {
+        auto loc = pool->Locate(tenant, blk.pages[j]);
         ASSERT_TRUE(loc.ok()) << loc.status();
         const PageDesc& p = d.pages[j];
-        EXPECT_EQ(p.page_id, blk[j]);
+        EXPECT_EQ(p.page_id, blk.pages[j]);
         EXPECT_EQ(p.arena_id, loc->arena_id);
         EXPECT_EQ(p.offset, loc->offset);
         EXPECT_EQ(p.size_bytes, loc->size_bytes);
@@ -197,7 +197,7 @@ TEST_F(BlockPoolTest, DescribeBlockEqualsLocateForEveryAllocatedPage) {
         EXPECT_EQ(p.block_index, i);
         EXPECT_TRUE(where.insert({p.arena_id, p.offset}).second) << "page placed twice";
         // A tenant's page is not found in the other tenant's allocator.
-        EXPECT_FALSE(pool->Locate(tenant == "t1" ? "t2" : "t1", blk[j]).ok());
+        EXPECT_FALSE(pool->Locate(tenant == "t1" ? "t2" : "t1", blk.pages[j]).ok());
       }
     }
   }
@@ -209,7 +209,7 @@ TEST_F(BlockPoolTest, HostAddressIsArenaBasePlusOffsetAndZeroWhenUnknown) {
   pool->AttachSession(a);
   auto got = pool->Allocate(a, Shape(), 2);
   ASSERT_TRUE(got.ok());
-  const PageId p0 = (*got)[0][0], p1 = (*got)[1][0];  // two K pages, same superblock
+  const PageId p0 = (*got)[0].pages[0], p1 = (*got)[1].pages[0];  // two K pages, same superblock
   const uint64_t h0 = pool->HostAddress("t1", p0), h1 = pool->HostAddress("t1", p1);
   ASSERT_NE(h0, 0u);
   EXPECT_EQ(h1 - h0, pool->Locate("t1", p1)->offset - pool->Locate("t1", p0)->offset);
@@ -217,8 +217,8 @@ TEST_F(BlockPoolTest, HostAddressIsArenaBasePlusOffsetAndZeroWhenUnknown) {
   // The address is the daemon's mapping of the arena: writable memory.
   std::memset(reinterpret_cast<void*>(h1), 0xab, 4096);
   Block first = (*got)[0];
-  pool->Free(a, Shape(), (*got)[0]);
-  EXPECT_EQ(pool->HostAddress("t1", first[0]), 0u);  // freed: no address
+  pool->Free(a, (*got)[0]);
+  EXPECT_EQ(pool->HostAddress("t1", first.pages[0]), 0u);  // freed: no address
   Check(*pool, {&a}, 4);
 }
 
@@ -230,8 +230,8 @@ TEST_F(BlockPoolTest, DeviceArenasHaveNoHostAddressAndNoFd) {
   pool->AttachSession(a);
   auto got = pool->Allocate(a, Shape(), 1);
   ASSERT_TRUE(got.ok());
-  EXPECT_EQ(pool->HostAddress("t1", (*got)[0][0]), 0u);
-  auto loc = pool->Locate("t1", (*got)[0][0]);
+  EXPECT_EQ(pool->HostAddress("t1", (*got)[0].pages[0]), 0u);
+  auto loc = pool->Locate("t1", (*got)[0].pages[0]);
   ASSERT_TRUE(loc.ok());
   auto fd = pool->DupArenaFd("t1", loc->arena_id, 0);
   EXPECT_EQ(fd.status().code(), absl::StatusCode::kFailedPrecondition) << fd.status();
@@ -316,10 +316,10 @@ TEST_F(BlockPoolTest, ArenasArePrivateToTheirTenant) {
   auto gb = pool->Allocate(b, Shape(), 20);  // 3 K + 2 V superblocks: three arenas
   ASSERT_TRUE(ga.ok() && gb.ok());
   EXPECT_EQ(pool->agent_bytes("x"), 21 * kBlockBytes);
-  const uint32_t arena_a = pool->Locate("t1", (*ga)[0][0])->arena_id;
+  const uint32_t arena_a = pool->Locate("t1", (*ga)[0].pages[0])->arena_id;
   std::set<uint32_t> arenas_b;
   for (const Block& blk : *gb) {
-    for (PageId p : blk) arenas_b.insert(pool->Locate("t2", p)->arena_id);
+    for (PageId p : blk.pages) arenas_b.insert(pool->Locate("t2", p)->arena_id);
   }
   ASSERT_EQ(arenas_b.size(), 3u);
   EXPECT_FALSE(arenas_b.contains(arena_a));
@@ -360,13 +360,13 @@ TEST_F(BlockPoolTest, LastSessionOfATenantReleasesItsArenas) {
   auto go = pool->Allocate(other, Shape(), 1);
   ASSERT_TRUE(g1.ok() && g2.ok() && go.ok());
   EXPECT_EQ(Summary(*pool).num_arenas, 3u);  // t1: 2 K + 1 V superblocks; t2: 1
-  for (Block& b : *g1) pool->Free(a1, Shape(), b);
+  for (Block& b : *g1) pool->Free(a1, b);
   pool->DetachSession(a1);
   pool->ForgetAgent("x");
   EXPECT_EQ(pool->bytes_by_agent().count("x"), 0u);
   EXPECT_EQ(Summary(*pool).num_arenas, 3u);  // t1 still has a session
   Check(*pool, {&a2, &other}, 36);
-  for (Block& b : *g2) pool->Free(a2, Shape(), b);
+  for (Block& b : *g2) pool->Free(a2, b);
   EXPECT_EQ(Summary(*pool).num_arenas, 3u);  // empty, but the session lives
   pool->DetachSession(a2);
   PoolSummary s = Summary(*pool);
@@ -390,7 +390,7 @@ TEST_F(BlockPoolTest, GrowRetiresEmptyArenasOfEveryTenant) {
   pool->AttachSession(b);
   auto ga = pool->Allocate(a, Shape(), 40);  // the whole budget
   ASSERT_TRUE(ga.ok()) << ga.status();
-  for (Block& blk : *ga) pool->Free(a, Shape(), blk);
+  for (Block& blk : *ga) pool->Free(a, blk);
   EXPECT_EQ(Summary(*pool).num_arenas, 4u);  // empty, kept while nobody needs them
   // t1's session lives, but its four empty arenas are budget nobody uses:
   // t2's growth retires them (issue 14, finding 2). Nobody is watched, so

@@ -162,26 +162,40 @@ class CompactionTest : public ::testing::Test {
     return true;
   }
 
+  // Every slot holds its position's pattern as its page's format encodes it
+  // (exactly the pattern in f32; in a requantized page, the pattern rows of
+  // the block's positions encoded by QuantizePage and decoded).
   void VerifyContent(const Sess& s) {
     const kernels::PageShape shape{kBlock, kHeads, kDim};
-    std::vector<float> rows(kBlock * kHeads * kDim);
+    const size_t row = kHeads * kDim;
+    std::vector<float> rows(kBlock * row), want(kBlock * row), pattern(kBlock * row);
+    std::vector<uint8_t> scratch;
+    const kernels::Exec exec;
     for (size_t b = 0; b * kBlock < s.committed; ++b) {
       const int n = static_cast<int>(std::min<uint64_t>(kBlock, s.committed - b * kBlock));
       for (int l = 0; l < kLayers; ++l) {
         for (int v = 0; v < 2; ++v) {
           const PageDesc& page = s.blocks[b].pages[2 * l + v];
-          ASSERT_TRUE(kernels::DequantizePage(kernels::Exec{}, shape,
-                                              v ? kernels::KvKind::kValue : kernels::KvKind::kKey,
-                                              page.format, Addr(page), n, rows.data())
-                          .ok());
+          const auto kind = v ? kernels::KvKind::kValue : kernels::KvKind::kKey;
+          ASSERT_TRUE(
+              kernels::DequantizePage(exec, shape, kind, page.format, Addr(page), n, rows.data())
+                  .ok());
           for (int t = 0; t < n; ++t) {
             const int64_t pos = s.positions[b * kBlock + t];
             for (int h = 0; h < kHeads; ++h) {
-              for (int d = 0; d < kDim; ++d) {
-                ASSERT_EQ(rows[(t * kHeads + h) * kDim + d], Pattern(pos, l, v, h, d))
-                    << "slot " << b * kBlock + t << " position " << pos << " layer " << l;
-              }
+              for (int d = 0; d < kDim; ++d) pattern[t * row + h * kDim + d] = Pattern(pos, l, v, h, d);
             }
+          }
+          scratch.assign(kernels::PageBytes(page.format, kind, shape), 0);
+          ASSERT_TRUE(kernels::QuantizePage(exec, shape, kind, page.format, pattern.data(),
+                                            kernels::SourceType::kF32, n, scratch.data())
+                          .ok());
+          ASSERT_TRUE(
+              kernels::DequantizePage(exec, shape, kind, page.format, scratch.data(), n, want.data())
+                  .ok());
+          for (size_t i = 0; i < size_t(n) * row; ++i) {
+            ASSERT_EQ(rows[i], want[i]) << "slot " << b * kBlock + i / row << " position "
+                                        << s.positions[b * kBlock + i / row] << " layer " << l;
           }
         }
       }
@@ -292,6 +306,48 @@ TEST_F(CompactionTest, H2oKeepsReportedHeavyHittersAndPinnedSlots) {
   EXPECT_TRUE(kept.contains(9));
   EXPECT_TRUE(kept.contains(2));
   EXPECT_TRUE(kept.contains(59));  // the recent window
+  Check();
+}
+
+// Requantization (issue 12, item 3): a policy's cold block gets new pages in
+// the coarser format, the tables say so per block, the session's bytes drop
+// by the difference, and the slots decode to their rows as that format
+// encodes them (VerifyContent). Slots 0..15 are the least attended (evicted
+// at the 48-token budget), 16..31 the coldest kept: a third of what is kept.
+TEST_F(CompactionTest, ColdBlocksAreRequantizedIntoNewPagesOfTheirFormat) {
+  SetQos("a", "h2o{cold.format=int4,cold.fraction=0.34}", 48);
+  Sess s = Open("a");
+  ASSERT_TRUE(Append(s, 64).ok());
+  std::vector<float> attn(64);
+  for (int i = 0; i < 64; ++i) attn[i] = i < 16 ? 0.f : i < 32 ? 1.f : 10.f;
+  ReportSlotsRequest r;
+  r.attention = attn;
+  ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
+  ASSERT_TRUE(Sync(s).value());  // verifies every slot's content
+  ASSERT_EQ(s.committed, 48u);
+  EXPECT_EQ(s.positions.front(), 16);
+  using F = kernels::PageFormat;
+  for (int l = 0; l < kLayers; ++l) {
+    EXPECT_EQ(s.blocks[0].pages[2 * l].format, F::kF32);
+    EXPECT_EQ(s.blocks[0].pages[2 * l + 1].format, F::kInt4);
+    for (size_t b = 1; b < s.blocks.size(); ++b) {
+      EXPECT_EQ(s.blocks[b].pages[2 * l + 1].format, F::kF32) << "block " << b;
+    }
+  }
+  const kernels::PageShape shape{kBlock, kHeads, kDim};
+  const uint64_t f32_page = kernels::PageBytes(F::kF32, kernels::KvKind::kKey, shape);
+  const uint64_t int4_page = kernels::PageBytes(F::kInt4, kernels::KvKind::kValue, shape);
+  EXPECT_EQ(s.blocks[0].pages[1].size_bytes, int4_page);
+  EXPECT_EQ(pool_->used_bytes(), kLayers * (3 * f32_page + 2 * f32_page + int4_page));
+  EXPECT_EQ(pool_->pending_bytes(), 0u);
+  Check();
+  // The worker goes on appending in f32 (4 more: under budget + 10%).
+  ASSERT_TRUE(Append(s, 4).ok());
+  EXPECT_EQ(s.blocks.size(), 4u);
+  EXPECT_EQ(s.blocks[3].pages[1].format, F::kF32);
+  Check();
+  ASSERT_TRUE(pool_->Close(s.id, s.token, peer_).ok());
+  EXPECT_EQ(pool_->used_bytes(), 0u);
   Check();
 }
 
@@ -469,8 +525,7 @@ TEST(CompactionExecutorTest, LowersMergeGroupsAndAveragesTheirRows) {
   g.representative = 3;
   g.count = 2;
   lp.merges.push_back(g);
-  const auto view = BuildView(slots, kernels::PageShape{16, 1, 8}, kernels::PageFormat::kF16,
-                              kernels::PageFormat::kF16, 0);
+  const auto view = BuildView(slots, kernels::PageShape{16, 1, 8}, TableFormats{}, 0);
   auto groups = LowerPlan(view, slots, plan);
   ASSERT_TRUE(groups.ok()) << groups.status();
   ASSERT_EQ(groups->num_out(), 3);

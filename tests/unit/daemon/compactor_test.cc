@@ -64,8 +64,8 @@ std::vector<SlotRecord> Slots(int n, int64_t first = 100) {
 CompactionInputs In(uint64_t target) {
   CompactionInputs in;
   in.shape = {kBt, 2, 32};
-  in.key_format = kernels::PageFormat::kF16;
-  in.value_format = kernels::PageFormat::kF16;
+  in.formats.fill_k = kernels::PageFormat::kF16;
+  in.formats.fill_v = kernels::PageFormat::kF16;
   in.target_tokens = target;
   return in;
 }
@@ -251,13 +251,61 @@ TEST(PlanCompactionTest, PolicyErrorsPassThrough) {
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
 }
 
-// The one lowering (policies/lowering.h) may say "requantize"; the daemon
-// cannot store mixed formats yet, so that is an error, never dropped.
-TEST(PlanCompactionTest, ARequantizingPlanIsRefusedNotDropped) {
-  auto plan = PlanCompaction(*Policy("h2o", {{"cold.format", "int4"}, {"cold.fraction", "0.5"}}),
-                             Slots(64), In(32));
-  EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnimplemented) << plan.status();
-  EXPECT_NE(plan.status().message().find("requantizes"), absl::string_view::npos);
+// Requantization: the output blocks the plan requantizes get new pages in the
+// coarser format (never shared with their old pages), the others keep theirs.
+// Slots 0..15 are the least attended (evicted at a 48-token target), 16..31
+// the coldest kept, so a third of the kept slots is exactly output block 0.
+std::vector<SlotRecord> ColdSecondBlock() {
+  std::vector<SlotRecord> slots = Slots(64);
+  for (int i = 0; i < 64; ++i) slots[i].attn = i < 16 ? 0.f : i < 32 ? 1.f : 10.f;
+  return slots;
+}
+
+std::unique_ptr<policies::Policy> ColdH2o() {
+  return Policy("h2o", {{"cold.format", "int4"}, {"cold.fraction", "0.34"}});
+}
+
+TEST(PlanCompactionTest, RequantizedBlocksGetNewPagesInTheirFormat) {
+  auto plan = PlanCompaction(*ColdH2o(), ColdSecondBlock(), In(48));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->groups.members, Range(16, 64));
+  using F = kernels::PageFormat;
+  EXPECT_EQ(plan->groups.block_v_formats, (std::vector<F>{F::kInt4, F::kF16, F::kF16}));
+  EXPECT_EQ(plan->groups.block_k_formats, (std::vector<F>{F::kF16, F::kF16, F::kF16}));
+  // Output block 0 is source block 1's rows, but in another format: copied.
+  EXPECT_EQ(plan->shared, (std::vector<int64_t>{-1, 2, 3}));
+  EXPECT_EQ(plan->copy.members, Range(16, 32));
+  EXPECT_EQ(plan->copy.block_v_formats, std::vector<F>{F::kInt4});
+  EXPECT_EQ(plan->copy.block_k_formats, std::vector<F>{F::kF16});
+
+  // The next compaction sees those slots at int4 (BuildView reads each
+  // block's formats) and keeps the block as it is.
+  CompactionInputs again = In(48);
+  again.formats.v = {F::kInt4, F::kF16, F::kF16};
+  std::vector<SlotRecord> next(plan->groups.slots.begin(), plan->groups.slots.end());
+  const auto view = BuildView(next, again.shape, again.formats, 0);
+  EXPECT_EQ(view.layers[0].slots[0].v_format, F::kInt4);
+  EXPECT_EQ(view.layers[0].slots[16].v_format, F::kF16);
+}
+
+TEST(PlanCompactionTest, NoBlockIsStoredBelowTheQosFloorOrTheFillFormatWhileFilling) {
+  using F = kernels::PageFormat;
+  CompactionInputs in = In(48);
+  in.value_floor = F::kInt8;
+  auto plan = PlanCompaction(*ColdH2o(), ColdSecondBlock(), in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->groups.block_v_formats, (std::vector<F>{F::kInt8, F::kF16, F::kF16}));
+  // A session whose 48 slots are all at int4 already, compacted to 40: its
+  // trailing partial block (output slots 32..39, which the worker goes on
+  // filling) goes back to the fill format.
+  std::vector<SlotRecord> slots = Slots(48);
+  in = In(40);
+  in.formats.v = {F::kInt4, F::kInt4, F::kInt4};
+  auto window = PlanCompaction(*Policy("window"), slots, in);
+  ASSERT_TRUE(window.ok()) << window.status();
+  ASSERT_EQ(window->groups.num_out(), 40);
+  EXPECT_EQ(window->groups.block_v_formats, (std::vector<F>{F::kInt4, F::kInt4, F::kF16}));
+  ExpectConsistent(*window);
 }
 
 }  // namespace

@@ -125,7 +125,7 @@ TEST(MemoryFindingsTest, Finding2_EmptyArenasOfATenantWithASessionAreLentToOther
   ASSERT_GT(held.size(), 4000u);
   const uint64_t hog_arena_bytes = Summary(pool).arena_bytes;
   EXPECT_GE(hog_arena_bytes, 60 * kMiB);
-  for (Block& b : held) pool.Free(hog, kShape, b);
+  for (Block& b : held) pool.Free(hog, b);
   EXPECT_EQ(pool.used_bytes(), 0u);  // the hog's session stays open, empty
 
   // The other tenant can have as much of the pool as the hog had.
@@ -151,7 +151,7 @@ TEST(MemoryFindingsTest, Finding10_ArenasCostNoMoreThanPoolBytesWhateverWorkersK
   pool.AttachSession(a);
   auto ga = pool.Allocate(a, kShape, 8);
   ASSERT_TRUE(ga.ok());
-  const uint32_t arena = pool.Locate("a", (*ga)[0][0])->arena_id;
+  const uint32_t arena = pool.Locate("a", (*ga)[0].pages[0])->arena_id;
   // The worker (pid 77) maps the whole arena and writes all of it.
   auto fd = pool.DupArenaFd("a", arena, 77);
   ASSERT_TRUE(fd.ok()) << fd.status();
@@ -161,7 +161,7 @@ TEST(MemoryFindingsTest, Finding10_ArenasCostNoMoreThanPoolBytesWhateverWorkersK
   EXPECT_EQ(Resident(*fd), 8 * kMiB);
 
   // Its tenant's last session ends; the worker keeps its mapping.
-  for (Block& blk : *ga) pool.Free(a, kShape, blk);
+  for (Block& blk : *ga) pool.Free(a, blk);
   pool.DetachSession(a);
   PoolSummary s = Summary(pool);
   EXPECT_EQ(s.num_arenas, 0u);
@@ -177,7 +177,7 @@ TEST(MemoryFindingsTest, Finding10_ArenasCostNoMoreThanPoolBytesWhateverWorkersK
   pool.AttachSession(b);
   auto gb = pool.Allocate(b, kShape, 8);
   ASSERT_TRUE(gb.ok()) << gb.status();
-  const uint32_t arena_b = pool.Locate("b", (*gb)[0][0])->arena_id;
+  const uint32_t arena_b = pool.Locate("b", (*gb)[0].pages[0])->arena_id;
   EXPECT_NE(arena_b, arena);  // a retired arena's id is not reused
   auto fd_b = pool.DupArenaFd("b", arena_b, 78);
   ASSERT_TRUE(fd_b.ok());
@@ -206,19 +206,19 @@ TEST(MemoryFindingsTest, Finding6_ReservedPagesAreZeroed) {
   pool.AttachSession(a);
   auto first = pool.Allocate(a, kShape, 1);
   ASSERT_TRUE(first.ok());
-  const Block pages = (*first)[0];
+  const std::vector<PageId> pages = (*first)[0].pages;
   for (size_t i = 0; i < pages.size(); ++i) {
     auto* p = reinterpret_cast<unsigned char*>(pool.HostAddress("t", pages[i]));
     std::memset(p, 0xab, kShape.page_bytes(i));
   }
-  pool.Free(a, kShape, (*first)[0]);
+  pool.Free(a, (*first)[0]);
   auto again = pool.Allocate(a, kShape, 1);
   ASSERT_TRUE(again.ok());
   // The allocator hands the same pages back (in another order)...
-  ASSERT_EQ(std::set<PageId>((*again)[0].begin(), (*again)[0].end()),
+  ASSERT_EQ(std::set<PageId>((*again)[0].pages.begin(), (*again)[0].pages.end()),
             std::set<PageId>(pages.begin(), pages.end()));
   for (size_t i = 0; i < pages.size(); ++i) {
-    auto* p = reinterpret_cast<unsigned char*>(pool.HostAddress("t", (*again)[0][i]));
+    auto* p = reinterpret_cast<unsigned char*>(pool.HostAddress("t", (*again)[0].pages[i]));
     for (uint32_t j = 0; j < kShape.page_bytes(i); ++j) {
       ASSERT_EQ(p[j], 0) << "page " << i << " byte " << j;  // ...scrubbed
     }
