@@ -317,6 +317,7 @@ class CompositePolicy final : public Policy {
   CompositePolicy(Config cfg, bool reference) : cfg_(std::move(cfg)), reference_(reference) {}
 
   const std::string& spec() const override { return cfg_.spec; }
+  bool ReadsKeys() const override { return cfg_.mode != Mode::kSelective; }
 
   absl::StatusOr<std::vector<int64_t>> LayerBudgets(const SessionView& view,
                                                     const Budget& budget) const override {

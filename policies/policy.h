@@ -62,6 +62,11 @@ class Policy {
   // the same spec make the same plans.
   virtual const std::string& spec() const = 0;
 
+  // True when its plans depend on LayerView::keys (merging clusters by key
+  // similarity), so a caller that must fetch keys (the daemon reads them from
+  // its pages) knows it has to. Without keys such a policy evicts instead.
+  virtual bool ReadsKeys() const { return false; }
+
   // Plans one compaction of `view` down to `budget`.
   // REQUIRES: nothing; bad input returns InvalidArgument.
   // Returns ResourceExhausted when hard-protected slots alone exceed a layer's

@@ -52,7 +52,11 @@ size_t CompactionPlan::shared_blocks() const {
 absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
                                               const std::vector<SlotRecord>& slots,
                                               const CompactionInputs& in) {
-  const policies::SessionView view = BuildView(slots, in.shape, in.formats, in.current_turn);
+  policies::SessionView view = BuildView(slots, in.shape, in.formats, in.current_turn);
+  if (in.key_dim > 0) {
+    view.key_dim = in.key_dim;
+    view.layers[0].keys = in.keys;
+  }
   auto plan = policy.Decide(
       view, policies::Budget::TokensPerLayer(1, static_cast<int64_t>(in.target_tokens)));
   if (!plan.ok()) return plan.status();

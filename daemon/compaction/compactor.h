@@ -49,6 +49,10 @@ struct CompactionInputs {
   std::optional<kernels::PageFormat> key_floor, value_floor;
   int32_t current_turn = 0;
   uint64_t target_tokens = 0;
+  // Key summaries (ReadKeySummaries) for policies that ReadsKeys(): [slots *
+  // key_dim]; key_dim 0 = none.
+  int key_dim = 0;
+  std::vector<float> keys;
 };
 
 struct CompactionPlan {

@@ -80,6 +80,53 @@ absl::StatusOr<CompactionGroups> LowerPlan(const policies::SessionView& view,
   return out;
 }
 
+std::vector<uint32_t> KeySummaryLayers(uint32_t num_layers) {
+  constexpr uint32_t kKeyLayers = 4;
+  std::vector<uint32_t> out;
+  const uint32_t n = std::min(kKeyLayers, num_layers);
+  for (uint32_t i = 0; i < n; ++i) out.push_back((2 * i + 1) * num_layers / (2 * n));
+  return out;
+}
+
+absl::Status ReadKeySummaries(const kernels::PageShape& shape, int num_slots,
+                              const std::vector<std::vector<kernels::BlockEntry>>& tables,
+                              std::vector<float>& keys) {
+  const int bt = shape.block_tokens, heads = shape.num_kv_heads, d = shape.head_dim;
+  const size_t key_dim = tables.size() * static_cast<size_t>(d);
+  keys.assign(static_cast<size_t>(num_slots) * key_dim, 0.f);
+  std::vector<float> rows(static_cast<size_t>(bt) * heads * d);
+  kernels::Exec exec;
+  exec.backend = kernels::Backend::kCpu;
+  exec.num_threads = 1;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    for (int first = 0, b = 0; first < num_slots; first += bt, ++b) {
+      if (static_cast<size_t>(b) >= tables[i].size()) {
+        return absl::InternalError(absl::StrCat("no block for slot ", first));
+      }
+      const kernels::BlockEntry& e = tables[i][static_cast<size_t>(b)];
+      const int n = std::min(bt, num_slots - first);
+      if (auto st = kernels::DequantizePage(exec, shape, kernels::KvKind::kKey, e.k_format,
+                                            reinterpret_cast<const void*>(e.k_offset), n,
+                                            rows.data());
+          !st.ok()) {
+        return st;
+      }
+      for (int t = 0; t < n; ++t) {
+        float* out = keys.data() + static_cast<size_t>(first + t) * key_dim + i * d;
+        for (int h = 0; h < heads; ++h) {
+          const float* k = rows.data() + (static_cast<size_t>(t) * heads + h) * d;
+          for (int j = 0; j < d; ++j) out[j] += k[j];
+        }
+        double norm = 0;
+        for (int j = 0; j < d; ++j) norm += double(out[j]) * out[j];
+        const float inv = norm > 0 ? static_cast<float>(1.0 / std::sqrt(norm)) : 0.f;
+        for (int j = 0; j < d; ++j) out[j] *= inv;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ExecuteCompaction(const kernels::PageShape& shape, int num_src,
                                const std::vector<LayerTables>& layers,
                                const CompactionGroups& groups) {

@@ -53,6 +53,22 @@ policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
                                 const kernels::PageShape& shape, const TableFormats& formats,
                                 int32_t current_turn);
 
+// Keys for the daemon's one-layer view (merging clusters slots by key
+// similarity). The layers whose keys summarise a slot: up to 4, evenly
+// spaced (bounds the decode cost and the view's size).
+std::vector<uint32_t> KeySummaryLayers(uint32_t num_layers);
+
+// Reads the keys of the first `num_slots` slots from their pages (through the
+// kernels' decoder, so every page format reads the same way): per layer of
+// `tables` ([layer][source block] entries with absolute host addresses), the
+// slot's key averaged over KV heads and scaled to unit length, concatenated.
+// So the cosine of two summaries is the mean of their per-layer cosines.
+// keys: [num_slots * tables.size() * shape.head_dim].
+// REQUIRES: host-addressable pages.
+absl::Status ReadKeySummaries(const kernels::PageShape& shape, int num_slots,
+                              const std::vector<std::vector<kernels::BlockEntry>>& tables,
+                              std::vector<float>& keys);
+
 // A plan lowered to the kernels' CSR groups, plus the new slot records.
 struct CompactionGroups {
   std::vector<int32_t> group_offsets;  // [num_out + 1]

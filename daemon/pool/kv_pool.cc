@@ -455,6 +455,21 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
   in.value_floor = qos.value_floor;
   in.current_turn = s.policy.current_turn;
   in.target_tokens = target;
+  // Merging policies cluster by key: their pages are read while unlocked
+  // below (they stay allocated: the session is busy).
+  std::vector<std::vector<kernels::BlockEntry>> key_tables;
+  const int num_src = static_cast<int>(s.tables.committed_tokens);
+  if ((*policy)->ReadsKeys()) {
+    const size_t src_blocks = (s.tables.committed_tokens + s.block_tokens - 1) / s.block_tokens;
+    for (uint32_t l : KeySummaryLayers(s.profile.num_layers)) {
+      auto& t = key_tables.emplace_back();
+      for (size_t b = 0; b < src_blocks; ++b) t.push_back(EntryOf(s, s.tables.blocks[b], l));
+      for (const kernels::BlockEntry& e : t) {
+        if (e.k_offset == 0) return absl::UnimplementedError(
+            "merging over device (CUDA) arenas is not implemented yet");
+      }
+    }
+  }
   // From here until the end the session cannot change: its worker is in
   // this Sync, its other mutating calls are refused while `busy`, and
   // Close / evict / lease reclaim are deferred (`doomed`). Its pages, old
@@ -462,7 +477,14 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
   // The slot records are read in place: nothing writes them while busy.
   s.busy = true;
   mu_.Unlock();
-  auto plan = PlanCompaction(**policy, s.policy.slots, in);
+  absl::Status keys_read;
+  if (!key_tables.empty()) {
+    keys_read = ReadKeySummaries(in.shape, num_src, key_tables, in.keys);
+    if (keys_read.ok()) in.key_dim = static_cast<int>(key_tables.size()) * in.shape.head_dim;
+  }
+  absl::StatusOr<CompactionPlan> plan =
+      keys_read.ok() ? PlanCompaction(**policy, s.policy.slots, in)
+                     : absl::StatusOr<CompactionPlan>(keys_read);
   mu_.Lock();
   if (s.doomed) return FinishDoomed(s);
   if (!plan.ok() || !plan->changes) {
@@ -517,7 +539,6 @@ absl::Status KvPool::Compact(Session& s, uint64_t target) {
   }
   if (failure.ok() && plan->copy.num_out() > 0) {
     const auto shape = ShapeOf(s);
-    const int num_src = static_cast<int>(s.tables.committed_tokens);
     mu_.Unlock();
     failure = ExecuteCompaction(shape, num_src, tables, plan->copy);
     mu_.Lock();

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -63,6 +64,7 @@ class CompactionTest : public ::testing::Test {
     int64_t next_pos = 0;   // logical position of the next token
     uint64_t committed = 0;
     std::vector<int64_t> positions;  // [committed]
+    std::vector<uint32_t> counts;    // [committed] tokens each slot stands for
   };
 
   void SetQos(const std::string& agent, const std::string& policy, uint64_t budget,
@@ -125,7 +127,7 @@ class CompactionTest : public ::testing::Test {
       for (int l = 0; l < kLayers; ++l) {
         for (int v = 0; v < 2; ++v) {
           for (int h = 0; h < kHeads; ++h) {
-            for (int d = 0; d < kDim; ++d) row[h * kDim + d] = Pattern(pos, l, v, h, d);
+            for (int d = 0; d < kDim; ++d) row[h * kDim + d] = pattern_(pos, l, v, h, d);
           }
           const PageDesc& page = b.pages[2 * l + v];
           auto st = kernels::WritePageRows(shape, page.format, row.data(),
@@ -153,6 +155,7 @@ class CompactionTest : public ::testing::Test {
     s.blocks = r->blocks;
     s.committed = r->committed_tokens;
     s.positions = r->slot_positions;
+    s.counts = r->slot_counts;
     EXPECT_EQ(r->slot_positions.size(), r->committed_tokens);
     EXPECT_EQ(r->slot_counts.size(), r->committed_tokens);
     VerifyContent(s);
@@ -183,7 +186,7 @@ class CompactionTest : public ::testing::Test {
           for (int t = 0; t < n; ++t) {
             const int64_t pos = s.positions[b * kBlock + t];
             for (int h = 0; h < kHeads; ++h) {
-              for (int d = 0; d < kDim; ++d) pattern[t * row + h * kDim + d] = Pattern(pos, l, v, h, d);
+              for (int d = 0; d < kDim; ++d) pattern[t * row + h * kDim + d] = pattern_(pos, l, v, h, d);
             }
           }
           scratch.assign(kernels::PageBytes(page.format, kind, shape), 0);
@@ -194,6 +197,9 @@ class CompactionTest : public ::testing::Test {
               kernels::DequantizePage(exec, shape, kind, page.format, scratch.data(), n, want.data())
                   .ok());
           for (size_t i = 0; i < size_t(n) * row; ++i) {
+            if (s.counts.size() > b * kBlock + i / row && s.counts[b * kBlock + i / row] > 1) {
+              continue;  // a merged slot: the weighted mean of its members
+            }
             ASSERT_EQ(rows[i], want[i]) << "slot " << b * kBlock + i / row << " position "
                                         << s.positions[b * kBlock + i / row] << " layer " << l;
           }
@@ -209,6 +215,7 @@ class CompactionTest : public ::testing::Test {
 
   FakeClock clock_;
   PeerCreds peer_{1234, 1000, 1000};
+  std::function<float(int64_t, int, bool, int, int)> pattern_ = Pattern;
   std::unique_ptr<KvPool> pool_;
   std::map<uint32_t, std::pair<void*, size_t>> maps_;
 };
@@ -348,6 +355,45 @@ TEST_F(CompactionTest, ColdBlocksAreRequantizedIntoNewPagesOfTheirFormat) {
   Check();
   ASSERT_TRUE(pool_->Close(s.id, s.token, peer_).ok());
   EXPECT_EQ(pool_->used_bytes(), 0u);
+  Check();
+}
+
+// Merging policies cluster by key similarity, and the daemon reads the keys
+// from the session's pages (issue 12, item 4). Keys of even positions point
+// along channel 0, odd ones along channel 1: merges happen (without keys
+// every slot would be its own group, i.e. eviction) and never mix parities,
+// so a merged key is still exactly one channel.
+TEST_F(CompactionTest, MergingPoliciesReadKeysFromThePages) {
+  pattern_ = [](int64_t pos, int layer, bool value, int h, int d) {
+    if (value) return Pattern(pos, layer, value, h, d);
+    return d == int(pos % 2) ? 1.f : 0.f;
+  };
+  SetQos("a", "merge{window.size=8}", 32);
+  Sess s = Open("a");
+  ASSERT_TRUE(Append(s, 64).ok());
+  ReportSlotsRequest r;
+  r.slots.resize(64);
+  for (auto& m : r.slots) m.tag.block_id = 1;  // one structural block: merges may happen
+  ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
+  ASSERT_TRUE(Sync(s).value());
+  EXPECT_EQ(s.committed, 32u);
+  EXPECT_GT(pool_->Stats().merged_tokens_by_policy.at(0).second, 0u);
+  const kernels::PageShape shape{kBlock, kHeads, kDim};
+  std::vector<float> rows(kBlock * kHeads * kDim);
+  int merged = 0;
+  for (size_t slot = 0; slot < s.committed; ++slot) {
+    if (s.counts[slot] == 1) continue;
+    ++merged;
+    const PageDesc& page = s.blocks[slot / kBlock].pages[0];
+    ASSERT_TRUE(kernels::DequantizePage(kernels::Exec{}, shape, kernels::KvKind::kKey, page.format,
+                                        Addr(page), kBlock, rows.data())
+                    .ok());
+    const float* k = rows.data() + (slot % kBlock) * kHeads * kDim;
+    const int parity = int(s.positions[slot] % 2);
+    EXPECT_NEAR(k[parity], 1.f, 1e-5) << "slot " << slot;
+    EXPECT_EQ(k[1 - parity], 0.f) << "slot " << slot << " merged keys of both parities";
+  }
+  EXPECT_GT(merged, 0);
   Check();
 }
 
