@@ -1010,6 +1010,22 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec,
   return std::unique_ptr<Policy>(new CompositePolicy(*std::move(cfg), /*reference=*/false));
 }
 
+absl::StatusOr<std::unique_ptr<Policy>> MakePolicyFromText(std::string_view text) {
+  const size_t brace = text.find('{');
+  absl::StatusOr<std::unique_ptr<Policy>> p;
+  if (brace == std::string_view::npos) {
+    p = MakePolicy(text);
+  } else if (text.back() != '}') {
+    p = absl::InvalidArgumentError("missing closing '}'");
+  } else {
+    auto params = ParseParams(text.substr(brace + 1, text.size() - brace - 2));
+    p = params.ok() ? MakePolicy(text.substr(0, brace), *params) : params.status();
+  }
+  if (p.ok()) return p;
+  return absl::InvalidArgumentError(
+      absl::StrCat("policy '", std::string(text), "': ", p.status().message()));
+}
+
 absl::StatusOr<std::unique_ptr<Policy>> MakeReferencePolicy(std::string_view spec,
                                                             const PolicyParams& params) {
   auto cfg = Resolve(spec, params);

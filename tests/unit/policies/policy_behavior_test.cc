@@ -292,6 +292,18 @@ TEST(CompositeTest, RejectsUnknownNamesAndParameters) {
   EXPECT_FALSE(ParseParams("a=1,b").ok());
 }
 
+TEST(CompositeTest, PolicyFromTextTakesBracedParameters) {
+  auto p = MakePolicyFromText("h2o{cold.format=int4, cold.fraction=0.5}");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)->spec(), Make("h2o", {{"cold.format", "int4"}, {"cold.fraction", "0.5"}})->spec());
+  EXPECT_EQ((*MakePolicyFromText("h2o"))->spec(), Make("h2o")->spec());
+  for (const char* bad : {"h2o{cold.format=int4", "h2o{nope=1}", "h2o{x}", "nope"}) {
+    auto r = MakePolicyFromText(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << bad;
+    EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr(bad));
+  }
+}
+
 TEST(CompositeTest, SpecIsCanonical) {
   auto a = Make("hybrid");
   auto b = Make("sinks+window+anchors+h2o", {{"window.size", "1024"}, {"pool", "256"}});
