@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "policies/layer_budget.h"
+#include "policies/lowering.h"
 #include "policies/merge.h"
 #include "policies/policy.h"
 #include "policies/ranking.h"
@@ -53,8 +54,10 @@ constexpr ParamDef kParams[] = {
      "only the lowest-ranked span x excess candidates are clustered (low-score slots merge)"},
     {"merge.bias", "1", nullptr, "1: merged slots carry log(count) into the softmax"},
     {"cold.format", "none", nullptr,
-     "requantize the coldest kept slots to this format (none|int8|int4|int2|fp8)"},
-    {"cold.fraction", "0", nullptr, "fraction of kept slots requantized (coldest first)"},
+     "requantize the coldest whole output blocks (pages) to this format "
+     "(none|int8|int4|int2|fp8)"},
+    {"cold.fraction", "0", nullptr,
+     "fraction of output slots requantized, in whole blocks (rounded down), coldest first"},
     {"cold.kind", "v", nullptr, "which half to requantize: k | v | kv"},
     {"sinks.count", "4", "sinks", "first positions hard-protected (StreamingLLM)"},
     {"window.size", "auto", "window",
@@ -279,6 +282,9 @@ struct LayerWork {
   std::vector<uint8_t> flags;          // [merge candidates] scratch
   std::vector<uint32_t> picked;        // scratch
   KeyClusters clusters;
+  // Cold step (both paths).
+  std::vector<uint32_t> order;  // [output slots] source slot of each (OutputOrder)
+  std::vector<Ranked> blocks;   // [candidate blocks] score = mean, index = block
 };
 
 float StructuralPrior(BlockKind k) {
@@ -869,64 +875,111 @@ class CompositePolicy final : public Policy {
     }
   }
 
-  // RequantizeReference's choice by radix select: the `take` smallest keys
-  // are the coldest (selected as the largest complements).
-  void Requantize(const SessionView& view, int l, LayerWork* w, LayerPlan* lp) const {
-    if (!cfg_.cold_format || cfg_.cold_fraction <= 0) return;
+  // The cold step (cold.format). Formats are per block (a page holds
+  // block_tokens slots in one format, policies/lowering.h), so it picks whole
+  // output blocks: the layer's output order (after keep / merge) cut into
+  // blocks of view.shape.block_tokens; only FULL blocks are candidates (the
+  // trailing partial one is still being filled, and the lowering refuses it).
+  //
+  // A block holding a protected slot (tier > 0: sinks, pinned, the recent
+  // window, anchors; a merged slot when any member is) is excluded, not
+  // penalised: requantizing the block would store that slot coarser, and the
+  // per-slot cold step this replaces never requantized a protected slot. A
+  // block holding a slot of cold.format's bits in another format (fp8 under
+  // cold.format=int8) is excluded too: it would be re-encoded at no saving.
+  // The rest rank by the mean combined score of their slots (a merged slot:
+  // its representative's), coldest first, ties to the older block.
+  //
+  // Fills w->order and w->blocks (score = mean, position = index = block)
+  // and returns how many blocks to pick: floor(cold.fraction x output slots
+  // / block_tokens), at most the candidates.
+  size_t ColdBlocks(const SessionView& view, int l, const LayerPlan& lp, LayerWork* w) const {
+    w->blocks.clear();
+    if (!cfg_.cold_format || cfg_.cold_fraction <= 0) return 0;
+    const size_t bt = static_cast<size_t>(std::max(1, view.shape.block_tokens));
+    OutputOrder(lp, &w->order);
+    const size_t num_out = w->order.size();
+    const size_t want = static_cast<size_t>(
+        std::floor(cfg_.cold_fraction * static_cast<double>(num_out) / static_cast<double>(bt)));
+    if (want == 0) return 0;
     const std::vector<Slot>& slots = view.layers[l].slots;
-    std::vector<uint64_t>& cold = w->keys;
-    cold.clear();
-    for (uint32_t i : lp->keep) {
-      if (w->tier[i] == 0) cold.push_back(~RankKey(0, w->score[i], i));
+    const int bits = kernels::FormatBits(*cfg_.cold_format);
+    // Same bits as cold.format, another format: see above.
+    auto odd = [&](kernels::PageFormat f) {
+      return kernels::FormatBits(f) == bits && f != *cfg_.cold_format;
+    };
+    size_t g = 0;  // merges ascend by representative, as the order does
+    for (size_t b = 0; b < num_out / bt; ++b) {
+      bool excluded = false;
+      double sum = 0;
+      for (size_t j = b * bt; j < (b + 1) * bt; ++j) {
+        const uint32_t src = w->order[j];
+        excluded |= w->tier[src] > 0;
+        if (g < lp.merges.size() && lp.merges[g].representative == src) {
+          for (uint32_t m : lp.merges[g].members) excluded |= w->tier[m] > 0;
+          ++g;
+        }
+        excluded |= (cfg_.cold_k && odd(slots[src].k_format)) ||
+                    (cfg_.cold_v && odd(slots[src].v_format));
+        sum += w->score[src];
+      }
+      if (excluded) continue;
+      const auto index = static_cast<uint32_t>(b);
+      w->blocks.push_back(Ranked{0, static_cast<float>(sum / static_cast<double>(bt)), index, index});
     }
-    const size_t take = std::min(
-        cold.size(), static_cast<size_t>(std::floor(cfg_.cold_fraction * lp->keep.size())));
+    return std::min(want, w->blocks.size());
+  }
+
+  // Requantizes every output slot of the picked blocks (ascending block
+  // indices) to cold.format, per cold kind, except a slot already at or below
+  // its bits: the block is then stored in cold.format, as the lowering wants.
+  void EmitColdBlocks(const SessionView& view, int l, const LayerWork& w,
+                      absl::Span<const uint32_t> picked, LayerPlan* lp) const {
+    const std::vector<Slot>& slots = view.layers[l].slots;
+    const size_t bt = static_cast<size_t>(std::max(1, view.shape.block_tokens));
+    const int bits = kernels::FormatBits(*cfg_.cold_format);
+    for (uint32_t b : picked) {  // ascending output slots: the (slot, kind) order
+      for (size_t j = b * bt; j < (b + 1) * bt; ++j) {
+        const uint32_t i = w.order[j];
+        if (cfg_.cold_k && kernels::FormatBits(slots[i].k_format) > bits) {
+          lp->requant.push_back({i, kernels::KvKind::kKey, *cfg_.cold_format});
+        }
+        if (cfg_.cold_v && kernels::FormatBits(slots[i].v_format) > bits) {
+          lp->requant.push_back({i, kernels::KvKind::kValue, *cfg_.cold_format});
+        }
+      }
+    }
+  }
+
+  // RequantizeReference's choice by radix select: the `take` smallest keys
+  // are the coldest blocks (selected as the largest complements).
+  void Requantize(const SessionView& view, int l, LayerWork* w, LayerPlan* lp) const {
+    const size_t take = ColdBlocks(view, l, *lp, w);
+    if (take == 0) return;
+    std::vector<uint64_t>& cold = w->keys;
+    cold.resize(w->blocks.size());
+    for (size_t c = 0; c < cold.size(); ++c) {
+      cold[c] = ~RankKey(0, w->blocks[c].score, w->blocks[c].index);
+    }
     SelectLargest(absl::MakeSpan(cold), take, &w->key_scratch);
     std::vector<uint32_t>& picked = w->picked;
     picked.resize(take);
     for (size_t c = 0; c < take; ++c) picked[c] = RankKeyIndex(~cold[c]);
     std::sort(picked.begin(), picked.end());
-    const int bits = kernels::FormatBits(*cfg_.cold_format);
-    for (uint32_t i : picked) {  // ascending slot, key before value: the (slot, kind) order
-      const Slot& s = slots[i];
-      if (cfg_.cold_k && kernels::FormatBits(s.k_format) > bits) {
-        lp->requant.push_back({i, kernels::KvKind::kKey, *cfg_.cold_format});
-      }
-      if (cfg_.cold_v && kernels::FormatBits(s.v_format) > bits) {
-        lp->requant.push_back({i, kernels::KvKind::kValue, *cfg_.cold_format});
-      }
-    }
+    EmitColdBlocks(view, l, *w, picked, lp);
   }
 
-  // Coldest kept unprotected slots go to cold.format.
-  void RequantizeReference(const SessionView& view, int l, const LayerWork& w,
-                           LayerPlan* lp) const {
-    if (!cfg_.cold_format || cfg_.cold_fraction <= 0) return;
-    const std::vector<Slot>& slots = view.layers[l].slots;
-    std::vector<Ranked> cold;
-    for (uint32_t i : lp->keep) {
-      if (w.tier[i] == 0) {
-        cold.push_back(Ranked{0, w.score[i], view.tokens[slots[i].token].position, i});
-      }
-    }
+  // The coldest candidate blocks by a full sort (Better reversed).
+  void RequantizeReference(const SessionView& view, int l, LayerWork& w, LayerPlan* lp) const {
+    const size_t take = ColdBlocks(view, l, *lp, &w);
+    if (take == 0) return;
+    std::vector<Ranked> cold = w.blocks;
     std::sort(cold.begin(), cold.end(),
               [](const Ranked& a, const Ranked& b) { return Better(b, a); });
-    const size_t take = std::min(
-        cold.size(), static_cast<size_t>(std::floor(cfg_.cold_fraction * lp->keep.size())));
-    const int bits = kernels::FormatBits(*cfg_.cold_format);
-    for (size_t c = 0; c < take; ++c) {
-      const Slot& s = slots[cold[c].index];
-      if (cfg_.cold_k && kernels::FormatBits(s.k_format) > bits) {
-        lp->requant.push_back({cold[c].index, kernels::KvKind::kKey, *cfg_.cold_format});
-      }
-      if (cfg_.cold_v && kernels::FormatBits(s.v_format) > bits) {
-        lp->requant.push_back({cold[c].index, kernels::KvKind::kValue, *cfg_.cold_format});
-      }
-    }
-    std::sort(lp->requant.begin(), lp->requant.end(),
-              [](const RequantTarget& a, const RequantTarget& b) {
-                return std::make_pair(a.slot, a.kind) < std::make_pair(b.slot, b.kind);
-              });
+    std::vector<uint32_t> picked;
+    for (size_t c = 0; c < take; ++c) picked.push_back(cold[c].index);
+    std::sort(picked.begin(), picked.end());
+    EmitColdBlocks(view, l, w, picked, lp);
   }
 
   // Constant after construction.
@@ -956,6 +1009,22 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec,
   auto cfg = Resolve(spec, params);
   if (!cfg.ok()) return cfg.status();
   return std::unique_ptr<Policy>(new CompositePolicy(*std::move(cfg), /*reference=*/false));
+}
+
+absl::StatusOr<std::unique_ptr<Policy>> MakePolicyFromText(std::string_view text) {
+  const size_t brace = text.find('{');
+  absl::StatusOr<std::unique_ptr<Policy>> p;
+  if (brace == std::string_view::npos) {
+    p = MakePolicy(text);
+  } else if (text.back() != '}') {
+    p = absl::InvalidArgumentError("missing closing '}'");
+  } else {
+    auto params = ParseParams(text.substr(brace + 1, text.size() - brace - 2));
+    p = params.ok() ? MakePolicy(text.substr(0, brace), *params) : params.status();
+  }
+  if (p.ok()) return p;
+  return absl::InvalidArgumentError(
+      absl::StrCat("policy '", std::string(text), "': ", p.status().message()));
 }
 
 absl::StatusOr<std::unique_ptr<Policy>> MakeReferencePolicy(std::string_view spec,

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "policies/lowering.h"
 
 namespace polykv::policies {
 
@@ -27,29 +28,66 @@ bool Ascending(const std::vector<uint32_t>& v) {
   return true;
 }
 
-// Byte cost of one source slot of a layer in the given formats.
-double SlotBytes(const SessionView& view, kernels::PageFormat k, kernels::PageFormat v) {
-  return BytesPerToken(view.shape, k, v);
+// Calls f(source, group) for every output slot of `lp` in output order (keep
+// and the merge representatives, both ascending, merged): group is the merge
+// group the slot stands for, nullptr for a kept slot.
+template <typename F>
+void ForEachOutputSlot(const LayerPlan& lp, F&& f) {
+  size_t k = 0, g = 0;
+  while (k < lp.keep.size() || g < lp.merges.size()) {
+    if (g == lp.merges.size() ||
+        (k < lp.keep.size() && lp.keep[k] < lp.merges[g].representative)) {
+      f(lp.keep[k++], static_cast<const MergeGroup*>(nullptr));
+    } else {
+      const MergeGroup& mg = lp.merges[g++];
+      f(mg.representative, &mg);
+    }
+  }
+}
+
+// True when `slot` represents one of lp's merge groups (ordered by
+// representative, as ValidatePlan requires).
+bool IsRepresentative(const LayerPlan& lp, uint32_t slot) {
+  auto it = std::lower_bound(
+      lp.merges.begin(), lp.merges.end(), slot,
+      [](const MergeGroup& g, uint32_t s) { return g.representative < s; });
+  return it != lp.merges.end() && it->representative == slot;
+}
+
+// Calls f(first, size, k, v) for each output block of the layer: output slots
+// [first, first + size) stored in formats k and v, the finest each of its
+// slots has after the plan (as policies/lowering.h lays blocks out).
+template <typename F>
+void ForEachOutputBlock(const SessionView& view, int layer, const LayerPlan& lp, F&& f) {
+  const std::vector<Slot>& slots = view.layers[layer].slots;
+  const size_t bt = static_cast<size_t>(std::max(1, view.shape.block_tokens));
+  size_t r = 0;  // requant is ordered by (slot, kind); output slots ascend
+  size_t j = 0, first = 0;
+  kernels::PageFormat bk = kernels::PageFormat::kF32, bv = kernels::PageFormat::kF32;
+  ForEachOutputSlot(lp, [&](uint32_t src, const MergeGroup*) {
+    kernels::PageFormat k = slots[src].k_format, v = slots[src].v_format;
+    while (r < lp.requant.size() && lp.requant[r].slot < src) ++r;
+    for (size_t q = r; q < lp.requant.size() && lp.requant[q].slot == src; ++q) {
+      (lp.requant[q].kind == kernels::KvKind::kKey ? k : v) = lp.requant[q].format;
+    }
+    bk = j == first ? k : FinerFormat(bk, k);
+    bv = j == first ? v : FinerFormat(bv, v);
+    if (++j - first == bt) {
+      f(first, bt, bk, bv);
+      first = j;
+    }
+  });
+  if (j > first) f(first, j - first, bk, bv);
 }
 
 }  // namespace
 
 double OutputBytes(const SessionView& view, int layer, const LayerPlan& plan) {
-  const std::vector<Slot>& slots = view.layers[layer].slots;
   double bytes = 0;
-  size_t r = 0;  // requant is ordered by (slot, kind)
-  for (uint32_t i : plan.keep) {
-    kernels::PageFormat k = slots[i].k_format, v = slots[i].v_format;
-    while (r < plan.requant.size() && plan.requant[r].slot < i) ++r;
-    for (size_t j = r; j < plan.requant.size() && plan.requant[j].slot == i; ++j) {
-      (plan.requant[j].kind == kernels::KvKind::kKey ? k : v) = plan.requant[j].format;
-    }
-    bytes += SlotBytes(view, k, v);
-  }
-  for (const MergeGroup& g : plan.merges) {
-    const Slot& s = slots[g.representative];
-    bytes += SlotBytes(view, s.k_format, s.v_format);
-  }
+  ForEachOutputBlock(view, layer, plan,
+                     [&](size_t, size_t size, kernels::PageFormat k, kernels::PageFormat v) {
+                       bytes += static_cast<double>(size) * BytesPerToken(view.shape, k, v);
+                     });
   return bytes;
 }
 
@@ -149,7 +187,7 @@ bool PlanLooksValid(const SessionView& view, const Plan& plan, const PlanChecks&
       }
       if (marked != n) return false;  // every slot in some set (none twice: checked above)
       for (const RequantTarget& t : lp.requant) {
-        if (t.slot >= n || st[t.slot] != 1) return false;
+        if (t.slot >= n || (st[t.slot] != 1 && !IsRepresentative(lp, t.slot))) return false;
       }
       if (must_keep != nullptr) {
         for (uint32_t i : *must_keep) {
@@ -245,8 +283,9 @@ absl::Status ValidatePlanDetailed(const SessionView& view, const Plan& plan,
     }
     for (size_t r = 0; r < lp.requant.size(); ++r) {
       const RequantTarget& t = lp.requant[r];
-      if (t.slot >= n || state[t.slot] != 1) {
-        return Bad(l, absl::StrCat("requant target ", t.slot, " is not a kept slot"));
+      if (t.slot >= n || (state[t.slot] != 1 && !IsRepresentative(lp, t.slot))) {
+        return Bad(l, absl::StrCat("requant target ", t.slot,
+                                   " is neither a kept slot nor a merge representative"));
       }
       if (!kernels::IsValidFormat(static_cast<int>(t.format))) return Bad(l, "requant format");
       if (r > 0) {
@@ -294,34 +333,28 @@ absl::Status ValidatePlan(const SessionView& view, const Plan& plan, const PlanC
 
 std::vector<uint32_t> OutputOrder(const LayerPlan& layer) {
   std::vector<uint32_t> out;
-  out.reserve(layer.output_slots());
-  size_t k = 0, g = 0;
-  while (k < layer.keep.size() || g < layer.merges.size()) {
-    if (g == layer.merges.size() ||
-        (k < layer.keep.size() && layer.keep[k] < layer.merges[g].representative)) {
-      out.push_back(layer.keep[k++]);
-    } else {
-      out.push_back(layer.merges[g++].representative);
-    }
-  }
+  OutputOrder(layer, &out);
   return out;
+}
+
+void OutputOrder(const LayerPlan& layer, std::vector<uint32_t>* out) {
+  out->resize(layer.output_slots());
+  uint32_t* o = out->data();
+  ForEachOutputSlot(layer, [&](uint32_t src, const MergeGroup*) { *o++ = src; });
 }
 
 std::vector<float> RemapScores(const LayerPlan& plan, absl::Span<const float> scores) {
   std::vector<float> out;
   out.reserve(plan.output_slots());
-  size_t k = 0, g = 0;
-  while (k < plan.keep.size() || g < plan.merges.size()) {
-    if (g == plan.merges.size() ||
-        (k < plan.keep.size() && plan.keep[k] < plan.merges[g].representative)) {
-      out.push_back(scores[plan.keep[k++]]);
+  ForEachOutputSlot(plan, [&](uint32_t src, const MergeGroup* g) {
+    float sum = 0;
+    if (g == nullptr) {
+      sum = scores[src];
     } else {
-      float sum = 0;
-      for (uint32_t m : plan.merges[g].members) sum += scores[m];
-      out.push_back(sum);
-      ++g;
+      for (uint32_t m : g->members) sum += scores[m];
     }
-  }
+    out.push_back(sum);
+  });
   return out;
 }
 
@@ -339,40 +372,39 @@ SessionView ApplyPlan(const SessionView& view, const Plan& plan) {
     LayerView& o = out.layers[l];
     o.entropy = in.entropy;
     const bool keys = d > 0 && !in.keys.empty();
-    size_t k = 0, g = 0, r = 0;
-    while (k < lp.keep.size() || g < lp.merges.size()) {
-      if (g == lp.merges.size() ||
-          (k < lp.keep.size() && lp.keep[k] < lp.merges[g].representative)) {
-        const uint32_t i = lp.keep[k++];
-        Slot s = in.slots[i];
-        while (r < lp.requant.size() && lp.requant[r].slot < i) ++r;
-        for (size_t j = r; j < lp.requant.size() && lp.requant[j].slot == i; ++j) {
-          (lp.requant[j].kind == kernels::KvKind::kKey ? s.k_format : s.v_format) =
-              lp.requant[j].format;
-        }
-        o.slots.push_back(s);
+    ForEachOutputSlot(lp, [&](uint32_t i, const MergeGroup* mg) {
+      if (mg == nullptr) {
+        o.slots.push_back(in.slots[i]);
         if (keys) {
           o.keys.insert(o.keys.end(), in.keys.begin() + i * d, in.keys.begin() + (i + 1) * d);
         }
-      } else {
-        const MergeGroup& mg = lp.merges[g++];
-        Slot s = in.slots[mg.representative];
-        s.count = mg.count;
-        s.attn = s.obs = s.intent = 0.f;
-        std::vector<float> key(keys ? d : 0, 0.f);
-        for (size_t m = 0; m < mg.members.size(); ++m) {
-          const Slot& src = in.slots[mg.members[m]];
-          s.attn += src.attn;
-          s.obs += src.obs;
-          s.intent += mg.weights[m] * src.intent;
-          for (size_t j = 0; j < key.size(); ++j) {
-            key[j] += mg.weights[m] * in.keys[mg.members[m] * d + j];
-          }
-        }
-        o.slots.push_back(s);
-        o.keys.insert(o.keys.end(), key.begin(), key.end());
+        return;
       }
-    }
+      Slot s = in.slots[i];
+      s.count = mg->count;
+      s.attn = s.obs = s.intent = 0.f;
+      std::vector<float> key(keys ? d : 0, 0.f);
+      for (size_t m = 0; m < mg->members.size(); ++m) {
+        const Slot& src = in.slots[mg->members[m]];
+        s.attn += src.attn;
+        s.obs += src.obs;
+        s.intent += mg->weights[m] * src.intent;
+        for (size_t j = 0; j < key.size(); ++j) {
+          key[j] += mg->weights[m] * in.keys[mg->members[m] * d + j];
+        }
+      }
+      o.slots.push_back(s);
+      o.keys.insert(o.keys.end(), key.begin(), key.end());
+    });
+    // Every slot in its block's format (requant targets applied).
+    ForEachOutputBlock(view, static_cast<int>(l), lp,
+                       [&](size_t first, size_t size, kernels::PageFormat k,
+                           kernels::PageFormat v) {
+                         for (size_t j = first; j < first + size; ++j) {
+                           o.slots[j].k_format = k;
+                           o.slots[j].v_format = v;
+                         }
+                       });
   }
   return out;
 }

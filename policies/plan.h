@@ -2,9 +2,16 @@
 //
 // A plan is valid when, per layer, every source slot appears in exactly one of
 // keep / evict / one merge group; merge groups have >= 2 members of ONE block
-// (same StructTag::block_id) in that layer; requantize targets name kept
-// slots only; and the resulting slots fit the budget. ValidatePlan() checks all
-// of it; every Policy runs it on its own output before returning.
+// (same StructTag::block_id) in that layer; requantize targets name output
+// slots (a kept slot, or a merge group's representative for the merged slot);
+// and the resulting slots fit the budget. ValidatePlan() checks all of it;
+// every Policy runs it on its own output before returning.
+//
+// Formats are per block: the layer's pages hold view.shape.block_tokens output
+// slots each, in ONE format, so a block is stored in the finest format any of
+// its slots has after the plan (policies/lowering.h, which also refuses a plan
+// that requantizes part of a block or the trailing partial one). OutputBytes
+// and ApplyPlan count and report formats that way.
 //
 // The executor (daemon compaction) builds the new layer in source order: for
 // each source slot index i ascending, emit i if kept, or the merged slot if i
@@ -38,7 +45,8 @@ struct MergeGroup {
 };
 
 struct RequantTarget {
-  uint32_t slot = 0;  // a kept source slot
+  // A kept source slot, or a merge group's representative (the merged slot).
+  uint32_t slot = 0;
   kernels::KvKind kind = kernels::KvKind::kValue;
   kernels::PageFormat format = kernels::PageFormat::kInt4;
 };
@@ -77,16 +85,23 @@ absl::Status ValidatePlan(const SessionView& view, const Plan& plan, const PlanC
 
 // Source slot index of each output slot, in output order (see file comment).
 std::vector<uint32_t> OutputOrder(const LayerPlan& layer);
+// The same into *out (resized; reuse it to avoid allocating).
+void OutputOrder(const LayerPlan& layer, std::vector<uint32_t>* out);
 
-// Bytes the layer holds after the plan: kept slots in their (possibly
-// requantized) formats plus merged slots in their representative's formats.
+// Bytes the layer holds after the plan, as a block-granular store holds them:
+// each output slot at its block's format (the finest format of the block's
+// slots after the plan: a kept slot's or a representative's format, its
+// requant target applied). The trailing partial block counts its slots only.
+// REQUIRES: ValidatePlan's structural checks hold (slots in range).
 double OutputBytes(const SessionView& view, int layer, const LayerPlan& plan);
 
 // The view after the plan ran (what the next decision sees): kept slots as
-// they were (requantized formats applied), each merge group as one slot at its
-// representative with count = group count, attn and obs summed (attention mass
-// adds up), intent and key summary weight-averaged. Pure; used by offline
-// replay and usable by the daemon to keep its metadata in step.
+// they were, each merge group as one slot at its representative with count =
+// group count, attn and obs summed (attention mass adds up), intent and key
+// summary weight-averaged; every slot in the format its block is stored in
+// (requant targets applied, then the block's finest format: see file
+// comment). Pure; used by offline replay and usable by the daemon to keep its
+// metadata in step.
 // REQUIRES: ValidatePlan(view, plan).ok().
 SessionView ApplyPlan(const SessionView& view, const Plan& plan);
 

@@ -97,6 +97,13 @@ class Policy {
 absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec,
                                                    const PolicyParams& params = {});
 
+// A policy as configs and command lines name it: a spec, optionally followed
+// by parameter overrides in braces, e.g. "h2o" or
+// "hybrid{cold.format=int4,cold.fraction=0.5}" (the syntax of the daemon's
+// policy names; polykv-eval cache configs use it). InvalidArgument naming the
+// text when it is malformed or MakePolicy refuses it.
+absl::StatusOr<std::unique_ptr<Policy>> MakePolicyFromText(std::string_view text);
+
 // The same policy ranked by the original code: full sorts over Ranked
 // structs (ranking.h's Better), a GlobalPool or nth_element for the selective
 // mode, ClusterByKey's vector-per-group clustering, no per-decision caches.

@@ -2,7 +2,9 @@
 // "policy@budget/formats": e.g. "h2o@0.25/K8V4", "full@1/f16",
 // "sinks+structural+intent@0.1/K2V2".
 //
-//   policy   a policies/ preset or '+'-joined composite (MakePolicy spec)
+//   policy   a policies/ preset or '+'-joined composite, optionally with
+//            parameters in braces (policies::MakePolicyFromText), e.g.
+//            "h2o{cold.format=int4,cold.fraction=0.5}@0.25/f16"
 //   budget   fraction of the context's tokens each layer keeps on average
 //            (0 < budget <= 1); "full" ignores it
 //   formats  f32 | f16 | K<k>V<v> with k, v in {8, 4, 2} (int8/int4/int2 pages).

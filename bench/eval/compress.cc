@@ -74,6 +74,10 @@ std::vector<LayerSelection> KeepAll(const EvalKvStore& store) {
 
 absl::StatusOr<Selection> Select(const policies::Policy& policy, const policies::SessionView& view,
                                  double budget_fraction) {
+  if (view.shape.block_tokens != kEvalBlockTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("view pages of ", view.shape.block_tokens,
+                                                   " slots; the store's hold ", kEvalBlockTokens));
+  }
   const int num_layers = view.num_layers();
   int64_t per_layer = 0;
   for (const auto& l : view.layers) per_layer = std::max<int64_t>(per_layer, l.slots.size());
@@ -83,11 +87,6 @@ absl::StatusOr<Selection> Select(const policies::Policy& policy, const policies:
   // The daemon's compaction runs the same lowering (policies/lowering.h).
   auto lowered = policies::Lower(*plan, view);
   if (!lowered.ok()) return lowered.status();
-  if (lowered->requant_ops() > 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        policy.spec(), " requantizes ", lowered->requant_ops(), " slots; neither the daemon nor "
-        "this harness stores slots of one layer in mixed formats yet"));
-  }
   Selection out;
   out.layers.resize(num_layers);
   int64_t kept = 0;
@@ -102,6 +101,22 @@ absl::StatusOr<Selection> Select(const policies::Policy& policy, const policies:
       // Without the log-count bias a merged slot weighs as one token.
       sel.counts[j] = low.merged(j) && !lowered->log_count_bias ? 1 : low.counts[j];
       out.merged_groups += low.merged(j);
+    }
+    if (!low.requant.empty()) {
+      // Each requantized block at its block format (the lowering checked
+      // that every requantization of a block names it); the rest unlimited.
+      const size_t full = low.num_out() / kEvalBlockTokens;
+      sel.requant_k.assign(full, kernels::PageFormat::kF32);
+      sel.requant_v.assign(full, kernels::PageFormat::kF32);
+      size_t last = full;
+      for (const policies::RequantOp& op : low.requant) {
+        const size_t b = op.out_slot / kEvalBlockTokens;
+        const bool key = op.kind == kernels::KvKind::kKey;
+        (key ? sel.requant_k : sel.requant_v)[b] =
+            key ? low.block_k_formats[b] : low.block_v_formats[b];
+        out.requant_blocks += b != last;
+        last = b;
+      }
     }
     kept += static_cast<int64_t>(sel.counts.size());
   }

@@ -31,11 +31,14 @@ struct Selection {
   std::vector<LayerSelection> layers;
   double kept_slots_mean = 0;  // output slots averaged over layers
   int64_t merged_groups = 0;
+  int64_t requant_blocks = 0;  // (layer, block) pairs the plan requantized (K, V or both)
 };
 
 // Runs `policy` on `view` with a total budget of budget_fraction x context
 // tokens per layer (summed over layers, so layer allocators may move it) and
-// lowers the plan. ResourceExhausted when the policy cannot fit the budget.
+// lowers the plan, requantized blocks included (LayerSelection::requant_k/v).
+// ResourceExhausted when the policy cannot fit the budget; InvalidArgument
+// when the view's pages are not the store's (block_tokens != kEvalBlockTokens).
 absl::StatusOr<Selection> Select(const policies::Policy& policy, const policies::SessionView& view,
                                  double budget_fraction);
 

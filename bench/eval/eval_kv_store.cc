@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/ops.h"
+#include "policies/lowering.h"
 
 namespace polykv::eval {
 namespace {
@@ -36,6 +37,11 @@ void SoftmaxRow(float* s, int64_t visible, int64_t t, const float* bias, double*
 }
 
 int64_t Pages(int64_t slots) { return (slots + kEvalBlockTokens - 1) / kEvalBlockTokens; }
+
+// The coarser of two formats (the one policies::FinerFormat does not pick).
+kernels::PageFormat Coarser(kernels::PageFormat a, kernels::PageFormat b) {
+  return policies::FinerFormat(a, b) == a ? b : a;
+}
 
 }  // namespace
 
@@ -96,8 +102,6 @@ absl::StatusOr<std::unique_ptr<EvalKvStore>> EvalKvStore::Compact(
   if (!made.ok()) return made.status();
   std::unique_ptr<EvalKvStore> out = std::move(*made);
   out->tokens_ = src.tokens_;
-  out->k_format_ = k_format;
-  out->v_format_ = v_format;
   const int64_t row = out->row_;
   for (size_t l = 0; l < layers.size(); ++l) {
     const LayerSelection& sel = layers[l];
@@ -137,16 +141,45 @@ absl::StatusOr<std::unique_ptr<EvalKvStore>> EvalKvStore::Compact(
       for (int64_t o = 0; o < n; ++o) to.bias[o] = std::log(static_cast<float>(sel.counts[o]));
     }
     // Encode the leading full pages; the tail (partial page + residual) is
-    // stored as new rows would be.
+    // stored as new rows would be, except a full page the plan requantized:
+    // that one is encoded as a page of its (coarser) format.
+    const int64_t full = n / kEvalBlockTokens;
     const int64_t encoded = std::max<int64_t>(0, n - f16_tail) / kEvalBlockTokens;
-    to.encoded_pages = encoded;
-    for (int64_t p = 0; p < encoded; ++p) {
-      out->RoundTrip(k_format, kernels::KvKind::kKey, to.k.data() + p * kEvalBlockTokens * row,
-                     kEvalBlockTokens);
-      out->RoundTrip(v_format, kernels::KvKind::kValue, to.v.data() + p * kEvalBlockTokens * row,
-                     kEvalBlockTokens);
+    for (const auto* rq : {&sel.requant_k, &sel.requant_v}) {
+      if (!rq->empty() && static_cast<int64_t>(rq->size()) != full) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Compact: layer ", l, " requantizes ", rq->size(), " blocks of ", full, " full ones"));
+      }
     }
-    for (int64_t s = encoded * kEvalBlockTokens; s < n; ++s) {
+    to.page_k.resize(full);
+    to.page_v.resize(full);
+    for (int64_t p = 0; p < full; ++p) {
+      // Stores page p of one kind in the coarser of its own format and the
+      // plan's; a residual page left in append_format keeps its rows as they
+      // were appended, one by one.
+      const auto store = [&](kernels::KvKind kind, kernels::PageFormat own,
+                             const std::vector<kernels::PageFormat>& requant, float* rows,
+                             kernels::PageFormat* format) -> absl::Status {
+        *format = requant.empty() ? own : Coarser(own, requant[p]);
+        if (kernels::PageBytes(*format, kind, ps) == 0) {
+          return absl::InvalidArgumentError("Compact: requantized format not supported for this shape");
+        }
+        const int step = *format == own && p >= encoded ? 1 : kEvalBlockTokens;
+        for (int r = 0; r < kEvalBlockTokens; r += step) {
+          out->RoundTrip(*format, kind, rows + r * row, step);
+        }
+        return absl::OkStatus();
+      };
+      const int64_t first = p * kEvalBlockTokens * row;
+      absl::Status st = store(kernels::KvKind::kKey, p < encoded ? k_format : options.append_format,
+                              sel.requant_k, to.k.data() + first, &to.page_k[p]);
+      if (st.ok()) {
+        st = store(kernels::KvKind::kValue, p < encoded ? v_format : options.append_format,
+                   sel.requant_v, to.v.data() + first, &to.page_v[p]);
+      }
+      if (!st.ok()) return st;
+    }
+    for (int64_t s = full * kEvalBlockTokens; s < n; ++s) {
       out->RoundTrip(options.append_format, kernels::KvKind::kKey, to.k.data() + s * row, 1);
       out->RoundTrip(options.append_format, kernels::KvKind::kValue, to.v.data() + s * row, 1);
     }
@@ -157,14 +190,17 @@ absl::StatusOr<std::unique_ptr<EvalKvStore>> EvalKvStore::Compact(
 int64_t EvalKvStore::bytes() const {
   const kernels::PageShape ps{kEvalBlockTokens, options_.shape.num_kv_heads,
                               options_.shape.head_dim};
-  const int64_t enc = static_cast<int64_t>(kernels::PageBytes(k_format_, kernels::KvKind::kKey, ps) +
-                                           kernels::PageBytes(v_format_, kernels::KvKind::kValue, ps));
-  const int64_t res =
-      static_cast<int64_t>(kernels::PageBytes(options_.append_format, kernels::KvKind::kKey, ps) +
-                           kernels::PageBytes(options_.append_format, kernels::KvKind::kValue, ps));
+  const auto page = [&](kernels::PageFormat f, kernels::KvKind kind) {
+    return static_cast<int64_t>(kernels::PageBytes(f, kind, ps));
+  };
+  const int64_t res = page(options_.append_format, kernels::KvKind::kKey) +
+                      page(options_.append_format, kernels::KvKind::kValue);
   int64_t total = 0;
   for (const Layer& l : layers_) {
-    total += l.encoded_pages * enc + Pages(l.n - l.encoded_pages * kEvalBlockTokens) * res;
+    for (size_t p = 0; p < l.page_k.size(); ++p) {
+      total += page(l.page_k[p], kernels::KvKind::kKey) + page(l.page_v[p], kernels::KvKind::kValue);
+    }
+    total += Pages(l.n - static_cast<int64_t>(l.page_k.size()) * kEvalBlockTokens) * res;
   }
   return total;
 }

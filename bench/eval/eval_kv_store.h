@@ -54,6 +54,11 @@ struct LayerSelection {
   std::vector<uint32_t> members;
   std::vector<float> weights;
   std::vector<uint32_t> counts;  // [out] tokens each output slot stands for
+  // [out / kEvalBlockTokens] (full output blocks) or empty: the format the
+  // plan requantized each block's keys (values) to, kF32 where it did not
+  // (policies::LoweredLayer::block_{k,v}_formats). A block is stored in the
+  // coarser of this and the store's own format for it.
+  std::vector<kernels::PageFormat> requant_k, requant_v;
 };
 
 // Per-layer observations the policies score with.
@@ -71,7 +76,10 @@ class EvalKvStore : public worker::KvStore {
   // A new store holding `layers[l]` gathered from `src`'s layer l, then every
   // full page of the first (slots - f16_tail) slots encoded as k_format /
   // v_format and decoded back; the rest (partial last page and the most recent
-  // `f16_tail` slots, the residual) go through `options.append_format`.
+  // `f16_tail` slots, the residual) go through `options.append_format`. A
+  // full page the selection requantizes (LayerSelection::requant_k/v) is
+  // encoded instead in the coarser of that format and its own, over all its
+  // rows, as daemon compaction writes a new page of that format.
   static absl::StatusOr<std::unique_ptr<EvalKvStore>> Compact(
       const EvalKvStore& src, const std::vector<LayerSelection>& layers,
       kernels::PageFormat k_format, kernels::PageFormat v_format, int f16_tail,
@@ -111,7 +119,10 @@ class EvalKvStore : public worker::KvStore {
     std::vector<float> k, v;       // [capacity][row] decoded values
     std::vector<float> bias;       // [slots] log(count); empty when all counts are 1
     std::vector<uint32_t> token;   // [slots] source token index
-    int64_t encoded_pages = 0;     // leading pages held in k/v formats
+    // [full pages written by Compact] K and V format of each (encoded pages,
+    // residual pages in append_format, requantized pages); later slots are
+    // in append_format.
+    std::vector<kernels::PageFormat> page_k, page_v;
     std::vector<float> mass;       // capture: [slots]
     std::vector<float> intent;     // capture: [slots]
     std::vector<float> window_q;   // capture: [obs_window][num_heads * head_dim] ring
@@ -123,8 +134,6 @@ class EvalKvStore : public worker::KvStore {
 
   const EvalKvStoreOptions options_;
   const int64_t row_;
-  kernels::PageFormat k_format_ = kernels::PageFormat::kF32;
-  kernels::PageFormat v_format_ = kernels::PageFormat::kF32;
   int num_heads_ = 0;  // learned at the first Attend (for the window ring)
   std::vector<Layer> layers_;
   std::vector<TokenMeta> tokens_;

@@ -15,7 +15,6 @@
 #include "CLI/CLI.hpp"
 #include "client/worker/blas_core.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "bench/eval/cache_config.h"
 #include "bench/eval/runner.h"
@@ -86,7 +85,20 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   std::vector<eval::CacheConfig> configs;
-  std::vector<std::string> texts = absl::StrSplit(configs_text, ',', absl::SkipWhitespace());
+  // Commas inside a policy's braces ("h2o{cold.format=int4,cold.fraction=0.5}@...")
+  // do not split configurations.
+  std::vector<std::string> texts;
+  int depth = 0;
+  std::string current;
+  for (char ch : configs_text + ",") {
+    depth += ch == '{' ? 1 : ch == '}' ? -1 : 0;
+    if (ch == ',' && depth <= 0) {
+      if (!absl::StripAsciiWhitespace(current).empty()) texts.push_back(current);
+      current.clear();
+    } else {
+      current += ch;
+    }
+  }
   if (!configs_file.empty()) {
     std::ifstream in(configs_file);
     if (!in) return Fail(absl::StrCat(configs_file, ": cannot read"));

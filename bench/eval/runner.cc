@@ -36,7 +36,7 @@ struct Outcome {
   int question_tokens = 0;
   int64_t bytes_context = 0, bytes_peak = 0;
   double kept_slots_mean = 0, compaction_ms = 0, decode_tps = 0;
-  int64_t merged_groups = 0;
+  int64_t merged_groups = 0, requant_blocks = 0;
 };
 
 struct Agreement {
@@ -73,7 +73,7 @@ absl::StatusOr<std::vector<std::string>> RunTask(
   std::map<std::string, std::unique_ptr<policies::Policy>> policy_by_name;
   for (const CacheConfig& c : configs) {
     if (c.full() || policy_by_name.count(c.policy)) continue;
-    auto p = policies::MakePolicy(c.policy);
+    auto p = policies::MakePolicyFromText(c.policy);
     if (!p.ok()) return p.status();
     policy_by_name[c.policy] = std::move(*p);
   }
@@ -162,6 +162,7 @@ absl::StatusOr<std::vector<std::string>> RunTask(
     o.compaction_ms = (Now() - tc) * 1e3;
     o.kept_slots_mean = sel.kept_slots_mean;
     o.merged_groups = sel.merged_groups;
+    o.requant_blocks = sel.requant_blocks;
     o.bytes_context = (*store)->bytes();
     worker::Conversation fork = conv.Fork(store->get());
     if (task.has_question) {
@@ -242,6 +243,7 @@ absl::StatusOr<std::vector<std::string>> RunTask(
     rec.update({{"question_tokens", o.question_tokens},
                 {"kept_slots_mean", Num(o.kept_slots_mean)},
                 {"merged_groups", o.merged_groups},
+                {"requant_blocks", o.requant_blocks},
                 {"bytes_context", o.bytes_context},
                 {"bytes_peak", o.bytes_peak},
                 {"bytes_mean", Num((o.bytes_context + o.bytes_peak) / 2.0)},

@@ -3,6 +3,7 @@
 // should and nothing else, captured scores add up, and a whole task run over
 // the full f32 cache answers exactly as the worker's own conversation does.
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 #include "bench/eval/cache_config.h"
@@ -13,6 +14,7 @@
 #include "client/worker/json.h"
 #include "client/worker/kv_store.h"
 #include "gtest/gtest.h"
+#include "kernels/ops.h"
 #include "kernels/page_format.h"
 #include "tests/unit/worker/test_util.h"
 
@@ -209,6 +211,104 @@ TEST(EvalKvStore, FormatsCostTheirPagesAndKeepTheResidualExact) {
   EXPECT_EQ((*full16)->slots(1), 41);
 }
 
+// A block the plan requantized holds what a daemon page of that format holds:
+// its rows through the page codec (QuantizePage over all 16 rows, then
+// DequantizePage), costs that page's bytes, and keeps attention close to the
+// f32 reference.
+TEST(EvalKvStore, RequantizedBlocksHoldThePageCodecsValues) {
+  auto store = NewStore(false);
+  std::mt19937 rng(23);  // seed 23
+  const Step ctx = RandomStep(rng, 40, 0);  // 2 full pages + 8 slots
+  RunStep(*store, ctx);
+  const auto f32 = kernels::PageFormat::kF32, i4 = kernels::PageFormat::kInt4;
+  std::vector<LayerSelection> sel = KeepAll(*store);
+  for (LayerSelection& l : sel) {
+    l.requant_k = {f32, i4};  // block 1 of each layer
+    l.requant_v = {f32, i4};
+  }
+  auto cold = EvalKvStore::Compact(*store, sel, f32, f32, 0, {kShape, f32});
+  ASSERT_TRUE(cold.ok()) << cold.status();
+  auto plain = EvalKvStore::Compact(*store, KeepAll(*store), f32, f32, 0, {kShape, f32});
+  ASSERT_TRUE(plain.ok());
+
+  // Keys of block 1 are exactly the codec's round trip of the source rows.
+  const kernels::PageShape ps{kEvalBlockTokens, kShape.num_kv_heads, kShape.head_dim};
+  const size_t page_bytes = kernels::PageBytes(i4, kernels::KvKind::kKey, ps);
+  std::vector<uint8_t> buf(page_bytes + kernels::kPageAlignment);
+  void* page = reinterpret_cast<void*>(
+      (reinterpret_cast<uintptr_t>(buf.data()) + kernels::kPageAlignment - 1) &
+      ~(uintptr_t{kernels::kPageAlignment} - 1));
+  const kernels::Exec exec{kernels::Backend::kCpu, 1, nullptr};
+  const int d = kShape.head_dim;
+  double v_err = 0;  // largest error the codec puts in a value of block 1
+  for (int l = 0; l < kShape.num_layers; ++l) {
+    std::vector<float> vrows(ctx.v.begin() + (l * 40 + 16) * kRow, ctx.v.begin() + (l * 40 + 32) * kRow);
+    std::vector<float> vdec(vrows.size());
+    ASSERT_TRUE(kernels::QuantizePage(exec, ps, kernels::KvKind::kValue, i4, vrows.data(),
+                                      kernels::SourceType::kF32, kEvalBlockTokens, page).ok());
+    ASSERT_TRUE(kernels::DequantizePage(exec, ps, kernels::KvKind::kValue, i4, page,
+                                        kEvalBlockTokens, vdec.data()).ok());
+    for (size_t i = 0; i < vrows.size(); ++i) v_err = std::max(v_err, double{std::abs(vrows[i] - vdec[i])});
+    std::vector<float> rows(ctx.k.begin() + (l * 40 + 16) * kRow, ctx.k.begin() + (l * 40 + 32) * kRow);
+    ASSERT_TRUE(kernels::QuantizePage(exec, ps, kernels::KvKind::kKey, i4, rows.data(),
+                                      kernels::SourceType::kF32, kEvalBlockTokens, page).ok());
+    ASSERT_TRUE(kernels::DequantizePage(exec, ps, kernels::KvKind::kKey, i4, page,
+                                        kEvalBlockTokens, rows.data()).ok());
+    const std::vector<float> got = (*cold)->KeySummaries(l), src = (*plain)->KeySummaries(l);
+    for (int s = 0; s < 40; ++s) {
+      for (int i = 0; i < d; ++i) {
+        float want = 0;
+        if (s >= 16 && s < 32) {
+          for (int g = 0; g < kShape.num_kv_heads; ++g) {
+            want += (1.0f / kShape.num_kv_heads) * rows[(s - 16) * kRow + g * d + i];
+          }
+        } else {
+          want = src[s * d + i];  // other blocks untouched
+        }
+        ASSERT_EQ(got[s * d + i], want) << "layer " << l << " slot " << s << " dim " << i;
+      }
+    }
+  }
+  // One int4 page pair instead of an f32 one, per layer.
+  const auto pair = [&](kernels::PageFormat f) {
+    return static_cast<int64_t>(kernels::PageBytes(f, kernels::KvKind::kKey, ps) +
+                                kernels::PageBytes(f, kernels::KvKind::kValue, ps));
+  };
+  EXPECT_EQ((*cold)->bytes(), (*plain)->bytes() - kShape.num_layers * (pair(f32) - pair(i4)));
+
+  // Attention fidelity against the f32 reference: nonzero, bounded, and below
+  // the whole cache at int4. Values only: keys stay exact.
+  for (LayerSelection& l : sel) l.requant_k.clear();
+  auto cold_v = EvalKvStore::Compact(*store, sel, f32, f32, 0, {kShape, f32});
+  ASSERT_TRUE(cold_v.ok()) << cold_v.status();
+  EXPECT_EQ((*cold_v)->bytes(), (*plain)->bytes() - kShape.num_layers *
+                                    static_cast<int64_t>(kernels::PageBytes(f32, kernels::KvKind::kValue, ps) -
+                                                         kernels::PageBytes(i4, kernels::KvKind::kValue, ps)));
+  auto all4 = EvalKvStore::Compact(*store, KeepAll(*store), i4, i4, 0, {kShape, f32});
+  ASSERT_TRUE(all4.ok());
+  double e_cold = 0, e_cold_v = 0, e_all = 0;
+  for (int trial = 0; trial < 8; ++trial) {
+    const Step q = RandomStep(rng, 1, 40 + trial);
+    const auto exact = RunStep(**plain, q);
+    const auto err = [&](worker::KvStore& s) {
+      const auto o = RunStep(s, q);
+      double e = 0;
+      for (size_t i = 0; i < o.size(); ++i) e = std::max(e, double{std::abs(o[i] - exact[i])});
+      return e;
+    };
+    e_cold = std::max(e_cold, err(**cold));
+    e_cold_v = std::max(e_cold_v, err(**cold_v));
+    e_all = std::max(e_all, err(**all4));
+  }
+  // Attention weights sum to 1, so an output moves by at most the largest
+  // error in a requantized value.
+  EXPECT_GT(e_cold_v, 0.0);
+  EXPECT_LE(e_cold_v, v_err + 1e-5);
+  EXPECT_LT(e_cold, e_all);
+  std::printf("max attention error: block 1 values int4 %.4g (codec's value error %.4g), "
+              "K and V %.4g, all pages int4 %.4g\n", e_cold_v, v_err, e_cold, e_all);
+}
+
 TEST(EvalKvStore, CompactRefusesBadSelections) {
   auto store = NewStore(false);
   std::mt19937 rng(1);
@@ -218,6 +318,10 @@ TEST(EvalKvStore, CompactRefusesBadSelections) {
                                     0, {kShape, kernels::PageFormat::kF16}).ok());
   auto sel = KeepAll(*store);
   sel[1].members[3] = 9;  // past the layer
+  EXPECT_FALSE(EvalKvStore::Compact(*store, sel, kernels::PageFormat::kF16, kernels::PageFormat::kF16,
+                                    0, {kShape, kernels::PageFormat::kF16}).ok());
+  sel = KeepAll(*store);
+  sel[0].requant_v = {kernels::PageFormat::kInt4};  // 4 slots: no full block to requantize
   EXPECT_FALSE(EvalKvStore::Compact(*store, sel, kernels::PageFormat::kF16, kernels::PageFormat::kF16,
                                     0, {kShape, kernels::PageFormat::kF16}).ok());
 }
@@ -232,6 +336,9 @@ TEST(CacheConfig, ParsesAndNamesTheBadPart) {
   ASSERT_TRUE(f.ok());
   EXPECT_EQ(f->text, "full@1/f32");
   EXPECT_EQ(ParseCacheConfig("h2o@0.25/K8V4")->f16_tail, 0);
+  auto braced = ParseCacheConfig("h2o{cold.format=int4,cold.fraction=0.5}@0.25/K8V8");
+  ASSERT_TRUE(braced.ok()) << braced.status();
+  EXPECT_EQ(braced->policy, "h2o{cold.format=int4,cold.fraction=0.5}");
   for (const char* bad : {"h2o", "h2o@0/f16", "h2o@1.5/f16", "h2o@x/f16", "h2o@0.5/K3V4", "@0.5/f16"}) {
     auto r = ParseCacheConfig(bad);
     EXPECT_FALSE(r.ok()) << bad;
@@ -317,6 +424,55 @@ TEST(RunTask, FullF32CacheAnswersAsTheWorkerDoes) {
   EXPECT_LT(field(rec[2], "bytes_fraction").get<double>(), 0.75);
   EXPECT_LT(field(rec[3], "bytes_fraction").get<double>(), field(rec[2], "bytes_fraction").get<double>());
   EXPECT_GT(field(rec[0], "context_tokens").get<double>(), 40);
+}
+
+// A cold step (cold.format) runs through the harness: whole blocks are
+// requantized, reported, and the cache holds less than the same config
+// without it.
+TEST(RunTask, ColdRequantizationRunsAndHoldsLess) {
+  POLYKV_REQUIRE_MODEL();
+  std::string log;
+  for (int i = 0; i < 12; ++i) {
+    log += "step " + std::to_string(i) + ": compiled module_" + std::to_string(i) +
+           ".cc with 0 errors and " + std::to_string(i % 3) + " warnings; ";
+  }
+  const std::string text =
+      R"({"role":"system","content":"You are a build assistant. Answer briefly."})" "\n"
+      R"({"role":"user","content":"The release tag is REL-7731. Run the build."})" "\n"
+      R"({"role":"tool","content":")" + log + R"("})" "\n"
+      R"({"role":"user","content":"What is the release tag?"})" "\n"
+      R"({"role":"assistant","id":"t","max_new_tokens":6,"answer_prefix":"The release tag is"})" "\n";
+  auto task = ParseTask("t.jsonl", text, 64);
+  ASSERT_TRUE(task.ok()) << task.status();
+  std::vector<CacheConfig> configs;
+  for (const char* c : {"h2o@0.5/K8V8", "h2o{cold.format=int4,cold.fraction=0.5,cold.kind=kv}@0.5/K8V8",
+                        "h2o{cold.format=int4,cold.fraction=0.5}@0.5/K8V8"}) {
+    auto parsed = ParseCacheConfig(c);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    configs.push_back(*parsed);
+  }
+  RunnerOptions ro;
+  ro.threads = 2;
+  auto records = RunTask(*model, *task, configs, ro);
+  ASSERT_TRUE(records.ok()) << records.status();
+  ASSERT_EQ(records->size(), 4u);
+  std::vector<worker::JsonValue> rec;
+  for (const auto& r : *records) {
+    auto v = worker::ParseJson(r);
+    ASSERT_TRUE(v.ok()) << r;
+    ASSERT_FALSE(v->contains("error")) << r;
+    rec.push_back(*v);
+  }
+  EXPECT_GT(rec[0].at("context_tokens").get<double>(), 150);
+  const auto num = [](const worker::JsonValue& v, const char* k) { return v.at(k).get<double>(); };
+  EXPECT_EQ(num(rec[1], "requant_blocks"), 0);
+  EXPECT_GT(num(rec[2], "requant_blocks"), 0);
+  EXPECT_EQ(num(rec[2], "requant_blocks"), num(rec[3], "requant_blocks"));
+  EXPECT_EQ(num(rec[2], "kept_slots_mean"), num(rec[1], "kept_slots_mean"));
+  // int4 keys and values < int4 values < int8 pages.
+  EXPECT_LT(num(rec[3], "bytes_context"), num(rec[1], "bytes_context"));
+  EXPECT_LT(num(rec[2], "bytes_context"), num(rec[3], "bytes_context"));
+  EXPECT_LT(num(rec[2], "bytes_fraction"), num(rec[1], "bytes_fraction"));
 }
 
 }  // namespace

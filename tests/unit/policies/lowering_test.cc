@@ -2,6 +2,7 @@
 // requantize), per layer, and the errors for plans it cannot lower.
 #include "policies/lowering.h"
 
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -234,6 +235,42 @@ TEST(LoweringTest, RealPoliciesPlansLowerAndConserveTokens) {
     }
   }
   EXPECT_GE(lowered, 5);
+  // Cold steps requantize whole full output blocks, so their plans lower too,
+  // merge representatives included. (At 100 slots a layer the synthetic
+  // session's anchors or merge's 256-slot window fill every block: nothing is
+  // cold. 200 leaves room.)
+  const struct {
+    const char* spec;
+    PolicyParams params;
+  } cold[] = {
+      {"hybrid", {{"cold.format", "int4"}, {"cold.fraction", "0.5"}, {"cold.kind", "v"}}},
+      {"h2o", {{"cold.format", "int8"}, {"cold.fraction", "0.4"}, {"cold.kind", "kv"}}},
+      {"merge",
+       {{"cold.format", "int2"}, {"cold.fraction", "0.5"}, {"cold.kind", "k"}, {"window.size", "64"}}},
+      {"structural", {{"cold.format", "fp8"}, {"cold.fraction", "1"}, {"cold.kind", "kv"}}},
+  };
+  size_t merged_requant = 0;
+  for (const auto& c : cold) {
+    auto policy = MakePolicy(c.spec, c.params);
+    ASSERT_TRUE(policy.ok()) << c.spec << ": " << policy.status();
+    auto plan = (*policy)->Decide(view, Budget::TotalTokens(4 * 200));
+    ASSERT_TRUE(plan.ok()) << c.spec << ": " << plan.status();
+    auto low = Lower(*plan, view);
+    ASSERT_TRUE(low.ok()) << c.spec << ": " << low.status();
+    EXPECT_GT(low->requant_ops(), 0u) << c.spec;
+    for (int l = 0; l < view.num_layers(); ++l) {
+      const LoweredLayer& ll = low->layers[l];
+      const size_t bt = static_cast<size_t>(ll.block_tokens);
+      EXPECT_LE(ll.requant.size() / (c.params.at("cold.kind") == "kv" ? 2 : 1),
+                static_cast<size_t>(std::stod(c.params.at("cold.fraction")) * ll.num_out()))
+          << c.spec;
+      for (const RequantOp& op : ll.requant) {
+        EXPECT_LT(op.out_slot, ll.num_out() / bt * bt) << c.spec << ": the partial block";
+        merged_requant += ll.merged(op.out_slot);
+      }
+    }
+  }
+  EXPECT_GT(merged_requant, 0u);  // some merged slot was requantized
 }
 
 }  // namespace

@@ -107,7 +107,17 @@ TEST(PlanTest, EachViolationIsReported) {
   expect_bad(lp, "weights sum");
   lp = good;
   lp.requant = {{5, kernels::KvKind::kValue, kernels::PageFormat::kInt4}};
-  expect_bad(lp, "not a kept slot");
+  expect_bad(lp, "neither a kept slot nor a merge representative");
+  // A merge group's representative stands for the merged slot: it may be
+  // requantized; another member may not.
+  lp = good;
+  lp.evict = {6, 7};
+  lp.merges = {Group({4, 5}, 5)};
+  lp.budget_tokens = 5;
+  lp.requant = {{5, kernels::KvKind::kValue, kernels::PageFormat::kInt4}};
+  EXPECT_TRUE(ValidatePlan(v, OnePlan(lp)).ok()) << ValidatePlan(v, OnePlan(lp));
+  lp.requant = {{4, kernels::KvKind::kValue, kernels::PageFormat::kInt4}};
+  expect_bad(lp, "neither a kept slot nor a merge representative");
   lp = good;
   lp.keep = {1, 0, 2, 3};
   expect_bad(lp, "ascending");
@@ -124,8 +134,11 @@ TEST(PlanTest, EachViolationIsReported) {
   EXPECT_FALSE(ValidatePlan(v, OnePlan(good), checks).ok());
 }
 
-TEST(PlanTest, ByteBudgetCountsRequantizedFormats) {
-  const SessionView v = View(4);
+// Formats are per block (here 2 slots): a block is stored, and counted, in
+// the finest format of its slots after the plan.
+TEST(PlanTest, ByteBudgetCountsRequantizedBlocks) {
+  SessionView v = View(4);
+  v.shape.block_tokens = 2;
   const double bf16 =
       BytesPerToken(v.shape, kernels::PageFormat::kBF16, kernels::PageFormat::kBF16);
   const double mixed =
@@ -134,15 +147,20 @@ TEST(PlanTest, ByteBudgetCountsRequantizedFormats) {
   LayerPlan lp;
   lp.keep = {0, 1, 2, 3};
   lp.budget_tokens = 4;
-  lp.budget_bytes = static_cast<int64_t>(3 * bf16 + mixed);
+  lp.budget_bytes = static_cast<int64_t>(2 * bf16 + 2 * mixed);
   EXPECT_FALSE(ValidatePlan(v, OnePlan(lp)).ok());
+  // Half a block requantized: the block stays bf16, and so do its bytes.
   lp.requant = {{2, kernels::KvKind::kValue, kernels::PageFormat::kInt4}};
-  EXPECT_TRUE(ValidatePlan(v, OnePlan(lp)).ok());
-  EXPECT_DOUBLE_EQ(OutputBytes(v, 0, lp), 3 * bf16 + mixed);
+  EXPECT_DOUBLE_EQ(OutputBytes(v, 0, lp), 4 * bf16);
+  EXPECT_FALSE(ValidatePlan(v, OnePlan(lp)).ok());
+  lp.requant.push_back({3, kernels::KvKind::kValue, kernels::PageFormat::kInt4});
+  EXPECT_TRUE(ValidatePlan(v, OnePlan(lp)).ok()) << ValidatePlan(v, OnePlan(lp));
+  EXPECT_DOUBLE_EQ(OutputBytes(v, 0, lp), 2 * bf16 + 2 * mixed);
 }
 
 TEST(PlanTest, ApplyPlanBuildsTheNextView) {
   SessionView v = View(6);
+  v.shape.block_tokens = 2;  // output blocks {0, 2}, {3, 5}
   v.key_dim = 2;
   for (int i = 0; i < 6; ++i) {
     v.layers[0].slots[i].attn = static_cast<float>(i);
@@ -156,10 +174,19 @@ TEST(PlanTest, ApplyPlanBuildsTheNextView) {
   MergeGroup g = Group({4, 5}, 5);
   g.weights = {0.25f, 0.75f};
   lp.merges = {g};
-  lp.requant = {{3, kernels::KvKind::kValue, kernels::PageFormat::kInt8}};
+  // Block {3, 5}: a kept slot and a merged one (its representative).
+  lp.requant = {{3, kernels::KvKind::kValue, kernels::PageFormat::kInt8},
+                {5, kernels::KvKind::kValue, kernels::PageFormat::kInt8}};
   lp.budget_tokens = 4;
   lp.keep.push_back(2);
   std::sort(lp.keep.begin(), lp.keep.end());
+  {
+    // Half the block requantized: it is stored, and reported, at bf16.
+    LayerPlan half = lp;
+    half.requant.pop_back();
+    const SessionView h = ApplyPlan(v, OnePlan(half));
+    EXPECT_EQ(h.layers[0].slots[2].v_format, kernels::PageFormat::kBF16);
+  }
   const Plan plan = OnePlan(lp);
   ASSERT_TRUE(ValidatePlan(v, plan).ok()) << ValidatePlan(v, plan);
   const SessionView next = ApplyPlan(v, plan);
@@ -173,6 +200,8 @@ TEST(PlanTest, ApplyPlanBuildsTheNextView) {
   EXPECT_EQ(l.slots[2].k_format, kernels::PageFormat::kBF16);
   EXPECT_EQ(l.slots[3].token, 5u);  // the representative
   EXPECT_EQ(l.slots[3].count, 2u);
+  EXPECT_EQ(l.slots[3].v_format, kernels::PageFormat::kInt8);
+  EXPECT_EQ(l.slots[0].v_format, kernels::PageFormat::kBF16);
   EXPECT_FLOAT_EQ(l.slots[3].attn, 9.f);    // attention mass adds up
   EXPECT_FLOAT_EQ(l.slots[3].intent, 1.f);  // relevance averages
   ASSERT_EQ(l.keys.size(), 8u);

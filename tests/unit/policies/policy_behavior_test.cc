@@ -1,12 +1,14 @@
 // What each policy keeps, on small hand-built views.
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <set>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policies/layer_budget.h"
+#include "policies/lowering.h"
 #include "policies/merge.h"
 #include "policies/policy.h"
 #include "policies/synthetic.h"
@@ -290,6 +292,18 @@ TEST(CompositeTest, RejectsUnknownNamesAndParameters) {
   EXPECT_FALSE(ParseParams("a=1,b").ok());
 }
 
+TEST(CompositeTest, PolicyFromTextTakesBracedParameters) {
+  auto p = MakePolicyFromText("h2o{cold.format=int4, cold.fraction=0.5}");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)->spec(), Make("h2o", {{"cold.format", "int4"}, {"cold.fraction", "0.5"}})->spec());
+  EXPECT_EQ((*MakePolicyFromText("h2o"))->spec(), Make("h2o")->spec());
+  for (const char* bad : {"h2o{cold.format=int4", "h2o{nope=1}", "h2o{x}", "nope"}) {
+    auto r = MakePolicyFromText(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << bad;
+    EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr(bad));
+  }
+}
+
 TEST(CompositeTest, SpecIsCanonical) {
   auto a = Make("hybrid");
   auto b = Make("sinks+window+anchors+h2o", {{"window.size", "1024"}, {"pool", "256"}});
@@ -304,18 +318,70 @@ TEST(CompositeTest, NeedsCompactionAt110Percent) {
   EXPECT_TRUE(p->NeedsCompaction(MakeView(111), b));
 }
 
-TEST(CompositeTest, ColdRequantizationTargetsOnlyKeptUnprotectedSlots) {
-  SessionView v = MakeView(100);
-  for (int i = 0; i < 100; ++i) v.layers[0].slots[i].attn = static_cast<float>(i % 10);
-  auto p = Make("h2o", {{"cold.format", "int4"}, {"cold.fraction", "0.5"}, {"cold.kind", "kv"}});
-  auto plan = p->Decide(v, Budget::TokensPerLayer(1, 40));
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  const LayerPlan& lp = plan->layers[0];
-  EXPECT_EQ(lp.requant.size(), 2u * 20);  // half of 40 kept, K and V each
-  for (const RequantTarget& t : lp.requant) {
-    EXPECT_TRUE(std::binary_search(lp.keep.begin(), lp.keep.end(), t.slot));
-    EXPECT_LT(t.slot, 80u);  // never the protected recent window (80..99)
+// Pages hold block_tokens slots in one format, so the cold step requantizes
+// whole output blocks: the coldest full blocks without a protected slot, as
+// many as cold.fraction of the output slots fills (rounded down), never the
+// trailing partial block; and the lowering accepts the plan.
+TEST(CompositeTest, ColdRequantizationTakesWholeColdBlocks) {
+  SessionView v = MakeView(400);
+  std::mt19937 rng(17);  // seed 17
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (Slot& s : v.layers[0].slots) s.attn = u(rng);
+  // h2o: a window of 100 recent slots, 100 pool slots by attention; 200
+  // output slots = 12 full blocks + 8. Blocks 0..5 hold pool slots only,
+  // block 6 reaches into the window.
+  const int bt = v.shape.block_tokens;
+  for (const char* kind : {"k", "v", "kv"}) {
+    auto p = Make("h2o", {{"cold.format", "int4"}, {"cold.fraction", "0.3"}, {"cold.kind", kind}});
+    auto plan = p->Decide(v, Budget::TokensPerLayer(1, 200));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_TRUE(Lower(*plan, v).ok()) << kind << ": " << Lower(*plan, v).status();
+    const LayerPlan& lp = plan->layers[0];
+    const std::vector<uint32_t> order = OutputOrder(lp);
+    ASSERT_EQ(order.size(), 200u);
+    std::vector<int> out_of(400, -1);
+    for (size_t j = 0; j < order.size(); ++j) out_of[order[j]] = static_cast<int>(j);
+    const bool want_k = std::string_view(kind) != "v", want_v = std::string_view(kind) != "k";
+    std::set<int> blocks;
+    std::vector<int> per_block(13, 0);
+    for (const RequantTarget& t : lp.requant) {
+      ASSERT_GE(out_of[t.slot], 0) << "requantizes a slot it does not keep: " << t.slot;
+      EXPECT_EQ(t.format, kernels::PageFormat::kInt4);
+      EXPECT_TRUE(t.kind == kernels::KvKind::kKey ? want_k : want_v) << kind;
+      const int b = out_of[t.slot] / bt;
+      blocks.insert(b);
+      ++per_block[b];
+    }
+    // floor(0.3 x 200 / 16) = 3 blocks, each whole, per kind.
+    ASSERT_EQ(blocks.size(), 3u) << kind;
+    for (int b : blocks) {
+      EXPECT_LT(b, 6) << "block " << b << " holds window slots or is the partial one";
+      EXPECT_EQ(per_block[b], bt * (want_k + want_v)) << "block " << b;
+    }
+    // The coldest of the candidate blocks 0..5 by mean attention.
+    std::vector<std::pair<double, int>> mean;
+    for (int b = 0; b < 6; ++b) {
+      double sum = 0;
+      for (int j = b * bt; j < (b + 1) * bt; ++j) sum += v.layers[0].slots[order[j]].attn;
+      mean.push_back({sum / bt, b});
+    }
+    std::sort(mean.begin(), mean.end());
+    EXPECT_EQ(blocks, (std::set<int>{mean[0].second, mean[1].second, mean[2].second})) << kind;
   }
+  // A fraction below one block requantizes nothing.
+  auto few = Make("h2o", {{"cold.format", "int4"}, {"cold.fraction", "0.07"}});
+  auto plan = few->Decide(v, Budget::TokensPerLayer(1, 200));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(plan->layers[0].requant.empty());
+  // Slots already at cold.format's bits are not requantized again; the block
+  // is still stored in cold.format.
+  for (Slot& s : v.layers[0].slots) s.v_format = kernels::PageFormat::kInt4;
+  auto kv = Make("h2o", {{"cold.format", "int4"}, {"cold.fraction", "0.3"}, {"cold.kind", "kv"}});
+  plan = kv->Decide(v, Budget::TokensPerLayer(1, 200));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->layers[0].requant.size(), 3u * bt);
+  for (const RequantTarget& t : plan->layers[0].requant) EXPECT_EQ(t.kind, kernels::KvKind::kKey);
+  EXPECT_TRUE(Lower(*plan, v).ok()) << Lower(*plan, v).status();
 }
 
 TEST(CompositeTest, BytesBudgetCountsFormats) {
