@@ -193,8 +193,19 @@ def gen_groups(counts: dict) -> list[tuple[int, list[str]]]:
 
 
 def split_list(values) -> list[str]:
-    """--families a b / --families a,b / both."""
-    return [x for v in values or [] for x in v.split(",") if x]
+    """--families a b / --families a,b / both. Commas inside braces belong to
+    a policy's parameters (h2o{cold.format=int4,cold.fraction=0.5}@0.25/f16),
+    as polykv-eval's --configs reads them."""
+    out = []
+    for v in values or []:
+        depth, start = 0, 0
+        for i, c in enumerate(v + ","):
+            depth += (c == "{") - (c == "}")
+            if c == "," and depth <= 0:
+                if v[start:i]:
+                    out.append(v[start:i])
+                start = i + 1
+    return out
 
 
 def sha256_file(path: str) -> str:

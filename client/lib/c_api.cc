@@ -1,7 +1,9 @@
 #include "polykv/polykv_c.h"
 
 #include <optional>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "polykv/client.h"
@@ -26,6 +28,12 @@ static_assert(PKV_FORMAT_FP8_E4M3 == static_cast<int>(PageFormat::kFP8E4M3));
 static_assert(PKV_FORMAT_INT8 == static_cast<int>(PageFormat::kInt8));
 static_assert(PKV_FORMAT_INT4 == static_cast<int>(PageFormat::kInt4));
 static_assert(PKV_FORMAT_INT2 == static_cast<int>(PageFormat::kInt2));
+static_assert(PKV_ROLE_SYSTEM == static_cast<int>(polykv::policies::Role::kSystem));
+static_assert(PKV_ROLE_USER == static_cast<int>(polykv::policies::Role::kUser));
+static_assert(PKV_ROLE_ASSISTANT == static_cast<int>(polykv::policies::Role::kAssistant));
+static_assert(PKV_ROLE_TOOL_CALL == static_cast<int>(polykv::policies::Role::kToolCall));
+static_assert(PKV_ROLE_TOOL_OUTPUT == static_cast<int>(polykv::policies::Role::kToolOutput));
+static_assert(PKV_ROLE_ERROR == static_cast<int>(polykv::policies::Role::kError));
 static_assert(PKV_DTYPE_F32 == static_cast<int>(DType::kF32));
 static_assert(PKV_DTYPE_F16 == static_cast<int>(DType::kF16));
 static_assert(PKV_DTYPE_BF16 == static_cast<int>(DType::kBF16));
@@ -55,6 +63,26 @@ absl::StatusOr<std::optional<PageFormat>> FormatFromC(uint32_t v, absl::string_v
     return absl::InvalidArgumentError(absl::StrCat(field, ": unknown page format ", v));
   }
   return std::optional<PageFormat>(static_cast<PageFormat>(v));
+}
+
+// Checked here for the same reason: role, kind and depth are narrower in C++.
+absl::StatusOr<polykv::SlotMeta> MetaFromC(const pkv_slot_meta& m, size_t i) {
+  namespace p = polykv::policies;
+  if (m.role >= p::kNumRoles || m.block_kind >= p::kNumBlockKinds || m.depth > UINT16_MAX ||
+      m.turn < 0 || m.boundary > 1 || m.pinned > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "meta[", i, "]: role ", m.role, ", block_kind ", m.block_kind, ", depth ", m.depth,
+        ", turn ", m.turn, " or a flag out of range"));
+  }
+  polykv::SlotMeta out;
+  out.turn = m.turn;
+  out.role = static_cast<p::Role>(m.role);
+  out.tag.kind = static_cast<p::BlockKind>(m.block_kind);
+  out.tag.block_id = m.block_id;
+  out.tag.depth = static_cast<uint16_t>(m.depth);
+  out.tag.boundary = m.boundary != 0;
+  out.pinned = m.pinned != 0;
+  return out;
 }
 
 }  // namespace
@@ -135,6 +163,59 @@ int pkv_block_pages(const pkv_session* s, size_t block, pkv_page* pages, size_t 
                         p.addr};
   }
   return Report(absl::OkStatus());
+}
+
+int pkv_sync(pkv_session* s, int* changed) {
+  if (!s) return Report(absl::InvalidArgumentError("null session"));
+  auto r = s->impl->Sync();
+  if (!r.ok()) return Report(r.status());
+  if (changed) *changed = *r ? 1 : 0;
+  return Report(absl::OkStatus());
+}
+
+uint64_t pkv_epoch(const pkv_session* s) { return s ? s->impl->epoch() : 0; }
+
+uint64_t pkv_committed_tokens(const pkv_session* s) {
+  return s ? s->impl->committed_tokens() : 0;
+}
+
+int pkv_slot_info(const pkv_session* s, uint64_t first, size_t n, int64_t* positions,
+                  uint32_t* counts) {
+  if (!s) return Report(absl::InvalidArgumentError("null session"));
+  const auto& pos = s->impl->slot_positions();
+  const auto& cnt = s->impl->slot_counts();
+  if (first > pos.size() || n > pos.size() - first) {
+    return Report(absl::OutOfRangeError(absl::StrCat("slots [", first, ", ", first + n,
+                                                     ") past the ", pos.size(),
+                                                     " the last changed sync described")));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (positions) positions[i] = pos[first + i];
+    if (counts) counts[i] = cnt[first + i];
+  }
+  return Report(absl::OkStatus());
+}
+
+int pkv_report_slots(pkv_session* s, uint64_t first, size_t n, const pkv_slot_meta* meta,
+                     const float* attention, uint32_t current_turn) {
+  if (!s) return Report(absl::InvalidArgumentError("null session"));
+  std::vector<polykv::SlotMeta> m;
+  if (meta) {
+    m.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      auto one = MetaFromC(meta[i], i);
+      if (!one.ok()) return Report(one.status());
+      m.push_back(*one);
+    }
+  }
+  std::vector<float> a;
+  if (attention) a.assign(attention, attention + n);
+  return Report(s->impl->ReportSlots(first, m, a, current_turn));
+}
+
+int pkv_report_intent(pkv_session* s, uint64_t first, size_t n, const float* relevance) {
+  if (!s || (!relevance && n)) return Report(absl::InvalidArgumentError("null argument"));
+  return Report(s->impl->ReportIntent(first, std::vector<float>(relevance, relevance + n)));
 }
 
 const char* pkv_last_error(void) { return last_error.c_str(); }

@@ -49,6 +49,17 @@ def turn(prompt, completion, tokens, epoch=0, cache="pool-f16-f16", peak=1000, f
             "kv_bytes_peak": peak, "epoch": epoch}
 
 
+class SplitListTest(unittest.TestCase):
+    def test_commas_inside_braces_stay_with_their_policy(self):
+        got = driver.split_list(["full@1/f16,h2o{cold.format=int4,cold.fraction=0.5}@0.25/f16",
+                                 "window@0.1/f16"])
+        self.assertEqual(got, ["full@1/f16", "h2o{cold.format=int4,cold.fraction=0.5}@0.25/f16",
+                               "window@0.1/f16"])
+        self.assertEqual(driver.split_list(["a,,b"]), ["a", "b"])
+        cfg = live.parse_config(got[1])
+        self.assertEqual(cfg.policy, "h2o{cold.format=int4,cold.fraction=0.5}")
+
+
 class ConfigTest(unittest.TestCase):
     def test_canonical_text_and_formats(self):
         c = live.parse_config("h2o@0.25/K8V4")

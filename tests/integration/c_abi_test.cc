@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -88,6 +89,77 @@ TEST(CAbiTest, SessionLifecycleAndErrors) {
   EXPECT_EQ(pkv_connect((dir + "/missing.sock").c_str(), &nobody), 14);  // UNAVAILABLE
   EXPECT_EQ(nobody, nullptr);
 
+  daemon.Signal(SIGTERM);
+  EXPECT_EQ(daemon.Wait(), 0);
+}
+
+// The policy engine through the C ABI: reports reach the daemon, a compaction
+// at the QoS budget follows, and pkv_sync / pkv_slot_info describe it.
+TEST(CAbiTest, ReportsReachTheDaemonAndSyncAdoptsItsCompaction) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "polykv-cabi-c-", getpid());
+  mkdir(dir.c_str(), 0700);
+  const std::string sock = dir + "/d.sock";
+  Subprocess daemon({BinDir() + "/polykvd", "--socket", sock, "--metrics-address", "off",
+                     "--pool-bytes", "64MiB"});
+  for (int i = 0; i < 500 && access(sock.c_str(), F_OK) != 0; ++i) usleep(20000);
+  auto [code, out] = testing::RunProgram({BinDir() + "/polykvctl", "--socket", sock, "qos", "set",
+                                          "c-h2o", "--policy", "h2o", "--budget-tokens", "32"});
+  ASSERT_EQ(code, 0) << out;
+
+  pkv_client* client = nullptr;
+  ASSERT_EQ(pkv_connect(sock.c_str(), &client), 0) << pkv_last_error();
+  pkv_session_options o{};
+  o.agent_id = "c-h2o";
+  o.tenant = "c-tenant";
+  o.num_layers = 2;
+  o.num_kv_heads = 2;
+  o.head_dim = 64;
+  o.dtype = PKV_DTYPE_F32;
+  pkv_session* session = nullptr;
+  ASSERT_EQ(pkv_session_open(client, &o, &session), 0) << pkv_last_error();
+  ASSERT_EQ(pkv_reserve(session, 64), 0) << pkv_last_error();
+  ASSERT_EQ(pkv_commit(session, 64), 0) << pkv_last_error();
+  int changed = -1;
+  int64_t pos[64];
+  EXPECT_EQ(pkv_slot_info(session, 0, 1, pos, nullptr), 11);  // OUT_OF_RANGE: no compaction yet
+
+  // Bad metadata is refused before anything is sent.
+  pkv_slot_meta meta[64] = {};
+  meta[3].role = 99;
+  EXPECT_EQ(pkv_report_slots(session, 0, 64, meta, nullptr, 0), 3);
+  EXPECT_NE(std::string(pkv_last_error()).find("meta[3]"), std::string::npos) << pkv_last_error();
+  meta[3].role = PKV_ROLE_USER;
+  // Slot 5 is a heavy hitter, slot 7 pinned: h2o keeps both.
+  float attention[64];
+  for (float& a : attention) a = 0.01f;
+  attention[5] = 50.f;
+  meta[7].pinned = 1;
+  ASSERT_EQ(pkv_report_slots(session, 0, 64, meta, attention, 1), 0) << pkv_last_error();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(pkv_report_intent(session, 0, 1, &nan), 3);  // values must be finite
+  float relevance[64] = {};
+  ASSERT_EQ(pkv_report_intent(session, 0, 64, relevance), 0) << pkv_last_error();
+
+  ASSERT_EQ(pkv_sync(session, &changed), 0) << pkv_last_error();
+  EXPECT_EQ(changed, 1);
+  EXPECT_EQ(pkv_epoch(session), 1u);
+  const uint64_t kept = pkv_committed_tokens(session);
+  EXPECT_EQ(kept, 32u);
+  uint32_t counts[64];
+  ASSERT_EQ(pkv_slot_info(session, 0, kept, pos, counts), 0) << pkv_last_error();
+  bool has5 = false, has7 = false;
+  for (uint64_t i = 0; i < kept; ++i) {
+    has5 |= pos[i] == 5;
+    has7 |= pos[i] == 7;
+    EXPECT_EQ(counts[i], 1u);
+  }
+  EXPECT_TRUE(has5);
+  EXPECT_TRUE(has7);
+  EXPECT_EQ(pkv_slot_info(session, kept, 1, pos, counts), 11);
+  ASSERT_EQ(pkv_sync(session, &changed), 0) << pkv_last_error();
+  EXPECT_EQ(changed, 0);
+  EXPECT_EQ(pkv_session_close(session), 0) << pkv_last_error();
+  pkv_client_free(client);
   daemon.Signal(SIGTERM);
   EXPECT_EQ(daemon.Wait(), 0);
 }

@@ -79,6 +79,57 @@ size_t pkv_num_blocks(const pkv_session* session);
 int pkv_block_pages(const pkv_session* session, size_t block, pkv_page* pages, size_t capacity,
                     size_t* num_pages);
 
+/* --- Daemon compaction (the policy engine) --- */
+
+/* Adopts new block tables if the daemon's epoch moved (a compaction), then
+ * acknowledges them. *changed (may be NULL) is 1 when the tables changed:
+ * re-read the blocks, pkv_committed_tokens and pkv_slot_info. Call it at step
+ * boundaries, when no kernel reads or writes the session's pages. */
+int pkv_sync(pkv_session* session, int* changed);
+uint64_t pkv_epoch(const pkv_session* session);
+/* Slots of the tables that hold tokens (a compaction shrinks it). */
+uint64_t pkv_committed_tokens(const pkv_session* session);
+/* After a changed pkv_sync: for slots [first, first + n), the logical
+ * position (the token's index in the conversation) and multiplicity (> 1
+ * after a merge); either array may be NULL. OUT_OF_RANGE past the slots the
+ * last changed sync described (none before one). */
+int pkv_slot_info(const pkv_session* session, uint64_t first, size_t n, int64_t* positions,
+                  uint32_t* counts);
+
+/* Values of pkv_slot_meta.role (policies/session_view.h Role). */
+enum {
+  PKV_ROLE_SYSTEM = 0,
+  PKV_ROLE_USER = 1,
+  PKV_ROLE_ASSISTANT = 2,
+  PKV_ROLE_TOOL_CALL = 3,
+  PKV_ROLE_TOOL_OUTPUT = 4,
+  PKV_ROLE_ERROR = 5
+};
+
+/* What a policy knows of a slot besides its scores. */
+typedef struct {
+  int32_t turn;        /* 0-based message index */
+  uint32_t role;       /* PKV_ROLE_* */
+  uint32_t block_kind; /* policies/session_view.h BlockKind; 0 = none */
+  uint32_t block_id;   /* slots of one structural block share it; 0 = none */
+  uint32_t depth;      /* nesting depth */
+  uint32_t boundary;   /* 1: first or last slot of its block */
+  uint32_t pinned;     /* 1: never evicted */
+} pkv_slot_meta;
+
+/* Reports, for slots [first, first + n) of the current tables (committed),
+ * their metadata (meta may be NULL) and the attention mass they received
+ * since the last report, summed over layers and query heads (attention may
+ * be NULL); current_turn: the turn being decoded (0 = unchanged). One call
+ * per step or chunk, not per token. FAILED_PRECONDITION when the epoch moved
+ * (pkv_sync first); nothing is recorded then. */
+int pkv_report_slots(pkv_session* session, uint64_t first, size_t n, const pkv_slot_meta* meta,
+                     const float* attention, uint32_t current_turn);
+/* Reports each slot's relevance to the current turn's intent (e.g. the
+ * attention an intent probe gives it) for [first, first + n), replacing
+ * earlier values: what `intent` policies rank by. Values must be finite. */
+int pkv_report_intent(pkv_session* session, uint64_t first, size_t n, const float* relevance);
+
 /* Message of this thread's last failed call ("" if none). */
 const char* pkv_last_error(void);
 
