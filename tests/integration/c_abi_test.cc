@@ -4,7 +4,9 @@
 
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "polykv/polykv_c.h"
@@ -18,23 +20,41 @@ namespace {
 using testing::BinDir;
 using testing::Subprocess;
 
-TEST(CAbiTest, SessionLifecycleAndErrors) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "polykv-cabi-", getpid());
-  mkdir(dir.c_str(), 0700);
-  const std::string sock = dir + "/d.sock";
-  Subprocess daemon({BinDir() + "/polykvd", "--socket", sock, "--metrics-address", "off",
-                     "--pool-bytes", "64MiB"});
-  for (int i = 0; i < 500 && access(sock.c_str(), F_OK) != 0; ++i) usleep(20000);
+// A polykvd of its own per test, and the options of a small f32 session.
+class CAbiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = absl::StrCat(::testing::TempDir(), "polykv-cabi-", getpid());
+    mkdir(dir_.c_str(), 0700);
+    sock_ = dir_ + "/d.sock";
+    daemon_ = std::make_unique<Subprocess>(std::vector<std::string>{
+        BinDir() + "/polykvd", "--socket", sock_, "--metrics-address", "off", "--pool-bytes",
+        "64MiB"});
+    for (int i = 0; i < 500 && access(sock_.c_str(), F_OK) != 0; ++i) usleep(20000);
+  }
+  void TearDown() override {
+    daemon_->Signal(SIGTERM);
+    EXPECT_EQ(daemon_->Wait(), 0);
+  }
+  static pkv_session_options Options(const char* agent) {
+    pkv_session_options o{};
+    o.agent_id = agent;
+    o.tenant = "c-tenant";
+    o.num_layers = 2;
+    o.num_kv_heads = 2;
+    o.head_dim = 64;
+    o.dtype = PKV_DTYPE_F32;
+    return o;
+  }
 
+  std::string dir_, sock_;
+  std::unique_ptr<Subprocess> daemon_;
+};
+
+TEST_F(CAbiTest, SessionLifecycleAndErrors) {
   pkv_client* client = nullptr;
-  ASSERT_EQ(pkv_connect(sock.c_str(), &client), 0) << pkv_last_error();
-  pkv_session_options o{};
-  o.agent_id = "c-agent";
-  o.tenant = "c-tenant";
-  o.num_layers = 2;
-  o.num_kv_heads = 2;
-  o.head_dim = 64;
-  o.dtype = PKV_DTYPE_F32;
+  ASSERT_EQ(pkv_connect(sock_.c_str(), &client), 0) << pkv_last_error();
+  const pkv_session_options o = Options("c-agent");
   pkv_session* session = nullptr;
   ASSERT_EQ(pkv_session_open(client, &o, &session), 0) << pkv_last_error();
   EXPECT_GT(pkv_session_id(session), 0u);
@@ -86,35 +106,19 @@ TEST(CAbiTest, SessionLifecycleAndErrors) {
   pkv_client_free(client);
 
   pkv_client* nobody = nullptr;
-  EXPECT_EQ(pkv_connect((dir + "/missing.sock").c_str(), &nobody), 14);  // UNAVAILABLE
+  EXPECT_EQ(pkv_connect((dir_ + "/missing.sock").c_str(), &nobody), 14);  // UNAVAILABLE
   EXPECT_EQ(nobody, nullptr);
-
-  daemon.Signal(SIGTERM);
-  EXPECT_EQ(daemon.Wait(), 0);
 }
 
 // The policy engine through the C ABI: reports reach the daemon, a compaction
 // at the QoS budget follows, and pkv_sync / pkv_slot_info describe it.
-TEST(CAbiTest, ReportsReachTheDaemonAndSyncAdoptsItsCompaction) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "polykv-cabi-c-", getpid());
-  mkdir(dir.c_str(), 0700);
-  const std::string sock = dir + "/d.sock";
-  Subprocess daemon({BinDir() + "/polykvd", "--socket", sock, "--metrics-address", "off",
-                     "--pool-bytes", "64MiB"});
-  for (int i = 0; i < 500 && access(sock.c_str(), F_OK) != 0; ++i) usleep(20000);
-  auto [code, out] = testing::RunProgram({BinDir() + "/polykvctl", "--socket", sock, "qos", "set",
+TEST_F(CAbiTest, ReportsReachTheDaemonAndSyncAdoptsItsCompaction) {
+  auto [code, out] = testing::RunProgram({BinDir() + "/polykvctl", "--socket", sock_, "qos", "set",
                                           "c-h2o", "--policy", "h2o", "--budget-tokens", "32"});
   ASSERT_EQ(code, 0) << out;
-
   pkv_client* client = nullptr;
-  ASSERT_EQ(pkv_connect(sock.c_str(), &client), 0) << pkv_last_error();
-  pkv_session_options o{};
-  o.agent_id = "c-h2o";
-  o.tenant = "c-tenant";
-  o.num_layers = 2;
-  o.num_kv_heads = 2;
-  o.head_dim = 64;
-  o.dtype = PKV_DTYPE_F32;
+  ASSERT_EQ(pkv_connect(sock_.c_str(), &client), 0) << pkv_last_error();
+  const pkv_session_options o = Options("c-h2o");
   pkv_session* session = nullptr;
   ASSERT_EQ(pkv_session_open(client, &o, &session), 0) << pkv_last_error();
   ASSERT_EQ(pkv_reserve(session, 64), 0) << pkv_last_error();
@@ -160,8 +164,6 @@ TEST(CAbiTest, ReportsReachTheDaemonAndSyncAdoptsItsCompaction) {
   EXPECT_EQ(changed, 0);
   EXPECT_EQ(pkv_session_close(session), 0) << pkv_last_error();
   pkv_client_free(client);
-  daemon.Signal(SIGTERM);
-  EXPECT_EQ(daemon.Wait(), 0);
 }
 
 }  // namespace
