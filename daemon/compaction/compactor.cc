@@ -30,7 +30,9 @@ namespace {
 void ApplyStorageRules(const CompactionInputs& in, CompactionGroups& g) {
   const size_t blocks = g.block_k_formats.size();
   for (size_t b = 0; b < blocks; ++b) {
-    if (in.key_floor) g.block_k_formats[b] = policies::FinerFormat(g.block_k_formats[b], *in.key_floor);
+    if (in.key_floor) {
+      g.block_k_formats[b] = policies::FinerFormat(g.block_k_formats[b], *in.key_floor);
+    }
     if (in.value_floor) {
       g.block_v_formats[b] = policies::FinerFormat(g.block_v_formats[b], *in.value_floor);
     }
