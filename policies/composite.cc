@@ -635,15 +635,29 @@ class CompositePolicy final : public Policy {
           absl::StrCat("layer ", l, ": ", w->hard,
                        " hard-protected slots (sinks, pinned) exceed budget ", budget));
     }
+    auto score = [&] {
+      if (cfg_.scoring()) {
+        Score(view, stats, l, w);
+      } else {
+        w->score.assign(n, 0.f);  // protection only: rank by tier, then recency
+      }
+    };
     if (static_cast<int64_t>(n) <= budget) {
       keep_all();
+      // Within budget nothing is evicted, yet the cold step still runs: that
+      // is how the daemon's pressure ladder asks for requantization before
+      // any eviction (a budget of every slot, daemon/compaction/pressure_ladder.h).
+      if (cfg_.cold_format && cfg_.cold_fraction > 0) {
+        score();
+        if (reference_ || n > kRankIndexMask) {
+          RequantizeReference(view, l, *w, lp);
+        } else {
+          Requantize(view, l, w, lp);
+        }
+      }
       return absl::OkStatus();
     }
-    if (cfg_.scoring()) {
-      Score(view, stats, l, w);
-    } else {
-      w->score.assign(n, 0.f);  // protection only: rank by tier, then recency
-    }
+    score();
     if (reference_ || n > kRankIndexMask) {
       SelectReference(view, l, budget, *w, lp);
       RequantizeReference(view, l, *w, lp);
@@ -1011,20 +1025,44 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec,
   return std::unique_ptr<Policy>(new CompositePolicy(*std::move(cfg), /*reference=*/false));
 }
 
-absl::StatusOr<std::unique_ptr<Policy>> MakePolicyFromText(std::string_view text) {
+namespace {
+
+// MakePolicyFromText's syntax: "spec" or "spec{k=v,...}".
+absl::StatusOr<std::pair<std::string_view, PolicyParams>> SplitPolicyText(std::string_view text) {
   const size_t brace = text.find('{');
-  absl::StatusOr<std::unique_ptr<Policy>> p;
-  if (brace == std::string_view::npos) {
-    p = MakePolicy(text);
-  } else if (text.back() != '}') {
-    p = absl::InvalidArgumentError("missing closing '}'");
-  } else {
-    auto params = ParseParams(text.substr(brace + 1, text.size() - brace - 2));
-    p = params.ok() ? MakePolicy(text.substr(0, brace), *params) : params.status();
-  }
-  if (p.ok()) return p;
+  if (brace == std::string_view::npos) return std::pair{text, PolicyParams{}};
+  if (text.back() != '}') return absl::InvalidArgumentError("missing closing '}'");
+  auto params = ParseParams(text.substr(brace + 1, text.size() - brace - 2));
+  if (!params.ok()) return params.status();
+  return std::pair{text.substr(0, brace), *std::move(params)};
+}
+
+absl::Status NamingText(std::string_view text, const absl::Status& st) {
   return absl::InvalidArgumentError(
-      absl::StrCat("policy '", std::string(text), "': ", p.status().message()));
+      absl::StrCat("policy '", std::string(text), "': ", st.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Policy>> MakePolicyFromText(std::string_view text) {
+  auto split = SplitPolicyText(text);
+  if (!split.ok()) return NamingText(text, split.status());
+  auto p = MakePolicy(split->first, split->second);
+  if (p.ok()) return p;
+  return NamingText(text, p.status());
+}
+
+absl::StatusOr<std::string> WithParams(std::string_view text, const PolicyParams& overrides) {
+  auto split = SplitPolicyText(text);
+  if (!split.ok()) return NamingText(text, split.status());
+  PolicyParams params = std::move(split->second);
+  for (const auto& [k, v] : overrides) params[k] = v;
+  std::string out(split->first);
+  if (params.empty()) return out;
+  out += '{';
+  for (const auto& [k, v] : params) absl::StrAppend(&out, out.back() == '{' ? "" : ",", k, "=", v);
+  out += '}';
+  return out;
 }
 
 absl::StatusOr<std::unique_ptr<Policy>> MakeReferencePolicy(std::string_view spec,

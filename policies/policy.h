@@ -104,6 +104,12 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec,
 // text when it is malformed or MakePolicy refuses it.
 absl::StatusOr<std::unique_ptr<Policy>> MakePolicyFromText(std::string_view text);
 
+// `text` (MakePolicyFromText's syntax) with `overrides` set, parameters in
+// key order: WithParams("h2o{window.size=64}", {{"cold.format", "int4"}}) is
+// "h2o{cold.format=int4,window.size=64}". INVALID_ARGUMENT naming the text
+// when it is malformed; the result is not checked against MakePolicy.
+absl::StatusOr<std::string> WithParams(std::string_view text, const PolicyParams& overrides);
+
 // The same policy ranked by the original code: full sorts over Ranked
 // structs (ranking.h's Better), a GlobalPool or nth_element for the selective
 // mode, ClusterByKey's vector-per-group clustering, no per-decision caches.

@@ -2,6 +2,10 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_format.h"
+#include "policies/lowering.h"
+#include "policies/policy.h"
+
 namespace polykv::daemon {
 namespace {
 
@@ -26,18 +30,38 @@ LadderSteps PlanLadder(std::vector<LadderCandidate> candidates, const LadderInpu
     return out;
   }
   if (in.free_bytes >= low) return out;
-  std::erase_if(candidates, [](const LadderCandidate& c) { return c.committed_tokens <= FloorTokens(c); });
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const LadderCandidate& a, const LadderCandidate& b) {
                      if (a.priority != b.priority) return a.priority < b.priority;
                      return a.bytes > b.bytes;
                    });
-  // A compaction writes its output into NEW pages before the old ones go, so
-  // each target must also fit in what is still free (90%, for fragmentation).
   uint64_t expect = 0;
+  auto enough = [&] { return in.free_bytes + expect >= 2 * low; };
+  // Step 1. Each block is rewritten into new pages before its old ones go.
   uint64_t room = in.free_bytes;
+  std::vector<LadderCandidate> rest;
   for (const LadderCandidate& c : candidates) {
-    if (in.free_bytes + expect >= 2 * low) break;
+    const uint64_t fit =
+        c.requant_block_bytes > 0 ? uint64_t(double(room) * 0.9) / c.requant_block_bytes : 0;
+    // Requantization is lossy: no more blocks than the watermark needs.
+    const uint64_t missing = 2 * low - std::min(2 * low, in.free_bytes + expect);
+    const uint64_t needed =
+        c.requant_saving > 0 ? (missing + c.requant_saving - 1) / c.requant_saving : 0;
+    const uint64_t take = std::min({c.requant_blocks, fit, c.requant_room, needed});
+    if (enough() || take == 0) {
+      rest.push_back(c);
+      continue;
+    }
+    out.requant.emplace_back(c.session_id, take);
+    room -= take * c.requant_block_bytes;
+    expect += take * c.requant_saving;
+  }
+  // Step 2. A compaction writes its output into NEW pages before the old
+  // ones go, so each target must also fit in what is still free (90%, for
+  // fragmentation).
+  std::erase_if(rest, [](const LadderCandidate& c) { return c.committed_tokens <= FloorTokens(c); });
+  for (const LadderCandidate& c : rest) {
+    if (enough()) break;
     const double per_token = BytesPerToken(c);
     const uint64_t fits =
         uint64_t(double(room) * 0.9 / per_token) / c.block_tokens * c.block_tokens;
@@ -48,9 +72,37 @@ LadderSteps PlanLadder(std::vector<LadderCandidate> candidates, const LadderInpu
     room -= std::min(room, out_bytes);
     expect += uint64_t(double(c.committed_tokens - want) * per_token);
   }
-  // Nothing (more) to compact: refuse the lowest class present.
-  out.refuse = candidates.empty() && !in.refusing && in.any_sessions;
+  // Nothing (more) to requantize or compact: refuse the lowest class present.
+  out.refuse = out.requant.empty() && rest.empty() && !in.refusing && in.any_sessions;
   return out;
+}
+
+kernels::PageFormat LadderValueFormat(std::optional<kernels::PageFormat> value_floor) {
+  return value_floor ? policies::FinerFormat(kernels::PageFormat::kInt4, *value_floor)
+                     : kernels::PageFormat::kInt4;
+}
+
+absl::StatusOr<std::string> RequantStepPolicy(const std::string& policy_text,
+                                              kernels::PageFormat value_format, uint64_t blocks,
+                                              uint64_t committed_tokens, uint32_t block_tokens) {
+  // The cold step takes floor(fraction x slots / block_tokens) blocks; half a
+  // block more keeps the rounding off the boundary.
+  const double fraction =
+      std::min(1.0, (double(blocks) + 0.5) * block_tokens / double(std::max<uint64_t>(1, committed_tokens)));
+  policies::PolicyParams cold{{"cold.format", std::string(kernels::FormatShortName(value_format))},
+                              {"cold.kind", "v"},
+                              {"cold.fraction", absl::StrFormat("%.9g", fraction)}};
+  policies::PolicyParams windowed = cold;
+  windowed["window.size"] = std::to_string(kLadderRequantWindow);
+  // A policy without a window component refuses window.size.
+  for (const policies::PolicyParams* p : {&windowed, &cold}) {
+    auto text = policies::WithParams(policy_text, *p);
+    if (!text.ok()) return text.status();
+    auto policy = policies::MakePolicyFromText(*text);
+    if (policy.ok()) return *text;
+    if (p == &cold) return policy.status();
+  }
+  return absl::InternalError("unreachable");
 }
 
 }  // namespace polykv::daemon

@@ -7,8 +7,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/page_format.h"
 
 namespace polykv::daemon {
 
@@ -21,6 +26,13 @@ struct LadderCandidate {
   uint32_t block_tokens = 16;
   uint64_t block_bytes = 0;
   uint64_t guaranteed_bytes = 0;  // its agent's guarantee (never compacted below)
+  // Step 1: its full blocks outside the recent window whose values are finer
+  // than the ladder's format, what requantizing one saves (their mean), and
+  // the bytes of one requantized block (written before the old one is freed).
+  uint64_t requant_blocks = 0;
+  uint64_t requant_saving = 0;
+  uint64_t requant_block_bytes = 0;
+  uint64_t requant_room = 0;  // such blocks its tenant could allocate now
 };
 
 struct LadderInputs {
@@ -31,16 +43,44 @@ struct LadderInputs {
 };
 
 struct LadderSteps {
+  std::vector<std::pair<uint64_t, uint64_t>> requant;  // (session id, blocks)
   std::vector<std::pair<uint64_t, uint64_t>> compact;  // (session id, target tokens)
   bool refuse = false;  // refuse the lowest priority class present
   bool resume = false;  // stop refusing
 };
 
-// Below the watermark: candidates by (priority asc, bytes desc) are asked to
-// compact to max(guarantee, min(half their tokens, what fits in 90% of the
-// still free bytes)) until the expected free bytes reach 2 x watermark; with
-// no candidate, refuse. At or above 2 x watermark: resume.
-// Candidates below their floor (guarantee, or one block) are skipped.
+// Below the watermark, two steps, each over the candidates by (priority asc,
+// bytes desc), until the expected free bytes reach 2 x watermark:
+//   1. requantize: candidates with requant_blocks are asked to requantize as
+//      many of their coldest blocks as the watermark needs and fit in 90% of
+//      the still free bytes and in requant_room (the new pages are written
+//      before the old go);
+//   2. compact: the others are asked to compact to max(guarantee, min(half
+//      their tokens, what fits in 90% of the still free bytes)); candidates
+//      at their floor (guarantee, or one block) are skipped.
+// With no candidate at all, refuse. At or above 2 x watermark: resume.
+// A session asked to requantize is asked to compact in a later round if the
+// pressure stays.
 LadderSteps PlanLadder(std::vector<LadderCandidate> candidates, const LadderInputs& in);
+
+// Step 1's requantization: values go to int4 (KIVI's and our K8V4's value
+// format), or to the agent's value floor when that is finer; keys stay.
+kernels::PageFormat LadderValueFormat(std::optional<kernels::PageFormat> value_floor);
+
+// Recent slots step 1 leaves in the fill format (where the policy has a
+// window component; its sinks, pins and anchors stay protected too).
+inline constexpr int kLadderRequantWindow = 128;
+
+// The policy a requantization step runs: the agent's `policy_text` with
+// cold.format = `value_format`, cold.kind = v, cold.fraction such that the
+// `blocks` coldest full blocks it does not protect are taken (of
+// `committed_tokens` slots in blocks of `block_tokens`; blocks already in
+// that format count, as the cold step counts them) and, if it has a
+// window, window.size = kLadderRequantWindow. Planned at a budget of all the
+// session's slots, it evicts nothing (the cold step runs within budget,
+// policies/composite.cc). INVALID_ARGUMENT when the text is not a policy.
+absl::StatusOr<std::string> RequantStepPolicy(const std::string& policy_text,
+                                              kernels::PageFormat value_format, uint64_t blocks,
+                                              uint64_t committed_tokens, uint32_t block_tokens);
 
 }  // namespace polykv::daemon

@@ -187,7 +187,7 @@ std::vector<prometheus::MetricFamily> PoolCollector::Collect() const {
            "Tokens folded into another slot by compactions, by QoS policy", "policy",
            s.merged_tokens_by_policy);
   by_label("polykv_ladder_steps_total",
-           "Pressure-ladder steps (compact, refuse, resume, compaction_failed)", "step",
+           "Pressure-ladder steps (requant, compact, refuse, resume, compaction_failed)", "step",
            s.ladder_steps);
   auto blocks = Family("polykv_compaction_blocks_total",
                         "Output blocks of compactions: shared (old pages reused, no copy) or "

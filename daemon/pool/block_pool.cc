@@ -79,6 +79,44 @@ uint64_t BlockPool::ChargedBytes() const {
   return n;
 }
 
+uint64_t BlockPool::FreeBlocksFor(const std::string& tenant, const BlockShape& shape) const {
+  auto it = tenants_.find(tenant);
+  if (it == tenants_.end() || shape.bytes() == 0) return 0;
+  const PageAllocator& a = it->second->allocator;
+  const uint64_t sb = options_.superblock_bytes;
+  const uint64_t free_sbs = a.num_free_superblocks() +
+                            (options_.pool_bytes - std::min(options_.pool_bytes, ChargedBytes())) / sb;
+  // Per half: free slots in its class's partly used superblocks, and pages
+  // per superblock; the free superblocks are shared by both halves.
+  struct Half {
+    uint64_t partial, per_sb;
+  };
+  auto half = [&](uint32_t page_bytes) {
+    const uint64_t per_sb = sb / PageAllocator::SizeClass(page_bytes);
+    return Half{a.FreePagesFor(page_bytes) - a.num_free_superblocks() * per_sb, per_sb};
+  };
+  const Half k = half(shape.key_page_bytes), v = half(shape.value_page_bytes);
+  const bool same_class = PageAllocator::SizeClass(shape.key_page_bytes) ==
+                          PageAllocator::SizeClass(shape.value_page_bytes);
+  auto fits = [&](uint64_t n) {
+    const uint64_t pages = n * shape.layers;
+    auto sbs = [](uint64_t need, const Half& h) {
+      return need <= h.partial ? 0 : (need - h.partial + h.per_sb - 1) / h.per_sb;
+    };
+    return same_class ? sbs(2 * pages, k) <= free_sbs : sbs(pages, k) + sbs(pages, v) <= free_sbs;
+  };
+  uint64_t lo = 0, hi = (free_sbs * sb + (k.partial + v.partial) * sb) / shape.bytes() + 1;
+  while (lo < hi) {  // the largest n that fits
+    const uint64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 absl::StatusOr<uint32_t> BlockPool::NextArenaId() {
   // Ids are 16 bits (they are part of page ids): round-robin from the last
   // one handed out, skipping ids in use, so a freed id is reused last. A

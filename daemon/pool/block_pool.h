@@ -136,6 +136,11 @@ class BlockPool {
   uint64_t superblock_bytes() const { return options_.superblock_bytes; }
   uint64_t used_bytes() const { return used_bytes_; }
   uint64_t free_bytes() const { return options_.pool_bytes - std::min(options_.pool_bytes, used_bytes_); }
+  // How many blocks of `shape` `tenant` could allocate now, in its free page
+  // slots, free superblocks and the arenas the pool budget still allows.
+  // Less than free_bytes() / shape.bytes() when the free bytes are slots of
+  // other size classes (a requantized block's pages are of new classes).
+  uint64_t FreeBlocksFor(const std::string& tenant, const BlockShape& shape) const;
   uint64_t agent_bytes(const std::string& agent_id) const;
   // Drops an agent's zero entry (its last session ended).
   void ForgetAgent(const std::string& agent_id);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/compaction/pressure_ladder.h"
@@ -323,13 +324,30 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
                                                 s.block_tokens, qos.budget_tokens,
                                                 s.policy.want_tokens});
       if (target > 0) {
-        auto st = Compact(s, target);  // releases mu_ while it decides and copies
+        auto st = Compact(s, qos.policy, target);  // releases mu_ while it decides and copies
         if (absl::IsNotFound(st)) return st;  // closed or evicted meanwhile
         if (!st.ok()) {
           // The session keeps its tables; the ladder and budget retry later.
           ++ladder_steps_["compaction_failed"];
           s.policy.want_tokens = 0;
         }
+      } else if (s.policy.want_requant_blocks > 0) {
+        // The ladder's step 1: every slot stays, cold blocks' values shrink.
+        // The cold step counts blocks already cold towards its fraction (so
+        // repeated compactions keep the share steady): ask for those too.
+        const PageFormat to = LadderValueFormat(qos.value_floor);
+        uint64_t blocks = std::exchange(s.policy.want_requant_blocks, 0);
+        for (size_t b = 0; b < s.tables.committed_tokens / s.block_tokens; ++b) {
+          blocks += kernels::FormatBits(s.tables.blocks[b].shape.value_format) <=
+                    kernels::FormatBits(to);
+        }
+        const uint64_t epoch = s.tables.epoch;
+        auto text =
+            RequantStepPolicy(qos.policy, to, blocks, s.tables.committed_tokens, s.block_tokens);
+        auto st = text.ok() ? Compact(s, *text, s.tables.committed_tokens) : text.status();
+        if (absl::IsNotFound(st)) return st;
+        if (!st.ok()) ++ladder_steps_["compaction_failed"];
+        if (s.tables.epoch == epoch) s.policy.requant_idle_at = s.tables.committed_tokens;
       }
     }
     out.epoch = s.tables.epoch;
@@ -438,9 +456,10 @@ absl::Status KvPool::FinishDoomed(Session& s) {
       absl::StrCat("session ", id, " was closed or evicted while a call worked on its pages"));
 }
 
-absl::Status KvPool::Compact(Session& s, uint64_t target) {
+absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_t target) {
+  // Metrics name the agent's policy (a requantization step runs a variant).
   const std::string policy_name = admission_.For(s.agent_id()).policy;
-  auto policy = policies_.Get(policy_name);
+  auto policy = policies_.Get(policy_text);
   if (!policy.ok()) return policy.status();
   const QosRecord& qos = admission_.For(s.agent_id());
   CompactionInputs in;
@@ -941,12 +960,14 @@ std::vector<std::string> KvPool::RunPressureLadder() {
     // A compacting session publishes soon and clears its ask; it is asked
     // again next round if still needed.
     if (q.policy == "full" || s.busy || s.policy.want_tokens != 0 ||
-        !s.tables.pending.empty()) {
+        s.policy.want_requant_blocks != 0 || !s.tables.pending.empty()) {
       continue;
     }
-    candidates.push_back({id, static_cast<int>(s.priority), s.account.bytes,
-                          s.tables.committed_tokens, s.block_tokens, s.shape.bytes(),
-                          q.guaranteed_bytes});
+    LadderCandidate& c = candidates.emplace_back(
+        LadderCandidate{id, static_cast<int>(s.priority), s.account.bytes,
+                        s.tables.committed_tokens, s.block_tokens, s.shape.bytes(),
+                        q.guaranteed_bytes});
+    DescribeRequant(s, c);
   }
   const LadderSteps plan =
       PlanLadder(std::move(candidates), {blocks_.free_bytes(), admission_.low_watermark(),
@@ -956,7 +977,10 @@ std::vector<std::string> KvPool::RunPressureLadder() {
     admission_.Resume();
     steps.push_back("resume");
   }
-  // Step 1 (requantize cold pages) is not implemented yet: see docs/compaction.md.
+  for (const auto& [id, blocks] : plan.requant) {
+    sessions_.Find(id)->policy.want_requant_blocks = blocks;
+    steps.push_back("requant");
+  }
   for (const auto& [id, want] : plan.compact) {
     sessions_.Find(id)->policy.want_tokens = want;
     steps.push_back("compact");
@@ -967,6 +991,32 @@ std::vector<std::string> KvPool::RunPressureLadder() {
   }
   for (const std::string& name : steps) ++ladder_steps_[name];
   return steps;
+}
+
+void KvPool::DescribeRequant(const Session& s, LadderCandidate& c) const {
+  if (s.tables.committed_tokens < s.policy.requant_idle_at + s.block_tokens) return;
+  const PageFormat to = LadderValueFormat(admission_.For(s.agent_id()).value_floor);
+  // The recent window stays (RequantStepPolicy); so does the fill block.
+  const size_t full = s.tables.committed_tokens / s.block_tokens;
+  const size_t window = kLadderRequantWindow / s.block_tokens;
+  if (full <= window) return;
+  const size_t cold = std::min(full - window, s.tables.blocks.size());
+  uint64_t saved = 0;
+  for (size_t b = 0; b < cold; ++b) {
+    const Block& block = s.tables.blocks[b];
+    if (kernels::FormatBits(block.shape.value_format) <= kernels::FormatBits(to)) continue;
+    auto shape = MakeBlockShape(block.shape.layers, ShapeOf(s), block.shape.key_format, to,
+                                options_.superblock_bytes);
+    if (!shape.ok() || shape->bytes() >= block.bytes()) continue;
+    ++c.requant_blocks;
+    saved += block.bytes() - shape->bytes();
+    c.requant_block_bytes = std::max(c.requant_block_bytes, shape->bytes());
+  }
+  if (c.requant_blocks == 0) return;
+  c.requant_saving = saved / c.requant_blocks;
+  auto shape = MakeBlockShape(s.profile.num_layers, ShapeOf(s), s.shape.key_format, to,
+                              options_.superblock_bytes);
+  if (shape.ok()) c.requant_room = blocks_.FreeBlocksFor(s.tenant(), *shape);
 }
 
 }  // namespace polykv::daemon

@@ -53,6 +53,7 @@
 #include "absl/time/time.h"
 #include "daemon/compaction/compactor.h"
 #include "daemon/compaction/policy_registry.h"
+#include "daemon/compaction/pressure_ladder.h"
 #include "daemon/memory/arena.h"
 #include "daemon/pool/admission.h"
 #include "daemon/pool/block_pool.h"
@@ -192,12 +193,18 @@ class KvPool {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Frees a quarantined session's pages and forgets it.
   void ReleaseQuarantined(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs the session's policy down to `target` tokens and, when the plan
-  // changes anything, writes NEW pages and publishes them at epoch + 1; the
-  // old tables become pending. Releases mu_ while deciding and copying.
+  // Runs `policy_text` (the agent's policy, or the ladder's requantization
+  // step) down to `target` tokens and, when the plan changes anything, writes
+  // NEW pages and publishes them at epoch + 1; the old tables become pending.
+  // Releases mu_ while deciding and copying.
   // NOT_FOUND when the session was destroyed meanwhile (then `s` is gone).
   // REQUIRES: no pending tables, not busy.
-  absl::Status Compact(Session& s, uint64_t target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Compact(Session& s, const std::string& policy_text, uint64_t target)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Step 1 of the ladder for `s`: fills c's requant_* fields (none when its
+  // last requantization step found nothing and no block has filled since).
+  void DescribeRequant(const Session& s, LadderCandidate& c) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Host addresses of the block's layer-`layer` pages (0 for device arenas).
   kernels::BlockEntry EntryOf(const Session& s, const Block& block, uint32_t layer) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

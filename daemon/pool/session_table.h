@@ -58,6 +58,10 @@ struct PolicyInputs {
   int64_t next_position = 0;      // logical position of the next committed token
   int32_t current_turn = 0;
   uint64_t want_tokens = 0;       // compaction target asked by the ladder; 0 = none
+  uint64_t want_requant_blocks = 0;  // blocks the ladder asks to requantize; 0 = none
+  // Committed tokens when a requantization step last found nothing to do:
+  // the ladder asks again only once a new full block is past it.
+  uint64_t requant_idle_at = 0;
 };
 
 struct Session {

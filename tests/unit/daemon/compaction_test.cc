@@ -10,12 +10,14 @@
 #include <limits>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
 #include <gtest/gtest.h>
 
 #include "daemon/compaction/executor.h"
+#include "daemon/compaction/pressure_ladder.h"
 #include "daemon/pool/kv_pool.h"
 #include "kernels/ops.h"
 
@@ -68,13 +70,15 @@ class CompactionTest : public ::testing::Test {
   };
 
   void SetQos(const std::string& agent, const std::string& policy, uint64_t budget,
-              Priority prio = Priority::kNormal, uint64_t guaranteed = 0) {
+              Priority prio = Priority::kNormal, uint64_t guaranteed = 0,
+              std::optional<kernels::PageFormat> value_floor = std::nullopt) {
     QosRecord q;
     q.agent_id = agent;
     q.policy = policy;
     q.budget_tokens = budget;
     q.priority = prio;
     q.guaranteed_bytes = guaranteed;
+    q.value_floor = value_floor;
     auto r = pool_->SetQos(q);
     ASSERT_TRUE(r.ok()) << r.status();
   }
@@ -503,8 +507,10 @@ TEST_F(CompactionTest, PressureLadderCompactsLowestPriorityFirstThenRefusesIt) {
   // 4 MiB pool, low watermark 512 KiB. A block of this shape is 16 KiB.
   pool_ = MakePool(4 * kMiB, kMiB / 2);
   maps_.clear();
-  SetQos("low", "window", 0, Priority::kLow);
-  SetQos("mid", "window", 0, Priority::kNormal);
+  // Value floors at the fill format: the ladder's step 1 (requantization)
+  // has nothing to do, so this is step 2 on its own.
+  SetQos("low", "window", 0, Priority::kLow, 0, kernels::PageFormat::kF32);
+  SetQos("mid", "window", 0, Priority::kNormal, 0, kernels::PageFormat::kF32);
   SetQos("high", "full", 0, Priority::kHigh);
   Sess lo = Open("low");
   Sess mid = Open("mid");
@@ -550,6 +556,93 @@ TEST_F(CompactionTest, PressureLadderCompactsLowestPriorityFirstThenRefusesIt) {
   ASSERT_EQ(steps, std::vector<std::string>{"resume"});
   EXPECT_TRUE(pool_->Reserve(lo.id, lo.token, peer_, 64).ok());
   ASSERT_TRUE(pool_->Close(lo.id, lo.token, peer_).ok());
+  EXPECT_EQ(pool_->used_bytes(), 0u);
+  Check();
+}
+
+// Step 1 of the ladder: below the watermark the lowest-priority session is
+// first asked to requantize its coldest blocks' values (int4 here: no
+// floor), as many as fit in the free bytes and the watermark needs, which
+// evicts nothing; a session whose value floor is its fill format is never
+// requantized and is compacted instead. Under lasting pressure the ladder
+// goes on until only the recent window is left in the fill format, and only
+// then compacts.
+TEST_F(CompactionTest, PressureLadderRequantizesColdBlocksBeforeEvicting) {
+  // An 8 MiB pool, low watermark 1 MiB: room for the int4 pages' own
+  // superblocks (a requantization that finds none fails and the ladder
+  // compacts next round instead).
+  const uint64_t pool = 8 * kMiB, low = kMiB;
+  pool_ = MakePool(pool, low);
+  maps_.clear();
+  using F = kernels::PageFormat;
+  SetQos("low", "window", 0, Priority::kLow);
+  SetQos("mid", "window", 0, Priority::kNormal, 0, F::kF32);
+  SetQos("high", "full", 0, Priority::kHigh);
+  Sess lo = Open("low");
+  Sess mid = Open("mid");
+  Sess hi = Open("high");
+  ASSERT_TRUE(Append(lo, 200 * kBlock).ok());
+  ASSERT_TRUE(Append(mid, 20 * kBlock).ok());
+  while (pool - pool_->used_bytes() >= low) ASSERT_TRUE(Append(hi, kBlock).ok());
+  const size_t cold_blocks = 200 - kLadderRequantWindow / kBlock;
+  // Requantized blocks of "low": a prefix (oldest first), values only.
+  auto requantized = [&] {
+    size_t k = 0;
+    for (size_t b = 0; b < lo.blocks.size(); ++b) {
+      for (int l = 0; l < kLayers; ++l) {
+        EXPECT_EQ(lo.blocks[b].pages[2 * l].format, F::kF32) << "block " << b;
+        EXPECT_EQ(lo.blocks[b].pages[2 * l + 1].format, lo.blocks[b].pages[1].format);
+      }
+      if (lo.blocks[b].pages[1].format == F::kInt4) {
+        EXPECT_EQ(k, b) << "block " << b << " requantized before an older one";
+        ++k;
+      }
+    }
+    return k;
+  };
+  const uint64_t used = pool_->used_bytes();
+  auto steps = pool_->RunPressureLadder();
+  ASSERT_EQ(steps, (std::vector<std::string>{"requant", "compact"}));
+  ASSERT_TRUE(Sync(lo).value());  // verifies every slot's content in its format
+  EXPECT_EQ(lo.committed, 3200u);  // nothing evicted
+  for (uint64_t i = 0; i < lo.committed; ++i) ASSERT_EQ(lo.positions[i], int64_t(i));
+  const size_t k = requantized();
+  EXPECT_GT(k, 0u);
+  EXPECT_LT(k, cold_blocks);  // only what fits in the free bytes
+  ASSERT_TRUE(Sync(mid).value());
+  EXPECT_LT(mid.committed, 20u * kBlock);
+  for (const BlockDesc& b : mid.blocks) {
+    for (const PageDesc& p : b.pages) EXPECT_EQ(p.format, F::kF32);
+  }
+  const kernels::PageShape shape{kBlock, kHeads, kDim};
+  const uint64_t f32_page = kernels::PageBytes(F::kF32, kernels::KvKind::kValue, shape);
+  const uint64_t int4_page = kernels::PageBytes(F::kInt4, kernels::KvKind::kValue, shape);
+  const uint64_t mid_freed = (20 - mid.blocks.size()) * kLayers * 2 * f32_page;
+  EXPECT_EQ(pool_->used_bytes(), used - k * kLayers * (f32_page - int4_page) - mid_freed);
+  EXPECT_EQ(pool_->pending_bytes(), 0u);
+  Check();
+  // Lasting pressure ("high" keeps growing): more of "low" is requantized,
+  // round by round, and nothing evicted, until only its window is f32.
+  ASSERT_TRUE(pool_->Close(mid.id, mid.token, peer_).ok());
+  for (int round = 0; round < 50 && requantized() < cold_blocks; ++round) {
+    while (pool - pool_->used_bytes() >= low) ASSERT_TRUE(Append(hi, kBlock).ok());
+    ASSERT_EQ(pool_->RunPressureLadder(), std::vector<std::string>{"requant"});
+    ASSERT_TRUE(Sync(lo).value());
+    ASSERT_EQ(lo.committed, 3200u);
+    Check();
+  }
+  EXPECT_EQ(requantized(), cold_blocks);
+  // Nothing left to requantize: now it is compacted.
+  while (pool - pool_->used_bytes() >= low) ASSERT_TRUE(Append(hi, kBlock).ok());
+  ASSERT_EQ(pool_->RunPressureLadder(), std::vector<std::string>{"compact"});
+  ASSERT_TRUE(Sync(lo).value());
+  EXPECT_LT(lo.committed, 3200u);
+  PoolSummary st = pool_->Stats();
+  std::map<std::string, uint64_t> ladder(st.ladder_steps.begin(), st.ladder_steps.end());
+  EXPECT_GE(ladder["requant"], 2u);
+  EXPECT_EQ(ladder["compaction_failed"], 0u);
+  Check();
+  for (Sess* s : {&lo, &hi}) ASSERT_TRUE(pool_->Close(s->id, s->token, peer_).ok());
   EXPECT_EQ(pool_->used_bytes(), 0u);
   Check();
 }

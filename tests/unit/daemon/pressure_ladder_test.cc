@@ -124,6 +124,87 @@ TEST(PressureLadderTest, CandidatesAtTheirFloorAreSkippedAndThenItRefuses) {
   EXPECT_FALSE(s.refuse);
 }
 
+// Step 1 first: requantizable candidates, lowest priority first, as many
+// blocks as the watermark needs and 90% of the free bytes hold; the rest is
+// step 2 as before.
+TEST(PressureLadderTest, RequantizationComesBeforeCompaction) {
+  using Requants = std::vector<std::pair<uint64_t, uint64_t>>;
+  auto requantizable = [](LadderCandidate c, uint64_t blocks) {
+    c.requant_blocks = blocks;
+    c.requant_saving = 8192;        // a 16 KiB block becomes 8 KiB
+    c.requant_block_bytes = 8192;
+    c.requant_room = 1000;
+    return c;
+  };
+  const LadderCandidate lo = requantizable(Cand(1, 0, 1600), 100);
+  const LadderCandidate mid = requantizable(Cand(2, 1, 1600), 100);
+  const LadderCandidate hi = Cand(3, 2, 1600);
+  // 1 MiB free of a 2 MiB goal: 128 blocks' savings are needed. lo's 100
+  // fit in 90% of the free bytes; of the 224 KiB left, 90% holds 25 of
+  // mid's; still 3 blocks' worth short, so hi is compacted.
+  LadderSteps s = PlanLadder({hi, mid, lo}, At(kMiB - 1));
+  EXPECT_EQ(s.requant, (Requants{{1, 100}, {2, 25}}));
+  ASSERT_EQ(s.compact.size(), 1u);
+  EXPECT_EQ(s.compact.front().first, 3u);
+  EXPECT_FALSE(s.refuse);
+  // Small requantized blocks (room is no limit): only the blocks the
+  // watermark needs, ceil((2 MiB - 900 KiB) / 8 KiB) = 144.
+  LadderCandidate big = requantizable(Cand(5, 0, 3200), 200);
+  big.requant_block_bytes = 2048;
+  s = PlanLadder({big, hi}, At(900 * 1024));
+  EXPECT_EQ(s.requant, (Requants{{5, 144}}));
+  EXPECT_TRUE(s.compact.empty());
+  // 40 KiB free: 4 blocks fit; then mid, with nothing to requantize, is
+  // compacted.
+  s = PlanLadder({hi, Cand(2, 1, 1600), lo}, At(40 * 1024));
+  EXPECT_EQ(s.requant, (Requants{{1, 4}}));
+  ASSERT_FALSE(s.compact.empty());
+  EXPECT_EQ(s.compact.front().first, 2u);
+  // No room for even one block: compaction instead.
+  s = PlanLadder({lo}, At(8 * 1024));
+  EXPECT_TRUE(s.requant.empty());
+  EXPECT_EQ(s.compact.size(), 1u);
+  // The free bytes are slots of other size classes: what the tenant can
+  // allocate in the requantized shape bounds it too.
+  LadderCandidate fragmented = lo;
+  fragmented.requant_room = 3;
+  s = PlanLadder({fragmented}, At(kMiB - 1));
+  EXPECT_EQ(s.requant, (Requants{{1, 3}}));
+  fragmented.requant_room = 0;
+  s = PlanLadder({fragmented}, At(kMiB - 1));
+  EXPECT_TRUE(s.requant.empty());
+  EXPECT_EQ(s.compact.size(), 1u);
+  // Above the watermark nothing is asked.
+  EXPECT_TRUE(PlanLadder({lo}, At(kMiB)).requant.empty());
+  // A candidate at its compaction floor may still requantize: no refusal.
+  s = PlanLadder({requantizable(Cand(4, 0, 16), 1)}, At(64 * 1024));
+  EXPECT_EQ(s.requant, (Requants{{4, 1}}));
+  EXPECT_FALSE(s.refuse);
+}
+
+TEST(PressureLadderTest, TheRequantizationStepIsTheAgentsPolicyWithColdValues) {
+  using F = kernels::PageFormat;
+  EXPECT_EQ(LadderValueFormat(std::nullopt), F::kInt4);
+  EXPECT_EQ(LadderValueFormat(F::kInt8), F::kInt8);  // a floor finer than int4 wins
+  EXPECT_EQ(LadderValueFormat(F::kInt2), F::kInt4);
+  // 10 of 100 blocks of 16: fraction (10 + 0.5) x 16 / 1600.
+  EXPECT_EQ(RequantStepPolicy("window", F::kInt4, 10, 1600, 16).value(),
+            "window{cold.format=int4,cold.fraction=0.105,cold.kind=v,window.size=128}");
+  EXPECT_EQ(RequantStepPolicy("h2o{window.size=64,cold.format=int8}", F::kInt4, 200, 1600, 16)
+                .value(),
+            "h2o{cold.format=int4,cold.fraction=1,cold.kind=v,window.size=128}");
+  // No window component: no window.size.
+  EXPECT_EQ(RequantStepPolicy("structural", F::kInt8, 100, 1600, 16).value(),
+            "structural{cold.format=int8,cold.fraction=1,cold.kind=v}");
+  for (const char* text : {"window", "h2o", "hybrid", "merge", "structural", "intent"}) {
+    auto t = RequantStepPolicy(text, F::kInt4, 3, 1600, 16);
+    ASSERT_TRUE(t.ok()) << text << ": " << t.status();
+    EXPECT_TRUE(ValidatePolicyName(*t).ok()) << *t;
+  }
+  EXPECT_EQ(RequantStepPolicy("nope", F::kInt4, 1, 16, 16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(PolicyRegistryTest, ValidatePolicyNameAcceptsPresetsComponentsAndParameters) {
   for (const char* ok : {"full", "window", "streaming", "h2o", "snapkv", "hybrid", "merge",
                          "sinks+window", "h2o{window.size=64}", "window{window.size=32}"}) {

@@ -384,6 +384,46 @@ TEST(CompositeTest, ColdRequantizationTakesWholeColdBlocks) {
   EXPECT_TRUE(Lower(*plan, v).ok()) << Lower(*plan, v).status();
 }
 
+// Within budget nothing is evicted, but the cold step still runs (the
+// daemon's pressure ladder relies on it: a budget of every slot); without a
+// cold format such a plan changes nothing.
+TEST(CompositeTest, WithinBudgetTheColdStepStillRequantizes) {
+  SessionView v = MakeView(400);
+  for (size_t i = 0; i < v.layers[0].slots.size(); ++i) v.layers[0].slots[i].attn = float(i % 7);
+  const int bt = v.shape.block_tokens;
+  auto plain = Make("window", {{"window.size", "128"}});
+  auto plan = plain->Decide(v, Budget::TokensPerLayer(1, 400));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->changes());
+  auto cold = Make("window", {{"window.size", "128"}, {"cold.format", "int4"},
+                              {"cold.fraction", "1"}});
+  plan = cold->Decide(v, Budget::TokensPerLayer(1, 400));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const LayerPlan& lp = plan->layers[0];
+  EXPECT_TRUE(lp.evict.empty());
+  EXPECT_EQ(lp.keep.size(), 400u);
+  // 400 slots = 25 blocks; the last 128 (8 blocks) are the window.
+  std::set<uint32_t> blocks;
+  for (const RequantTarget& t : lp.requant) {
+    EXPECT_EQ(t.kind, kernels::KvKind::kValue);
+    blocks.insert(t.slot / bt);
+  }
+  EXPECT_EQ(lp.requant.size(), 17u * bt);
+  EXPECT_EQ(blocks.size(), 17u);
+  EXPECT_LT(*blocks.rbegin(), 17u);
+  EXPECT_TRUE(Lower(*plan, v).ok()) << Lower(*plan, v).status();
+}
+
+TEST(PolicyTextTest, WithParamsSetsParametersInKeyOrder) {
+  EXPECT_EQ(WithParams("h2o", {{"cold.format", "int4"}}).value(), "h2o{cold.format=int4}");
+  EXPECT_EQ(WithParams("h2o{window.size=64,cold.format=int8}", {{"cold.format", "int4"}}).value(),
+            "h2o{cold.format=int4,window.size=64}");
+  EXPECT_EQ(WithParams("sinks+window", {}).value(), "sinks+window");
+  EXPECT_EQ(WithParams("h2o{window.size=64", {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WithParams("h2o{oops}", {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CompositeTest, BytesBudgetCountsFormats) {
   SessionView v = MakeView(100);
   const double bf16 =
