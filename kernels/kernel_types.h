@@ -19,6 +19,12 @@ enum class SourceType : uint8_t { kF32 = 0, kF16 = 1 };
 struct AttentionParams {
   int num_q_heads = 0;   // a positive multiple of shape.num_kv_heads
   float sm_scale = 0.0f;  // 0 means 1 / sqrt(head_dim)
+  // [kv.num_tokens] or null (no bias). Natural-log value added to slot s's
+  // score (sm_scale * q.k) for every query head before the softmax; a slot
+  // merged from `count` tokens gets log(count) and weighs like `count`
+  // identical slots. Host memory on the reference and CPU backends, device
+  // memory on CUDA. See PagedDecodeAttention in kernels/ops.h.
+  const float* slot_bias = nullptr;
 };
 
 // Compaction plan; see CompactSlots in kernels/ops.h.

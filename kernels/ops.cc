@@ -166,21 +166,32 @@ absl::Status AttentionImpl(const Exec& exec, const PagedKvView& kv, const Attent
   if (!(p.sm_scale >= 0.0f) || std::isinf(p.sm_scale)) {
     return absl::InvalidArgumentError("sm_scale must be finite and >= 0");
   }
+  if (p.slot_bias != nullptr && exec.backend != Backend::kCuda) {
+    // One pass over num_tokens floats (the attention reads num_tokens K and V
+    // rows per head): a NaN or infinite bias would poison or zero the softmax.
+    for (int s = 0; s < kv.num_tokens; ++s) {
+      if (!std::isfinite(p.slot_bias[s])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("slot_bias[", s, "] = ", p.slot_bias[s], " is not finite"));
+      }
+    }
+  }
   const float scale = p.sm_scale > 0.0f ? p.sm_scale : 1.0f / std::sqrt(float(kv.shape.head_dim));
   switch (exec.backend) {
     case Backend::kReference:
-      ref::Attention(kv, p.num_q_heads, scale, num_queries, q, out, lse, slot_mass);
+      ref::Attention(kv, p.num_q_heads, scale, p.slot_bias, num_queries, q, out, lse, slot_mass);
       return absl::OkStatus();
     case Backend::kCpu:
-      cpu::Attention(exec.num_threads, kv, p.num_q_heads, scale, num_queries, q, out, lse,
-                     slot_mass);
+      cpu::Attention(exec.num_threads, kv, p.num_q_heads, scale, p.slot_bias, num_queries, q, out,
+                     lse, slot_mass);
       return absl::OkStatus();
     case Backend::kCuda:
       if (slot_mass != nullptr && num_queries > 1) {
         return absl::UnimplementedError("prefill attention mass on the CUDA backend");
       }
-      POLYKV_CUDA_CALL("attention", cuda::Attention(exec.cuda_stream, kv, p.num_q_heads, scale,
-                                                    num_queries, q, out, lse, slot_mass));
+      POLYKV_CUDA_CALL("attention",
+                       cuda::Attention(exec.cuda_stream, kv, p.num_q_heads, scale, p.slot_bias,
+                                       num_queries, q, out, lse, slot_mass));
     default:
       return absl::InvalidArgumentError("unknown backend");
   }

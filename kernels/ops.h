@@ -87,13 +87,19 @@ absl::Status DequantizePages(const Exec& exec, const PageShape& shape, KvKind ki
 // of the cache is made); every block may have its own K and V formats.
 //
 // GQA: query head qh uses KV head qh / (num_q_heads / num_kv_heads).
-// Scores are sm_scale * q.k; softmax in f32 with running max (flash style).
+// Scores are sm_scale * q.k + bias_s; softmax in f32 with running max (flash
+// style). bias_s is params.slot_bias[s] (0 when slot_bias is null), e.g.
+// log(count) for a slot that stands for `count` merged tokens, so that it
+// weighs exactly like `count` copies of itself. lse and slot_mass below are those
+// of the biased softmax. On host backends a non-finite bias is
+// INVALID_ARGUMENT (one pass over kv.num_tokens floats, small next to the
+// attention itself); on CUDA the array is in device memory and NOT checked.
 
 // One decode step: every query head attends to all kv.num_tokens slots.
 //   q:         [num_q_heads][head_dim]
 //   out:       [num_q_heads][head_dim]
 //   lse:       [num_q_heads] or null; natural-log log-sum-exp of the scaled
-//              scores (out = sum_s exp(score_s - lse) * v_s)
+//              (and biased) scores (out = sum_s exp(score_s - lse) * v_s)
 //   slot_mass: [num_kv_heads][kv.num_tokens] or null. For KV head g and slot
 //              s: sum over the query heads qh of group g of
 //              softmax_qh(s) = exp(score_qh,s - lse_qh). Each query head's

@@ -1,6 +1,7 @@
 #include "client/worker/paged_kv_store.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -146,6 +147,26 @@ absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
   if (table.num_tokens > static_cast<int64_t>(table.blocks.size()) * bt) {
     return absl::InternalError("page source published more tokens than its blocks hold");
   }
+  const std::vector<uint32_t>& counts = table.slot_counts;
+  if (!counts.empty() && static_cast<int64_t>(counts.size()) != table.num_tokens) {
+    return absl::InternalError(absl::StrCat("page source published ", counts.size(),
+                                            " slot counts for ", table.num_tokens, " slots"));
+  }
+  bool merged = false;
+  for (size_t s = 0; s < counts.size(); ++s) {
+    if (counts[s] == 0) {
+      return absl::InternalError(
+          absl::StrCat("page source published slot ", s, " with count 0 (counts are >= 1)"));
+    }
+    merged |= counts[s] > 1;
+  }
+  slot_bias_.clear();  // All ones (or none): attention takes the unbiased path.
+  if (merged) {
+    slot_bias_.resize(counts.size());
+    for (size_t s = 0; s < counts.size(); ++s) {
+      slot_bias_[s] = std::log(static_cast<float>(counts[s]));
+    }
+  }
   for (auto& t : tables_) t.clear();
   AddBlocks(table.blocks);
   num_slots_ = table.num_tokens;
@@ -225,6 +246,7 @@ absl::Status PagedKvStore::BeginStep(std::span<const TokenMeta> tokens) {
   step_meta_.assign(tokens.begin(), tokens.end());
   next_layer_ = 0;
   mass_.resize(need, 0.0f);
+  if (!slot_bias_.empty()) slot_bias_.resize(need, 0.0f);  // New tokens count 1.
   return absl::OkStatus();
 }
 
@@ -282,6 +304,7 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
   view.num_tokens = static_cast<int>(total);
   kernels::AttentionParams params;
   params.num_q_heads = num_heads;
+  params.slot_bias = slot_bias_.empty() ? nullptr : slot_bias_.data();  // [total] when set
   if (n > 1 && !(options_.prefill_attention_mass && source_->wants_attention())) {
     return kernels::PagedPrefillAttention(options_.exec, view, params, n, q, out, nullptr);
   }
@@ -349,6 +372,7 @@ absl::Status PagedKvStore::EndProbe() {
   k_residual_ = std::move(probe_k_residual_);
   v_residual_ = std::move(probe_v_residual_);
   mass_.resize(static_cast<size_t>(num_slots_));
+  if (!slot_bias_.empty()) slot_bias_.resize(static_cast<size_t>(num_slots_));
   // The probe wrote its rows after the committed ones; a partly filled block
   // is encoded again from its own rows (scaled formats: parameters over
   // exactly those rows). Later blocks only ever held probe rows.

@@ -18,6 +18,12 @@
 // the tokens written since the last commit, then asks the source for a newer
 // block table (Sync) and adopts it before reserving room for the step, so the
 // per-token path makes no RPC on most steps.
+//
+// Merged slots: a table may say that a slot stands for several tokens
+// (PagedTable::slot_counts). Decode and prefill attention then add log(count)
+// to that slot's score (kernels::AttentionParams::slot_bias), so the merged
+// slot weighs like the tokens it replaced; the attention mass reported for it
+// is that of the biased softmax. Tokens written after the table count 1.
 #pragma once
 
 #include <algorithm>
@@ -49,6 +55,11 @@ struct PagedTable {
   std::vector<PagedBlock> blocks;
   int64_t num_tokens = 0;
   uint64_t epoch = 0;
+  // [num_tokens] how many tokens each slot stands for (> 1 after a merge;
+  // the daemon's Sync slot_counts), or empty: every slot is one token. Each
+  // count must be >= 1. Attention adds log(count) to a merged slot's score,
+  // so it weighs like the `count` tokens it replaced.
+  std::vector<uint32_t> slot_counts;
 };
 
 // Where pages come from. Not thread-safe; driven by the store's thread.
@@ -181,6 +192,10 @@ class PagedKvStore : public KvStore {
   int next_layer_ = 0;
   int steps_since_report_ = 0;
   std::vector<float> mass_;       // [num_slots]
+  // [num_slots + this step's tokens] log(count) per slot, 0 for unmerged
+  // slots; empty while no slot of the adopted table is merged (attention then
+  // gets no bias at all, the unmerged path).
+  std::vector<float> slot_bias_;
   std::vector<float> head_mass_;  // Scratch: [num_kv_heads][slots].
   // Intent probe state (BeginProbe..EndProbe).
   bool probing_ = false;

@@ -98,6 +98,9 @@ class PoolPageSource : public PageSource {
     t.num_tokens = std::min<int64_t>(committed_, static_cast<int64_t>(t.blocks.size()) *
                                                      block_tokens());
     t.epoch = session_->epoch();
+    // How many tokens each slot stands for (merged slots > 1); the store
+    // checks the size against num_tokens and biases attention by log(count).
+    t.slot_counts = session_->slot_counts();
     return t;
   }
 

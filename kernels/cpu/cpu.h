@@ -19,7 +19,8 @@ void QuantizePages(int num_threads, const PageShape& shape, KvKind kind, PageFor
 void DequantizePages(int num_threads, const PageShape& shape, KvKind kind, PageFormat format,
                      const void* pages, int num_pages, int rows_per_page, float* dst);
 void Attention(int num_threads, const PagedKvView& kv, int num_q_heads, float sm_scale,
-               int num_queries, const float* q, float* out, float* lse, float* slot_mass);
+               const float* slot_bias, int num_queries, const float* q, float* out, float* lse,
+               float* slot_mass);
 void Compact(int num_threads, const PagedKvView& src, const CompactPlan& plan,
              const PagedKvMut& dst);
 void KeyNorms(int num_threads, const PagedKvView& kv, float* norms);

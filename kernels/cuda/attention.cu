@@ -4,7 +4,8 @@
 //   1. SplitKernel, grid (splits, kv heads, queries): one thread block walks a
 //      range of pages for one KV head and ONE query token, decoding each K/V
 //      tile into shared memory once for all query heads of the GQA group,
-//      with an online softmax; writes (max, sum, acc[D]) per query head.
+//      with an online softmax (scores biased by slot_bias when given);
+//      writes (max, sum, acc[D]) per query head.
 //   2. CombineKernel merges the splits into out and lse.
 //   3. MassKernel (decode, when slot_mass is requested) turns the raw scores
 //      kept by kernel 1 into per-slot attention mass summed over the group.
@@ -27,6 +28,7 @@ struct AttnArgs {
   int num_q_heads;
   int group;
   float sm_scale;
+  const float* slot_bias;  // null or [num_tokens], device memory: added to the scaled scores
   int num_queries;
   int splits;
   int blocks_per_split;
@@ -82,9 +84,10 @@ __global__ void SplitKernel(AttnArgs a) {
       for (int d = lane; d < D; d += 32) dot += q_s[hh * D + d] * k_s[r * D + d];
       for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
       if (lane == 0) {
-        const float s = a.sm_scale * dot;
+        const int slot = b * bt + r0 + r;
+        const float s = a.sm_scale * dot + (a.slot_bias ? a.slot_bias[slot] : 0.0f);
         p_s[hh * bt + r] = s;
-        if (a.scores) a.scores[size_t(h * G + hh) * a.kv.num_tokens + b * bt + r0 + r] = s;
+        if (a.scores) a.scores[size_t(h * G + hh) * a.kv.num_tokens + slot] = s;
       }
     }
     __syncthreads();
@@ -161,7 +164,8 @@ __global__ void MassKernel(AttnArgs a, const float* lse, float* mass) {
 }  // namespace
 
 int Attention(void* stream_ptr, const PagedKvView& kv, int num_q_heads, float sm_scale,
-              int num_queries, const float* q, float* out, float* lse, float* slot_mass) {
+              const float* slot_bias, int num_queries, const float* q, float* out, float* lse,
+              float* slot_mass) {
   const cudaStream_t stream = AsStream(stream_ptr);
   AttnArgs a{};
   a.kv = kv;
@@ -169,6 +173,7 @@ int Attention(void* stream_ptr, const PagedKvView& kv, int num_q_heads, float sm
   a.num_q_heads = num_q_heads;
   a.group = num_q_heads / a.g.num_kv_heads;
   a.sm_scale = sm_scale;
+  a.slot_bias = slot_bias;
   a.num_queries = num_queries;
   a.q = q;
   const int D = a.g.head_dim, bt = a.g.block_tokens, G = a.group;

@@ -1,5 +1,6 @@
 // Reference paged attention: per query head, decode every key and value of the
-// visible slots element by element, softmax in double, accumulate in double.
+// visible slots element by element, add the slot's bias (if any) to its
+// scaled score, softmax in double, accumulate in double.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -27,8 +28,8 @@ SlotRef Slot(const PagedKvView& kv, int s) {
 
 }  // namespace
 
-void Attention(const PagedKvView& kv, int num_q_heads, float sm_scale, int num_queries,
-               const float* q, float* out, float* lse, float* slot_mass) {
+void Attention(const PagedKvView& kv, int num_q_heads, float sm_scale, const float* slot_bias,
+               int num_queries, const float* q, float* out, float* lse, float* slot_mass) {
   const PageGeom g = GeomOf(kv.shape);
   const int D = g.head_dim;
   const int group = num_q_heads / g.num_kv_heads;
@@ -47,7 +48,7 @@ void Attention(const PagedKvView& kv, int num_q_heads, float sm_scale, int num_q
         for (int d = 0; d < D; ++d) {
           dot += double(qv[d]) * DecodeElem(r.k, g, r.kf, KvKind::kKey, r.row, h, d);
         }
-        scores[s] = double(sm_scale) * dot;
+        scores[s] = double(sm_scale) * dot + (slot_bias ? double(slot_bias[s]) : 0.0);
         m = std::max(m, scores[s]);
       }
       double l = 0;

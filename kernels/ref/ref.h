@@ -14,8 +14,9 @@ void DequantizePages(const PageShape& shape, KvKind kind, PageFormat format, con
                      int num_pages, int rows_per_page, float* dst);
 // Attention for `num_queries` query tokens that are the last num_queries slots
 // of kv (decode: num_queries == 1). slot_mass sums over the queries.
-void Attention(const PagedKvView& kv, int num_q_heads, float sm_scale, int num_queries,
-               const float* q, float* out, float* lse, float* slot_mass);
+// slot_bias: [kv.num_tokens] added to the scaled scores, or null.
+void Attention(const PagedKvView& kv, int num_q_heads, float sm_scale, const float* slot_bias,
+               int num_queries, const float* q, float* out, float* lse, float* slot_mass);
 void Compact(const PagedKvView& src, const CompactPlan& plan, const PagedKvMut& dst);
 void KeyNorms(const PagedKvView& kv, float* norms);
 void QkScores(const PagedKvView& kv, const float* queries, int num_queries, float scale,

@@ -1,6 +1,7 @@
 // Paged decode / prefill attention over compressed pages: every (K format,
 // V format) pair against a dense f32 reference, fast CPU against the scalar
-// reference, attention mass, LSE, GQA shapes, partial and mixed-format pages.
+// reference, attention mass, LSE, GQA shapes, partial and mixed-format pages,
+// and the per-slot log-count bias of merged slots.
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -327,6 +328,153 @@ TEST(PagedPrefillAttentionTest, MassIsTheSumOfEachQuerysDecodeMass) {
     double sum = 0;
     for (int s = 0; s < T; ++s) sum += fast_mass[size_t(h) * T + s];
     EXPECT_NEAR(sum, 3.0 * num_new, 1e-3) << "kv head " << h << ": group size x queries";
+  }
+}
+
+// ---- slot bias (merged slots: log(count) added to the slot's score) ----
+
+// Runs decode (num_queries == 1) or prefill attention with an optional bias.
+Result Attend(const Exec& exec, const PagedKvView& kv, const Data& d, int num_queries,
+              const float* bias) {
+  Result r;
+  r.out.resize(size_t(num_queries) * d.num_q_heads * d.shape.head_dim);
+  r.lse.resize(size_t(num_queries) * d.num_q_heads);
+  r.mass.resize(size_t(d.shape.num_kv_heads) * kv.num_tokens);
+  const AttentionParams p{d.num_q_heads, 0.0f, bias};
+  const absl::Status st =
+      num_queries == 1
+          ? PagedDecodeAttention(exec, kv, p, d.q.data(), r.out.data(), r.lse.data(), r.mass.data())
+          : PagedPrefillAttention(exec, kv, p, num_queries, d.q.data(), r.out.data(), r.lse.data(),
+                                  r.mass.data());
+  EXPECT_TRUE(st.ok()) << st;
+  return r;
+}
+
+TEST(PagedAttentionSlotBiasTest, CpuMatchesReference) {
+  std::mt19937 rng(testing::TestSeed(4242));
+  const PageShape shape{16, 3, 64};
+  const int T = 16 * 12 + 5;
+  std::vector<float> bias(T);
+  std::uniform_int_distribution<int> count(1, 6);
+  std::uniform_real_distribution<float> jitter(-2.0f, 2.0f);
+  for (int s = 0; s < T; ++s) bias[s] = s % 3 == 0 ? std::log(float(count(rng))) : jitter(rng);
+  for (int num_queries : {1, 13}) {
+    SCOPED_TRACE(::testing::Message() << "num_queries=" << num_queries);
+    const Data d = MakeData(shape, 9, T, num_queries, true, rng);
+    const testing::PagedKv kv = testing::BuildPaged(
+        shape, d.k, d.v, T, FullPagesIn(PageFormat::kInt4, PageFormat::kInt8, T, 16));
+    const Result ref = Attend(Exec{Backend::kReference}, kv.View(), d, num_queries, bias.data());
+    const Result plain = Attend(Exec{Backend::kReference}, kv.View(), d, num_queries, nullptr);
+    EXPECT_GT(testing::RelL2(plain.out, ref.out), 1e-2) << "the bias must change the output";
+    for (int threads : {1, 3}) {
+      for (bool baseline : {false, true}) {
+        cpu::ForceBaselineForTesting(baseline);
+        const Result fast =
+            Attend(Exec{Backend::kCpu, threads}, kv.View(), d, num_queries, bias.data());
+        EXPECT_LE(testing::RelL2(fast.out, ref.out), 2e-5) << threads << " " << baseline;
+        EXPECT_LE(testing::MaxAbsDiff(fast.lse, ref.lse), 1e-4);
+        EXPECT_LE(testing::MaxAbsDiff(fast.mass, ref.mass), 1e-4);
+      }
+    }
+    cpu::ForceBaselineForTesting(false);
+    // The mass is of the biased softmax: each query's still sums to 1 per head.
+    for (int h = 0; h < 3; ++h) {
+      double sum = 0;
+      for (int s = 0; s < T; ++s) sum += ref.mass[size_t(h) * T + s];
+      EXPECT_NEAR(sum, 3.0 * num_queries, 1e-4 * num_queries) << "kv head " << h;
+    }
+  }
+}
+
+// The identity the bias exists for: a slot with bias log(c) is c identical
+// copies of that slot without bias (same output, same lse; the slot's mass is
+// the copies' total). f32 pages, so the copies decode exactly alike.
+TEST(PagedAttentionSlotBiasTest, LogCountEqualsCountCopiesOfTheSlot) {
+  std::mt19937 rng(testing::TestSeed(1717));
+  const PageShape shape{16, 2, 64};
+  const int prefix = 37;  // slots before the queries' own (decode: 1, prefill: 6)
+  const std::vector<std::pair<int, int>> merged = {{3, 3}, {20, 2}, {21, 5}};  // slot, count
+  const testing::FormatFn f32 = [](int) {
+    return std::make_pair(PageFormat::kF32, PageFormat::kF32);
+  };
+  const size_t row = size_t(shape.num_kv_heads) * shape.head_dim;
+  for (int num_queries : {1, 6}) {
+    SCOPED_TRACE(::testing::Message() << "num_queries=" << num_queries);
+    const int T = prefix + num_queries;
+    Data d = MakeData(shape, 8, T, num_queries, false, rng);
+    // Make the merged slots matter: their keys lean towards the first query
+    // head of their KV head's group (8 query heads over 2 KV heads).
+    for (const auto& [s, c] : merged) {
+      for (int h = 0; h < 2; ++h) {
+        for (int x = 0; x < 64; ++x) d.k[s * row + h * 64 + x] += 0.1f * d.q[(h * 4) * 64 + x];
+      }
+    }
+    std::vector<float> bias(T, 0.0f);
+    for (const auto& [s, c] : merged) bias[s] = std::log(float(c));
+    // The same cache with count - 1 extra copies of each merged slot inserted
+    // after the prefix (before the queries' slots, so every query sees them).
+    std::vector<float> k2(d.k.begin(), d.k.begin() + prefix * row);
+    std::vector<float> v2(d.v.begin(), d.v.begin() + prefix * row);
+    std::vector<std::pair<int, int>> copies_of;  // (slot in the copy, original slot)
+    for (const auto& [s, c] : merged) {
+      for (int n = 1; n < c; ++n) {
+        copies_of.emplace_back(int(k2.size() / row), s);
+        k2.insert(k2.end(), d.k.begin() + s * row, d.k.begin() + (s + 1) * row);
+        v2.insert(v2.end(), d.v.begin() + s * row, d.v.begin() + (s + 1) * row);
+      }
+    }
+    k2.insert(k2.end(), d.k.begin() + prefix * row, d.k.end());
+    v2.insert(v2.end(), d.v.begin() + prefix * row, d.v.end());
+    const int T2 = int(k2.size() / row);
+    const testing::PagedKv kv = testing::BuildPaged(shape, d.k, d.v, T, f32);
+    const testing::PagedKv kv2 = testing::BuildPaged(shape, k2, v2, T2, f32);
+    for (Backend b : {Backend::kReference, Backend::kCpu}) {
+      SCOPED_TRACE(std::string(BackendName(b)));
+      const Result biased = Attend(Exec{b}, kv.View(), d, num_queries, bias.data());
+      const Result copies = Attend(Exec{b}, kv2.View(), d, num_queries, nullptr);
+      const Result plain = Attend(Exec{b}, kv.View(), d, num_queries, nullptr);
+      EXPECT_LE(testing::RelL2(biased.out, copies.out), 1e-5);
+      EXPECT_LE(testing::MaxAbsDiff(biased.lse, copies.lse), 1e-5);
+      // Without the bias a merged slot weighs as one token: clearly different.
+      EXPECT_GT(testing::RelL2(plain.out, copies.out), 1e-2);
+      EXPECT_GT(testing::MaxAbsDiff(plain.lse, copies.lse), 1e-2);
+      // Mass: a merged slot gets what its copies get together; others equal.
+      std::vector<double> want(size_t(shape.num_kv_heads) * T, 0.0);
+      for (int h = 0; h < shape.num_kv_heads; ++h) {
+        for (int s = 0; s < T2; ++s) {
+          int orig = s < prefix ? s : -1;
+          for (const auto& [c, o] : copies_of) {
+            if (c == s) orig = o;
+          }
+          if (orig < 0) orig = s - (T2 - T);  // the queries' own slots
+          want[size_t(h) * T + orig] += copies.mass[size_t(h) * T2 + s];
+        }
+        for (int s = 0; s < T; ++s) {
+          EXPECT_NEAR(biased.mass[size_t(h) * T + s], want[size_t(h) * T + s], 1e-5)
+              << "head " << h << " slot " << s;
+        }
+      }
+    }
+  }
+}
+
+TEST(PagedAttentionSlotBiasTest, RejectsNonFiniteBiasOnHostBackends) {
+  std::mt19937 rng(testing::TestSeed(3));
+  const PageShape shape{16, 3, 64};
+  const Data d = MakeData(shape, 9, 20, 1, false, rng);
+  const testing::PagedKv kv = testing::BuildPaged(
+      shape, d.k, d.v, 20, [](int) { return std::make_pair(PageFormat::kF16, PageFormat::kF16); });
+  std::vector<float> out(9 * 64);
+  for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    std::vector<float> bias(20, 0.0f);
+    bias[17] = bad;
+    for (Backend b : {Backend::kReference, Backend::kCpu}) {
+      const absl::Status st =
+          PagedDecodeAttention(Exec{b}, kv.View(), AttentionParams{9, 0.0f, bias.data()},
+                               d.q.data(), out.data(), nullptr, nullptr);
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad << " " << st;
+      EXPECT_NE(st.message().find("slot_bias[17]"), std::string_view::npos) << st;
+    }
   }
 }
 

@@ -1,5 +1,6 @@
 // CUDA kernels against the CPU reference. Every test skips cleanly when the
 // library was built without CUDA or no device is present (CTest label: gpu).
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -156,6 +157,59 @@ TEST_F(GpuKernelsTest, PrefillAttentionMatchesReference) {
                   .ok());
   EXPECT_LE(testing::RelL2(d_out.ToHost<float>(q.size()), out), 1e-4);
   EXPECT_LE(testing::MaxAbsDiff(d_lse.ToHost<float>(lse.size()), lse), 1e-3);
+}
+
+// Merged slots' log-count bias (a device array on CUDA): decode with mass,
+// and prefill, against the reference with the same host bias.
+TEST_F(GpuKernelsTest, SlotBiasMatchesReference) {
+  std::mt19937 rng(testing::TestSeed(105));
+  const PageShape s{16, 2, 128};
+  const int T = 16 * 7 + 9, Hq = 8;
+  const auto k = testing::OutlierKeys(T, 2, 128, rng);
+  const auto v = testing::RandomNormal(size_t(T) * 256, rng);
+  std::vector<float> bias(T, 0.0f);
+  for (int t = 0; t < T; t += 5) bias[t] = std::log(float(1 + t % 4));
+  bias[T / 2] = std::log(7.0f);
+  const testing::PagedKv kv = testing::BuildPaged(s, k, v, T, [](int b) {
+    return b < 5 ? std::make_pair(PageFormat::kInt4, PageFormat::kInt8)
+                 : std::make_pair(PageFormat::kF16, PageFormat::kF16);
+  });
+  const DevicePaged dkv(kv);
+  DeviceBuffer d_bias(bias.data(), bias.size() * 4);
+  for (int num_queries : {1, 11}) {
+    SCOPED_TRACE(::testing::Message() << "num_queries=" << num_queries);
+    const auto q = testing::RandomNormal(size_t(num_queries) * Hq * 128, rng, 2.0f);
+    const bool decode = num_queries == 1;
+    std::vector<float> out(q.size()), lse(size_t(num_queries) * Hq), mass(2 * T);
+    const AttentionParams host{Hq, 0.0f, bias.data()};
+    const AttentionParams dev{Hq, 0.0f, d_bias.as<float>()};
+    DeviceBuffer d_q(q.data(), q.size() * 4), d_out(q.size() * 4), d_lse(lse.size() * 4),
+        d_mass(mass.size() * 4);
+    if (decode) {
+      ASSERT_TRUE(PagedDecodeAttention(Exec{Backend::kReference}, kv.View(), host, q.data(),
+                                       out.data(), lse.data(), mass.data())
+                      .ok());
+      ASSERT_TRUE(PagedDecodeAttention(Exec{Backend::kCuda}, dkv.View(), dev, d_q.as<float>(),
+                                       d_out.as<float>(), d_lse.as<float>(), d_mass.as<float>())
+                      .ok());
+      EXPECT_LE(testing::MaxAbsDiff(d_mass.ToHost<float>(mass.size()), mass), 1e-4);
+    } else {
+      ASSERT_TRUE(PagedPrefillAttention(Exec{Backend::kReference}, kv.View(), host, num_queries,
+                                        q.data(), out.data(), lse.data())
+                      .ok());
+      ASSERT_TRUE(PagedPrefillAttention(Exec{Backend::kCuda}, dkv.View(), dev, num_queries,
+                                        d_q.as<float>(), d_out.as<float>(), d_lse.as<float>())
+                      .ok());
+    }
+    EXPECT_LE(testing::RelL2(d_out.ToHost<float>(q.size()), out), 1e-4);
+    EXPECT_LE(testing::MaxAbsDiff(d_lse.ToHost<float>(lse.size()), lse), 1e-3);
+    // The bias is applied: the reference without it differs.
+    std::vector<float> plain(q.size()), plain_lse(lse.size());
+    ASSERT_TRUE(PagedPrefillAttention(Exec{Backend::kReference}, kv.View(), AttentionParams{Hq},
+                                      num_queries, q.data(), plain.data(), plain_lse.data())
+                    .ok());
+    EXPECT_GT(testing::MaxAbsDiff(plain_lse, lse), 1e-2);
+  }
 }
 
 TEST_F(GpuKernelsTest, ScoringMatchesReference) {

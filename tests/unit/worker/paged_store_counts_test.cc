@@ -1,0 +1,280 @@
+// PagedKvStore over a table with merged slots (PagedTable::slot_counts, the
+// daemon's Sync slot_counts): attention must weigh a slot that stands for c
+// tokens like c copies of it (log(count) added to its score), an all-ones
+// table must leave the unmerged path bit for bit as it was, and bad counts
+// must be refused with a clear error. No model: K, V and queries are random.
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "client/worker/paged_kv_store.h"
+#include "gtest/gtest.h"
+
+namespace polykv::worker {
+namespace {
+
+constexpr int kLayers = 2, kKvHeads = 2, kHeadDim = 32, kQHeads = 4, kBlock = 16;
+constexpr int kRow = kKvHeads * kHeadDim;
+
+KvShape Shape() { return KvShape{kLayers, kKvHeads, kHeadDim}; }
+
+// Heap pages (f32) behind a source that publishes, when asked, the table of
+// everything reserved so far with the given slot counts, as the daemon's Sync
+// does after a compaction that merged slots (here: no pages move, only counts).
+class CountingSource : public PageSource {
+ public:
+  CountingSource() {
+    HeapPageSourceOptions o;
+    o.shape = Shape();
+    o.block_tokens = kBlock;
+    auto inner = NewHeapPageSource(o);
+    EXPECT_TRUE(inner.ok()) << inner.status();
+    inner_ = std::move(*inner);
+  }
+  int block_tokens() const override { return inner_->block_tokens(); }
+  absl::StatusOr<std::vector<PagedBlock>> Reserve(int64_t total) override {
+    auto b = inner_->Reserve(total);
+    if (b.ok()) blocks_.insert(blocks_.end(), b->begin(), b->end());
+    return b;
+  }
+  absl::Status Commit(int64_t total, std::span<const TokenMeta>) override {
+    committed_ = total;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::optional<PagedTable>> Sync() override {
+    if (!publish_) return std::nullopt;
+    publish_ = false;
+    PagedTable t{blocks_, committed_, ++epoch_};
+    t.slot_counts = counts_;
+    return t;
+  }
+  // The store then asks for the prefill attention mass too (the mass path).
+  bool wants_attention() const override { return true; }
+  int64_t bytes() const override { return inner_->bytes(); }
+  std::string name() const override { return "counting"; }
+
+  // Publishes `counts` at the next Sync.
+  void Publish(std::vector<uint32_t> counts) {
+    counts_ = std::move(counts);
+    publish_ = true;
+  }
+
+ private:
+  std::unique_ptr<PageSource> inner_;
+  std::vector<PagedBlock> blocks_;
+  std::vector<uint32_t> counts_;
+  int64_t committed_ = 0;
+  uint64_t epoch_ = 0;
+  bool publish_ = false;
+};
+
+struct Store {
+  CountingSource* src = nullptr;  // owned by store
+  std::unique_ptr<PagedKvStore> store;
+};
+
+Store NewStore() {
+  Store s;
+  s.src = new CountingSource();
+  PagedKvStoreOptions o;
+  o.shape = Shape();
+  o.sync_every_steps = 1;  // Every step boundary adopts a published table.
+  o.exec.num_threads = 2;
+  auto store = PagedKvStore::Create(o, std::unique_ptr<PageSource>(s.src));
+  EXPECT_TRUE(store.ok()) << store.status();
+  s.store = std::move(*store);
+  return s;
+}
+
+// Per layer, the K and V rows of some tokens: [layer][tokens][kRow].
+struct Rows {
+  std::vector<std::vector<float>> k, v;
+  int num_tokens() const { return static_cast<int>(k[0].size() / kRow); }
+};
+
+Rows RandomRows(int n, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  Rows r;
+  r.k.assign(kLayers, std::vector<float>(static_cast<size_t>(n) * kRow));
+  r.v = r.k;
+  for (int l = 0; l < kLayers; ++l) {
+    for (float& x : r.k[l]) x = dist(rng);
+    for (float& x : r.v[l]) x = dist(rng);
+  }
+  return r;
+}
+
+// Rows `slots` of `from`, in that order.
+Rows Pick(const Rows& from, const std::vector<int>& slots) {
+  Rows r;
+  r.k.assign(kLayers, {});
+  r.v.assign(kLayers, {});
+  for (int l = 0; l < kLayers; ++l) {
+    for (int s : slots) {
+      r.k[l].insert(r.k[l].end(), from.k[l].begin() + s * kRow, from.k[l].begin() + (s + 1) * kRow);
+      r.v[l].insert(r.v[l].end(), from.v[l].begin() + s * kRow, from.v[l].begin() + (s + 1) * kRow);
+    }
+  }
+  return r;
+}
+
+// One step writing `rows` (every layer) and attending with `q`
+// ([layer][tokens][kQHeads][kHeadDim]); returns the outputs of every layer.
+std::vector<float> Step(PagedKvStore* store, const Rows& rows, const std::vector<float>& q,
+                        int first_position) {
+  const int n = rows.num_tokens();
+  std::vector<TokenMeta> meta;
+  for (int i = 0; i < n; ++i) meta.push_back({7, first_position + i, 0, Role::kUser});
+  EXPECT_TRUE(store->BeginStep(meta).ok());
+  const size_t per_layer = static_cast<size_t>(n) * kQHeads * kHeadDim;
+  std::vector<float> out(kLayers * per_layer);
+  for (int l = 0; l < kLayers; ++l) {
+    EXPECT_TRUE(store->Append(l, rows.k[l].data(), rows.v[l].data()).ok());
+    const absl::Status st =
+        store->Attend(l, kQHeads, q.data() + l * per_layer, out.data() + l * per_layer);
+    EXPECT_TRUE(st.ok()) << st;
+  }
+  EXPECT_TRUE(store->EndStep().ok());
+  return out;
+}
+
+std::vector<float> RandomQ(int n, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, 2.0f);  // peaked, model-like attention
+  std::vector<float> q(static_cast<size_t>(kLayers) * n * kQHeads * kHeadDim);
+  for (float& x : q) x = dist(rng);
+  return q;
+}
+
+double RelL2(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+uint32_t Seed() {
+  const uint32_t seed = 20260101;
+  std::printf("[seed] %u\n", seed);
+  return seed;
+}
+
+constexpr int kContext = 20;  // slots before the merge: one full block, one partial
+
+// Slot 5 stands for 3 tokens, slot 17 (the partial block) for 2.
+std::vector<uint32_t> MergedCounts() {
+  std::vector<uint32_t> c(kContext, 1);
+  c[5] = 3;
+  c[17] = 2;
+  return c;
+}
+
+TEST(PagedKvStoreCountsTest, AMergedSlotAttendsLikeCountCopiesOfIt) {
+  std::mt19937 rng(Seed());
+  const Rows context = RandomRows(kContext, rng);
+  const Rows decode = RandomRows(1, rng), chunk = RandomRows(3, rng);
+  const std::vector<float> q_context = RandomQ(kContext, rng);
+  const std::vector<float> q_decode = RandomQ(1, rng), q_chunk = RandomQ(3, rng);
+
+  // The daemon's view: 20 slots, slots 5 and 17 merged (counts 3 and 2).
+  Store merged = NewStore();
+  Step(merged.store.get(), context, q_context, 0);
+  merged.src->Publish(MergedCounts());
+  const std::vector<float> merged_decode = Step(merged.store.get(), decode, q_decode, 100);
+  ASSERT_EQ(merged.store->epoch(), 1u);  // the table was adopted at that step
+  const std::vector<float> merged_chunk = Step(merged.store.get(), chunk, q_chunk, 101);
+  const std::vector<float> merged_mass = merged.store->pending_attention_mass();
+
+  // What the merged slots stand for: the same 20 slots plus two more copies
+  // of slot 5 and one more of slot 17 (slots 20, 21, 22), no counts.
+  std::vector<int> with_copies;
+  for (int s = 0; s < kContext; ++s) with_copies.push_back(s);
+  with_copies.insert(with_copies.end(), {5, 5, 17});
+  Store copies = NewStore();
+  Step(copies.store.get(), Pick(context, with_copies), RandomQ(23, rng), 0);
+  const std::vector<float> mass_before = copies.store->pending_attention_mass();
+  const std::vector<float> copies_decode = Step(copies.store.get(), decode, q_decode, 100);
+  const std::vector<float> copies_chunk = Step(copies.store.get(), chunk, q_chunk, 101);
+  std::vector<float> copies_mass = copies.store->pending_attention_mass();
+  for (size_t s = 0; s < mass_before.size(); ++s) copies_mass[s] -= mass_before[s];
+
+  // The same table without counts: a merged slot weighs as one token.
+  Store plain = NewStore();
+  Step(plain.store.get(), context, q_context, 0);
+  plain.src->Publish({});
+  const std::vector<float> plain_decode = Step(plain.store.get(), decode, q_decode, 100);
+  const std::vector<float> plain_chunk = Step(plain.store.get(), chunk, q_chunk, 101);
+
+  EXPECT_LE(RelL2(merged_decode, copies_decode), 1e-5);
+  EXPECT_LE(RelL2(merged_chunk, copies_chunk), 1e-5);
+  EXPECT_GT(RelL2(plain_decode, copies_decode), 1e-2);
+  EXPECT_GT(RelL2(plain_chunk, copies_chunk), 1e-2);
+
+  // The mass the daemon's scores get: a merged slot's is its copies' total.
+  ASSERT_EQ(merged_mass.size(), 24u);  // 20 + 1 + 3
+  ASSERT_EQ(copies_mass.size(), 27u);  // 23 + 1 + 3
+  for (int s = 0; s < 24; ++s) {
+    double want = s < kContext ? copies_mass[s] : copies_mass[s + 3];
+    if (s == 5) want += copies_mass[20] + copies_mass[21];
+    if (s == 17) want += copies_mass[22];
+    EXPECT_NEAR(merged_mass[s], want, 1e-4 * std::max(1.0, want)) << "slot " << s;
+  }
+}
+
+// A table whose counts are all 1 (nothing merged) gives the kernels no bias:
+// the outputs are bit-identical to a store that never saw counts, also after
+// a merged table was adopted before it.
+TEST(PagedKvStoreCountsTest, AllOnesCountsLeaveTheUnmergedPathUnchanged) {
+  std::mt19937 rng(Seed());
+  const Rows context = RandomRows(kContext, rng), more = RandomRows(2, rng);
+  const std::vector<float> q_context = RandomQ(kContext, rng), q_more = RandomQ(2, rng);
+  const Rows decode = RandomRows(1, rng);
+  const std::vector<float> q_decode = RandomQ(1, rng);
+
+  Store ones = NewStore();
+  Step(ones.store.get(), context, q_context, 0);
+  ones.src->Publish(MergedCounts());
+  Step(ones.store.get(), more, q_more, 50);
+  ones.src->Publish(std::vector<uint32_t>(kContext + 2, 1));
+  const std::vector<float> got = Step(ones.store.get(), decode, q_decode, 100);
+  EXPECT_EQ(ones.store->epoch(), 2u);
+
+  Store never = NewStore();
+  Step(never.store.get(), context, q_context, 0);
+  Step(never.store.get(), more, q_more, 50);
+  const std::vector<float> want = Step(never.store.get(), decode, q_decode, 100);
+  EXPECT_EQ(got, want);
+}
+
+TEST(PagedKvStoreCountsTest, BadCountsAreRefused) {
+  std::mt19937 rng(Seed());
+  const Rows context = RandomRows(kContext, rng);
+  const std::vector<float> q_context = RandomQ(kContext, rng);
+  const std::vector<TokenMeta> one = {{7, 100, 0, Role::kUser}};
+  struct Case {
+    std::vector<uint32_t> counts;
+    const char* message;
+  };
+  std::vector<uint32_t> zero = MergedCounts();
+  zero[9] = 0;
+  for (const Case& c : {Case{zero, "slot 9 with count 0"},
+                        Case{std::vector<uint32_t>(kContext - 1, 2), "19 slot counts for 20"},
+                        Case{std::vector<uint32_t>(kContext + 1, 1), "21 slot counts for 20"}}) {
+    SCOPED_TRACE(c.message);
+    Store s = NewStore();
+    Step(s.store.get(), context, q_context, 0);
+    s.src->Publish(c.counts);
+    const absl::Status st = s.store->BeginStep(one);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
+    EXPECT_NE(st.message().find(c.message), std::string_view::npos) << st;
+    EXPECT_EQ(s.store->epoch(), 0u);  // nothing adopted
+  }
+}
+
+}  // namespace
+}  // namespace polykv::worker
