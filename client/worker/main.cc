@@ -59,6 +59,7 @@ struct Flags {
   float top_p = 1.0f;
   int prefill_chunk = 64;
   bool no_intent_probe = false;
+  int reserve_retry_ms = 30000;
   int threads = 0;
   int64_t max_context = 8192;
   bool summary = false;
@@ -151,6 +152,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const Flags& f, const LoadedM
   PagedKvStoreOptions po;
   po.shape = shape;
   po.exec = exec;
+  if (!f.daemon.empty()) po.reserve_retry_ms = f.reserve_retry_ms;
   auto s = PagedKvStore::Create(po, std::move(source));
   if (!s.ok()) return s.status();
   return std::unique_ptr<KvStore>(std::move(*s));
@@ -419,6 +421,9 @@ int main(int argc, char** argv) {
     c->add_option("--temperature", f.temperature, "0 = greedy (default)")->check(CLI::NonNegativeNumber);
     c->add_option("--top-p", f.top_p, "nucleus sampling mass (with --temperature > 0)")->check(CLI::Range(0.0, 1.0));
     c->add_option("--prefill-chunk", f.prefill_chunk, "tokens per prefill step")->check(CLI::PositiveNumber);
+    c->add_option("--reserve-retry-ms", f.reserve_retry_ms, "--daemon: how long to go on retrying (Sync, then retry every 200 ms) when the pool refuses a reservation under memory pressure; 0 = fail at once")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
     c->add_flag("--no-intent-probe", f.no_intent_probe, "--daemon: do not probe each message's \"intent\" over the cache (the daemon's intent policies then rank by attention)");
     c->add_option("--threads", f.threads, "threads of the weight products and attention kernels (0 = all cores); use 1 per worker when several share a host")->check(CLI::NonNegativeNumber);
     c->add_option("--max-context", f.max_context, "KV slots of the local cache")->check(CLI::PositiveNumber);

@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace polykv::worker {
 namespace {
@@ -230,19 +232,37 @@ absl::Status PagedKvStore::BeginStep(std::span<const TokenMeta> tokens) {
        tokens_since_sync_ >= std::max(1, options_.sync_every_tokens))) {
     RETURN_IF_ERROR_(CommitAndSync());
   }
-  const int64_t need = num_slots_ + static_cast<int64_t>(tokens.size());
-  if (need > reserved_) {
-    auto blocks = source_->Reserve(need + options_.reserve_ahead);
-    if (!blocks.ok()) {
-      blocks = source_->Reserve(need);  // The pool may refuse the extra.
-      if (!blocks.ok()) return blocks.status();
+  // Under memory pressure polykvd refuses reservations of low-priority
+  // sessions while it compacts them (RESOURCE_EXHAUSTED, "Sync, then retry"):
+  // sync to adopt the compacted tables, which also makes room, and retry
+  // until reserve_retry_ms have passed.
+  const absl::Time give_up = absl::Now() + absl::Milliseconds(options_.reserve_retry_ms);
+  for (int attempt = 0;; ++attempt) {
+    const int64_t need = num_slots_ + static_cast<int64_t>(tokens.size());
+    if (need <= reserved_) break;
+    const int64_t ahead = std::min<int64_t>(options_.reserve_ahead, need / 8);
+    auto blocks = source_->Reserve(need + ahead);
+    if (!blocks.ok()) blocks = source_->Reserve(need);  // The pool may refuse the extra.
+    if (blocks.ok()) {
+      AddBlocks(*blocks);
+      if (need > reserved_) {
+        return absl::InternalError(absl::StrCat("page source reserved ", reserved_,
+                                                " slots after a request for ", need));
+      }
+      break;
     }
-    AddBlocks(*blocks);
-    if (need > reserved_) {
-      return absl::InternalError(absl::StrCat("page source reserved ", reserved_,
-                                              " slots after a request for ", need));
+    if (!absl::IsResourceExhausted(blocks.status()) || absl::Now() >= give_up) {
+      if (attempt == 0) return blocks.status();
+      return absl::Status(blocks.status().code(),
+                          absl::StrCat(blocks.status().message(), " (still refused after ",
+                                       attempt, " retries over ", options_.reserve_retry_ms,
+                                       " ms)"));
     }
+    ++reserve_retries_;
+    absl::SleepFor(absl::Milliseconds(kReserveRetryPauseMs));
+    if (!probing_) RETURN_IF_ERROR_(CommitAndSync());
   }
+  const int64_t need = num_slots_ + static_cast<int64_t>(tokens.size());
   step_meta_.assign(tokens.begin(), tokens.end());
   next_layer_ = 0;
   mass_.resize(need, 0.0f);

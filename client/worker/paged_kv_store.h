@@ -108,13 +108,21 @@ absl::StatusOr<std::unique_ptr<PageSource>> NewHeapPageSource(const HeapPageSour
 
 struct PagedKvStoreOptions {
   KvShape shape;
-  // Tokens reserved ahead of need, so Reserve is not on every step.
+  // Tokens reserved ahead of need, so Reserve is not on every step: an
+  // eighth of the session's slots, at most this many, so that a short or
+  // freshly compacted session does not hold pages it may never fill (the
+  // pool counts them; the demo's h2o agent held as many bytes as the
+  // uncompressed one with a fixed 64).
   int reserve_ahead = 64;
   // Commit + Sync with the source every this many steps (1: every step), or
   // once this many tokens were written since the last sync: a prefill chunk
   // is one step of many tokens, and the daemon compacts a session only when
   // it syncs, so steps alone let a prefill overshoot its budget by up to
   // sync_every_steps chunks.
+  // A refused Reserve (RESOURCE_EXHAUSTED: the pool is under pressure) is
+  // retried, with a Sync before each retry, every 200 ms for this long
+  // (0: fail at once).
+  int reserve_retry_ms = 0;
   int sync_every_steps = 8;
   int sync_every_tokens = 64;
   // Reports attention mass to the source at the first commit after this many
@@ -140,6 +148,8 @@ class PagedKvStore : public KvStore {
   // Taken whenever the block table grows or is replaced: a compacted
   // session's peak is just before the compaction.
   int64_t peak_bytes() const override { return std::max(peak_bytes_, bytes()); }
+  // Reservations the pool refused and this store retried (reserve_retry_ms).
+  int64_t reserve_retries() const { return reserve_retries_; }
   std::string name() const override { return source_->name(); }
   absl::Status BeginStep(std::span<const TokenMeta> tokens) override;
   absl::Status Append(int layer, const float* k, const float* v) override;
@@ -181,7 +191,9 @@ class PagedKvStore : public KvStore {
   // f32 rows of the block being filled: [layer] -> [block_tokens][row].
   std::vector<std::vector<float>> k_residual_, v_residual_;
   int64_t residual_block_ = 0;  // Block index the residual rows belong to.
+  static constexpr int kReserveRetryPauseMs = 200;  // polykvd's "retry in about 200 ms"
   int64_t num_slots_ = 0;
+  int64_t reserve_retries_ = 0;
   int64_t reserved_ = 0;
   uint64_t epoch_ = 0;
   int64_t peak_bytes_ = 0;  // The largest source_->bytes() after AddBlocks.
