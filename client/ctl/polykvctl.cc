@@ -91,6 +91,7 @@ void PrintQos(const polykv::v1::QosRecord& q) {
   std::printf("policy              %s\n", q.policy().c_str());
   std::printf("budget_tokens       %s\n",
               q.budget_tokens() ? std::to_string(q.budget_tokens()).c_str() : "none");
+  if (!q.policy_note().empty()) std::printf("note                %s\n", q.policy_note().c_str());
 }
 
 }  // namespace

@@ -6,6 +6,21 @@ absl::Status ValidatePolicyName(const std::string& text) {
   return policies::MakePolicyFromText(text).status();
 }
 
+std::string PolicyNote(const std::string& text) {
+  auto p = policies::MakePolicyFromText(text);
+  if (!p.ok()) return "";
+  // The canonical spec lists every parameter, the layer allocator included.
+  const std::string& spec = (*p)->spec();
+  const size_t at = spec.find("layers=");
+  if (at == std::string::npos) return "";
+  const size_t end = spec.find_first_of(",}", at);
+  const std::string allocator = spec.substr(at + 7, end == std::string::npos ? end : end - at - 7);
+  if (allocator == "uniform") return "";
+  return "layers=" + allocator +
+         " acts layer-uniform here: the daemon plans one layer for all layers (a session has "
+         "one block table), while the evaluation harness gives each layer its own budget";
+}
+
 absl::StatusOr<const policies::Policy*> PolicyRegistry::Get(const std::string& text) {
   absl::MutexLock lock(&mu_);
   auto it = policies_.find(text);

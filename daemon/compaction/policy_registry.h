@@ -21,6 +21,12 @@ namespace polykv::daemon {
 // e.g. "h2o{window.size=64}". INVALID_ARGUMENT otherwise.
 absl::Status ValidatePolicyName(const std::string& text);
 
+// How the daemon runs the policy `text` differently from its spec, in words
+// (QosRecord.policy_note); empty when it runs it as written or the text is
+// not a policy. The daemon decides once for all layers (docs/compaction.md),
+// so a per-layer allocator acts layer-uniform.
+std::string PolicyNote(const std::string& text);
+
 class PolicyRegistry {
  public:
   // The policy for `text`; the pointer stays valid as long as the registry.

@@ -59,6 +59,10 @@ grpc::Status AdminService::SetQos(grpc::ServerContext* c, const v1::SetQosReques
                          out->agent_id, std::string(PriorityName(out->priority)), out->max_bytes,
                          out->guaranteed_bytes, out->policy);
     ToProto(*out, resp);
+    if (!resp->policy_note().empty()) {
+      DaemonLogger()->warn("qos of agent {}: policy {}: {}", out->agent_id, out->policy,
+                           resp->policy_note());
+    }
     return absl::OkStatus();
   });
 }

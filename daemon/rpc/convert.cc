@@ -1,6 +1,7 @@
 #include "daemon/rpc/convert.h"
 
 #include "absl/strings/str_cat.h"
+#include "daemon/compaction/policy_registry.h"
 #include "policies/session_view.h"
 
 namespace polykv::daemon {
@@ -167,6 +168,7 @@ void ToProto(const QosRecord& in, v1::QosRecord* out) {
                                                 : v1::PAGE_FORMAT_UNSPECIFIED);
   out->set_policy(in.policy);
   out->set_budget_tokens(in.budget_tokens);
+  out->set_policy_note(PolicyNote(in.policy));
 }
 
 void ToProto(const ArenaExport& in, v1::ArenaHandle* out) {

@@ -205,6 +205,19 @@ TEST(PressureLadderTest, TheRequantizationStepIsTheAgentsPolicyWithColdValues) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A per-layer allocator acts layer-uniform in the daemon, and QoS says so.
+TEST(PolicyRegistryTest, PolicyNoteSaysWhereTheDaemonRunsAPolicyDifferently) {
+  for (const char* as_written : {"full", "h2o", "hybrid", "merge", "h2o{layers=uniform}", "nope"}) {
+    EXPECT_EQ(PolicyNote(as_written), "") << as_written;
+  }
+  for (const char* per_layer : {"intent", "h2o{layers=pyramid}", "sinks+intent{layers=entropy}"}) {
+    const std::string note = PolicyNote(per_layer);
+    EXPECT_NE(note.find("layer-uniform"), std::string::npos) << per_layer << ": " << note;
+    EXPECT_EQ(note.rfind("layers=", 0), 0u) << note;
+  }
+  EXPECT_NE(PolicyNote("intent").find("layers=entropy"), std::string::npos);
+}
+
 TEST(PolicyRegistryTest, ValidatePolicyNameAcceptsPresetsComponentsAndParameters) {
   for (const char* ok : {"full", "window", "streaming", "h2o", "snapkv", "hybrid", "merge",
                          "sinks+window", "h2o{window.size=64}", "window{window.size=32}"}) {
