@@ -59,7 +59,8 @@ LadderSteps PlanLadder(std::vector<LadderCandidate> candidates, const LadderInpu
   // Step 2. A compaction writes its output into NEW pages before the old
   // ones go, so each target must also fit in what is still free (90%, for
   // fragmentation).
-  std::erase_if(rest, [](const LadderCandidate& c) { return c.committed_tokens <= FloorTokens(c); });
+  std::erase_if(rest,
+                [](const LadderCandidate& c) { return c.committed_tokens <= FloorTokens(c); });
   for (const LadderCandidate& c : rest) {
     if (enough()) break;
     const double per_token = BytesPerToken(c);
@@ -87,8 +88,8 @@ absl::StatusOr<std::string> RequantStepPolicy(const std::string& policy_text,
                                               uint64_t committed_tokens, uint32_t block_tokens) {
   // The cold step takes floor(fraction x slots / block_tokens) blocks; half a
   // block more keeps the rounding off the boundary.
-  const double fraction =
-      std::min(1.0, (double(blocks) + 0.5) * block_tokens / double(std::max<uint64_t>(1, committed_tokens)));
+  const double slots = double(std::max<uint64_t>(1, committed_tokens));
+  const double fraction = std::min(1.0, (double(blocks) + 0.5) * block_tokens / slots);
   policies::PolicyParams cold{{"cold.format", std::string(kernels::FormatShortName(value_format))},
                               {"cold.kind", "v"},
                               {"cold.fraction", absl::StrFormat("%.9g", fraction)}};

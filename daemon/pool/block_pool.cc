@@ -84,8 +84,8 @@ uint64_t BlockPool::FreeBlocksFor(const std::string& tenant, const BlockShape& s
   if (it == tenants_.end() || shape.bytes() == 0) return 0;
   const PageAllocator& a = it->second->allocator;
   const uint64_t sb = options_.superblock_bytes;
-  const uint64_t free_sbs = a.num_free_superblocks() +
-                            (options_.pool_bytes - std::min(options_.pool_bytes, ChargedBytes())) / sb;
+  const uint64_t unarenaed = options_.pool_bytes - std::min(options_.pool_bytes, ChargedBytes());
+  const uint64_t free_sbs = a.num_free_superblocks() + unarenaed / sb;
   // Per half: free slots in its class's partly used superblocks, and pages
   // per superblock; the free superblocks are shared by both halves.
   struct Half {
@@ -105,7 +105,7 @@ uint64_t BlockPool::FreeBlocksFor(const std::string& tenant, const BlockShape& s
     };
     return same_class ? sbs(2 * pages, k) <= free_sbs : sbs(pages, k) + sbs(pages, v) <= free_sbs;
   };
-  uint64_t lo = 0, hi = (free_sbs * sb + (k.partial + v.partial) * sb) / shape.bytes() + 1;
+  uint64_t lo = 0, hi = free_sbs * sb / shape.bytes() + (k.partial + v.partial) / shape.layers + 1;
   while (lo < hi) {  // the largest n that fits
     const uint64_t mid = lo + (hi - lo + 1) / 2;
     if (fits(mid)) {
