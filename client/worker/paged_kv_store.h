@@ -111,18 +111,17 @@ struct PagedKvStoreOptions {
   // Tokens reserved ahead of need, so Reserve is not on every step: an
   // eighth of the session's slots, at most this many, so that a short or
   // freshly compacted session does not hold pages it may never fill (the
-  // pool counts them; the demo's h2o agent held as many bytes as the
-  // uncompressed one with a fixed 64).
+  // pool counts them against the session).
   int reserve_ahead = 64;
+  // A refused Reserve (RESOURCE_EXHAUSTED: the pool is under pressure) is
+  // retried, with a Sync before each retry, every 200 ms for this long
+  // (0: fail at once).
+  int reserve_retry_ms = 0;
   // Commit + Sync with the source every this many steps (1: every step), or
   // once this many tokens were written since the last sync: a prefill chunk
   // is one step of many tokens, and the daemon compacts a session only when
   // it syncs, so steps alone let a prefill overshoot its budget by up to
   // sync_every_steps chunks.
-  // A refused Reserve (RESOURCE_EXHAUSTED: the pool is under pressure) is
-  // retried, with a Sync before each retry, every 200 ms for this long
-  // (0: fail at once).
-  int reserve_retry_ms = 0;
   int sync_every_steps = 8;
   int sync_every_tokens = 64;
   // Reports attention mass to the source at the first commit after this many
