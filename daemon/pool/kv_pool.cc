@@ -953,6 +953,7 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
 std::vector<std::string> KvPool::RunPressureLadder() {
   absl::MutexLock lock(&mu_);
   std::vector<LadderCandidate> candidates;
+  const bool under_pressure = blocks_.free_bytes() < admission_.low_watermark();
   Priority lowest = Priority::kCritical;
   for (const auto& [id, s] : sessions_) {
     lowest = std::min(lowest, s.priority);
@@ -967,7 +968,8 @@ std::vector<std::string> KvPool::RunPressureLadder() {
         LadderCandidate{id, static_cast<int>(s.priority), s.account.bytes,
                         s.tables.committed_tokens, s.block_tokens, s.shape.bytes(),
                         q.guaranteed_bytes});
-    DescribeRequant(s, c);
+    // A scan of the session's blocks, under the lock: only when step 1 can run.
+    if (under_pressure) DescribeRequant(s, c);
   }
   const LadderSteps plan =
       PlanLadder(std::move(candidates), {blocks_.free_bytes(), admission_.low_watermark(),
@@ -1001,12 +1003,19 @@ void KvPool::DescribeRequant(const Session& s, LadderCandidate& c) const {
   const size_t window = kLadderRequantWindow / s.block_tokens;
   if (full <= window) return;
   const size_t cold = std::min(full - window, s.tables.blocks.size());
+  // The requantized shape of the session's key format; a block whose keys
+  // were stored otherwise gets its own.
+  const absl::StatusOr<BlockShape> fill = MakeBlockShape(
+      s.profile.num_layers, ShapeOf(s), s.shape.key_format, to, options_.superblock_bytes);
   uint64_t saved = 0;
   for (size_t b = 0; b < cold; ++b) {
     const Block& block = s.tables.blocks[b];
     if (kernels::FormatBits(block.shape.value_format) <= kernels::FormatBits(to)) continue;
-    auto shape = MakeBlockShape(block.shape.layers, ShapeOf(s), block.shape.key_format, to,
-                                options_.superblock_bytes);
+    const absl::StatusOr<BlockShape> shape =
+        block.shape.key_format == s.shape.key_format
+            ? fill
+            : MakeBlockShape(block.shape.layers, ShapeOf(s), block.shape.key_format, to,
+                             options_.superblock_bytes);
     if (!shape.ok() || shape->bytes() >= block.bytes()) continue;
     ++c.requant_blocks;
     saved += block.bytes() - shape->bytes();
@@ -1014,9 +1023,7 @@ void KvPool::DescribeRequant(const Session& s, LadderCandidate& c) const {
   }
   if (c.requant_blocks == 0) return;
   c.requant_saving = saved / c.requant_blocks;
-  auto shape = MakeBlockShape(s.profile.num_layers, ShapeOf(s), s.shape.key_format, to,
-                              options_.superblock_bytes);
-  if (shape.ok()) c.requant_room = blocks_.FreeBlocksFor(s.tenant(), *shape);
+  if (fill.ok()) c.requant_room = blocks_.FreeBlocksFor(s.tenant(), *fill);
 }
 
 }  // namespace polykv::daemon
