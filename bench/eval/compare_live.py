@@ -112,7 +112,8 @@ def compare(h: dict, l: dict) -> tuple[list[str], list[list[str]]]:
             order.append(c)
     order.sort(key=lambda c: c != REFERENCE)
     header = ["config", "tasks", "rel. success harness", "rel. success live",
-              "token agr. harness", "token agr. live", "bytes frac. harness",
+              "token agr. harness", "token agr. live", "KL harness", "KL live",
+              "top-1 harness", "top-1 live", "bytes frac. harness",
               "bytes frac. live", "same answer", "errors h/l"]
     rows = []
     for c in order:
@@ -127,6 +128,10 @@ def compare(h: dict, l: dict) -> tuple[list[str], list[list[str]]]:
         rows.append([c, str(n), report.fmt(rh), report.fmt(rl),
                      report.fmt(mean_field(h, tasks, c, "token_agreement")),
                      report.fmt(mean_field(l, tasks, c, "token_agreement")),
+                     report.fmt(mean_field(h, tasks, c, "kl_mean"), 4),
+                     report.fmt(mean_field(l, tasks, c, "kl_mean"), 4),
+                     report.fmt(mean_field(h, tasks, c, "top1_agreement")),
+                     report.fmt(mean_field(l, tasks, c, "top1_agreement")),
                      report.fmt(mean_field(h, tasks, c, "bytes_fraction", _bytes_fraction)),
                      report.fmt(mean_field(l, tasks, c, "bytes_fraction", _bytes_fraction)),
                      report.fmt(sa, 2), f"{eh}/{el}"])

@@ -295,7 +295,7 @@ def generate_tasks(tasks_dir: str, counts: dict, args, mn: int, mx: int) -> None
         # gen.py takes one --per-family, so families with different counts
         # are generated apart and their files merged into tasks_dir.
         dest = tasks_dir if len(groups) == 1 else os.path.join(tasks_dir, f".gen-{i}")
-        run([sys.executable, gen, "--out", dest, "--seed", str(args.seed),
+        run([sys.executable, gen, "--out", dest, "--seed", str(args.seed), "--split", args.split,
              "--families", GEN_FAMILIES_SEP.join(fams), "--per-family", str(n),
              "--min-tokens", str(mn), "--max-tokens", str(mx), "--data-dir", args.data_dir],
             f"gen.py ({', '.join(fams)})")
@@ -482,6 +482,9 @@ def parse_args(argv):
                     help="configs answered at once (--live: worker processes at once, each "
                     "with --threads 1; default 2)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--split", choices=("dev", "test"), default="dev",
+                    help="gen.py's split: tune policies on dev (default), report headlines "
+                    "from test only; they share no task")
     ap.add_argument("--data-dir", default=os.path.join(HOME_CACHE, "eval-data"),
                     help="public data sets for bfcl/humaneval (default ~/.cache/polykv/eval-data)")
     ap.add_argument("--skip-build", action="store_true", help="use the existing build/")
@@ -494,6 +497,9 @@ def parse_args(argv):
     ap.add_argument("--resume", action="store_true",
                     help="--live: keep OUT/NAME and skip the (task, config) pairs its "
                     "results.jsonl already holds")
+    ap.add_argument("--no-teacher-force", action="store_true",
+                    help="answer only: do not also run every config teacher-forced on the "
+                    "reference's answer (kl_mean, top1_agreement; README: Teacher forcing)")
     ap.add_argument("--no-plots", action="store_true",
                     help="write the report without plots (no venv, no pip)")
     ap.add_argument("--no-live-capacity", action="store_true",
@@ -588,7 +594,7 @@ def main(argv=None) -> int:
         step(f"tasks: copying {len(args.workload)} workload file(s)")
         copy_workloads(args.workload, tasks_dir)
     else:
-        step(f"tasks: gen.py, seed {args.seed}, {mn}-{mx} tokens")
+        step(f"tasks: gen.py, {args.split} split, seed {args.seed}, {mn}-{mx} tokens")
         generate_tasks(tasks_dir, counts, args, mn, mx)
     n_files = sum(len(f) for _, _, f in os.walk(tasks_dir))
     log(f"{n_files} task file(s) in {tasks_dir}")
@@ -607,7 +613,8 @@ def main(argv=None) -> int:
                 die(str(e))
         try:
             live_meta = live.run_live(tasks_dir, configs, model, out, bin_dir, args.threads,
-                                      args.resume, log)
+                                      args.resume, log,
+                                      teacher_force=not args.no_teacher_force)
         except live.LiveError as e:
             die(str(e))
         if not os.path.exists(results) or os.path.getsize(results) == 0:
@@ -615,7 +622,8 @@ def main(argv=None) -> int:
     else:
         step(f"run: polykv-eval, {len(configs)} configs, {args.threads} threads")
         run([binary, "--tasks", tasks_dir, "--configs-file", configs_txt, "--out", results,
-             "--model", model, "--threads", str(args.threads)], "polykv-eval")
+             "--model", model, "--threads", str(args.threads)]
+            + (["--no-teacher-force"] if args.no_teacher_force else []), "polykv-eval")
         if not os.path.exists(results) or os.path.getsize(results) == 0:
             die(f"polykv-eval wrote no records to {results}")
 
@@ -644,6 +652,7 @@ def main(argv=None) -> int:
         "matrix": configs,
         "task_counts": task_counts(records),
         "seed": args.seed,
+        "split": None if args.workload else args.split,
         "wall_seconds": round(time.monotonic() - _T0, 1),
         "preset": args.preset,
         "per_family": None if args.workload else counts,

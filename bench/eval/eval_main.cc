@@ -64,7 +64,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> task_paths;
   std::string configs_text, configs_file, out_path, model_path = worker::DefaultModelPath();
   int threads = 2, prefill_chunk = 128, default_max_new = 64, limit = 0;
-  bool resume = false;
+  bool resume = false, no_teacher_force = false;
+  int logprobs_top = 64;
   app.add_option("--tasks", task_paths, "task files (*.jsonl) or directories of them")->required();
   app.add_option("--configs", configs_text,
                  "comma-separated configurations policy@budget/formats, e.g. "
@@ -82,6 +83,12 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--limit", limit, "run at most this many tasks (0 = all)")->check(CLI::NonNegativeNumber);
   app.add_flag("--resume", resume, "skip tasks --out already holds every configuration of");
+  app.add_flag("--no-teacher-force", no_teacher_force,
+               "answer only: do not also force each configuration on the reference's answer "
+               "(kl_mean, top1_agreement)");
+  app.add_option("--logprobs-top", logprobs_top,
+                 "the reference's top-k log-probabilities per position that KL is taken over")
+      ->capture_default_str()->check(CLI::Range(1, 4096));
   CLI11_PARSE(app, argc, argv);
 
   std::vector<eval::CacheConfig> configs;
@@ -153,7 +160,11 @@ int main(int argc, char** argv) {
   eval::RunnerOptions ro;
   ro.threads = threads;
   ro.prefill_chunk = prefill_chunk;
-  int failed = 0;
+  ro.teacher_force = !no_teacher_force;
+  ro.logprobs_top = logprobs_top;
+  int failed = 0, ran = 0;
+  size_t to_run = 0;
+  for (const eval::Task& task : tasks) to_run += done.count(task.file) == 0;
   for (size_t i = 0; i < tasks.size(); ++i) {
     const eval::Task& task = tasks[i];
     if (done.count(task.file)) {
@@ -175,10 +186,12 @@ int main(int argc, char** argv) {
     }
     for (const std::string& r : *records) std::fprintf(out, "%s\n", r.c_str());
     std::fflush(out);
+    // The estimate counts only tasks run here, not those --resume skipped.
     const double elapsed = Now() - t_start;
+    ++ran;
     std::fprintf(stderr, "\r[%zu/%zu] %s: %zu records in %.0f s; elapsed %.0f s, ~%.0f s left\n",
                  i + 1, tasks.size(), task.id.c_str(), records->size(), Now() - t0, elapsed,
-                 elapsed / static_cast<double>(i + 1) * static_cast<double>(tasks.size() - i - 1));
+                 elapsed / ran * static_cast<double>(to_run - std::min<size_t>(to_run, ran + failed)));
   }
   std::fclose(out);
   std::fprintf(stderr, "polykv-eval: wrote %s (%d tasks failed) in %.0f s\n", out_path.c_str(),

@@ -320,6 +320,13 @@ def live_record(task: Task, cfg: Config, context: int, bpt: int, budget: int | N
     return rec
 
 
+def forced_fields(turn: dict) -> dict:
+    """The teacher-forced measures of a `--teacher-force` run's turn, named as
+    polykv-eval names them."""
+    return {k: turn.get(k) for k in ("forced_positions", "kl_mean", "kl_max", "top1_agreement",
+                                      "target_logprob_mean")}
+
+
 def parse_worker_output(text: str) -> tuple[list[dict], dict | None]:
     turns, summary = [], None
     for line in text.splitlines():
@@ -467,7 +474,7 @@ def count_tokens(bins: Bins, model: str, path: str) -> list[dict]:
 
 
 def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, bin_dir: str,
-             threads: int, resume: bool, log) -> dict:
+             threads: int, resume: bool, log, teacher_force: bool = True) -> dict:
     """Runs every (task, config) live and appends the records to
     out_dir/results.jsonl (kept with --resume: pairs already there are
     skipped). Returns what meta.json records about the run."""
@@ -566,11 +573,57 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
             rec.update({"agent": agent, "budget_tokens": budget,
                         "error": tool_error("polykvctl qos set", p.stderr or p.stdout)})
             return rec
+        base = os.path.join(workers_dir, agent)
+        logprobs = base + ".logprobs.jsonl" if c.text == REFERENCE else None
+        rc, turns, summary, err, seconds = run_worker(task, c, agent, base, logprobs_out=logprobs)
+        if rc != 0 or not turns:
+            rec.update({"agent": agent, "budget_tokens": budget,
+                        "error": tool_error(f"polykv-worker (exit {rc})", err)})
+            return rec
+        rec = live_record(task, c, ctx, bytes_per_token_f16(geo), budget, agent, turns,
+                          summary, ref, seconds)
+        if not teacher_force or rec.get("error"):
+            return rec
+        # The same config again, teacher-forced on the reference's answer,
+        # as its own session: its agent has the same QoS. The reference's
+        # forced run records the distributions the others are scored against
+        # (client/worker/logprobs.h: a forced pass rounds unlike decode).
+        ref_logprobs = logprobs if ref is None else os.path.join(
+            out_dir, ref.get("reference_logprobs") or "")
+        if not os.path.isfile(ref_logprobs):
+            rec["forced_error"] = (f"the reference's log-probabilities ({ref_logprobs}) are "
+                                   "missing; run it again without --resume")
+            return rec
+        tf_agent = agent[:AGENT_MAX_LEN - 3] + ":tf"
+        qos[qos.index(agent)] = tf_agent
+        p = subprocess.run(qos, capture_output=True, text=True)
+        if p.returncode != 0:
+            rec["forced_error"] = tool_error("polykvctl qos set", p.stderr or p.stdout)
+            return rec
+        forced_out = base + ".tf.logprobs.jsonl" if ref is None else None
+        rc, tf_turns, _, err, tf_seconds = run_worker(task, c, tf_agent, base + ".tf",
+                                                      logprobs_out=forced_out,
+                                                      teacher_force=ref_logprobs)
+        rec["worker_seconds"] = round(seconds + tf_seconds, 2)
+        if rc != 0 or not tf_turns:
+            rec["forced_error"] = tool_error(f"polykv-worker --teacher-force (exit {rc})", err)
+            return rec
+        rec.update(forced_fields(tf_turns[-1]))
+        if forced_out:
+            rec["reference_logprobs"] = os.path.relpath(forced_out, out_dir)
+        return rec
+
+    def run_worker(task: Task, c: Config, agent: str, base: str, logprobs_out: str | None = None,
+                   teacher_force: str | None = None):
+        """One polykv-worker run: (exit code, turns, summary, stderr, seconds)."""
         cmd = [bins.worker, "run", task.file, "--daemon", daemon.socket, "--tenant", TENANT,
                "--agent", agent, "--key-format", c.k_format, "--value-format", c.v_format,
                "--threads", "1", "--max-new-tokens", str(DEFAULT_MAX_NEW_TOKENS),
                "--prefill-chunk", str(PREFILL_CHUNK), "--model", model, "--summary"]
-        base = os.path.join(workers_dir, agent)
+        if logprobs_out:
+            cmd += ["--logprobs-out", logprobs_out]
+        if teacher_force:
+            cmd += ["--teacher-force", teacher_force]
         t0 = time.monotonic()
         try:
             with open(base + ".jsonl", "w") as so, open(base + ".err", "w") as se:
@@ -582,14 +635,9 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
         seconds = time.monotonic() - t0
         with open(base + ".jsonl") as f:
             turns, summary = parse_worker_output(f.read())
-        if rc != 0 or not turns:
-            with open(base + ".err") as f:
-                err = f.read()
-            rec.update({"agent": agent, "budget_tokens": budget,
-                        "error": tool_error(f"polykv-worker (exit {rc})", err)})
-            return rec
-        return live_record(task, c, ctx, bytes_per_token_f16(geo), budget, agent, turns,
-                           summary, ref, seconds)
+        with open(base + ".err") as f:
+            err = f.read()
+        return rc, turns, summary, err, seconds
 
     t_start = time.monotonic()
     n_done, total = 0, len(todo)
@@ -619,7 +667,10 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
                     elapsed = time.monotonic() - t_start
                     what = (f"error: {rec['error'][:120]}" if rec.get("error") else
                             f"{len(rec['output_tokens'])} tokens, agreement "
-                            f"{rec['token_agreement']:.2f}, {rec.get('compactions') or 0} "
+                            f"{rec['token_agreement']:.2f}, "
+                            + (f"KL {rec['kl_mean']:.4f}, " if rec.get("kl_mean") is not None
+                               else "") +
+                            f"{rec.get('compactions') or 0} "
                             f"compactions, {rec['worker_seconds']:.1f} s")
                     log(f"live [{n_done}/{total}] {task.id} {c.text}: {what}; elapsed "
                         f"{clock(elapsed)}, ~{eta(n_done, total, elapsed)} left")

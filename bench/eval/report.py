@@ -398,6 +398,9 @@ class Analyzer:
             "rel_success": self.rel_success(name),
             "success": self.raw_success(name),
             "agreement": self.agreement(name),
+            # Teacher-forced on the reference's answer (README: Teacher forcing).
+            "kl": stats.mean_ci(c.values("kl_mean"), **self.kw),
+            "top1": stats.mean_ci(c.values("top1_agreement"), **self.kw),
             "prefix_agreement": c.mean("prefix_agreement"),
             "bytes_fraction": c.bytes_fraction(),
             "bytes_peak": peak,
@@ -1208,7 +1211,8 @@ def render_markdown(a: Analysis, plots: dict) -> str:
         f"- **machine:** {machine.get('cpus', '?')} CPUs, {machine.get('cpu_model', 'unknown CPU')}",
         f"- **tasks:** {sum(counts.values())} ("
         + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + ")",
-        f"- **configs:** {len(a.configs)}; **seed:** {m.get('seed', 'n/a')}; "
+        f"- **configs:** {len(a.configs)}; **split:** {m.get('split') or 'n/a'}; "
+        f"**seed:** {m.get('seed', 'n/a')}; "
         f"**wall time:** {fmt_duration(m.get('wall_seconds'))}",
         f"- **reference:** {a.reference or 'missing'}; intervals are 95% paired bootstrap "
         f"percentile CIs over tasks ({a.resamples} resamples, seed {a.seed})",
@@ -1295,12 +1299,14 @@ def render_markdown(a: Analysis, plots: dict) -> str:
     for n in a.order:
         pc = a.per_config[n]
         rows.append([n, fmt_est(pc["rel_success"]), fmt_est(pc["success"], 2),
-                     fmt_est(pc["agreement"]), fmt(pc["bytes_fraction"]),
+                     fmt_est(pc["agreement"]), fmt_est(pc["kl"], 4), fmt_est(pc["top1"]),
+                     fmt(pc["bytes_fraction"]),
                      fmt(pc["bytes_peak_mib"], 2), fmt(pc["decode_tokens_per_s"], 1),
                      f"{pc['n_scored']}/{pc['n_tasks']}"
                      + (f", {pc['n_errors']} errors" if pc["n_errors"] else "")])
     L += md_table(["config", "rel. success [95% CI]", "raw success [95% CI]",
-                   "token agreement [95% CI]", "bytes fraction", "peak MiB", "decode tok/s",
+                   "token agreement [95% CI]", "KL nats/token [95% CI]",
+                   "top-1 agreement [95% CI]", "bytes fraction", "peak MiB", "decode tok/s",
                    "scored/tasks"], rows)
     L += ["", "## Per family", "",
           f"Cells: {'relative success (raw success)' if a.reference else 'raw success'}; "

@@ -37,6 +37,9 @@ struct Outcome {
   int64_t bytes_context = 0, bytes_peak = 0;
   double kept_slots_mean = 0, compaction_ms = 0, decode_tps = 0;
   int64_t merged_groups = 0, requant_blocks = 0;
+  // Teacher-forced on the reference's answer; `forced_status` its own error.
+  absl::Status forced_status = absl::FailedPreconditionError("not forced");
+  worker::ForcedSummary forced;
 };
 
 struct Agreement {
@@ -136,58 +139,109 @@ absl::StatusOr<std::vector<std::string>> RunTask(
   if (!view.ok()) return view.status();
 
   // 4. Every configuration from the one prefill.
-  const auto run = [&](const CacheConfig& c) {
-    Outcome o;
-    const double tc = Now();
+  struct Compressed {
+    std::unique_ptr<EvalKvStore> store;
     Selection sel;
+  };
+  const auto compress = [&](const CacheConfig& c) -> absl::StatusOr<Compressed> {
+    Compressed out;
     if (c.full()) {
-      sel.layers = KeepAll(base);
-      sel.kept_slots_mean = static_cast<double>(context_tokens);
+      out.sel.layers = KeepAll(base);
+      out.sel.kept_slots_mean = static_cast<double>(context_tokens);
     } else {
       auto s = Select(*policy_by_name.at(c.policy), *view, c.budget);
-      if (!s.ok()) {
-        o.status = s.status();
-        return o;
-      }
-      sel = std::move(*s);
+      if (!s.ok()) return s.status();
+      out.sel = std::move(*s);
     }
     EvalKvStoreOptions so;
     so.shape = mc.kv_shape();
     so.append_format = c.append_format;
-    auto store = EvalKvStore::Compact(base, sel.layers, c.k_format, c.v_format, c.f16_tail, so);
-    if (!store.ok()) {
-      o.status = store.status();
+    auto store = EvalKvStore::Compact(base, out.sel.layers, c.k_format, c.v_format, c.f16_tail, so);
+    if (!store.ok()) return store.status();
+    out.store = std::move(*store);
+    return out;
+  };
+  // The reference's answer (its stop too) with its top-k before each token,
+  // as decoded and as forced; the configurations are scored against the
+  // forced one (client/worker/logprobs.h says why).
+  worker::ReferenceTurn decoded_turn, reference_turn;
+  const auto run = [&](const CacheConfig& c, bool record) {
+    Outcome o;
+    const double tc = Now();
+    auto compressed = compress(c);
+    if (!compressed.ok()) {
+      o.status = compressed.status();
       return o;
     }
     o.compaction_ms = (Now() - tc) * 1e3;
-    o.kept_slots_mean = sel.kept_slots_mean;
-    o.merged_groups = sel.merged_groups;
-    o.requant_blocks = sel.requant_blocks;
-    o.bytes_context = (*store)->bytes();
-    worker::Conversation fork = conv.Fork(store->get());
+    o.kept_slots_mean = compressed->sel.kept_slots_mean;
+    o.merged_groups = compressed->sel.merged_groups;
+    o.requant_blocks = compressed->sel.requant_blocks;
+    o.bytes_context = compressed->store->bytes();
+    worker::Conversation fork = conv.Fork(compressed->store.get());
     if (task.has_question) {
       o.status = fork.AddMessage(task.question.role, task.question.content, task.question.intent);
       if (!o.status.ok()) return o;
     }
+    const worker::StepLogitsFn on_logits = [&](int, std::span<const float> logits) {
+      decoded_turn.top.push_back(worker::TopK(logits, options.logprobs_top));
+    };
     auto r = fork.Generate(task.generation.max_new_tokens, task.generation.intent, {},
-                           task.generation.answer_prefix);
+                           task.generation.answer_prefix,
+                           record ? on_logits : worker::StepLogitsFn{});
     if (!r.ok()) {
       o.status = r.status();
       return o;
     }
     o.tokens = r->tokens;
+    if (record) {
+      decoded_turn.targets = r->tokens;
+      if (r->stop == "eos") decoded_turn.targets.push_back(r->stop_token);
+    }
     // The answer as the turn reads (what the scorer checks).
     o.text = task.generation.answer_prefix + r->text;
     o.stop = r->stop;
     o.question_tokens = r->prompt_tokens;
-    o.bytes_peak = (*store)->bytes();
+    o.bytes_peak = compressed->store->bytes();
     o.decode_tps = r->decode_seconds > 0 ? r->decode_steps / r->decode_seconds : 0;
     return o;
   };
+  // The same compression again, answering with the reference's tokens,
+  // scored against `ref`; `record`: its top-k become the reference's.
+  const auto force = [&](const CacheConfig& c, const worker::ReferenceTurn& ref, Outcome* o,
+                         worker::ReferenceTurn* record) {
+    auto compressed = compress(c);
+    if (!compressed.ok()) {
+      o->forced_status = compressed.status();
+      return;
+    }
+    worker::Conversation fork = conv.Fork(compressed->store.get());
+    if (task.has_question) {
+      o->forced_status =
+          fork.AddMessage(task.question.role, task.question.content, task.question.intent);
+      if (!o->forced_status.ok()) return;
+    }
+    auto r = fork.ForceTurn(ref.targets, task.generation.intent, task.generation.answer_prefix,
+                            [&](int step, std::span<const float> logits) {
+                              o->forced.Add(
+                                  worker::ScoreStep(ref.top[step], ref.targets[step], logits));
+                              if (record != nullptr) {
+                                record->top.push_back(worker::TopK(logits, options.logprobs_top));
+                              }
+                            });
+    o->forced_status = r.status();
+    if (record != nullptr) record->targets = ref.targets;
+  };
 
   std::vector<Outcome> outcomes(configs.size());
-  outcomes[0] = run(configs[0]);
+  outcomes[0] = run(configs[0], /*record=*/options.teacher_force);
   if (!outcomes[0].status.ok()) return outcomes[0].status;
+  // The reference forced on its own answer: its KL (against its decode) is
+  // the rounding of a chunk against one token per step.
+  if (options.teacher_force) {
+    force(configs[0], decoded_turn, &outcomes[0], &reference_turn);
+    if (!outcomes[0].forced_status.ok()) return outcomes[0].forced_status;
+  }
   if (progress) progress({"config", 1, static_cast<int>(configs.size())});
   // Each configuration on one thread; BLAS single-threaded under them.
   openblas_set_num_threads(1);
@@ -196,7 +250,10 @@ absl::StatusOr<std::vector<std::string>> RunTask(
   std::mutex mu;
   const auto worker_loop = [&] {
     for (size_t i = next++; i < configs.size(); i = next++) {
-      outcomes[i] = run(configs[i]);
+      outcomes[i] = run(configs[i], /*record=*/false);
+      if (options.teacher_force && outcomes[i].status.ok()) {
+        force(configs[i], reference_turn, &outcomes[i], nullptr);
+      }
       const int d = ++done;
       if (progress) {
         std::lock_guard<std::mutex> lock(mu);
@@ -258,6 +315,15 @@ absl::StatusOr<std::vector<std::string>> RunTask(
                 {"token_agreement", Num(a.token)},
                 {"decode_tokens_per_s", Num(o.decode_tps)},
                 {"compaction_ms", Num(o.compaction_ms)}});
+    if (o.forced_status.ok()) {
+      rec.update({{"forced_positions", o.forced.positions},
+                  {"kl_mean", Num(o.forced.kl_mean())},
+                  {"kl_max", Num(o.forced.kl_max)},
+                  {"top1_agreement", Num(o.forced.top1_agreement())},
+                  {"target_logprob_mean", Num(o.forced.target_logprob_mean())}});
+    } else if (options.teacher_force) {
+      rec["forced_error"] = o.forced_status.ToString();
+    }
     records.push_back(worker::DumpJson(rec));
   }
   return records;

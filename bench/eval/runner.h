@@ -13,12 +13,17 @@
 #include "bench/eval/cache_config.h"
 #include "bench/eval/task.h"
 #include "client/worker/conversation.h"
+#include "client/worker/logprobs.h"
 
 namespace polykv::eval {
 
 struct RunnerOptions {
   int threads = 1;          // configurations answered concurrently
   int prefill_chunk = 128;  // tokens per prefill step of the shared context
+  // Besides its own answer, every configuration is teacher-forced on the
+  // reference's answer (client/worker/logprobs.h): kl_mean, top1_agreement.
+  bool teacher_force = true;
+  int logprobs_top = 64;    // the reference's top-k per position
 };
 
 struct TaskProgress {

@@ -160,10 +160,13 @@ absl::Status Conversation::ForwardPending(std::vector<float>* last_logits) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<TurnResult> Conversation::Generate(
-    int max_new_tokens, std::string_view intent,
-    const std::function<void(std::string_view)>& on_text, std::string_view answer_prefix) {
-  if (max_new_tokens <= 0) return absl::InvalidArgumentError("max_new_tokens must be positive");
+bool Conversation::IsEndOfTurn(int32_t id) const {
+  return id == end_of_turn_id_ || id == m_->tokenizer->eos_id();
+}
+
+absl::Status Conversation::BeginGeneratedTurn(std::string_view intent,
+                                              std::string_view answer_prefix,
+                                              std::vector<float>* logits, TurnResult* r) {
   if (absl::Status s = store_->BeginTurn(TurnInfo{turn_, Role::kAssistant, std::string(intent)});
       !s.ok()) {
     return s;
@@ -173,22 +176,47 @@ absl::StatusOr<TurnResult> Conversation::Generate(
   chat_.AddGenerationPrompt(turn_, &prompt);
   Queue(prompt);
   if (!answer_prefix.empty()) Queue(m_->tokenizer->Encode(answer_prefix, false), Role::kAssistant);
-  TurnResult r;
-  std::vector<float> logits;
-  if (absl::Status s = Flush(&logits); !s.ok()) return s;
+  if (absl::Status s = Flush(logits); !s.ok()) return s;
   // Everything prefilled since the last turn: messages flushed early for an
   // intent probe count here, as they would had they waited for this flush.
-  r.prompt_tokens = static_cast<int>(std::exchange(prefilled_tokens_, 0));
-  r.prefill_seconds = std::exchange(prefill_seconds_, 0.0);
+  r->prompt_tokens = static_cast<int>(std::exchange(prefilled_tokens_, 0));
+  r->prefill_seconds = std::exchange(prefill_seconds_, 0.0);
+  return absl::OkStatus();
+}
+
+void Conversation::EndGeneratedTurn(TurnResult* r) {
+  r->text = m_->tokenizer->Decode(r->tokens, /*skip_special=*/true);
+  // These tokens are prefilled with the next message.
+  if (r->stop == "length" && !r->tokens.empty()) {
+    pending_.push_back(TokenMeta{r->tokens.back(), next_position_++, turn_, Role::kAssistant});
+  }
+  pending_.push_back(TokenMeta{end_of_turn_id_, next_position_++, turn_, Role::kAssistant});
+  std::vector<TaggedToken> after;
+  chat_.AddAfterGeneratedTurn(turn_, &after);
+  Queue(after);
+  ++turn_;
+  r->cached_tokens = store_->num_slots();
+}
+
+absl::StatusOr<TurnResult> Conversation::Generate(
+    int max_new_tokens, std::string_view intent,
+    const std::function<void(std::string_view)>& on_text, std::string_view answer_prefix,
+    const StepLogitsFn& on_logits) {
+  if (max_new_tokens <= 0) return absl::InvalidArgumentError("max_new_tokens must be positive");
+  TurnResult r;
+  std::vector<float> logits;
+  if (absl::Status s = BeginGeneratedTurn(intent, answer_prefix, &logits, &r); !s.ok()) return s;
 
   double t0 = Now();
   size_t printed = 0;
   r.stop = "length";
   for (int i = 0; i < max_new_tokens; ++i) {
+    if (on_logits) on_logits(i, logits);
     const int32_t id = sampler_.Sample(logits);
     ++r.completion_tokens;
-    if (id == end_of_turn_id_ || id == m_->tokenizer->eos_id()) {
+    if (IsEndOfTurn(id)) {
       r.stop = "eos";
+      r.stop_token = id;
       break;
     }
     r.tokens.push_back(id);
@@ -208,19 +236,58 @@ absl::StatusOr<TurnResult> Conversation::Generate(
     ++r.decode_steps;
   }
   r.decode_seconds = Now() - t0;
-  r.text = m_->tokenizer->Decode(r.tokens, /*skip_special=*/true);
+  EndGeneratedTurn(&r);
   if (on_text && r.text.size() > printed) on_text(std::string_view(r.text).substr(printed));
-  // Close the turn as the template would have rendered it; these tokens are
-  // prefilled with the next message.
-  if (r.stop == "length" && !r.tokens.empty()) {
-    pending_.push_back(TokenMeta{r.tokens.back(), next_position_++, turn_, Role::kAssistant});
+  return r;
+}
+
+absl::StatusOr<TurnResult> Conversation::ForceTurn(const std::vector<int32_t>& targets,
+                                                   std::string_view intent,
+                                                   std::string_view answer_prefix,
+                                                   const StepLogitsFn& on_logits) {
+  if (targets.empty()) return absl::InvalidArgumentError("a forced turn needs tokens");
+  const int vocab = m_->model->config().vocab_size;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i] < 0 || targets[i] >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forced token ", i, " (", targets[i], ") is not in the vocabulary"));
+    }
+    if (IsEndOfTurn(targets[i]) && i + 1 != targets.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forced token ", i, " ends the turn before its last token"));
+    }
   }
-  pending_.push_back(TokenMeta{end_of_turn_id_, next_position_++, turn_, Role::kAssistant});
-  std::vector<TaggedToken> after;
-  chat_.AddAfterGeneratedTurn(turn_, &after);
-  Queue(after);
-  ++turn_;
-  r.cached_tokens = store_->num_slots();
+  TurnResult r;
+  std::vector<float> logits;
+  if (absl::Status s = BeginGeneratedTurn(intent, answer_prefix, &logits, &r); !s.ok()) return s;
+  const double t0 = Now();
+  if (on_logits) on_logits(0, logits);
+  // Every target but the last is an input, as in Generate: the last is the
+  // end-of-turn token or is fed with the next turn.
+  std::vector<TokenMeta> inputs;
+  for (size_t i = 0; i + 1 < targets.size(); ++i) {
+    inputs.push_back(TokenMeta{targets[i], next_position_++, turn_, Role::kAssistant});
+  }
+  const int chunk = std::max(1, options_.prefill_chunk);
+  std::vector<float> rows;
+  for (size_t i = 0; i < inputs.size(); i += chunk) {
+    const size_t n = std::min(inputs.size() - i, static_cast<size_t>(chunk));
+    if (absl::Status s =
+            m_->model->Forward(std::span(inputs).subspan(i, n), store_, &logits, &rows);
+        !s.ok()) {
+      return s;
+    }
+    for (size_t j = 0; on_logits && j < n; ++j) {
+      on_logits(static_cast<int>(i + j + 1),
+                std::span<const float>(rows).subspan(j * vocab, vocab));
+    }
+  }
+  r.decode_seconds = Now() - t0;
+  r.completion_tokens = static_cast<int>(targets.size());
+  r.stop = IsEndOfTurn(targets.back()) ? "eos" : "length";
+  if (r.stop == "eos") r.stop_token = targets.back();
+  r.tokens.assign(targets.begin(), targets.end() - (r.stop == "eos" ? 1 : 0));
+  EndGeneratedTurn(&r);
   return r;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,6 +53,10 @@ struct ConversationOptions {
   SamplerOptions sampler;
 };
 
+// Called with the next-token logits of each position of a generated turn,
+// before its token is chosen (step 0: after the prompt).
+using StepLogitsFn = std::function<void(int step, std::span<const float> logits)>;
+
 struct TurnResult {
   std::string text;               // Generated text, end-of-turn token excluded.
   std::vector<int32_t> tokens;    // Generated ids, end-of-turn token excluded.
@@ -62,6 +67,7 @@ struct TurnResult {
   double decode_seconds = 0;
   int decode_steps = 0;           // Forward steps of one token.
   std::string stop;               // "eos" or "length".
+  int32_t stop_token = -1;        // The token that ended an "eos" turn.
 };
 
 // Not thread-safe; one thread drives one conversation. The model, tokenizer
@@ -88,7 +94,17 @@ class Conversation {
   // model (prefilled, not generated; not part of the result's text).
   absl::StatusOr<TurnResult> Generate(int max_new_tokens, std::string_view intent = "",
                                       const std::function<void(std::string_view)>& on_text = {},
-                                      std::string_view answer_prefix = "");
+                                      std::string_view answer_prefix = "",
+                                      const StepLogitsFn& on_logits = {});
+
+  // An assistant turn whose tokens are given (teacher forcing): the turn is
+  // `targets`, which may end with the end-of-turn token (the turn then stops
+  // as "eos"), run through the model in prefill chunks instead of one token
+  // per step; `on_logits` sees what the model would have predicted before
+  // each target. The conversation then continues as if it had generated them.
+  absl::StatusOr<TurnResult> ForceTurn(const std::vector<int32_t>& targets,
+                                       std::string_view intent, std::string_view answer_prefix,
+                                       const StepLogitsFn& on_logits);
 
   // Prefills the queued tokens now; returns the last token's logits.
   absl::Status Flush(std::vector<float>* last_logits);
@@ -117,6 +133,13 @@ class Conversation {
   // Prefills what is queued, then runs the intent's tokens over the cache as
   // a probe the store does not keep.
   absl::Status ProbeIntent(std::string_view intent);
+  // A generated turn's prompt (header, answer prefix) prefilled: `logits`
+  // predicts the turn's first token.
+  absl::Status BeginGeneratedTurn(std::string_view intent, std::string_view answer_prefix,
+                                  std::vector<float>* logits, TurnResult* r);
+  // Closes the turn as the template would have rendered it.
+  void EndGeneratedTurn(TurnResult* r);
+  bool IsEndOfTurn(int32_t id) const;
 
   const LoadedModel* m_;
   KvStore* store_;

@@ -4,6 +4,8 @@
 //
 //   polykv-worker run SCRIPT.jsonl --local-cache [--max-new-tokens N] [--seed S]
 //   polykv-worker run SCRIPT.jsonl --count-tokens
+//   polykv-worker run SCRIPT.jsonl ... --logprobs-out REF.jsonl    (then, on another cache:)
+//   polykv-worker run SCRIPT.jsonl ... --teacher-force REF.jsonl   (KL and top-1 vs REF)
 //   polykv-worker chat --local-cache
 //
 // Script: one JSON object per line, {"role": "system"|"user"|"tool"|"assistant",
@@ -32,6 +34,7 @@
 #include "client/worker/conversation.h"
 #include "client/worker/json.h"
 #include "client/worker/kv_store.h"
+#include "client/worker/logprobs.h"
 #include "client/worker/paged_kv_store.h"
 #include "kernels/page_format.h"
 #if POLYKV_WORKER_WITH_POOL
@@ -64,6 +67,9 @@ struct Flags {
   int64_t max_context = 8192;
   bool summary = false;
   bool count_tokens = false;
+  std::string logprobs_out;   // Each generated turn's top-k next-token log-probabilities.
+  int logprobs_top = 64;
+  std::string teacher_force;  // A --logprobs-out file: force and score each turn.
 };
 
 int Fail(const absl::Status& s) {
@@ -159,7 +165,8 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const Flags& f, const LoadedM
 }
 
 std::string TurnJson(const Flags& f, const std::string& id, int turn, const TurnResult& r,
-                     const std::string& answer_prefix, const KvStore& store) {
+                     const std::string& answer_prefix, const KvStore& store,
+                     const ForcedSummary* forced) {
   const double pre_tps = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0;
   const double dec_tps = r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0;
   const auto round = [](double x, double unit) { return std::round(x / unit) * unit; };
@@ -181,6 +188,14 @@ std::string TurnJson(const Flags& f, const std::string& id, int turn, const Turn
                    {"kv_bytes_peak", store.peak_bytes()},
                    {"epoch", store.epoch()}};
   if (!answer_prefix.empty()) out["answer_prefix"] = answer_prefix;
+  if (forced != nullptr) {
+    out.update({{"forced", true},
+                {"forced_positions", forced->positions},
+                {"kl_mean", round(forced->kl_mean(), 1e-7)},
+                {"kl_max", round(forced->kl_max, 1e-7)},
+                {"top1_agreement", round(forced->top1_agreement(), 1e-6)},
+                {"target_logprob_mean", round(forced->target_logprob_mean(), 1e-6)}});
+  }
   return DumpJson(out);
 }
 
@@ -217,6 +232,29 @@ int RunScript(const Flags& f) {
   absl::StatusOr<std::unique_ptr<KvStore>> store = std::unique_ptr<KvStore>();
   if (!f.count_tokens) store = MakeStore(f, **m);
   if (!store.ok()) return Fail(store.status());
+  // --teacher-force: one reference turn per generated turn, in order.
+  std::vector<ReferenceTurn> forced_turns;
+  if (!f.teacher_force.empty()) {
+    std::ifstream tf(f.teacher_force);
+    if (!tf) return Fail(absl::NotFoundError(absl::StrCat(f.teacher_force, ": cannot open")));
+    std::string tline;
+    for (int n = 1; std::getline(tf, tline); ++n) {
+      if (tline.find_first_not_of(" \t\r") == std::string::npos) continue;
+      auto t = ParseReferenceTurn(tline);
+      if (!t.ok()) {
+        return Fail(absl::InvalidArgumentError(
+            absl::StrCat(f.teacher_force, ":", n, ": ", t.status().message())));
+      }
+      forced_turns.push_back(std::move(*t));
+    }
+  }
+  std::unique_ptr<std::ofstream> logprobs_out;
+  if (!f.logprobs_out.empty()) {
+    logprobs_out = std::make_unique<std::ofstream>(f.logprobs_out, std::ios::trunc);
+    if (!*logprobs_out) {
+      return Fail(absl::NotFoundError(absl::StrCat(f.logprobs_out, ": cannot write")));
+    }
+  }
   ConversationOptions co;
   co.prefill_chunk = f.prefill_chunk;
   co.intent_probe = !f.no_intent_probe;
@@ -322,9 +360,32 @@ int RunScript(const Flags& f) {
       return 0;
     }
     const int turn = conv.turns();
-    auto r = conv.Generate(max_new, intent, {}, answer_prefix);
+    ReferenceTurn record{id, {}, {}};
+    ForcedSummary forced;
+    const ReferenceTurn* ref = nullptr;
+    if (!f.teacher_force.empty()) {
+      if (static_cast<size_t>(generated) >= forced_turns.size()) {
+        return Fail(where(absl::StrCat("generated turn ", generated + 1, " has no reference in ",
+                                       f.teacher_force, " (", forced_turns.size(), " turns)")));
+      }
+      ref = &forced_turns[generated];
+    }
+    const StepLogitsFn on_logits = [&](int step, std::span<const float> logits) {
+      if (logprobs_out) record.top.push_back(TopK(logits, f.logprobs_top));
+      if (ref != nullptr) forced.Add(ScoreStep(ref->top[step], ref->targets[step], logits));
+    };
+    auto r = ref != nullptr ? conv.ForceTurn(ref->targets, intent, answer_prefix, on_logits)
+                            : conv.Generate(max_new, intent, {}, answer_prefix, on_logits);
     if (!r.ok()) return Fail(where(r.status().message()));
-    std::printf("%s\n", TurnJson(f, id, turn, *r, answer_prefix, **store).c_str());
+    if (logprobs_out) {
+      record.targets = r->tokens;
+      if (r->stop == "eos") record.targets.push_back(r->stop_token);
+      *logprobs_out << ReferenceTurnJson(record) << "\n";
+      logprobs_out->flush();
+      if (!*logprobs_out) return Fail(absl::DataLossError(absl::StrCat(f.logprobs_out, ": write failed")));
+    }
+    std::printf("%s\n", TurnJson(f, id, turn, *r, answer_prefix, **store,
+                                  ref != nullptr ? &forced : nullptr).c_str());
     std::fflush(stdout);
     ++generated;
     total_prompt += r->prompt_tokens;
@@ -434,6 +495,16 @@ int main(int argc, char** argv) {
   run->add_flag("--count-tokens", f.count_tokens,
                 "run no model: print the model's KV geometry, then each message's position (the "
                 "tokens before it); stops at the first generated turn");
+  run->add_option("--logprobs-out", f.logprobs_out,
+                  "write each generated turn's tokens and the top-k log-probabilities before each "
+                  "(JSONL, one line per turn): the reference for --teacher-force");
+  run->add_option("--logprobs-top", f.logprobs_top, "k of --logprobs-out")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  run->add_option("--teacher-force", f.teacher_force,
+                  "a --logprobs-out file: each generated turn is that turn's tokens instead of "
+                  "sampled ones, and its output says how far this cache's predictions are from "
+                  "the reference's (kl_mean, top1_agreement)");
   add_common(run);
   CLI::App* chat = app.add_subcommand("chat", "interactive chat on stdin/stdout");
   add_common(chat);

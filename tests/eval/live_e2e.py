@@ -82,6 +82,17 @@ class LiveEndToEndTest(unittest.TestCase):
                 self.assertTrue(r["output"].startswith(r["answer_prefix"]))
             self.assertEqual(ref["token_agreement"], 1.0)
             self.assertEqual(ref["compactions"], 0)
+            # Both teacher-forced on the reference's answer (its stop too):
+            # the reference's own KL is the rounding of a forced chunk
+            # against decode steps, far below a changed cache's.
+            forced = len(ref["output_tokens"]) + (ref["stop"] == "eos")
+            for r in (ref, win):
+                self.assertNotIn("forced_error", r, r.get("forced_error"))
+                self.assertEqual(r["forced_positions"], forced)
+                self.assertGreaterEqual(r["kl_mean"], 0.0)
+            self.assertLess(ref["kl_mean"], 0.05)
+            self.assertGreaterEqual(ref["top1_agreement"], 0.8)
+            self.assertTrue(os.path.exists(os.path.join(run, ref["reference_logprobs"])))
             self.assertIsNone(ref["budget_tokens"])
             # window@0.5: half the context as its QoS budget, and compacted.
             self.assertEqual(win["budget_tokens"], int(0.5 * win["context_tokens"] + 0.5))

@@ -210,9 +210,11 @@ class RecordTest(unittest.TestCase):
 
 class CompareTest(unittest.TestCase):
     def test_table(self):
-        def rec(task, config, success, tokens, agr, peak, full, mode=None, error=None):
+        def rec(task, config, success, tokens, agr, peak, full, mode=None, error=None, kl=None,
+                top1=None):
             r = {"task": task, "config": config, "success": success, "output_tokens": tokens,
-                 "token_agreement": agr, "bytes_peak": peak, "bytes_full_f16": full}
+                 "token_agreement": agr, "bytes_peak": peak, "bytes_full_f16": full,
+                 "kl_mean": kl, "top1_agreement": top1}
             if mode:
                 r["mode"] = mode
             if error:
@@ -220,22 +222,25 @@ class CompareTest(unittest.TestCase):
             return r
         h = {}
         l = {}
-        for r in [rec("a", "full@1/f16", True, [1, 2], 1.0, 100, 100),
-                  rec("b", "full@1/f16", True, [3], 1.0, 100, 100),
-                  rec("a", "h2o@0.5/f16", True, [1, 2], 1.0, 50, 100),
-                  rec("b", "h2o@0.5/f16", False, [4], 0.0, 50, 100)]:
+        for r in [rec("a", "full@1/f16", True, [1, 2], 1.0, 100, 100, kl=0.0, top1=1.0),
+                  rec("b", "full@1/f16", True, [3], 1.0, 100, 100, kl=0.0, top1=1.0),
+                  rec("a", "h2o@0.5/f16", True, [1, 2], 1.0, 50, 100, kl=0.25, top1=1.0),
+                  rec("b", "h2o@0.5/f16", False, [4], 0.0, 50, 100, kl=0.75, top1=0.5)]:
             h[(r["task"], r["config"])] = r
         for r in [rec("a", "full@1/f16", True, [1, 2], 1.0, 110, 110, "live"),
                   rec("b", "full@1/f16", True, [3], 1.0, 110, 110, "live"),
-                  rec("a", "h2o@0.5/f16", False, [1, 9], 0.5, 99, 110, "live"),
+                  rec("a", "h2o@0.5/f16", False, [1, 9], 0.5, 99, 110, "live", kl=2.0, top1=0.5),
                   rec("b", "h2o@0.5/f16", False, None, None, None, None, "live", "refused")]:
             l[(r["task"], r["config"])] = r
         header, rows = compare_live.compare(h, l)
         self.assertEqual(header[0], "config")
         self.assertEqual(rows[0], ["full@1/f16", "2", "1.000", "1.000", "1.000", "1.000",
-                                   "1.000", "1.000", "1.00", "0/0"])
+                                   "0.0000", "n/a", "1.000", "n/a", "1.000", "1.000", "1.00",
+                                   "0/0"])
+        # Live KL and top-1 over the one task that has them (b was refused).
         self.assertEqual(rows[1], ["h2o@0.5/f16", "2", "0.500", "0.000", "0.500", "0.500",
-                                   "0.500", "0.900", "0.00", "0/1"])
+                                   "0.5000", "2.0000", "0.750", "0.500", "0.500", "0.900",
+                                   "0.00", "0/1"])
 
 
 class DriverFlagsTest(unittest.TestCase):

@@ -37,10 +37,11 @@ def run_gen(*args) -> int:
         return gen.main(list(args))
 
 
-def generate(out, seed=SEED, families=OFFLINE_FAMILIES, per_family=6, lo=LO, hi=HI):
+def generate(out, seed=SEED, families=OFFLINE_FAMILIES, per_family=6, lo=LO, hi=HI,
+             split="dev"):
     rc = run_gen("--out", out, "--seed", str(seed), "--families", families,
                  "--per-family", str(per_family), "--min-tokens", str(lo), "--max-tokens", str(hi),
-                 "--data-dir", DATA_DIR)
+                 "--data-dir", DATA_DIR, "--split", split)
     assert rc == 0, rc
     with open(os.path.join(out, "manifest.json")) as f:
         return json.load(f)
@@ -99,6 +100,17 @@ class GeneratedSetTest(unittest.TestCase):
         d = os.path.join(self.tmp, "d")
         other = generate(d, seed=SEED + 1)
         self.assertFalse(any(same_bytes(self.a, d, e["file"]) for e in other))
+
+    def test_test_split_shares_no_task_with_dev(self):
+        t = os.path.join(self.tmp, "test-split")
+        test = generate(t, split="test")
+        self.assertEqual({e["split"] for e in self.manifest}, {"dev"})
+        self.assertEqual({e["split"] for e in test}, {"test"})
+        self.assertEqual(len(test), len(self.manifest))
+        dev_contexts = {context_text(lines) for _, lines in self.tasks.values()}
+        for e in test:
+            self.assertFalse(same_bytes(self.a, t, e["file"]), e["file"])
+            self.assertNotIn(context_text(load(t, e)), dev_contexts, e["file"])
 
     def test_sizes_within_range(self):
         for tid, (e, lines) in self.tasks.items():
@@ -277,6 +289,18 @@ class DataFamiliesTest(unittest.TestCase):
         for fam, key in (("bfcl", "bfcl_id"), ("humaneval", "task_id")):
             ids = [lines[-1]["eval"][key] for tid, (e, lines) in self.tasks.items() if e["family"] == fam]
             self.assertEqual(len(ids), len(set(ids)), fam)
+
+    def test_splits_share_no_public_problem(self):
+        t = os.path.join(self.tmp, "test-split")
+        test = generate(t, families="bfcl,humaneval", per_family=6, split="test")
+        for fam, key in (("bfcl", "bfcl_id"), ("humaneval", "task_id")):
+            ids = {}
+            for split, man, d in (("dev", self.manifest, self.tmp), ("test", test, t)):
+                ids[split] = {load(d, e)[-1]["eval"][key] for e in man if e["family"] == fam}
+                self.assertEqual(len(ids[split]), 6, (fam, split))
+                for i in ids[split]:
+                    self.assertEqual(common.problem_split(i), split, (fam, i))
+            self.assertFalse(ids["dev"] & ids["test"], fam)
 
     def test_bfcl_values_are_copyable(self):
         for tid, (e, lines) in self.tasks.items():

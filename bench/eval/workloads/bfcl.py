@@ -42,7 +42,7 @@ import os
 import random
 
 import data
-from common import HARD_CAP_TOKENS, Conversation, Task, task_seed
+from common import HARD_CAP_TOKENS, Conversation, Task, problem_split, task_seed
 
 FAMILY = "bfcl"
 CLASS_DOCS = {
@@ -148,7 +148,8 @@ def generate(rng: random.Random, task_id: str, seed: int, target: int, ctx: dict
         # One permutation of the usable conversations per run, so the tasks of
         # a run are distinct conversations while there are enough.
         order = [i for i, e in enumerate(ds["entries"])
-                 if (d := _docs_by_name(ds, e)) and _candidate_turns(e, ds["answers"][e["id"]], d)]
+                 if problem_split(e["id"]) == ctx["split"]
+                 and (d := _docs_by_name(ds, e)) and _candidate_turns(e, ds["answers"][e["id"]], d)]
         random.Random(task_seed(ctx["run_seed"], FAMILY, -2)).shuffle(order)
         cache["bfcl_order"] = order
     ds, order = cache["bfcl"], cache["bfcl_order"]

@@ -53,6 +53,27 @@ def est_tokens(text: str) -> int:
     return math.ceil(n)
 
 
+# Policies and their defaults are tuned on "dev"; headlines come from "test"
+# only. The two never share a task: generated families draw from different
+# run seeds, data families (bfcl, humaneval) from disjoint halves of the
+# public problems.
+SPLITS = ("dev", "test")
+
+
+def split_run_seed(seed: int, split: str) -> int:
+    """The run seed the generators use: --seed itself for dev (so the
+    generated families' dev tasks are those of the runs before splits
+    existed), a seed derived from it for test."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r} (choose from {', '.join(SPLITS)})")
+    return seed if split == "dev" else task_seed(seed, "split:test", 0)
+
+
+def problem_split(key: str) -> str:
+    """Which split a public problem (its id) belongs to, for any seed."""
+    return SPLITS[hashlib.sha256(f"polykv-split:{key}".encode()).digest()[0] & 1]
+
+
 def task_seed(seed: int, family: str, index: int) -> int:
     """A per-task seed that does not depend on which other families run."""
     digest = hashlib.sha256(f"polykv-eval:{seed}:{family}:{index}".encode()).digest()

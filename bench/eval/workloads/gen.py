@@ -39,7 +39,8 @@ import humaneval  # noqa: E402
 import multiagent  # noqa: E402
 import recall  # noqa: E402
 import tools  # noqa: E402
-from common import HARD_CAP_TOKENS, size_targets, task_seed, write_task  # noqa: E402
+from common import (HARD_CAP_TOKENS, SPLITS, size_targets, split_run_seed, task_seed,  # noqa: E402
+                    write_task)
 
 FAMILIES = ["recall", "coding", "tools", "bfcl", "humaneval", "multiagent"]
 SIMPLE = {"recall": recall.generate, "coding": coding.generate, "tools": tools.generate}
@@ -49,24 +50,26 @@ MAX_TARGET = HARD_CAP_TOKENS - 200
 
 
 def generate_family(family: str, args, data_dir: str, cache: dict) -> list:
+    run_seed = split_run_seed(args.seed, args.split)
     if family == "multiagent":
         groups = math.ceil(args.per_family / multiagent.AGENTS_PER_GROUP)
         # Whole groups are generated (agent a of a group is the same task for
         # any count), then cut to the count asked for: a quick run may take
         # only the first few agents of one group.
         return [t for g in range(groups)
-                for t in multiagent.generate_group(args.seed, g, args.min_tokens, args.max_tokens)
+                for t in multiagent.generate_group(run_seed, g, args.min_tokens, args.max_tokens)
                 ][:args.per_family]
-    targets = size_targets(args.seed, family, args.per_family, args.min_tokens, args.max_tokens)
+    targets = size_targets(run_seed, family, args.per_family, args.min_tokens, args.max_tokens)
     tasks = []
     for i, target in enumerate(targets):
-        seed = task_seed(args.seed, family, i)
+        seed = task_seed(run_seed, family, i)
         rng = random.Random(seed)
         task_id = f"{family}-{i:03d}"
         if family in SIMPLE:
             tasks.append(SIMPLE[family](rng, task_id, seed, target))
         else:
-            ctx = {"index": i, "data_dir": data_dir, "run_seed": args.seed, "cache": cache}
+            ctx = {"index": i, "data_dir": data_dir, "run_seed": run_seed, "split": args.split,
+                   "cache": cache}
             tasks.append(WITH_DATA[family](rng, task_id, seed, target, ctx))
     return tasks
 
@@ -77,6 +80,9 @@ def parse_args(argv):
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output directory (created if missing)")
     ap.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
+    ap.add_argument("--split", choices=SPLITS, default="dev",
+                    help="dev (tune policies here) or test (report from here): no task and no "
+                    "public problem is in both (default dev)")
     ap.add_argument("--families", default=",".join(FAMILIES),
                     help=f"comma-separated subset of {','.join(FAMILIES)} (default all)")
     ap.add_argument("--per-family", type=int, default=8,
@@ -117,7 +123,8 @@ def main(argv=None) -> int:
         for t in tasks:
             entry = {"task_id": t.task_id, "family": fam, "file": write_task(args.out, t),
                      "approx_tokens": t.approx_tokens, "seed": t.seed,
-                     "scorer": t.eval["scorer"], "max_new_tokens": t.max_new_tokens}
+                     "scorer": t.eval["scorer"], "max_new_tokens": t.max_new_tokens,
+                     "split": args.split}
             entry.update(t.extra_manifest)
             manifest.append(entry)
         sizes = [t.approx_tokens for t in tasks]

@@ -30,7 +30,7 @@ import random
 
 import data
 import filler
-from common import Conversation, Task, task_seed
+from common import Conversation, Task, problem_split, task_seed
 
 FAMILY = "humaneval"
 SYSTEM = "You are a helpful assistant and an expert Python programmer."
@@ -46,7 +46,8 @@ def generate(rng: random.Random, task_id: str, seed: int, target: int, ctx: dict
     cache = ctx["cache"]
     if "humaneval" not in cache:
         cache["humaneval"] = load(ctx["data_dir"])
-        cache["humaneval_order"] = list(range(len(cache["humaneval"])))
+        cache["humaneval_order"] = [i for i, p in enumerate(cache["humaneval"])
+                                    if problem_split(p["task_id"]) == ctx["split"]]
         random.Random(task_seed(ctx["run_seed"], FAMILY, -2)).shuffle(cache["humaneval_order"])
     problems, order = cache["humaneval"], cache["humaneval_order"]
     p = problems[order[ctx["index"] % len(order)]]
