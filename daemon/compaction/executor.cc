@@ -59,6 +59,7 @@ absl::StatusOr<CompactionGroups> LowerPlan(const policies::SessionView& view,
   out.weights = std::move(lowered->weights);
   out.evicted_tokens = lowered->evicted_tokens;
   out.merged_tokens = lowered->merged_tokens;
+  out.log_count_bias = plan.log_count_bias;
   out.slots.reserve(lowered->num_out());
   for (size_t j = 0; j < lowered->num_out(); ++j) {
     SlotRecord rec = slots[lowered->sources[j]];

@@ -79,6 +79,9 @@ struct CompactionGroups {
   std::vector<kernels::PageFormat> block_k_formats, block_v_formats;
   uint64_t evicted_tokens = 0;         // tokens dropped (multiplicity counted)
   uint64_t merged_tokens = 0;          // tokens folded into another slot
+  // Plan::log_count_bias: whether the worker's attention weighs a merged
+  // slot by its count (merge.bias=1) or as one token.
+  bool log_count_bias = true;
   int num_out() const { return static_cast<int>(slots.size()); }
 };
 

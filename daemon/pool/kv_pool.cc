@@ -359,7 +359,7 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
       out.slot_counts.reserve(s.policy.slots.size());
       for (const SlotRecord& r : s.policy.slots) {
         out.slot_positions.push_back(r.meta.position);
-        out.slot_counts.push_back(r.count);
+        out.slot_counts.push_back(s.policy.log_count_bias ? r.count : 1);
       }
     }
     out.new_arenas = blocks_.NewArenas(s.tenant(), s.known_arenas);
@@ -598,6 +598,7 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
   t.pending_epoch = t.epoch;
   t.committed_tokens = static_cast<uint64_t>(plan->groups.num_out());
   s.policy.slots = std::move(plan->groups.slots);
+  s.policy.log_count_bias = plan->groups.log_count_bias;
   s.policy.want_tokens = 0;
   s.busy = false;
   ++compactions_[policy_name];

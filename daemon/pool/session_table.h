@@ -55,6 +55,10 @@ struct BlockTables {
 // What the policy ranks: one record per committed token.
 struct PolicyInputs {
   std::vector<SlotRecord> slots;  // [committed_tokens]
+  // The last compaction's Plan::log_count_bias: false (merge.bias=0) sends
+  // the worker counts of 1, so a merged slot attends as one token; the
+  // records keep their true counts for the next plan.
+  bool log_count_bias = true;
   int64_t next_position = 0;      // logical position of the next committed token
   int32_t current_turn = 0;
   uint64_t want_tokens = 0;       // compaction target asked by the ladder; 0 = none

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -16,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "daemon/compaction/executor.h"
 #include "daemon/compaction/pressure_ladder.h"
 #include "daemon/pool/kv_pool.h"
@@ -398,6 +400,49 @@ TEST_F(CompactionTest, MergingPoliciesReadKeysFromThePages) {
     EXPECT_EQ(k[1 - parity], 0.f) << "slot " << slot << " merged keys of both parities";
   }
   EXPECT_GT(merged, 0);
+  Check();
+}
+
+uint64_t TotalMergedTokens(const KvPool& pool) {
+  uint64_t n = 0;
+  for (const auto& [name, tokens] : pool.Stats().merged_tokens_by_policy) n += tokens;
+  return n;
+}
+
+// merge.bias=0: the same merges, but the worker is told every slot counts
+// once (its attention then adds no log-count bias), as the harness lowers it.
+TEST_F(CompactionTest, MergeWithoutBiasSendsCountsOfOne) {
+  pattern_ = [](int64_t pos, int layer, bool value, int h, int d) {
+    if (value) return Pattern(pos, layer, value, h, d);
+    return d == int(pos % 2) ? 1.f : 0.f;
+  };
+  for (const char* policy : {"merge{window.size=8}", "merge{window.size=8,merge.bias=0}"}) {
+    const std::string agent = absl::StrCat("a", std::string(policy).size());
+    SetQos(agent, policy, 32);
+    Sess s = Open(agent);
+    ASSERT_TRUE(Append(s, 64).ok());
+    ReportSlotsRequest r;
+    r.slots.resize(64);
+    for (auto& m : r.slots) m.tag.block_id = 1;
+    ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
+    const uint64_t merged_before = TotalMergedTokens(*pool_);
+    // Not the fixture's Sync: its content check tells merged slots by their
+    // counts, which are what this test takes away.
+    auto reply = pool_->Sync(s.id, s.token, peer_, s.epoch);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    ASSERT_TRUE(reply->changed) << policy;
+    EXPECT_EQ(reply->committed_tokens, 32u) << policy;
+    ASSERT_EQ(reply->slot_counts.size(), 32u);
+    EXPECT_GT(TotalMergedTokens(*pool_), merged_before) << policy << ": merged nothing";
+    const bool bias = std::string(policy).find("merge.bias=0") == std::string::npos;
+    const uint32_t most = *std::max_element(reply->slot_counts.begin(), reply->slot_counts.end());
+    if (bias) {
+      EXPECT_GT(most, 1u) << policy;
+    } else {
+      EXPECT_EQ(most, 1u) << policy;
+    }
+    ASSERT_TRUE(pool_->Ack(s.id, s.token, peer_, reply->epoch).ok());
+  }
   Check();
 }
 
