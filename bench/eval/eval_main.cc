@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> task_paths;
   std::string configs_text, configs_file, out_path, model_path = worker::DefaultModelPath();
   int threads = 2, prefill_chunk = 128, default_max_new = 64, limit = 0;
-  bool resume = false, no_teacher_force = false;
+  bool resume = false, no_teacher_force = false, no_batch_decode = false;
   int logprobs_top = 64;
   app.add_option("--tasks", task_paths, "task files (*.jsonl) or directories of them")->required();
   app.add_option("--configs", configs_text,
@@ -86,6 +86,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-teacher-force", no_teacher_force,
                "answer only: do not also force each configuration on the reference's answer "
                "(kl_mean, top1_agreement)");
+  app.add_flag("--no-batch-decode", no_batch_decode,
+               "decode each configuration's answer on its own thread instead of all in one batch "
+               "(the same tokens; slower)");
   app.add_option("--logprobs-top", logprobs_top,
                  "the reference's top-k log-probabilities per position that KL is taken over")
       ->capture_default_str()->check(CLI::Range(1, 4096));
@@ -162,6 +165,7 @@ int main(int argc, char** argv) {
   ro.prefill_chunk = prefill_chunk;
   ro.teacher_force = !no_teacher_force;
   ro.logprobs_top = logprobs_top;
+  ro.batch_decode = !no_batch_decode;
   int failed = 0, ran = 0;
   size_t to_run = 0;
   for (const eval::Task& task : tasks) to_run += done.count(task.file) == 0;

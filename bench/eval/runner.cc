@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -165,45 +166,62 @@ absl::StatusOr<std::vector<std::string>> RunTask(
   // as decoded and as forced; the configurations are scored against the
   // forced one (client/worker/logprobs.h says why).
   worker::ReferenceTurn decoded_turn, reference_turn;
+  // A configuration's compressed cache and the conversation that answers on
+  // it, its question queued.
+  struct Prepared {
+    absl::StatusOr<Compressed> compressed = absl::UnknownError("not compressed");
+    std::optional<worker::Conversation> fork;
+  };
+  const auto prepare = [&](const CacheConfig& c, Outcome* o) {
+    Prepared p;
+    const double tc = Now();
+    p.compressed = compress(c);
+    if (!p.compressed.ok()) {
+      o->status = p.compressed.status();
+      return p;
+    }
+    o->compaction_ms = (Now() - tc) * 1e3;
+    o->kept_slots_mean = p.compressed->sel.kept_slots_mean;
+    o->merged_groups = p.compressed->sel.merged_groups;
+    o->requant_blocks = p.compressed->sel.requant_blocks;
+    o->bytes_context = p.compressed->store->bytes();
+    p.fork.emplace(conv.Fork(p.compressed->store.get()));
+    if (task.has_question) {
+      o->status =
+          p.fork->AddMessage(task.question.role, task.question.content, task.question.intent);
+    }
+    return p;
+  };
+  const auto finish = [&](const absl::StatusOr<worker::TurnResult>& r, const Prepared& p,
+                          Outcome* o) {
+    if (!r.ok()) {
+      o->status = r.status();
+      return;
+    }
+    o->tokens = r->tokens;
+    // The answer as the turn reads (what the scorer checks).
+    o->text = task.generation.answer_prefix + r->text;
+    o->stop = r->stop;
+    o->question_tokens = r->prompt_tokens;
+    o->bytes_peak = p.compressed->store->bytes();
+    o->decode_tps = r->decode_seconds > 0 ? r->decode_steps / r->decode_seconds : 0;
+  };
+  // Answers one configuration on its own; `record`: it is the reference.
   const auto run = [&](const CacheConfig& c, bool record) {
     Outcome o;
-    const double tc = Now();
-    auto compressed = compress(c);
-    if (!compressed.ok()) {
-      o.status = compressed.status();
-      return o;
-    }
-    o.compaction_ms = (Now() - tc) * 1e3;
-    o.kept_slots_mean = compressed->sel.kept_slots_mean;
-    o.merged_groups = compressed->sel.merged_groups;
-    o.requant_blocks = compressed->sel.requant_blocks;
-    o.bytes_context = compressed->store->bytes();
-    worker::Conversation fork = conv.Fork(compressed->store.get());
-    if (task.has_question) {
-      o.status = fork.AddMessage(task.question.role, task.question.content, task.question.intent);
-      if (!o.status.ok()) return o;
-    }
+    Prepared p = prepare(c, &o);
+    if (!o.status.ok()) return o;
     const worker::StepLogitsFn on_logits = [&](int, std::span<const float> logits) {
       decoded_turn.top.push_back(worker::TopK(logits, options.logprobs_top));
     };
-    auto r = fork.Generate(task.generation.max_new_tokens, task.generation.intent, {},
-                           task.generation.answer_prefix,
-                           record ? on_logits : worker::StepLogitsFn{});
-    if (!r.ok()) {
-      o.status = r.status();
-      return o;
-    }
-    o.tokens = r->tokens;
-    if (record) {
+    auto r = p.fork->Generate(task.generation.max_new_tokens, task.generation.intent, {},
+                              task.generation.answer_prefix,
+                              record ? on_logits : worker::StepLogitsFn{});
+    finish(r, p, &o);
+    if (record && r.ok()) {
       decoded_turn.targets = r->tokens;
       if (r->stop == "eos") decoded_turn.targets.push_back(r->stop_token);
     }
-    // The answer as the turn reads (what the scorer checks).
-    o.text = task.generation.answer_prefix + r->text;
-    o.stop = r->stop;
-    o.question_tokens = r->prompt_tokens;
-    o.bytes_peak = compressed->store->bytes();
-    o.decode_tps = r->decode_seconds > 0 ? r->decode_steps / r->decode_seconds : 0;
     return o;
   };
   // The same compression again, answering with the reference's tokens,
@@ -245,26 +263,64 @@ absl::StatusOr<std::vector<std::string>> RunTask(
   if (progress) progress({"config", 1, static_cast<int>(configs.size())});
   // Each configuration on one thread; BLAS single-threaded under them.
   openblas_set_num_threads(1);
-  std::atomic<size_t> next{1};
-  std::atomic<int> done{1};
   std::mutex mu;
-  const auto worker_loop = [&] {
-    for (size_t i = next++; i < configs.size(); i = next++) {
-      outcomes[i] = run(configs[i], /*record=*/false);
-      if (options.teacher_force && outcomes[i].status.ok()) {
-        force(configs[i], reference_turn, &outcomes[i], nullptr);
-      }
-      const int d = ++done;
-      if (progress) {
-        std::lock_guard<std::mutex> lock(mu);
-        progress({"config", d, static_cast<int>(configs.size())});
-      }
+  std::atomic<int> done{1};
+  const auto report = [&] {
+    const int d = ++done;
+    if (progress) {
+      std::lock_guard<std::mutex> lock(mu);
+      progress({"config", d, static_cast<int>(configs.size())});
     }
   };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker_loop);
-  worker_loop();
-  for (auto& t : pool) t.join();
+  // Runs fn(i) for every configuration i >= 1 on `threads` threads.
+  const auto for_configs = [&](const std::function<void(size_t)>& fn) {
+    std::atomic<size_t> next{1};
+    const auto loop = [&] {
+      for (size_t i = next++; i < configs.size(); i = next++) fn(i);
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(loop);
+    loop();
+    for (auto& t : pool) t.join();
+  };
+  const auto force_config = [&](size_t i) {
+    if (options.teacher_force && outcomes[i].status.ok()) {
+      force(configs[i], reference_turn, &outcomes[i], nullptr);
+    }
+  };
+  if (options.batch_decode) {
+    // Caches and questions on threads; then every answer decoded together,
+    // one ForwardBatch per step (the model's products use the threads).
+    // (Held by pointer: a Conversation is not assignable.)
+    std::vector<std::unique_ptr<Prepared>> prepared(configs.size());
+    for_configs([&](size_t i) {
+      prepared[i] = std::make_unique<Prepared>(prepare(configs[i], &outcomes[i]));
+    });
+    std::vector<worker::Conversation*> convs;
+    std::vector<size_t> index;
+    for (size_t i = 1; i < configs.size(); ++i) {
+      if (!outcomes[i].status.ok()) continue;
+      convs.push_back(&*prepared[i]->fork);
+      index.push_back(i);
+    }
+    const auto results = worker::Conversation::GenerateBatch(
+        convs, task.generation.max_new_tokens, task.generation.intent,
+        task.generation.answer_prefix);
+    for (size_t j = 0; j < index.size(); ++j) {
+      finish(results[j], *prepared[index[j]], &outcomes[index[j]]);
+    }
+    prepared.clear();
+    for_configs([&](size_t i) {
+      force_config(i);
+      report();
+    });
+  } else {
+    for_configs([&](size_t i) {
+      outcomes[i] = run(configs[i], /*record=*/false);
+      force_config(i);
+      report();
+    });
+  }
 
   const kernels::PageShape ps{kEvalBlockTokens, mc.num_kv_heads, mc.head_dim};
   const double bytes_per_token_f16 =

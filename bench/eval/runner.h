@@ -24,6 +24,9 @@ struct RunnerOptions {
   // reference's answer (client/worker/logprobs.h): kl_mean, top1_agreement.
   bool teacher_force = true;
   int logprobs_top = 64;    // the reference's top-k per position
+  // The configurations' answers decoded together (Conversation::
+  // GenerateBatch: the same tokens, the weights read once per step for all).
+  bool batch_decode = true;
 };
 
 struct TaskProgress {

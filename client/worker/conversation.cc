@@ -213,13 +213,8 @@ absl::StatusOr<TurnResult> Conversation::Generate(
   for (int i = 0; i < max_new_tokens; ++i) {
     if (on_logits) on_logits(i, logits);
     const int32_t id = sampler_.Sample(logits);
-    ++r.completion_tokens;
-    if (IsEndOfTurn(id)) {
-      r.stop = "eos";
-      r.stop_token = id;
-      break;
-    }
-    r.tokens.push_back(id);
+    const bool more = Accept(id, i, max_new_tokens, &r);
+    if (r.stop == "eos") break;
     if (on_text) {
       const std::string text = m_->tokenizer->Decode(r.tokens, /*skip_special=*/true);
       const size_t ready = CompleteUtf8Prefix(text);
@@ -228,7 +223,7 @@ absl::StatusOr<TurnResult> Conversation::Generate(
         printed = ready;
       }
     }
-    if (i + 1 == max_new_tokens) break;  // The last token is fed with the next turn.
+    if (!more) break;
     const TokenMeta meta{id, next_position_++, turn_, Role::kAssistant};
     if (absl::Status s = m_->model->Forward(std::span(&meta, 1), store_, &logits); !s.ok()) {
       return s;
@@ -239,6 +234,86 @@ absl::StatusOr<TurnResult> Conversation::Generate(
   EndGeneratedTurn(&r);
   if (on_text && r.text.size() > printed) on_text(std::string_view(r.text).substr(printed));
   return r;
+}
+
+bool Conversation::Accept(int32_t id, int step, int max_new_tokens, TurnResult* r) const {
+  ++r->completion_tokens;
+  if (IsEndOfTurn(id)) {
+    r->stop = "eos";
+    r->stop_token = id;
+    return false;
+  }
+  r->tokens.push_back(id);
+  return step + 1 < max_new_tokens;  // The last token is fed with the next turn.
+}
+
+std::vector<absl::StatusOr<TurnResult>> Conversation::GenerateBatch(
+    std::span<Conversation* const> convs, int max_new_tokens, std::string_view intent,
+    std::string_view answer_prefix) {
+  const size_t n = convs.size();
+  std::vector<absl::StatusOr<TurnResult>> out(n, TurnResult{});
+  if (max_new_tokens <= 0) {
+    out.assign(n, absl::InvalidArgumentError("max_new_tokens must be positive"));
+    return out;
+  }
+  std::vector<std::vector<float>> logits(n);
+  std::vector<bool> active(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    Conversation* c = convs[i];
+    if (c->m_ != convs[0]->m_) {
+      out[i] = absl::InvalidArgumentError("GenerateBatch: conversations of different models");
+      continue;
+    }
+    if (absl::Status s = c->BeginGeneratedTurn(intent, answer_prefix, &logits[i], &*out[i]);
+        !s.ok()) {
+      out[i] = s;
+      continue;
+    }
+    out[i]->stop = "length";
+    active[i] = true;
+  }
+  const int vocab = n > 0 ? convs[0]->m_->model->config().vocab_size : 0;
+  std::vector<TokenMeta> metas;
+  std::vector<KvStore*> stores;
+  std::vector<size_t> rows;
+  std::vector<float> all;
+  for (int step = 0; step < max_new_tokens; ++step) {
+    metas.clear();
+    stores.clear();
+    rows.clear();
+    for (size_t i = 0; i < n; ++i) {
+      if (!active[i]) continue;
+      Conversation* c = convs[i];
+      const int32_t id = c->sampler_.Sample(logits[i]);
+      if (!c->Accept(id, step, max_new_tokens, &*out[i])) {
+        active[i] = false;
+        continue;
+      }
+      metas.push_back(TokenMeta{id, c->next_position_++, c->turn_, Role::kAssistant});
+      stores.push_back(c->store_);
+      rows.push_back(i);
+    }
+    if (rows.empty()) break;
+    const double t0 = Now();
+    absl::Status s = convs[0]->m_->model->ForwardBatch(metas, stores, &all);
+    const double dt = Now() - t0;
+    for (size_t j = 0; j < rows.size(); ++j) {
+      TurnResult& r = *out[rows[j]];
+      r.decode_seconds += dt;
+      if (!s.ok()) {
+        out[rows[j]] = s;
+        active[rows[j]] = false;
+        continue;
+      }
+      logits[rows[j]].assign(all.begin() + static_cast<std::ptrdiff_t>(j) * vocab,
+                             all.begin() + static_cast<std::ptrdiff_t>(j + 1) * vocab);
+      ++r.decode_steps;
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (out[i].ok()) convs[i]->EndGeneratedTurn(&*out[i]);
+  }
+  return out;
 }
 
 absl::StatusOr<TurnResult> Conversation::ForceTurn(const std::vector<int32_t>& targets,

@@ -97,6 +97,15 @@ class Conversation {
                                       std::string_view answer_prefix = "",
                                       const StepLogitsFn& on_logits = {});
 
+  // Generate() for several conversations at once, each on its own store
+  // (same model): their tokens go through one LlamaModel::ForwardBatch per
+  // step, so the weights are read once for all of them. Each result is what
+  // that conversation's own Generate() would give, token for token; its
+  // decode_seconds is the batch's time while it took part.
+  static std::vector<absl::StatusOr<TurnResult>> GenerateBatch(
+      std::span<Conversation* const> convs, int max_new_tokens, std::string_view intent = "",
+      std::string_view answer_prefix = "");
+
   // An assistant turn whose tokens are given (teacher forcing): the turn is
   // `targets`, which may end with the end-of-turn token (the turn then stops
   // as "eos"), run through the model in prefill chunks instead of one token
@@ -140,6 +149,9 @@ class Conversation {
   // Closes the turn as the template would have rendered it.
   void EndGeneratedTurn(TurnResult* r);
   bool IsEndOfTurn(int32_t id) const;
+  // Takes token `id`, chosen at `step`, into the turn: true when it is to
+  // be fed back to the model (the turn goes on).
+  bool Accept(int32_t id, int step, int max_new_tokens, TurnResult* r) const;
 
   const LoadedModel* m_;
   KvStore* store_;

@@ -207,9 +207,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(std::shared_ptr<con
 }
 
 void LlamaModel::Project(const WeightMatrix& w, const float* x, int n, float* y, bool accumulate,
-                         Activations mode) const {
+                         Activations mode, bool rows_apart) const {
   if (n == 1) {
     w.MatVec(x, y, accumulate, mode, options_.threads);
+  } else if (rows_apart) {
+    w.MatVecBatch(x, n, y, accumulate, mode, options_.threads);
   } else {
     w.MatMul(x, n, y, accumulate ? 1.0f : 0.0f, options_.threads);
   }
@@ -218,14 +220,43 @@ void LlamaModel::Project(const WeightMatrix& w, const float* x, int n, float* y,
 absl::Status LlamaModel::Forward(std::span<const TokenMeta> tokens, KvStore* store,
                                  std::vector<float>* last_logits,
                                  std::vector<float>* all_logits) const {
+  KvStore* const stores[] = {store};
+  return Run(tokens, stores, last_logits, all_logits);
+}
+
+absl::Status LlamaModel::ForwardBatch(std::span<const TokenMeta> tokens,
+                                      std::span<KvStore* const> stores,
+                                      std::vector<float>* logits) const {
+  if (tokens.size() != stores.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: ", tokens.size(), " tokens for ",
+                                                   stores.size(), " stores"));
+  }
+  for (size_t i = 0; i < stores.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (stores[i] == stores[j]) {
+        return absl::InvalidArgumentError("ForwardBatch: one store twice (one token per store)");
+      }
+    }
+  }
+  return Run(tokens, stores, nullptr, logits);
+}
+
+absl::Status LlamaModel::Run(std::span<const TokenMeta> tokens, std::span<KvStore* const> stores,
+                             std::vector<float>* last_logits,
+                             std::vector<float>* all_logits) const {
   const ModelConfig& c = config_;
   const int n = static_cast<int>(tokens.size());
   if (n == 0) return absl::InvalidArgumentError("Forward with no tokens");
-  const KvShape& ks = store->shape();
-  if (ks.num_layers != c.num_layers || ks.num_kv_heads != c.num_kv_heads ||
-      ks.head_dim != c.head_dim) {
-    return absl::InvalidArgumentError("KV store shape does not match the model");
+  for (KvStore* store : stores) {
+    if (store == nullptr) return absl::InvalidArgumentError("Forward without a KV store");
+    const KvShape& ks = store->shape();
+    if (ks.num_layers != c.num_layers || ks.num_kv_heads != c.num_kv_heads ||
+        ks.head_dim != c.head_dim) {
+      return absl::InvalidArgumentError("KV store shape does not match the model");
+    }
   }
+  // One store per row: decode steps of different sequences.
+  const bool apart = stores.size() > 1;
   for (const TokenMeta& t : tokens) {
     if (t.token_id < 0 || t.token_id >= c.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("token id ", t.token_id, " out of range"));
@@ -242,17 +273,21 @@ absl::Status LlamaModel::Forward(std::span<const TokenMeta> tokens, KvStore* sto
   }
   // Decode steps take the configured (fast) numerics; prefill stays exact,
   // down to the last token's logits.
-  const Activations mode = n == 1 ? options_.decode : Activations::kF32;
-  RETURN_IF_ERROR_(store->BeginStep(tokens));
+  const Activations mode = n == 1 || apart ? options_.decode : Activations::kF32;
+  if (apart) {
+    for (int i = 0; i < n; ++i) RETURN_IF_ERROR_(stores[i]->BeginStep(tokens.subspan(i, 1)));
+  } else {
+    RETURN_IF_ERROR_(stores[0]->BeginStep(tokens));
+  }
   for (int l = 0; l < c.num_layers; ++l) {
     const Layer& L = layers_[l];
     for (int i = 0; i < n; ++i) {
       RmsNorm(&x[static_cast<size_t>(i) * hd], L.attn_norm.data(), hd, c.rms_eps,
               &hbuf[static_cast<size_t>(i) * hd]);
     }
-    Project(L.q, hbuf.data(), n, q.data(), false, mode);
-    Project(L.k, hbuf.data(), n, k.data(), false, mode);
-    Project(L.v, hbuf.data(), n, v.data(), false, mode);
+    Project(L.q, hbuf.data(), n, q.data(), false, mode, apart);
+    Project(L.k, hbuf.data(), n, k.data(), false, mode, apart);
+    Project(L.v, hbuf.data(), n, v.data(), false, mode, apart);
     AddBias(q.data(), L.q_bias, n);
     AddBias(k.data(), L.k_bias, n);
     AddBias(v.data(), L.v_bias, n);
@@ -266,21 +301,29 @@ absl::Status LlamaModel::Forward(std::span<const TokenMeta> tokens, KvStore* sto
       for (int hh = 0; hh < nh; ++hh) Rope(qi + hh * d, d, tokens[i].position, rope_inv_freq_.data());
       for (int hh = 0; hh < kvh; ++hh) Rope(ki + hh * d, d, tokens[i].position, rope_inv_freq_.data());
     }
-    RETURN_IF_ERROR_(store->Append(l, k.data(), v.data()));
-    RETURN_IF_ERROR_(store->Attend(l, nh, q.data(), attn.data()));
-    Project(L.o, attn.data(), n, x.data(), true, mode);  // Residual.
+    if (apart) {
+      for (int i = 0; i < n; ++i) {
+        const size_t qo = static_cast<size_t>(i) * nh * d, ko = static_cast<size_t>(i) * kvh * d;
+        RETURN_IF_ERROR_(stores[i]->Append(l, k.data() + ko, v.data() + ko));
+        RETURN_IF_ERROR_(stores[i]->Attend(l, nh, q.data() + qo, attn.data() + qo));
+      }
+    } else {
+      RETURN_IF_ERROR_(stores[0]->Append(l, k.data(), v.data()));
+      RETURN_IF_ERROR_(stores[0]->Attend(l, nh, q.data(), attn.data()));
+    }
+    Project(L.o, attn.data(), n, x.data(), true, mode, apart);  // Residual.
     for (int i = 0; i < n; ++i) {
       RmsNorm(&x[static_cast<size_t>(i) * hd], L.ffn_norm.data(), hd, c.rms_eps,
               &hbuf[static_cast<size_t>(i) * hd]);
     }
-    Project(L.gate, hbuf.data(), n, gate.data(), false, mode);
-    Project(L.up, hbuf.data(), n, up.data(), false, mode);
+    Project(L.gate, hbuf.data(), n, gate.data(), false, mode, apart);
+    Project(L.up, hbuf.data(), n, up.data(), false, mode, apart);
     for (size_t j = 0; j < gate.size(); ++j) {
       gate[j] = gate[j] / (1.0f + std::exp(-gate[j])) * up[j];  // SiLU(g) * u
     }
-    Project(L.down, gate.data(), n, x.data(), true, mode);  // Residual.
+    Project(L.down, gate.data(), n, x.data(), true, mode, apart);  // Residual.
   }
-  RETURN_IF_ERROR_(store->EndStep());
+  for (KvStore* store : stores) RETURN_IF_ERROR_(store->EndStep());
 
   const int first = all_logits != nullptr ? 0 : n - 1;
   const int rows = n - first;
@@ -289,7 +332,7 @@ absl::Status LlamaModel::Forward(std::span<const TokenMeta> tokens, KvStore* sto
             &hbuf[static_cast<size_t>(i - first) * hd]);
   }
   std::vector<float> logits(static_cast<size_t>(rows) * c.vocab_size);
-  Project(output_, hbuf.data(), rows, logits.data(), false, mode);
+  Project(output_, hbuf.data(), rows, logits.data(), false, mode, apart);
   if (last_logits != nullptr) {
     last_logits->assign(logits.end() - c.vocab_size, logits.end());
   }

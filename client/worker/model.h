@@ -79,6 +79,13 @@ class LlamaModel {
                        std::vector<float>* last_logits,
                        std::vector<float>* all_logits = nullptr) const;
 
+  // One decode step of several independent sequences: tokens[i] on
+  // stores[i] (distinct stores), the weights read once for all of them.
+  // logits: [n, vocab]; row i is what Forward() of tokens[i] alone on
+  // stores[i] gives, bit for bit (the same products, row by row).
+  absl::Status ForwardBatch(std::span<const TokenMeta> tokens, std::span<KvStore* const> stores,
+                            std::vector<float>* logits) const;
+
  private:
   struct Layer {
     std::vector<float> attn_norm;  // [hidden]
@@ -92,10 +99,14 @@ class LlamaModel {
   };
   LlamaModel() = default;
 
-  // Y = X W^T (+ Y when accumulate): a matvec in `mode` for one row, the
-  // exact tiled sgemm for more.
+  // Y = X W^T (+ Y when accumulate): a matvec in `mode` for one row or for
+  // rows of different sequences (`rows_apart`), the exact tiled sgemm for
+  // more rows of one.
   void Project(const WeightMatrix& w, const float* x, int n, float* y, bool accumulate,
-               Activations mode) const;
+               Activations mode, bool rows_apart) const;
+  // Forward and ForwardBatch: one store for every row, or one per row.
+  absl::Status Run(std::span<const TokenMeta> tokens, std::span<KvStore* const> stores,
+                   std::vector<float>* last_logits, std::vector<float>* all_logits) const;
 
   std::shared_ptr<const GgufFile> file_;
   ModelConfig config_;

@@ -97,6 +97,48 @@ void WeightMatrix::MatVec(const float* x, float* y, bool accumulate, Activations
   });
 }
 
+void WeightMatrix::MatVecBatch(const float* x, int n, float* y, bool accumulate,
+                               Activations mode, int threads) const {
+  if (n == 1) {
+    MatVec(x, y, accumulate, mode, threads);
+    return;
+  }
+  const int items = (rows_ + kMatVecRows - 1) / kMatVecRows;
+  const auto out = [&](int b, int r, float d) {
+    float& dst = y[static_cast<size_t>(b) * rows_ + r];
+    dst = accumulate ? dst + d : d;
+  };
+  if (dot_ != nullptr && mode == Activations::kInt8) {
+    // As MatVec: each vector quantized once, then every row dotted with all.
+    thread_local std::vector<Q8Block> xq;
+    const size_t per = static_cast<size_t>(cols_ / 32);
+    xq.resize(per * n);
+    for (int b = 0; b < n; ++b) {
+      QuantizeQ8(x + static_cast<size_t>(b) * cols_, cols_, xq.data() + b * per);
+    }
+    const Q8Block* blocks = xq.data();
+    Pool().ParallelFor(items, threads, [&](int item) {
+      const int r1 = std::min(rows_, (item + 1) * kMatVecRows);
+      for (int r = item * kMatVecRows; r < r1; ++r) {
+        const uint8_t* row = data_ + static_cast<size_t>(r) * row_bytes_;
+        for (int b = 0; b < n; ++b) out(b, r, dot_(row, blocks + b * per, cols_));
+      }
+    });
+    return;
+  }
+  Pool().ParallelFor(items, threads, [&](int item) {
+    thread_local std::vector<float> w;
+    w.resize(cols_);
+    const int r1 = std::min(rows_, (item + 1) * kMatVecRows);
+    for (int r = item * kMatVecRows; r < r1; ++r) {
+      DequantizeRows(r, 1, w.data());
+      for (int b = 0; b < n; ++b) {
+        out(b, r, DotF32(w.data(), x + static_cast<size_t>(b) * cols_, cols_));
+      }
+    }
+  });
+}
+
 void WeightMatrix::MatMul(const float* x, int n, float* y, float beta, int threads) const {
   const int items = (rows_ + kTileRows - 1) / kTileRows;
   Pool().ParallelFor(items, threads, [&](int item) {

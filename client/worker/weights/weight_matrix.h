@@ -41,6 +41,12 @@ class WeightMatrix {
   // (0 = all).
   void MatVec(const float* x, float* y, bool accumulate, Activations mode, int threads = 0) const;
 
+  // MatVec of n vectors at once, each weight row read once for all of them:
+  // several sequences' decode steps. Row b of y is MatVec of row b of x, bit
+  // for bit. x: [n, cols]; y: [n, rows].
+  void MatVecBatch(const float* x, int n, float* y, bool accumulate, Activations mode,
+                   int threads = 0) const;
+
   // Y = X . W^T + beta * Y. X: [n, cols]; Y: [n, rows] (row stride rows).
   void MatMul(const float* x, int n, float* y, float beta, int threads = 0) const;
 
