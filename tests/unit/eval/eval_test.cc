@@ -426,6 +426,52 @@ TEST(RunTask, FullF32CacheAnswersAsTheWorkerDoes) {
   EXPECT_GT(field(rec[0], "context_tokens").get<double>(), 40);
 }
 
+// Batched decode and one thread per config give the same records (timings
+// aside), a config that cannot fit its budget staying an error in its place;
+// every config is teacher-forced, the reference at the rounding floor.
+TEST(RunTask, BatchedDecodeGivesEachConfigItsOwnRecord) {
+  POLYKV_REQUIRE_MODEL();
+  const std::string text =
+      R"({"role":"system","content":"You are a support agent. Answer briefly."})" "\n"
+      R"({"role":"user","content":"My name is Alice and my order number is ORD-48213."})" "\n"
+      R"({"role":"tool","content":"shipping status: delayed at the hub, new date Tuesday"})" "\n"
+      R"({"role":"user","content":"When does my order arrive, and what is its number?"})" "\n"
+      R"({"role":"assistant","id":"t","max_new_tokens":16})" "\n";
+  auto task = ParseTask("t.jsonl", text, 64);
+  ASSERT_TRUE(task.ok());
+  std::vector<CacheConfig> configs;
+  for (const char* c : {"window@0.5/f16", "full@1/K4V4", "h2o{pool=100000}@0.1/f16",
+                        "streaming@0.3/K8V4"}) {
+    configs.push_back(*ParseCacheConfig(c));
+  }
+  std::vector<std::vector<worker::JsonValue>> runs;
+  for (bool batch : {true, false}) {
+    RunnerOptions ro;
+    ro.threads = 2;
+    ro.batch_decode = batch;
+    auto records = RunTask(*model, *task, configs, ro);
+    ASSERT_TRUE(records.ok()) << records.status();
+    ASSERT_EQ(records->size(), 5u);
+    runs.emplace_back();
+    for (const auto& r : *records) runs.back().push_back(*worker::ParseJson(r));
+  }
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    worker::JsonValue a = runs[0][i], b = runs[1][i];
+    for (const char* timing : {"decode_tokens_per_s", "compaction_ms", "prefill_tokens_per_s"}) {
+      a.erase(timing);
+      b.erase(timing);
+    }
+    EXPECT_EQ(a, b) << worker::DumpJson(a) << "\n" << worker::DumpJson(b);
+  }
+  const auto& ref = runs[0][0];
+  EXPECT_LT(ref.at("kl_mean").get<double>(), 0.01);
+  const size_t forced = ref.at("output_tokens").size() + (ref.at("stop") == "eos" ? 1 : 0);
+  for (const auto& r : runs[0]) {
+    if (r.contains("error")) continue;
+    EXPECT_EQ(r.at("forced_positions").get<size_t>(), forced) << worker::DumpJson(r);
+  }
+}
+
 // A cold step (cold.format) runs through the harness: whole blocks are
 // requantized, reported, and the cache holds less than the same config
 // without it.
