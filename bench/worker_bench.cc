@@ -37,6 +37,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -102,6 +103,7 @@ struct Kind {
   std::vector<double> commit_decode_share;  // Not a signal: PageSource::Commit, whole.
   worker::SignalCost cost;  // Summed over rounds.
   bool paged = false;
+  int block_tokens = 0;  // Paged stores: the source's.
   int64_t kv_bytes = 0;
   int64_t peak_rss_bytes = 0;  // Max over rounds of VmHWM during this store's runs.
   std::string store_name;
@@ -272,6 +274,105 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const std::string& kind, cons
   return std::unique_ptr<KvStore>(std::move(*s));
 }
 
+// What the store cannot time: the attention kernels' own work for the slot
+// mass (the softmax weights written per slot, then summed per KV head), paid
+// by pool and pool-bare alike in decode, and by pool in prefill. Measured
+// apart, on pages of the run's shape and formats (heap pages: the kernels'
+// work does not depend on the values), the kernel with and without
+// slot_mass alternating in batches, the median of the paired differences
+// taken; in seconds per model step (all layers).
+struct KernelMass {
+  double decode_step_seconds = 0;    // one decode step at the decode's mean length
+  double prefill_seconds = 0;        // the whole prompt's chunks
+  double decode_step_attention = 0;  // the same step's attention without mass
+};
+
+absl::StatusOr<KernelMass> TimeKernelMass(const worker::ModelConfig& cfg, const Options& o,
+                                          int block_tokens) {
+  auto kf = kernels::ParseFormat(o.key_format);
+  auto vf = kernels::ParseFormat(o.value_format);
+  if (!kf || !vf) return absl::InvalidArgumentError("unknown --key-format/--value-format");
+  worker::HeapPageSourceOptions ho;
+  ho.shape = worker::KvShape{1, cfg.num_kv_heads, cfg.head_dim};  // one layer stands for each
+  ho.block_tokens = block_tokens;
+  ho.k_format = *kf;
+  ho.v_format = *vf;
+  auto src = worker::NewHeapPageSource(ho);
+  if (!src.ok()) return src.status();
+  const int max_tokens = o.prompt_tokens + o.decode_tokens;
+  auto blocks = (*src)->Reserve(max_tokens);
+  if (!blocks.ok()) return blocks.status();
+  std::vector<kernels::BlockEntry> table;
+  for (const worker::PagedBlock& b : *blocks) {
+    kernels::BlockEntry e;
+    e.k_offset = reinterpret_cast<uintptr_t>(b.k_pages[0]);
+    e.v_offset = reinterpret_cast<uintptr_t>(b.v_pages[0]);
+    e.k_format = b.k_format;
+    e.v_format = b.v_format;
+    table.push_back(e);
+  }
+  kernels::Exec exec;
+  exec.num_threads = o.threads;
+  const int hq = cfg.num_heads, kvh = cfg.num_kv_heads, hd = cfg.head_dim;
+  const size_t qn = static_cast<size_t>(std::max(o.chunk, 1)) * hq * hd;
+  std::vector<float> q(qn), out(qn), mass(static_cast<size_t>(kvh) * max_tokens);
+  for (size_t i = 0; i < qn; ++i) q[i] = static_cast<float>((i * 2654435761u) % 1000) / 500 - 1;
+  auto view = [&](int tokens) {
+    kernels::PagedKvView v;
+    v.shape = {block_tokens, kvh, hd};
+    v.blocks = table.data();
+    v.num_tokens = tokens;
+    v.num_blocks = (tokens + block_tokens - 1) / block_tokens;
+    return v;
+  };
+  kernels::AttentionParams params;
+  params.num_q_heads = hq;
+  // Seconds of `f(with_mass)`, the two alternating in batches of `reps`, for
+  // at least `budget` seconds: the median with-minus-without difference and
+  // the median without.
+  auto paired = [&](const std::function<absl::Status(bool)>& f, int reps,
+                    double budget) -> absl::StatusOr<std::pair<double, double>> {
+    std::vector<double> diff, bare;
+    const double end = Now() + budget;
+    for (int round = 0; round < 5 || Now() < end; ++round) {
+      double t[2];
+      for (int with : {round % 2, 1 - round % 2}) {
+        const double t0 = Now();
+        for (int r = 0; r < reps; ++r) {
+          if (absl::Status st = f(with != 0); !st.ok()) return st;
+        }
+        t[with] = (Now() - t0) / reps;
+      }
+      diff.push_back(t[1] - t[0]);
+      bare.push_back(t[0]);
+    }
+    return std::pair{Median(diff), Median(bare)};
+  };
+  KernelMass km;
+  const int decode_tokens = o.prompt_tokens + o.decode_tokens / 2;
+  auto d = paired(
+      [&](bool with) {
+        return kernels::PagedDecodeAttention(exec, view(decode_tokens), params, q.data(),
+                                             out.data(), nullptr, with ? mass.data() : nullptr);
+      },
+      20, 1.0);
+  if (!d.ok()) return d.status();
+  km.decode_step_seconds = d->first * cfg.num_layers;
+  km.decode_step_attention = d->second * cfg.num_layers;
+  for (int done = 0; done < o.prompt_tokens; done += o.chunk) {
+    const int n = std::min(o.chunk, o.prompt_tokens - done);
+    auto p = paired(
+        [&](bool with) {
+          return kernels::PagedPrefillAttention(exec, view(done + n), params, n, q.data(),
+                                                out.data(), nullptr, with ? mass.data() : nullptr);
+        },
+        2, 0.3);
+    if (!p.ok()) return p.status();
+    km.prefill_seconds += p->first * cfg.num_layers;
+  }
+  return km;
+}
+
 // One message: the prompt prefilled in chunks, then (as a new turn starts)
 // the intent probe when `probe`, then decode_tokens decoded.
 absl::Status RunOnce(const worker::LoadedModel& m, const std::vector<int32_t>& prompt,
@@ -320,6 +421,7 @@ absl::Status RunOnce(const worker::LoadedModel& m, const std::vector<int32_t>& p
   if (const auto* paged = dynamic_cast<const worker::PagedKvStore*>(store)) {
     const worker::SignalCost& c = paged->signal_cost();
     k->paged = true;
+    k->block_tokens = paged->source()->block_tokens();
     k->decode_share.push_back(c.decode.seconds() / decode_seconds);
     k->tag_decode_share.push_back(c.decode.tag_seconds / decode_seconds);
     k->mass_decode_share.push_back(c.decode.mass_seconds / decode_seconds);
@@ -511,6 +613,17 @@ int Main(int argc, char** argv) {
   }
   const double signals_prefill_paired = Median(paired_prefill);
   const double signals_decode_paired = Median(paired_decode);
+  // The kernels' part of the attention mass, as shares of pool's median
+  // decode step and prompt prefill.
+  auto km = TimeKernelMass((*m)->model->config(), o, pool.block_tokens);
+  if (!km.ok()) {
+    std::fprintf(stderr, "worker bench: kernel mass: %s\n",
+                 std::string(km.status().message()).c_str());
+    return 1;
+  }
+  const double kernel_mass_decode_share = km->decode_step_seconds * Median(pool.decode_tps);
+  const double kernel_mass_prefill_share =
+      km->prefill_seconds * Median(pool.prefill_tps) / o.prompt_tokens;
 
   // RSS: the peak over the whole run (the max of the per-store peaks, as each
   // store's run resets VmHWM first) against GGUF + the largest store's KV +
@@ -583,6 +696,14 @@ int Main(int argc, char** argv) {
     out["signals_prefill_share"] = Round(Median(pool.prefill_share), 6);
     out["intent_probe_share"] = Round(Median(pool.probe_share), 6);
     out["intent"] = o.intent;
+    out["kernel_mass_decode_share"] = Round(kernel_mass_decode_share, 6);
+    out["kernel_mass_prefill_share"] = Round(kernel_mass_prefill_share, 6);
+    out["kernel_mass"] = {
+        {"decode_step_seconds", Round(km->decode_step_seconds, 9)},
+        {"decode_step_attention_seconds", Round(km->decode_step_attention, 9)},
+        {"decode_tokens_attended", o.prompt_tokens + o.decode_tokens / 2},
+        {"prefill_seconds", Round(km->prefill_seconds, 9)},
+        {"block_tokens", pool.block_tokens}};
     if (own_daemon) out["daemon"] = "in-process polykvd (host tier)";
     out["model_path"] = o.model;
     out["threads"] = threads;
@@ -635,6 +756,9 @@ int Main(int argc, char** argv) {
                 100 * Median(pool.mass_decode_share), 100 * Median(bare.decode_share),
                 100 * Median(pool.commit_decode_share),
                 100 * Median(pool.prefill_share), 100 * Median(pool.probe_share));
+    std::printf("attention kernels' own slot-mass work (measured apart): decode %.3f%% of a "
+                "step (pool and pool-bare), prefill %.3f%% (pool)\n",
+                100 * kernel_mass_decode_share, 100 * kernel_mass_prefill_share);
     if (anchor.json.is_null()) {
       std::printf("llama.cpp: none (%s)\n", anchor.reason.c_str());
     } else {
