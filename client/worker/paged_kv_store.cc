@@ -1,6 +1,7 @@
 #include "client/worker/paged_kv_store.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,12 @@ namespace {
 
 using kernels::KvKind;
 using kernels::PageFormat;
+
+// Seconds on the steady clock, for SignalCost.
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 #define RETURN_IF_ERROR_(expr)                              \
   do {                                                      \
@@ -193,9 +200,23 @@ absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
   return absl::OkStatus();
 }
 
+void PagedKvStore::CountSignal(double seconds, bool tags) {
+  if (probing_) return;
+  SignalCost::Phase& p = decode_phase_ ? signal_cost_.decode : signal_cost_.prefill;
+  (tags ? p.tag_seconds : p.mass_seconds) += seconds;
+  ++p.calls;
+}
+
 absl::Status PagedKvStore::CommitPending() {
   if (uncommitted_.empty()) return absl::OkStatus();
+  const double tagged = source_->tag_seconds();
+  const double t0 = SteadySeconds();
   RETURN_IF_ERROR_(source_->Commit(num_slots_, uncommitted_));
+  (decode_phase_ ? signal_cost_.decode : signal_cost_.prefill).commit_seconds +=
+      SteadySeconds() - t0;
+  if (const double t = source_->tag_seconds() - tagged; t > 0) {
+    CountSignal(t, /*tags=*/true);
+  }
   uncommitted_.clear();
   return absl::OkStatus();
 }
@@ -208,8 +229,12 @@ absl::Status PagedKvStore::CommitAndSync() {
   // Attention mass of committed slots, in the current epoch's slot order.
   if (options_.report_every_steps > 0 && steps_since_report_ >= options_.report_every_steps) {
     steps_since_report_ = 0;
-    RETURN_IF_ERROR_(source_->ReportAttention(std::span(mass_).first(num_slots_)));
-    std::fill(mass_.begin(), mass_.end(), 0.0f);
+    if (source_->wants_attention()) {
+      const double t0 = SteadySeconds();
+      RETURN_IF_ERROR_(source_->ReportAttention(std::span(mass_).first(num_slots_)));
+      std::fill(mass_.begin(), mass_.end(), 0.0f);
+      CountSignal(SteadySeconds() - t0, /*tags=*/false);
+    }
   }
   auto t = source_->Sync();
   if (!t.ok()) return t.status();
@@ -219,12 +244,14 @@ absl::Status PagedKvStore::CommitAndSync() {
 
 absl::Status PagedKvStore::BeginTurn(const TurnInfo& turn) {
   if (!step_meta_.empty()) return absl::FailedPreconditionError("BeginTurn inside a step");
+  decode_phase_ = false;  // A message start is prefill-side.
   return CommitAndSync();
 }
 
 absl::Status PagedKvStore::BeginStep(std::span<const TokenMeta> tokens) {
   if (!step_meta_.empty()) return absl::FailedPreconditionError("BeginStep inside a step");
   if (tokens.empty()) return absl::InvalidArgumentError("BeginStep with no tokens");
+  decode_phase_ = tokens.size() == 1;  // The commit below counts with this step.
   // Step boundary: every few steps, commit and adopt the daemon's newer table
   // (not inside a probe: its tokens are never committed).
   if (!probing_ &&
@@ -325,7 +352,10 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
   kernels::AttentionParams params;
   params.num_q_heads = num_heads;
   params.slot_bias = slot_bias_.empty() ? nullptr : slot_bias_.data();  // [total] when set
-  if (n > 1 && !(options_.prefill_attention_mass && source_->wants_attention())) {
+  if (!source_->wants_attention() || (n > 1 && !options_.prefill_attention_mass)) {
+    if (n == 1) {
+      return kernels::PagedDecodeAttention(options_.exec, view, params, q, out, nullptr, nullptr);
+    }
     return kernels::PagedPrefillAttention(options_.exec, view, params, n, q, out, nullptr);
   }
   const int kvh = options_.shape.num_kv_heads;
@@ -338,12 +368,14 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
                                                    head_mass_.data()));
   }
   // A probe's attention is the intent relevance of the slots it began with.
+  const double t0 = SteadySeconds();
   float* acc = probing_ ? probe_mass_.data() : mass_.data();
   const int64_t upto = probing_ ? probe_base_ : total;
   for (int g = 0; g < kvh; ++g) {
     const float* hm = head_mass_.data() + static_cast<size_t>(g) * total;
     for (int64_t s = 0; s < upto; ++s) acc[s] += hm[s];
   }
+  CountSignal(SteadySeconds() - t0, /*tags=*/false);
   return absl::OkStatus();
 }
 
@@ -372,7 +404,9 @@ absl::Status PagedKvStore::BeginProbe() {
   }
   // Everything written so far is committed, so the relevance covers it all
   // and the probe's rows are the only uncommitted ones.
+  decode_phase_ = false;
   RETURN_IF_ERROR_(CommitAndSync());
+  probe_start_ = SteadySeconds();
   probing_ = true;
   probe_base_ = num_slots_;
   probe_residual_block_ = residual_block_;
@@ -405,7 +439,10 @@ absl::Status PagedKvStore::EndProbe() {
   }
   std::vector<float> relevance = std::move(probe_mass_);
   probe_mass_.clear();
-  return source_->ReportIntent(relevance);
+  RETURN_IF_ERROR_(source_->ReportIntent(relevance));
+  signal_cost_.probe_seconds += SteadySeconds() - probe_start_;
+  ++signal_cost_.probes;
+  return absl::OkStatus();
 }
 
 }  // namespace polykv::worker

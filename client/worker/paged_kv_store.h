@@ -82,7 +82,7 @@ class PageSource {
   //   mass: [num_slots] summed over layers and query heads since the last report.
   virtual absl::Status ReportAttention(std::span<const float> mass) { return absl::OkStatus(); }
   // Whether ReportAttention goes anywhere: the store skips the extra work of
-  // prefill attention mass for a source that drops it.
+  // attention mass (decode and prefill) for a source that drops it.
   virtual bool wants_attention() const { return false; }
   // Per-slot relevance to the current turn's intent (the intent probe's
   // attention mass), replacing what was reported before. Default: dropped.
@@ -90,9 +90,45 @@ class PageSource {
   virtual absl::Status ReportIntent(std::span<const float> relevance) {
     return absl::OkStatus();
   }
+  // Wall seconds spent so far computing the structure tags reported with
+  // commits (SlotTagger and the report it builds), for the store's
+  // SignalCost. Default: 0, a source that tags nothing.
+  virtual double tag_seconds() const { return 0; }
   // Bytes of pages held.
   virtual int64_t bytes() const = 0;
   virtual std::string name() const = 0;
+};
+
+// Wall time a PagedKvStore spends on the policy signals it reports to the
+// daemon (issue 12), from steady_clock around each signal code path, so that
+// their cost is measured as a share of the same run's decode and prefill
+// time rather than by an A/B of two noisy runs:
+//   tags:  the source's structure tagging at each commit
+//          (PageSource::tag_seconds). The ReportSlots RPC that carries each
+//          commit's turn and role is not counted: a source without tags sends
+//          it too.
+//   mass:  summing the kernel's per-KV-head attention mass into the pending
+//          per-slot mass (Attend), and ReportAttention (CommitAndSync).
+//   probe: each intent probe, from after BeginProbe's commit to the end of
+//          EndProbe: its forward pass, the cache restore and ReportIntent.
+// Not counted: what computing the slot mass costs inside the attention
+// kernels themselves (only a whole-run A/B sees that), and the timer itself
+// (two steady_clock reads per timed section). All zero for a source that
+// neither tags nor wants_attention(), but for commit_seconds, which is not a
+// signal: the whole PageSource::Commit (tagging, the Commit and ReportSlots
+// RPCs), an upper bound of what the tags add to the report's RPC.
+struct SignalCost {
+  struct Phase {
+    double tag_seconds = 0;   // tagging
+    double mass_seconds = 0;  // attention mass and its reports
+    int64_t calls = 0;        // timed sections
+    double commit_seconds = 0;  // not a signal: every PageSource::Commit, whole
+    double seconds() const { return tag_seconds + mass_seconds; }
+  };
+  Phase decode;   // one-token steps (and the commits they begin with)
+  Phase prefill;  // prefill chunks and message starts
+  double probe_seconds = 0;  // intent probes, whole
+  int64_t probes = 0;        // probes counted in probe_seconds
 };
 
 struct HeapPageSourceOptions {
@@ -167,9 +203,11 @@ class PagedKvStore : public KvStore {
   absl::Status CommitPending();
 
   // [num_slots] attention mass (summed over layers, query heads and the
-  // step's queries) not yet reported: decode steps, and prefill chunks when
-  // options.prefill_attention_mass and the source wants_attention().
+  // step's queries) not yet reported, when the source wants_attention():
+  // decode steps, and prefill chunks when options.prefill_attention_mass.
   const std::vector<float>& pending_attention_mass() const { return mass_; }
+  // The signals' cost since the store was created (see SignalCost).
+  const SignalCost& signal_cost() const { return signal_cost_; }
   uint64_t epoch() const override { return epoch_; }
   PageSource* source() const { return source_.get(); }
 
@@ -179,6 +217,9 @@ class PagedKvStore : public KvStore {
   absl::Status AdoptTable(const PagedTable& table);
   absl::Status EncodeBlock(int layer, int64_t block, int rows);
   absl::Status CommitAndSync();
+  // Adds `seconds` of tagging (`tags`) or attention-mass work to the current
+  // phase; nothing inside a probe, which is timed whole.
+  void CountSignal(double seconds, bool tags);
 
   // Constant after construction.
   const PagedKvStoreOptions options_;
@@ -214,6 +255,10 @@ class PagedKvStore : public KvStore {
   int64_t probe_residual_block_ = 0;
   std::vector<std::vector<float>> probe_k_residual_, probe_v_residual_;
   std::vector<float> probe_mass_;  // [probe_base_]
+  double probe_start_ = 0;         // steady_clock seconds, after BeginProbe's commit
+  // Signal cost, and the phase it goes to: the current step has one token.
+  SignalCost signal_cost_;
+  bool decode_phase_ = false;
 };
 
 }  // namespace polykv::worker

@@ -1,5 +1,6 @@
 #include "client/worker/pool_page_source.h"
 
+#include <chrono>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -52,7 +53,9 @@ class PoolPageSource : public PageSource {
     const uint64_t first = static_cast<uint64_t>(total_tokens) - new_tokens.size();
     const auto turn = static_cast<uint32_t>(new_tokens.back().turn);
     if (tagger_) {
+      const auto t0 = std::chrono::steady_clock::now();
       SlotTagger::Report r = tagger_->Commit(first, new_tokens);
+      tag_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return Benign(session_->ReportSlots(r.first_slot, r.meta, {}, turn));
     }
     std::vector<SlotMeta> meta;
@@ -67,6 +70,7 @@ class PoolPageSource : public PageSource {
   }
 
   bool wants_attention() const override { return true; }
+  double tag_seconds() const override { return tag_seconds_; }
 
   absl::Status ReportIntent(std::span<const float> relevance) override {
     const size_t n = std::min(relevance.size(), static_cast<size_t>(committed_));
@@ -165,6 +169,7 @@ class PoolPageSource : public PageSource {
   const PoolPageSourceOptions o_;
   std::optional<SlotTagger> tagger_;  // when o_.token_text is set
   int64_t committed_ = 0;
+  double tag_seconds_ = 0;  // In tagger_->Commit, summed.
 };
 
 }  // namespace
