@@ -495,8 +495,8 @@ def parse_args(argv):
                     help="run every (task, config) as a polykv-worker on a live polykvd, the "
                     "config set as the agent's QoS, instead of polykv-eval (README: Live mode)")
     ap.add_argument("--resume", action="store_true",
-                    help="--live: keep OUT/NAME and skip the (task, config) pairs its "
-                    "results.jsonl already holds")
+                    help="keep OUT/NAME and its tasks, and skip what its results.jsonl already "
+                    "holds: (task, config) pairs with --live, whole tasks in polykv-eval")
     ap.add_argument("--no-teacher-force", action="store_true",
                     help="answer only: do not also run every config teacher-forced on the "
                     "reference's answer (kl_mean, top1_agreement; README: Teacher forcing)")
@@ -528,8 +528,6 @@ def main(argv=None) -> int:
         die(f"--min-tokens {mn} > --max-tokens {mx}")
     if args.capacity_pool_mib < 1:
         die("--capacity-pool-mib must be at least 1")
-    if args.resume and not args.live:
-        die("--resume continues --live runs only (polykv-eval has its own --resume)")
     if args.threads < 1:
         die("--threads must be at least 1")
     bin_dir = os.path.abspath(os.path.expanduser(args.bin_dir))
@@ -623,7 +621,8 @@ def main(argv=None) -> int:
         step(f"run: polykv-eval, {len(configs)} configs, {args.threads} threads")
         run([binary, "--tasks", tasks_dir, "--configs-file", configs_txt, "--out", results,
              "--model", model, "--threads", str(args.threads)]
-            + (["--no-teacher-force"] if args.no_teacher_force else []), "polykv-eval")
+            + (["--no-teacher-force"] if args.no_teacher_force else [])
+            + (["--resume"] if resumed else []), "polykv-eval")
         if not os.path.exists(results) or os.path.getsize(results) == 0:
             die(f"polykv-eval wrote no records to {results}")
 

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -35,6 +36,14 @@ int Fail(const std::string& msg) {
   return 1;
 }
 
+// A task file's path as --resume compares it: the same file named relative
+// or absolute is one task.
+std::string CanonicalPath(const std::string& path) {
+  std::error_code ec;
+  const auto p = std::filesystem::weakly_canonical(path, ec);
+  return ec ? path : p.string();
+}
+
 // Tasks already complete in an earlier run's output (every configuration
 // has a record), so an interrupted run resumes where it stopped.
 std::set<std::string> CompletedTasks(const std::string& path, size_t configs) {
@@ -47,7 +56,7 @@ std::set<std::string> CompletedTasks(const std::string& path, size_t configs) {
     const auto& o = *v;
     auto t = o.find("file"), c = o.find("config");
     if (t == o.end() || c == o.end() || !t->is_string() || !c->is_string()) continue;
-    seen[t->get_ref<const std::string&>()].insert(c->get_ref<const std::string&>());
+    seen[CanonicalPath(t->get_ref<const std::string&>())].insert(c->get_ref<const std::string&>());
   }
   std::set<std::string> done;
   for (const auto& [task, cs] : seen) {
@@ -168,10 +177,10 @@ int main(int argc, char** argv) {
   ro.batch_decode = !no_batch_decode;
   int failed = 0, ran = 0;
   size_t to_run = 0;
-  for (const eval::Task& task : tasks) to_run += done.count(task.file) == 0;
+  for (const eval::Task& task : tasks) to_run += done.count(CanonicalPath(task.file)) == 0;
   for (size_t i = 0; i < tasks.size(); ++i) {
     const eval::Task& task = tasks[i];
-    if (done.count(task.file)) {
+    if (done.count(CanonicalPath(task.file))) {
       std::fprintf(stderr, "[%zu/%zu] %s: already in %s, skipped\n", i + 1, tasks.size(),
                    task.id.c_str(), out_path.c_str());
       continue;
