@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace polykv::worker {
 namespace {
@@ -302,11 +303,16 @@ absl::Status LlamaModel::Run(std::span<const TokenMeta> tokens, std::span<KvStor
       for (int hh = 0; hh < kvh; ++hh) Rope(ki + hh * d, d, tokens[i].position, rope_inv_freq_.data());
     }
     if (apart) {
-      for (int i = 0; i < n; ++i) {
+      // Each sequence's attention on its own store, the sequences spread over
+      // the threads (a store's kernels called from here run serially).
+      std::vector<absl::Status> row_status(static_cast<size_t>(n));
+      kernels::cpu::ThreadPool::Shared().ParallelFor(n, options_.threads, [&](int i) {
         const size_t qo = static_cast<size_t>(i) * nh * d, ko = static_cast<size_t>(i) * kvh * d;
-        RETURN_IF_ERROR_(stores[i]->Append(l, k.data() + ko, v.data() + ko));
-        RETURN_IF_ERROR_(stores[i]->Attend(l, nh, q.data() + qo, attn.data() + qo));
-      }
+        absl::Status st = stores[i]->Append(l, k.data() + ko, v.data() + ko);
+        if (st.ok()) st = stores[i]->Attend(l, nh, q.data() + qo, attn.data() + qo);
+        row_status[static_cast<size_t>(i)] = std::move(st);
+      });
+      for (absl::Status& st : row_status) RETURN_IF_ERROR_(st);
     } else {
       RETURN_IF_ERROR_(stores[0]->Append(l, k.data(), v.data()));
       RETURN_IF_ERROR_(stores[0]->Attend(l, nh, q.data(), attn.data()));
