@@ -67,49 +67,21 @@ void WeightMatrix::DequantizeRows(int first, int count, float* out) const {
 
 void WeightMatrix::MatVec(const float* x, float* y, bool accumulate, Activations mode,
                           int threads) const {
-  const int items = (rows_ + kMatVecRows - 1) / kMatVecRows;
-  if (dot_ != nullptr && mode == Activations::kInt8) {
-    // Per calling thread, reused: a decode step runs ~170 matvecs. The pool's
-    // threads read it through `blocks` (a name of a thread_local inside the
-    // lambda would be the executing thread's own) while this call waits.
-    thread_local std::vector<Q8Block> xq;
-    xq.resize(cols_ / 32);
-    QuantizeQ8(x, cols_, xq.data());
-    const Q8Block* blocks = xq.data();
-    Pool().ParallelFor(items, threads, [&](int item) {
-      const int r1 = std::min(rows_, (item + 1) * kMatVecRows);
-      for (int r = item * kMatVecRows; r < r1; ++r) {
-        const float d = dot_(data_ + static_cast<size_t>(r) * row_bytes_, blocks, cols_);
-        y[r] = accumulate ? y[r] + d : d;
-      }
-    });
-    return;
-  }
-  Pool().ParallelFor(items, threads, [&](int item) {
-    thread_local std::vector<float> w;
-    w.resize(cols_);
-    const int r1 = std::min(rows_, (item + 1) * kMatVecRows);
-    for (int r = item * kMatVecRows; r < r1; ++r) {
-      DequantizeRows(r, 1, w.data());
-      const float d = DotF32(w.data(), x, cols_);
-      y[r] = accumulate ? y[r] + d : d;
-    }
-  });
+  MatVecBatch(x, 1, y, accumulate, mode, threads);
 }
 
 void WeightMatrix::MatVecBatch(const float* x, int n, float* y, bool accumulate,
                                Activations mode, int threads) const {
-  if (n == 1) {
-    MatVec(x, y, accumulate, mode, threads);
-    return;
-  }
   const int items = (rows_ + kMatVecRows - 1) / kMatVecRows;
   const auto out = [&](int b, int r, float d) {
     float& dst = y[static_cast<size_t>(b) * rows_ + r];
     dst = accumulate ? dst + d : d;
   };
   if (dot_ != nullptr && mode == Activations::kInt8) {
-    // As MatVec: each vector quantized once, then every row dotted with all.
+    // Each vector quantized once, then every row dotted with all of them.
+    // Per calling thread, reused: a decode step runs ~170 matvecs. The pool's
+    // threads read it through `blocks` (a name of a thread_local inside the
+    // lambda would be the executing thread's own) while this call waits.
     thread_local std::vector<Q8Block> xq;
     const size_t per = static_cast<size_t>(cols_ / 32);
     xq.resize(per * n);

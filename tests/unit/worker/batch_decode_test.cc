@@ -9,19 +9,21 @@
 namespace polykv::worker {
 namespace {
 
-std::unique_ptr<LocalKvStore> NewStore(const LlamaModel& m) {
-  LocalKvStoreOptions o;
-  o.shape = m.config().kv_shape();
-  auto s = LocalKvStore::Create(o);
-  EXPECT_TRUE(s.ok()) << s.status();
-  return std::move(*s);
-}
+using testing::NewLocalStore;
 
 const char* const kQuestions[] = {"Name a color.", "What is 2 + 2? Answer with a number.",
                                   "Write a haiku about the sea.", "Say hi."};
 
-TEST(BatchDecodeTest, ForwardBatchRowsAreForwardOfEachSequenceBitForBit) {
-  POLYKV_REQUIRE_MODEL();
+// Both decode numerics: exact, and the worker's int8 activations.
+std::vector<const LoadedModel*> Models() {
+  std::vector<const LoadedModel*> out;
+  for (const LoadedModel* m : {testing::SharedModel(), testing::SharedModelNamed("smollm2-135m")}) {
+    if (m != nullptr) out.push_back(m);
+  }
+  return out;
+}
+
+void ExpectForwardBatchRowsAreForwardOfEachSequence(const LoadedModel* model) {
   const LlamaModel& m = *model->model;
   const int vocab = m.config().vocab_size;
   // Three sequences of different lengths, prefilled alone, twice over.
@@ -35,7 +37,7 @@ TEST(BatchDecodeTest, ForwardBatchRowsAreForwardOfEachSequenceBitForBit) {
     }
     std::vector<float> logits;
     for (auto* v : {&alone, &batched}) {
-      v->push_back(NewStore(m));
+      v->push_back(NewLocalStore(m));
       ASSERT_TRUE(m.Forward(metas, v->back().get(), &logits).ok());
     }
     next.push_back({ids.back(), static_cast<int32_t>(ids.size()), 0, Role::kUser});
@@ -56,14 +58,22 @@ TEST(BatchDecodeTest, ForwardBatchRowsAreForwardOfEachSequenceBitForBit) {
   }
 }
 
-TEST(BatchDecodeTest, GenerateBatchGivesEachConversationItsOwnAnswer) {
-  POLYKV_REQUIRE_MODEL();
+TEST(BatchDecodeTest, ForwardBatchRowsAreForwardOfEachSequenceBitForBit) {
+  const auto models = Models();
+  if (models.empty()) GTEST_SKIP() << "run scripts/fetch-model.sh smollm2-135m";
+  for (const LoadedModel* m : models) {
+    SCOPED_TRACE(m == testing::SharedModel() ? "exact decode" : "int8 decode");
+    ExpectForwardBatchRowsAreForwardOfEachSequence(m);
+  }
+}
+
+void ExpectGenerateBatchGivesEachItsOwnAnswer(const LoadedModel* model) {
   ConversationOptions o;
   std::vector<std::unique_ptr<LocalKvStore>> stores;
   std::vector<Conversation> alone, together;
   for (const char* q : kQuestions) {
     for (auto* v : {&alone, &together}) {
-      stores.push_back(NewStore(*model->model));
+      stores.push_back(NewLocalStore(*model->model));
       v->emplace_back(model, stores.back().get(), o);
       ASSERT_TRUE(v->back().AddMessage(Role::kUser, q).ok());
     }
@@ -96,10 +106,19 @@ TEST(BatchDecodeTest, GenerateBatchGivesEachConversationItsOwnAnswer) {
   std::printf("%d of %zu answers stopped on their own\n", stopped, alone.size());
 }
 
+TEST(BatchDecodeTest, GenerateBatchGivesEachConversationItsOwnAnswer) {
+  const auto models = Models();
+  if (models.empty()) GTEST_SKIP() << "run scripts/fetch-model.sh smollm2-135m";
+  for (const LoadedModel* m : models) {
+    SCOPED_TRACE(m == testing::SharedModel() ? "exact decode" : "int8 decode");
+    ExpectGenerateBatchGivesEachItsOwnAnswer(m);
+  }
+}
+
 TEST(BatchDecodeTest, BadBatchesAreRefused) {
   POLYKV_REQUIRE_MODEL();
   const LlamaModel& m = *model->model;
-  auto s = NewStore(m);
+  auto s = NewLocalStore(m);
   const TokenMeta t{1, 0, 0, Role::kUser};
   const TokenMeta two[] = {t, t};
   KvStore* same[] = {s.get(), s.get()};

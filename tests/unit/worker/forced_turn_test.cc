@@ -11,13 +11,7 @@
 namespace polykv::worker {
 namespace {
 
-std::unique_ptr<LocalKvStore> NewStore(const LlamaModel& m) {
-  LocalKvStoreOptions o;
-  o.shape = m.config().kv_shape();
-  auto s = LocalKvStore::Create(o);
-  EXPECT_TRUE(s.ok()) << s.status();
-  return std::move(*s);
-}
+using testing::NewLocalStore;
 
 struct Recorded {
   TurnResult turn;
@@ -49,7 +43,7 @@ ForcedSummary Force(Conversation* conv, const ReferenceTurn& ref, TurnResult* tu
 TEST(ForcedTurnTest, ForcingTheGreedyAnswerOnTheSameCacheReproducesIt) {
   POLYKV_REQUIRE_MODEL();
   for (int max_new : {40, 6}) {  // one that stops on its own, one cut at the length
-    auto sa = NewStore(*model->model), sb = NewStore(*model->model);
+    auto sa = NewLocalStore(*model->model), sb = NewLocalStore(*model->model);
     ConversationOptions o;
     o.prefill_chunk = 16;  // the forced tokens span several chunks
     Conversation a(model, sa.get(), o), b(model, sb.get(), o);
@@ -82,7 +76,7 @@ TEST(ForcedTurnTest, ForcingTheGreedyAnswerOnTheSameCacheReproducesIt) {
 
 TEST(ForcedTurnTest, AnotherContextIsMeasuredAsDifferent) {
   POLYKV_REQUIRE_MODEL();
-  auto sa = NewStore(*model->model), sb = NewStore(*model->model);
+  auto sa = NewLocalStore(*model->model), sb = NewLocalStore(*model->model);
   ConversationOptions o;
   Conversation a(model, sa.get(), o), b(model, sb.get(), o);
   ASSERT_TRUE(a.AddMessage(Role::kUser, "The code word is PELICAN. What is the code word?").ok());
@@ -95,7 +89,7 @@ TEST(ForcedTurnTest, AnotherContextIsMeasuredAsDifferent) {
 
 TEST(ForcedTurnTest, BadTargetsAreRefusedBeforeAnythingRuns) {
   POLYKV_REQUIRE_MODEL();
-  auto s = NewStore(*model->model);
+  auto s = NewLocalStore(*model->model);
   Conversation c(model, s.get(), ConversationOptions{});
   ASSERT_TRUE(c.AddMessage(Role::kUser, "Hi").ok());
   const int32_t eot = model->tokenizer->TokenId(model->chat_template.end_of_turn());

@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,15 @@ inline const LoadedModel* SharedModelFor(const std::string& name, Activations de
 // the tests of cache properties compare the two.
 inline const LoadedModel* SharedModel() {
   return SharedModelFor(DefaultModelPath(), Activations::kF32);
+}
+
+// A dense local cache of the model's shape.
+inline std::unique_ptr<LocalKvStore> NewLocalStore(const LlamaModel& m) {
+  LocalKvStoreOptions o;
+  o.shape = m.config().kv_shape();
+  auto s = LocalKvStore::Create(o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
 }
 
 // A model by name with the worker's default (int8-activation) decode.
