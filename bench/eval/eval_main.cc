@@ -202,9 +202,10 @@ int main(int argc, char** argv) {
     // The estimate counts only tasks run here, not those --resume skipped.
     const double elapsed = Now() - t_start;
     ++ran;
+    const size_t left = to_run - std::min<size_t>(to_run, ran + failed);
     std::fprintf(stderr, "\r[%zu/%zu] %s: %zu records in %.0f s; elapsed %.0f s, ~%.0f s left\n",
                  i + 1, tasks.size(), task.id.c_str(), records->size(), Now() - t0, elapsed,
-                 elapsed / ran * static_cast<double>(to_run - std::min<size_t>(to_run, ran + failed)));
+                 elapsed / ran * static_cast<double>(left));
   }
   std::fclose(out);
   std::fprintf(stderr, "polykv-eval: wrote %s (%d tasks failed) in %.0f s\n", out_path.c_str(),

@@ -97,7 +97,9 @@ absl::StatusOr<ReferenceTurn> ParseReferenceTurn(const std::string& line) {
   if (!v->is_object()) return bad("expected a JSON object");
   for (const char* key : {"targets", "top_ids", "top_logprobs"}) {
     auto it = v->find(key);
-    if (it == v->end() || !it->is_array()) return bad(absl::StrCat("\"", key, "\" must be an array"));
+    if (it == v->end() || !it->is_array()) {
+      return bad(absl::StrCat("\"", key, "\" must be an array"));
+    }
   }
   ReferenceTurn t;
   if (auto it = v->find("id"); it != v->end() && it->is_string()) t.id = it->get<std::string>();

@@ -45,7 +45,9 @@ struct ForcedSummary {
   int top1 = 0;
   void Add(const ForcedStep& s);
   double kl_mean() const { return positions > 0 ? kl_sum / positions : 0; }
-  double top1_agreement() const { return positions > 0 ? static_cast<double>(top1) / positions : 0; }
+  double top1_agreement() const {
+    return positions > 0 ? static_cast<double>(top1) / positions : 0;
+  }
   double target_logprob_mean() const { return positions > 0 ? target_logprob_sum / positions : 0; }
 };
 

@@ -382,7 +382,9 @@ int RunScript(const Flags& f) {
       if (r->stop == "eos") record.targets.push_back(r->stop_token);
       *logprobs_out << ReferenceTurnJson(record) << "\n";
       logprobs_out->flush();
-      if (!*logprobs_out) return Fail(absl::DataLossError(absl::StrCat(f.logprobs_out, ": write failed")));
+      if (!*logprobs_out) {
+        return Fail(absl::DataLossError(absl::StrCat(f.logprobs_out, ": write failed")));
+      }
     }
     std::printf("%s\n", TurnJson(f, id, turn, *r, answer_prefix, **store,
                                   ref != nullptr ? &forced : nullptr).c_str());
