@@ -592,7 +592,8 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
             out_dir, ref.get("reference_logprobs") or "")
         if not os.path.isfile(ref_logprobs):
             rec["forced_error"] = (f"the reference's log-probabilities ({ref_logprobs}) are "
-                                   "missing; run it again without --resume")
+                                   "missing: its forced run failed (see its forced_error), or "
+                                   "its record predates them (run again without --resume)")
             return rec
         tf_agent = agent[:AGENT_MAX_LEN - 3] + ":tf"
         qos[qos.index(agent)] = tf_agent
