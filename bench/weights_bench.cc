@@ -8,7 +8,6 @@
 //   polykv-bench weights [--json] [--model NAME_OR_PATH]... [--rounds 3]
 //                        [--max-elements-per-type 67108864]
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -19,6 +18,7 @@
 #include "bench/bench_json.h"
 #include "bench/bench_registry.h"
 #include "client/worker/conversation.h"
+#include "client/worker/clock.h"
 #include "client/worker/gguf.h"
 #include "client/worker/weights/dequant.h"
 #include "client/worker/weights/ggml_types.h"
@@ -36,10 +36,6 @@ struct Options {
   int rounds = 3;
   int64_t max_elements = int64_t{64} << 20;
 };
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // The tensors of one type, up to the element budget: (data, rows, cols).
 struct Slice {
@@ -153,9 +149,9 @@ int Main(int argc, char** argv) {
   for (int round = 0; round < o.rounds; ++round) {
     for (TypeRow& row : rows) {
       for (Isa isa : kinds) {
-        const double t0 = Now();
+        const double t0 = worker::SteadySeconds();
         checksum += Pass(row, isa, tile);
-        const double s = Now() - t0;
+        const double s = worker::SteadySeconds() - t0;
         auto [it, fresh] = row.best_s.emplace(kind_name(isa), s);
         if (!fresh) it->second = std::min(it->second, s);
       }

@@ -32,7 +32,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -48,6 +47,7 @@
 #include "bench/bench_json.h"
 #include "bench/bench_registry.h"
 #include "client/worker/conversation.h"
+#include "client/worker/clock.h"
 #include "client/worker/kv_store.h"
 #include "client/worker/paged_kv_store.h"
 #include "client/worker/sampler.h"
@@ -82,10 +82,6 @@ struct Options {
 };
 
 constexpr int64_t kRssSlackBytes = 300ll << 20;  // The bound's allowance beyond GGUF + KV.
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -333,15 +329,15 @@ absl::StatusOr<KernelMass> TimeKernelMass(const worker::ModelConfig& cfg, const 
   auto paired = [&](const std::function<absl::Status(bool)>& f, int reps,
                     double budget) -> absl::StatusOr<std::pair<double, double>> {
     std::vector<double> diff, bare;
-    const double end = Now() + budget;
-    for (int round = 0; round < 5 || Now() < end; ++round) {
+    const double end = worker::SteadySeconds() + budget;
+    for (int round = 0; round < 5 || worker::SteadySeconds() < end; ++round) {
       double t[2];
       for (int with : {round % 2, 1 - round % 2}) {
-        const double t0 = Now();
+        const double t0 = worker::SteadySeconds();
         for (int r = 0; r < reps; ++r) {
           if (absl::Status st = f(with != 0); !st.ok()) return st;
         }
-        t[with] = (Now() - t0) / reps;
+        t[with] = (worker::SteadySeconds() - t0) / reps;
       }
       diff.push_back(t[1] - t[0]);
       bare.push_back(t[0]);
@@ -382,12 +378,12 @@ absl::Status RunOnce(const worker::LoadedModel& m, const std::vector<int32_t>& p
     metas.push_back({prompt[i], static_cast<int32_t>(i), 0, worker::Role::kUser});
   }
   std::vector<float> logits;
-  double t0 = Now();
+  double t0 = worker::SteadySeconds();
   for (size_t i = 0; i < metas.size(); i += o.chunk) {
     const size_t n = std::min(metas.size() - i, static_cast<size_t>(o.chunk));
     if (auto s = m.model->Forward(std::span(metas).subspan(i, n), store, &logits); !s.ok()) return s;
   }
-  const double prefill_seconds = Now() - t0;
+  const double prefill_seconds = worker::SteadySeconds() - t0;
   k->prefill_tps.push_back(prompt.size() / prefill_seconds);
   int32_t pos = static_cast<int32_t>(prompt.size());
   // The answer is a new message, as in Conversation::Generate: BeginTurn, then
@@ -410,12 +406,12 @@ absl::Status RunOnce(const worker::LoadedModel& m, const std::vector<int32_t>& p
     if (!forward.ok()) return forward;
     if (!end.ok()) return end;
   }
-  t0 = Now();
+  t0 = worker::SteadySeconds();
   for (int i = 0; i < o.decode_tokens; ++i) {
     const worker::TokenMeta t{worker::Argmax(logits), pos++, turn, worker::Role::kAssistant};
     if (auto s = m.model->Forward(std::span(&t, 1), store, &logits); !s.ok()) return s;
   }
-  const double decode_seconds = Now() - t0;
+  const double decode_seconds = worker::SteadySeconds() - t0;
   k->decode_tps.push_back(o.decode_tokens / decode_seconds);
   // The store is new each round: its signal cost is this round's.
   if (const auto* paged = dynamic_cast<const worker::PagedKvStore*>(store)) {

@@ -4,7 +4,6 @@
 // the whole pipeline. See bench/eval/README.md.
 #include <cblas.h>
 
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "client/worker/clock.h"
 #include "client/worker/blas_core.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -26,10 +26,6 @@
 namespace {
 
 using namespace polykv;
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "polykv-eval: %s\n", msg.c_str());
@@ -168,7 +164,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "polykv-eval: %zu tasks x %zu configurations, %d threads\n", tasks.size(),
                unique.size(), threads);
-  const double t_start = Now();
+  const double t_start = worker::SteadySeconds();
   eval::RunnerOptions ro;
   ro.threads = threads;
   ro.prefill_chunk = prefill_chunk;
@@ -185,10 +181,10 @@ int main(int argc, char** argv) {
                    task.id.c_str(), out_path.c_str());
       continue;
     }
-    const double t0 = Now();
+    const double t0 = worker::SteadySeconds();
     auto records = eval::RunTask(**model, task, configs, ro, [&](const eval::TaskProgress& p) {
       std::fprintf(stderr, "\r[%zu/%zu] %s: %s %d/%d (%.0f s)   ", i + 1, tasks.size(),
-                   task.id.c_str(), p.stage.c_str(), p.done, p.total, Now() - t0);
+                   task.id.c_str(), p.stage.c_str(), p.done, p.total, worker::SteadySeconds() - t0);
       std::fflush(stderr);
     });
     if (!records.ok()) {
@@ -200,15 +196,15 @@ int main(int argc, char** argv) {
     for (const std::string& r : *records) std::fprintf(out, "%s\n", r.c_str());
     std::fflush(out);
     // The estimate counts only tasks run here, not those --resume skipped.
-    const double elapsed = Now() - t_start;
+    const double elapsed = worker::SteadySeconds() - t_start;
     ++ran;
     const size_t left = to_run - std::min<size_t>(to_run, ran + failed);
     std::fprintf(stderr, "\r[%zu/%zu] %s: %zu records in %.0f s; elapsed %.0f s, ~%.0f s left\n",
-                 i + 1, tasks.size(), task.id.c_str(), records->size(), Now() - t0, elapsed,
+                 i + 1, tasks.size(), task.id.c_str(), records->size(), worker::SteadySeconds() - t0, elapsed,
                  elapsed / ran * static_cast<double>(left));
   }
   std::fclose(out);
   std::fprintf(stderr, "polykv-eval: wrote %s (%d tasks failed) in %.0f s\n", out_path.c_str(),
-               failed, Now() - t_start);
+               failed, worker::SteadySeconds() - t_start);
   return failed == 0 ? 0 : 2;
 }

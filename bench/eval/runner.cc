@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -14,15 +13,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/eval/compress.h"
+#include "client/worker/clock.h"
 #include "bench/eval/eval_kv_store.h"
 #include "client/worker/json.h"
 
 namespace polykv::eval {
 namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Six significant digits, as the records have always carried.
 double Num(double v) { return std::strtod(absl::StrFormat("%.6g", v).c_str(), nullptr); }
@@ -96,7 +92,7 @@ absl::StatusOr<std::vector<std::string>> RunTask(
   copts.prefill_chunk = options.prefill_chunk;
   worker::Conversation conv(&model, &base, copts);
   if (progress) progress({"prefill", 0, 1});
-  const double t0 = Now();
+  const double t0 = worker::SteadySeconds();
   for (const TaskMessage& m : task.context) {
     absl::Status s = m.generate ? conv.Generate(m.max_new_tokens, m.intent).status()
                                 : conv.AddMessage(m.role, m.content, m.intent);
@@ -104,7 +100,7 @@ absl::StatusOr<std::vector<std::string>> RunTask(
   }
   std::vector<float> logits;
   if (absl::Status s = conv.Flush(&logits); !s.ok()) return s;
-  const double prefill_s = Now() - t0;
+  const double prefill_s = worker::SteadySeconds() - t0;
   const int64_t context_tokens = base.num_slots();
   if (context_tokens + 64 > mc.context_length) {
     return absl::InvalidArgumentError(absl::StrCat(task.file, ": context of ", context_tokens,
@@ -174,13 +170,13 @@ absl::StatusOr<std::vector<std::string>> RunTask(
   };
   const auto prepare = [&](const CacheConfig& c, Outcome* o) {
     Prepared p;
-    const double tc = Now();
+    const double tc = worker::SteadySeconds();
     p.compressed = compress(c);
     if (!p.compressed.ok()) {
       o->status = p.compressed.status();
       return p;
     }
-    o->compaction_ms = (Now() - tc) * 1e3;
+    o->compaction_ms = (worker::SteadySeconds() - tc) * 1e3;
     o->kept_slots_mean = p.compressed->sel.kept_slots_mean;
     o->merged_groups = p.compressed->sel.merged_groups;
     o->requant_blocks = p.compressed->sel.requant_blocks;

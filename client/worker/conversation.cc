@@ -1,18 +1,14 @@
 #include "client/worker/conversation.h"
 
-#include <chrono>
 #include <cstdlib>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/worker/clock.h"
 
 namespace polykv::worker {
 namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Length of the longest prefix of `s` that does not end inside a UTF-8 sequence.
 size_t CompleteUtf8Prefix(std::string_view s) {
@@ -145,7 +141,7 @@ absl::Status Conversation::Flush(std::vector<float>* last_logits) {
 }
 
 absl::Status Conversation::ForwardPending(std::vector<float>* last_logits) {
-  const double t0 = Now();
+  const double t0 = SteadySeconds();
   prefilled_tokens_ += static_cast<int64_t>(pending_.size());
   const int chunk = std::max(1, options_.prefill_chunk);
   for (size_t i = 0; i < pending_.size(); i += chunk) {
@@ -156,7 +152,7 @@ absl::Status Conversation::ForwardPending(std::vector<float>* last_logits) {
     }
   }
   pending_.clear();
-  prefill_seconds_ += Now() - t0;
+  prefill_seconds_ += SteadySeconds() - t0;
   return absl::OkStatus();
 }
 
@@ -207,7 +203,7 @@ absl::StatusOr<TurnResult> Conversation::Generate(
   std::vector<float> logits;
   if (absl::Status s = BeginGeneratedTurn(intent, answer_prefix, &logits, &r); !s.ok()) return s;
 
-  double t0 = Now();
+  double t0 = SteadySeconds();
   size_t printed = 0;
   r.stop = "length";
   for (int i = 0; i < max_new_tokens; ++i) {
@@ -230,7 +226,7 @@ absl::StatusOr<TurnResult> Conversation::Generate(
     }
     ++r.decode_steps;
   }
-  r.decode_seconds = Now() - t0;
+  r.decode_seconds = SteadySeconds() - t0;
   EndGeneratedTurn(&r);
   if (on_text && r.text.size() > printed) on_text(std::string_view(r.text).substr(printed));
   return r;
@@ -294,9 +290,9 @@ std::vector<absl::StatusOr<TurnResult>> Conversation::GenerateBatch(
       rows.push_back(i);
     }
     if (rows.empty()) break;
-    const double t0 = Now();
+    const double t0 = SteadySeconds();
     absl::Status s = convs[0]->m_->model->ForwardBatch(metas, stores, &all);
-    const double dt = Now() - t0;
+    const double dt = SteadySeconds() - t0;
     for (size_t j = 0; j < rows.size(); ++j) {
       TurnResult& r = *out[rows[j]];
       r.decode_seconds += dt;
@@ -335,7 +331,7 @@ absl::StatusOr<TurnResult> Conversation::ForceTurn(const std::vector<int32_t>& t
   TurnResult r;
   std::vector<float> logits;
   if (absl::Status s = BeginGeneratedTurn(intent, answer_prefix, &logits, &r); !s.ok()) return s;
-  const double t0 = Now();
+  const double t0 = SteadySeconds();
   if (on_logits) on_logits(0, logits);
   // Every target but the last is an input, as in Generate: the last is the
   // end-of-turn token or is fed with the next turn.
@@ -357,7 +353,7 @@ absl::StatusOr<TurnResult> Conversation::ForceTurn(const std::vector<int32_t>& t
                 std::span<const float>(rows).subspan(j * vocab, vocab));
     }
   }
-  r.decode_seconds = Now() - t0;
+  r.decode_seconds = SteadySeconds() - t0;
   r.completion_tokens = static_cast<int>(targets.size());
   r.stop = IsEndOfTurn(targets.back()) ? "eos" : "length";
   if (r.stop == "eos") r.stop_token = targets.back();

@@ -1,7 +1,6 @@
 #include "client/worker/paged_kv_store.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -9,18 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/worker/clock.h"
 
 namespace polykv::worker {
 namespace {
 
 using kernels::KvKind;
 using kernels::PageFormat;
-
-// Seconds on the steady clock, for SignalCost.
-double SteadySeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 #define RETURN_IF_ERROR_(expr)                              \
   do {                                                      \
