@@ -14,13 +14,17 @@ using testing::NewLocalStore;
 const char* const kQuestions[] = {"Name a color.", "What is 2 + 2? Answer with a number.",
                                   "Write a haiku about the sea.", "Say hi."};
 
-// Both decode numerics: exact, and the worker's int8 activations.
-std::vector<const LoadedModel*> Models() {
-  std::vector<const LoadedModel*> out;
+// Runs `check` under both decode numerics, exact and the worker's int8
+// activations; false when no model is fetched (nothing ran).
+bool UnderBothDecodes(void (*check)(const LoadedModel*)) {
+  bool ran = false;
   for (const LoadedModel* m : {testing::SharedModel(), testing::SharedModelNamed("smollm2-135m")}) {
-    if (m != nullptr) out.push_back(m);
+    if (m == nullptr) continue;
+    SCOPED_TRACE(m == testing::SharedModel() ? "exact decode" : "int8 decode");
+    check(m);
+    ran = true;
   }
-  return out;
+  return ran;
 }
 
 void ExpectForwardBatchRowsAreForwardOfEachSequence(const LoadedModel* model) {
@@ -59,11 +63,8 @@ void ExpectForwardBatchRowsAreForwardOfEachSequence(const LoadedModel* model) {
 }
 
 TEST(BatchDecodeTest, ForwardBatchRowsAreForwardOfEachSequenceBitForBit) {
-  const auto models = Models();
-  if (models.empty()) GTEST_SKIP() << "run scripts/fetch-model.sh smollm2-135m";
-  for (const LoadedModel* m : models) {
-    SCOPED_TRACE(m == testing::SharedModel() ? "exact decode" : "int8 decode");
-    ExpectForwardBatchRowsAreForwardOfEachSequence(m);
+  if (!UnderBothDecodes(ExpectForwardBatchRowsAreForwardOfEachSequence)) {
+    GTEST_SKIP() << "run scripts/fetch-model.sh smollm2-135m";
   }
 }
 
@@ -107,11 +108,8 @@ void ExpectGenerateBatchGivesEachItsOwnAnswer(const LoadedModel* model) {
 }
 
 TEST(BatchDecodeTest, GenerateBatchGivesEachConversationItsOwnAnswer) {
-  const auto models = Models();
-  if (models.empty()) GTEST_SKIP() << "run scripts/fetch-model.sh smollm2-135m";
-  for (const LoadedModel* m : models) {
-    SCOPED_TRACE(m == testing::SharedModel() ? "exact decode" : "int8 decode");
-    ExpectGenerateBatchGivesEachItsOwnAnswer(m);
+  if (!UnderBothDecodes(ExpectGenerateBatchGivesEachItsOwnAnswer)) {
+    GTEST_SKIP() << "run scripts/fetch-model.sh smollm2-135m";
   }
 }
 
