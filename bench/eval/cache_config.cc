@@ -25,21 +25,31 @@ absl::StatusOr<CacheConfig> ParseCacheConfig(std::string_view text) {
   const auto fail = [&](std::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cache config \"", std::string(text), "\": ", std::string(why),
-        " (expected policy@budget/formats, e.g. h2o@0.25/K8V4)"));
+        " (expected policy@budget/formats[/T<n>], e.g. h2o@0.25/K8V4)"));
   };
-  const size_t at = text.find('@');
-  const size_t slash = text.rfind('/');
+  CacheConfig c;
+  std::string_view spec = text;  // without the /T<n> suffix
+  size_t slash = spec.rfind('/');
+  if (slash != std::string_view::npos && slash + 1 < spec.size() && spec[slash + 1] == 'T') {
+    const std::string_view t = spec.substr(slash + 2);
+    if (!absl::SimpleAtoi(std::string(t), &c.block_tokens) || c.block_tokens < 1 || c.block_tokens > 256 ||
+        (c.block_tokens & (c.block_tokens - 1)) != 0) {
+      return fail("T<n>: tokens per page must be a power of two in 1..256");
+    }
+    spec = spec.substr(0, slash);
+    slash = spec.rfind('/');
+  }
+  const size_t at = spec.find('@');
   if (at == std::string_view::npos || slash == std::string_view::npos || slash < at || at == 0) {
     return fail("malformed");
   }
-  CacheConfig c;
-  c.policy = std::string(text.substr(0, at));
-  if (!absl::SimpleAtod(std::string(text.substr(at + 1, slash - at - 1)), &c.budget) || !(c.budget > 0) ||
+  c.policy = std::string(spec.substr(0, at));
+  if (!absl::SimpleAtod(std::string(spec.substr(at + 1, slash - at - 1)), &c.budget) || !(c.budget > 0) ||
       c.budget > 1) {
     return fail("budget must be a number in (0, 1]");
   }
   if (c.full()) c.budget = 1.0;
-  c.formats = std::string(text.substr(slash + 1));
+  c.formats = std::string(spec.substr(slash + 1));
   if (c.formats == "f32") {
     c.k_format = c.v_format = c.append_format = kernels::PageFormat::kF32;
   } else if (c.formats == "f16") {
@@ -55,6 +65,7 @@ absl::StatusOr<CacheConfig> ParseCacheConfig(std::string_view text) {
     return fail("formats must be f32, f16 or K<8|4|2>V<8|4|2>");
   }
   c.text = absl::StrCat(c.policy, "@", absl::StrFormat("%g", c.budget), "/", c.formats);
+  if (c.block_tokens != kDefaultBlockTokens) absl::StrAppend(&c.text, "/T", c.block_tokens);
   return c;
 }
 

@@ -1,6 +1,6 @@
 // One cache configuration of the evaluation matrix, written
-// "policy@budget/formats": e.g. "h2o@0.25/K8V4", "full@1/f16",
-// "sinks+structural+intent@0.1/K2V2".
+// "policy@budget/formats[/T<n>]": e.g. "h2o@0.25/K8V4", "full@1/f16",
+// "sinks+structural+intent@0.1/K2V2", "full@1/K4V2/T64".
 //
 //   policy   a policies/ preset or '+'-joined composite, optionally with
 //            parameters in braces (policies::MakePolicyFromText), e.g.
@@ -10,6 +10,10 @@
 //   formats  f32 | f16 | K<k>V<v> with k, v in {8, 4, 2} (int8/int4/int2 pages).
 //            K2V2 keeps the most recent 128 slots in f16 (KIVI's residual);
 //            every format keeps the partial last page and new tokens in f16.
+//   T<n>     tokens per page (a power of two in 1..256; default 16, the
+//            pool's). Key params are per channel per page, so longer pages
+//            spend fewer bits on them (docs/formats.md) and keep a longer
+//            f16 residual page; omitted from the canonical text when 16.
 #pragma once
 
 #include <string>
@@ -20,6 +24,8 @@
 
 namespace polykv::eval {
 
+inline constexpr int kDefaultBlockTokens = 16;  // Slots per page, as the pool's default.
+
 struct CacheConfig {
   std::string text;     // as written, canonical ("h2o@0.25/K8V4")
   std::string policy;   // "full", "h2o", "sinks+structural+intent", ...
@@ -29,6 +35,7 @@ struct CacheConfig {
   kernels::PageFormat v_format = kernels::PageFormat::kF16;
   kernels::PageFormat append_format = kernels::PageFormat::kF16;
   int f16_tail = 0;     // residual slots kept in append_format
+  int block_tokens = kDefaultBlockTokens;
   bool full() const { return policy == "full"; }
 };
 

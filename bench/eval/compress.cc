@@ -10,7 +10,7 @@ namespace polykv::eval {
 
 absl::StatusOr<policies::SessionView> BuildContextView(const EvalKvStore& store,
                                                        const std::vector<std::string>& texts,
-                                                       int32_t current_turn) {
+                                                       int32_t current_turn, int block_tokens) {
   const auto& tokens = store.tokens();
   if (texts.size() != tokens.size()) {
     return absl::InvalidArgumentError(
@@ -18,7 +18,7 @@ absl::StatusOr<policies::SessionView> BuildContextView(const EvalKvStore& store,
   }
   policies::SessionView v;
   const KvShape& shape = store.shape();
-  v.shape = kernels::PageShape{kEvalBlockTokens, shape.num_kv_heads, shape.head_dim};
+  v.shape = kernels::PageShape{block_tokens, shape.num_kv_heads, shape.head_dim};
   v.current_turn = current_turn;
   v.key_dim = shape.head_dim;
   v.tokens.resize(tokens.size());
@@ -74,10 +74,7 @@ std::vector<LayerSelection> KeepAll(const EvalKvStore& store) {
 
 absl::StatusOr<Selection> Select(const policies::Policy& policy, const policies::SessionView& view,
                                  double budget_fraction) {
-  if (view.shape.block_tokens != kEvalBlockTokens) {
-    return absl::InvalidArgumentError(absl::StrCat("view pages of ", view.shape.block_tokens,
-                                                   " slots; the store's hold ", kEvalBlockTokens));
-  }
+  const size_t bt = static_cast<size_t>(view.shape.block_tokens);
   const int num_layers = view.num_layers();
   int64_t per_layer = 0;
   for (const auto& l : view.layers) per_layer = std::max<int64_t>(per_layer, l.slots.size());
@@ -105,12 +102,12 @@ absl::StatusOr<Selection> Select(const policies::Policy& policy, const policies:
     if (!low.requant.empty()) {
       // Each requantized block at its block format (the lowering checked
       // that every requantization of a block names it); the rest unlimited.
-      const size_t full = low.num_out() / kEvalBlockTokens;
+      const size_t full = low.num_out() / bt;
       sel.requant_k.assign(full, kernels::PageFormat::kF32);
       sel.requant_v.assign(full, kernels::PageFormat::kF32);
       size_t last = full;
       for (const policies::RequantOp& op : low.requant) {
-        const size_t b = op.out_slot / kEvalBlockTokens;
+        const size_t b = op.out_slot / bt;
         const bool key = op.kind == kernels::KvKind::kKey;
         (key ? sel.requant_k : sel.requant_v)[b] =
             key ? low.block_k_formats[b] : low.block_v_formats[b];

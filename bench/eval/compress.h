@@ -17,12 +17,13 @@ namespace polykv::eval {
 
 // The view of `store`'s context: token metadata (positions, turns, roles),
 // structural tags from the token texts, and per layer the captured scores
-// (attn, obs, intent, entropy) and key summaries.
+// (attn, obs, intent, entropy) and key summaries, in pages of `block_tokens`
+// (the pages of the store the selection will be compacted into).
 //   texts: [tokens] decoded text of each token (for the structure tagger)
 // REQUIRES: store captured scores (EvalKvStoreOptions::capture_scores).
 absl::StatusOr<policies::SessionView> BuildContextView(const EvalKvStore& store,
                                                        const std::vector<std::string>& texts,
-                                                       int32_t current_turn);
+                                                       int32_t current_turn, int block_tokens);
 
 // Every slot of every layer kept as is (the full cache).
 std::vector<LayerSelection> KeepAll(const EvalKvStore& store);
@@ -36,9 +37,9 @@ struct Selection {
 
 // Runs `policy` on `view` with a total budget of budget_fraction x context
 // tokens per layer (summed over layers, so layer allocators may move it) and
-// lowers the plan, requantized blocks included (LayerSelection::requant_k/v).
-// ResourceExhausted when the policy cannot fit the budget; InvalidArgument
-// when the view's pages are not the store's (block_tokens != kEvalBlockTokens).
+// lowers the plan, requantized blocks included (LayerSelection::requant_k/v,
+// per block of view.shape.block_tokens). ResourceExhausted when the policy
+// cannot fit the budget.
 absl::StatusOr<Selection> Select(const policies::Policy& policy, const policies::SessionView& view,
                                  double budget_fraction);
 

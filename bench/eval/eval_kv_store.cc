@@ -36,7 +36,7 @@ void SoftmaxRow(float* s, int64_t visible, int64_t t, const float* bias, double*
   std::fill(s + visible, s + t, 0.0f);
 }
 
-int64_t Pages(int64_t slots) { return (slots + kEvalBlockTokens - 1) / kEvalBlockTokens; }
+int64_t Pages(int64_t slots, int block_tokens) { return (slots + block_tokens - 1) / block_tokens; }
 
 // The coarser of two formats (the one policies::FinerFormat does not pick).
 kernels::PageFormat Coarser(kernels::PageFormat a, kernels::PageFormat b) {
@@ -53,12 +53,14 @@ EvalKvStore::EvalKvStore(const EvalKvStoreOptions& options)
 absl::StatusOr<std::unique_ptr<EvalKvStore>> EvalKvStore::Create(
     const EvalKvStoreOptions& options) {
   const KvShape& s = options.shape;
-  if (s.num_layers <= 0 || s.num_kv_heads <= 0 || s.head_dim <= 0 || options.obs_window < 0) {
+  if (s.num_layers <= 0 || s.num_kv_heads <= 0 || s.head_dim <= 0 || options.obs_window < 0 ||
+      options.block_tokens < 1 || options.block_tokens > 256) {
     return absl::InvalidArgumentError(absl::StrCat("EvalKvStore: bad shape (layers ", s.num_layers,
                                                    ", kv heads ", s.num_kv_heads, ", head dim ",
-                                                   s.head_dim, ")"));
+                                                   s.head_dim, ", block ", options.block_tokens,
+                                                   ")"));
   }
-  const kernels::PageShape ps{kEvalBlockTokens, s.num_kv_heads, s.head_dim};
+  const kernels::PageShape ps{options.block_tokens, s.num_kv_heads, s.head_dim};
   if (kernels::PageBytes(options.append_format, kernels::KvKind::kValue, ps) == 0) {
     return absl::InvalidArgumentError("EvalKvStore: shape not supported by the append format");
   }
@@ -68,7 +70,7 @@ absl::StatusOr<std::unique_ptr<EvalKvStore>> EvalKvStore::Create(
 void EvalKvStore::RoundTrip(kernels::PageFormat format, kernels::KvKind kind, float* rows,
                             int n) const {
   if (format == kernels::PageFormat::kF32 || n == 0) return;
-  const kernels::PageShape ps{kEvalBlockTokens, options_.shape.num_kv_heads,
+  const kernels::PageShape ps{options_.block_tokens, options_.shape.num_kv_heads,
                               options_.shape.head_dim};
   const size_t bytes = kernels::PageBytes(format, kind, ps);
   // Page buffers must be kPageAlignment-aligned.
@@ -92,7 +94,7 @@ absl::StatusOr<std::unique_ptr<EvalKvStore>> EvalKvStore::Compact(
   if (layers.size() != src.layers_.size()) {
     return absl::InvalidArgumentError("Compact: one selection per layer is required");
   }
-  const kernels::PageShape ps{kEvalBlockTokens, options.shape.num_kv_heads,
+  const kernels::PageShape ps{options.block_tokens, options.shape.num_kv_heads,
                               options.shape.head_dim};
   if (kernels::PageBytes(k_format, kernels::KvKind::kKey, ps) == 0 ||
       kernels::PageBytes(v_format, kernels::KvKind::kValue, ps) == 0) {
@@ -143,8 +145,9 @@ absl::StatusOr<std::unique_ptr<EvalKvStore>> EvalKvStore::Compact(
     // Encode the leading full pages; the tail (partial page + residual) is
     // stored as new rows would be, except a full page the plan requantized:
     // that one is encoded as a page of its (coarser) format.
-    const int64_t full = n / kEvalBlockTokens;
-    const int64_t encoded = std::max<int64_t>(0, n - f16_tail) / kEvalBlockTokens;
+    const int bt = options.block_tokens;
+    const int64_t full = n / bt;
+    const int64_t encoded = std::max<int64_t>(0, n - f16_tail) / bt;
     for (const auto* rq : {&sel.requant_k, &sel.requant_v}) {
       if (!rq->empty() && static_cast<int64_t>(rq->size()) != full) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -164,13 +167,13 @@ absl::StatusOr<std::unique_ptr<EvalKvStore>> EvalKvStore::Compact(
         if (kernels::PageBytes(*format, kind, ps) == 0) {
           return absl::InvalidArgumentError("Compact: requantized format not supported for this shape");
         }
-        const int step = *format == own && p >= encoded ? 1 : kEvalBlockTokens;
-        for (int r = 0; r < kEvalBlockTokens; r += step) {
+        const int step = *format == own && p >= encoded ? 1 : bt;
+        for (int r = 0; r < bt; r += step) {
           out->RoundTrip(*format, kind, rows + r * row, step);
         }
         return absl::OkStatus();
       };
-      const int64_t first = p * kEvalBlockTokens * row;
+      const int64_t first = p * bt * row;
       absl::Status st = store(kernels::KvKind::kKey, p < encoded ? k_format : options.append_format,
                               sel.requant_k, to.k.data() + first, &to.page_k[p]);
       if (st.ok()) {
@@ -179,7 +182,7 @@ absl::StatusOr<std::unique_ptr<EvalKvStore>> EvalKvStore::Compact(
       }
       if (!st.ok()) return st;
     }
-    for (int64_t s = full * kEvalBlockTokens; s < n; ++s) {
+    for (int64_t s = full * bt; s < n; ++s) {
       out->RoundTrip(options.append_format, kernels::KvKind::kKey, to.k.data() + s * row, 1);
       out->RoundTrip(options.append_format, kernels::KvKind::kValue, to.v.data() + s * row, 1);
     }
@@ -188,7 +191,7 @@ absl::StatusOr<std::unique_ptr<EvalKvStore>> EvalKvStore::Compact(
 }
 
 int64_t EvalKvStore::bytes() const {
-  const kernels::PageShape ps{kEvalBlockTokens, options_.shape.num_kv_heads,
+  const kernels::PageShape ps{options_.block_tokens, options_.shape.num_kv_heads,
                               options_.shape.head_dim};
   const auto page = [&](kernels::PageFormat f, kernels::KvKind kind) {
     return static_cast<int64_t>(kernels::PageBytes(f, kind, ps));
@@ -200,7 +203,7 @@ int64_t EvalKvStore::bytes() const {
     for (size_t p = 0; p < l.page_k.size(); ++p) {
       total += page(l.page_k[p], kernels::KvKind::kKey) + page(l.page_v[p], kernels::KvKind::kValue);
     }
-    total += Pages(l.n - static_cast<int64_t>(l.page_k.size()) * kEvalBlockTokens) * res;
+    total += Pages(l.n - static_cast<int64_t>(l.page_k.size()) * ps.block_tokens, ps.block_tokens) * res;
   }
   return total;
 }

@@ -7,7 +7,7 @@
 //     log is added to their attention logit (Plan::log_count_bias);
 //   * the page formats' exact numerics — rows are stored as f32 values that
 //     went through the format's encoder and decoder (kernels QuantizePage /
-//     DequantizePage, per page of 16 slots), so attention sees exactly the
+//     DequantizePage, per page of block_tokens slots), so attention sees exactly the
 //     values a paged kernel would read, and bytes() counts the pages the pool
 //     would allocate in those formats;
 //   * score capture for the policies — attention mass per slot per layer
@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "bench/eval/cache_config.h"
 #include "client/worker/kv_store.h"
 #include "kernels/page_format.h"
 
@@ -35,12 +36,13 @@ namespace polykv::eval {
 using worker::KvShape;
 using worker::TokenMeta;
 
-inline constexpr int kEvalBlockTokens = 16;  // Slots per page, as the pool's.
-
 struct EvalKvStoreOptions {
   KvShape shape;
   // Format new rows are stored in (the residual page of recent tokens).
   kernels::PageFormat append_format = kernels::PageFormat::kF32;
+  // Slots per page: the unit of encoding (key params per channel per page)
+  // and of bytes().
+  int block_tokens = kDefaultBlockTokens;
   // Capture attention mass per slot and the last `obs_window` queries of
   // every layer (only the shared context prefill needs this).
   bool capture_scores = false;
@@ -54,7 +56,7 @@ struct LayerSelection {
   std::vector<uint32_t> members;
   std::vector<float> weights;
   std::vector<uint32_t> counts;  // [out] tokens each output slot stands for
-  // [out / kEvalBlockTokens] (full output blocks) or empty: the format the
+  // [out / block_tokens] (full output blocks) or empty: the format the
   // plan requantized each block's keys (values) to, kF32 where it did not
   // (policies::LoweredLayer::block_{k,v}_formats). A block is stored in the
   // coarser of this and the store's own format for it.

@@ -50,6 +50,7 @@ TENANT = "eval"
 # polykv-eval's EvalKvStore keeps the latest 128 slots in f16 for int2
 # (cache_config.cc kInt2Residual); the worker's paged store has no such tail.
 INT2_TAIL = 128
+DEFAULT_BLOCK_TOKENS = 16  # bench/eval/cache_config.h kDefaultBlockTokens
 # polykvd compacts a session holding more than budget + max(budget / 10, 1)
 # tokens (daemon/compaction/compactor.cc CompactionTarget), and only at a
 # Sync, which the worker's PagedKvStore makes before its first forward step
@@ -84,6 +85,7 @@ class Config:
     k_format: str  # the worker's --key-format (kernels' short names)
     v_format: str
     f16_tail: int = 0  # polykv-eval's f16 residual slots (K2V2); live has none
+    block_tokens: int = DEFAULT_BLOCK_TOKENS  # the worker's --block-tokens
 
     @property
     def full(self) -> bool:
@@ -94,24 +96,33 @@ _INT_BITS = {"8": "int8", "4": "int4", "2": "int2"}
 
 
 def parse_config(text: str) -> Config:
-    """policy@budget/formats, exactly as bench/eval/cache_config.cc parses it."""
+    """policy@budget/formats[/T<n>], exactly as bench/eval/cache_config.cc parses it."""
     def fail(why):
-        raise ValueError(f'cache config "{text}": {why} (expected policy@budget/formats, '
+        raise ValueError(f'cache config "{text}": {why} (expected policy@budget/formats[/T<n>], '
                          "e.g. h2o@0.25/K8V4)")
     text = text.strip()
-    at, slash = text.find("@"), text.rfind("/")
+    spec, block = text, DEFAULT_BLOCK_TOKENS
+    slash = spec.rfind("/")
+    if slash >= 0 and spec[slash + 1:slash + 2] == "T":
+        t = spec[slash + 2:]
+        block = int(t) if t.isdigit() else 0
+        if not 1 <= block <= 256 or block & (block - 1):
+            fail("T<n>: tokens per page must be a power of two in 1..256")
+        spec = spec[:slash]
+        slash = spec.rfind("/")
+    at = spec.find("@")
     if at <= 0 or slash < 0 or slash < at:
         fail("malformed")
-    policy = text[:at]
+    policy = spec[:at]
     try:
-        budget = float(text[at + 1:slash])
+        budget = float(spec[at + 1:slash])
     except ValueError:
         budget = float("nan")
     if not (budget > 0) or budget > 1:
         fail("budget must be a number in (0, 1]")
     if policy == "full":
         budget = 1.0
-    formats = text[slash + 1:]
+    formats = spec[slash + 1:]
     tail = 0
     if formats in ("f32", "f16"):
         k = v = formats
@@ -122,7 +133,10 @@ def parse_config(text: str) -> Config:
             tail = INT2_TAIL
     else:
         fail("formats must be f32, f16 or K<8|4|2>V<8|4|2>")
-    return Config(f"{policy}@{budget:g}/{formats}", policy, budget, formats, k, v, tail)
+    name = f"{policy}@{budget:g}/{formats}"
+    if block != DEFAULT_BLOCK_TOKENS:
+        name += f"/T{block}"
+    return Config(name, policy, budget, formats, k, v, tail, block)
 
 
 def budget_tokens(budget: float, context_tokens: int) -> int:
@@ -258,7 +272,8 @@ def compaction_expected(budget: int, turns: list[dict], chunk: int = PREFILL_CHU
 def base_record(task: Task, cfg: Config, context: int | None, bpt: int | None) -> dict:
     rec = {"task": task.id, "family": task.family, "file": task.file, "config": cfg.text,
            "policy": cfg.policy, "budget": num6(cfg.budget), "formats": cfg.formats,
-           "k_format": cfg.k_format, "v_format": cfg.v_format, "context_tokens": context,
+           "k_format": cfg.k_format, "v_format": cfg.v_format,
+           "block_tokens": cfg.block_tokens, "context_tokens": context,
            "bytes_per_token_f16": bpt, "eval": task.eval, "mode": "live"}
     notes = []
     if cfg.f16_tail:
@@ -282,6 +297,10 @@ def live_record(task: Task, cfg: Config, context: int, bpt: int, budget: int | N
     if last.get("cache") != want_cache:
         rec["error"] = (f"polykvd stored the session as {last.get('cache')}, not the "
                         f"{want_cache} the config asks for")
+        return rec
+    if last.get("block_tokens") != cfg.block_tokens:
+        rec["error"] = (f"polykvd opened the session with pages of {last.get('block_tokens')} "
+                        f"tokens, not the {cfg.block_tokens} the config asks for")
         return rec
     if "tokens" not in last:
         rec["error"] = "polykv-worker printed no token ids (rebuild it: this run's is too old)"
@@ -619,6 +638,7 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
         """One polykv-worker run: (exit code, turns, summary, stderr, seconds)."""
         cmd = [bins.worker, "run", task.file, "--daemon", daemon.socket, "--tenant", TENANT,
                "--agent", agent, "--key-format", c.k_format, "--value-format", c.v_format,
+               "--block-tokens", str(c.block_tokens),
                "--threads", "1", "--max-new-tokens", str(DEFAULT_MAX_NEW_TOKENS),
                "--prefill-chunk", str(PREFILL_CHUNK), "--model", model, "--summary"]
         if logprobs_out:

@@ -132,8 +132,14 @@ absl::StatusOr<std::vector<std::string>> RunTask(
     texts.push_back(model.tokenizer->TokenText(id));
   }
   const int32_t answer_turn = conv.turns() + (task.has_question ? 1 : 0);
-  auto view = BuildContextView(base, texts, answer_turn);
-  if (!view.ok()) return view.status();
+  // One view per page size among the configurations (plans address blocks).
+  std::map<int, policies::SessionView> views;
+  for (const CacheConfig& c : configs) {
+    if (c.full() || views.count(c.block_tokens)) continue;
+    auto view = BuildContextView(base, texts, answer_turn, c.block_tokens);
+    if (!view.ok()) return view.status();
+    views.emplace(c.block_tokens, std::move(*view));
+  }
 
   // 4. Every configuration from the one prefill.
   struct Compressed {
@@ -146,13 +152,14 @@ absl::StatusOr<std::vector<std::string>> RunTask(
       out.sel.layers = KeepAll(base);
       out.sel.kept_slots_mean = static_cast<double>(context_tokens);
     } else {
-      auto s = Select(*policy_by_name.at(c.policy), *view, c.budget);
+      auto s = Select(*policy_by_name.at(c.policy), views.at(c.block_tokens), c.budget);
       if (!s.ok()) return s.status();
       out.sel = std::move(*s);
     }
     EvalKvStoreOptions so;
     so.shape = mc.kv_shape();
     so.append_format = c.append_format;
+    so.block_tokens = c.block_tokens;
     auto store = EvalKvStore::Compact(base, out.sel.layers, c.k_format, c.v_format, c.f16_tail, so);
     if (!store.ok()) return store.status();
     out.store = std::move(*store);
@@ -318,11 +325,11 @@ absl::StatusOr<std::vector<std::string>> RunTask(
     });
   }
 
-  const kernels::PageShape ps{kEvalBlockTokens, mc.num_kv_heads, mc.head_dim};
+  const kernels::PageShape ps{kDefaultBlockTokens, mc.num_kv_heads, mc.head_dim};
   const double bytes_per_token_f16 =
       static_cast<double>(kernels::PageBytes(kernels::PageFormat::kF16, kernels::KvKind::kKey, ps) +
                           kernels::PageBytes(kernels::PageFormat::kF16, kernels::KvKind::kValue, ps)) *
-      mc.num_layers / kEvalBlockTokens;
+      mc.num_layers / kDefaultBlockTokens;
   const Outcome& reference = outcomes[0];
   std::vector<std::string> records;
   for (size_t i = 0; i < configs.size(); ++i) {
@@ -338,6 +345,7 @@ absl::StatusOr<std::vector<std::string>> RunTask(
         {"formats", c.formats},
         {"k_format", std::string(kernels::FormatShortName(c.k_format))},
         {"v_format", std::string(kernels::FormatShortName(c.v_format))},
+        {"block_tokens", c.block_tokens},
         {"context_tokens", context_tokens},
         {"prefill_tokens_per_s", Num(context_tokens / std::max(prefill_s, 1e-9))},
         {"bytes_per_token_f16", Num(bytes_per_token_f16)},

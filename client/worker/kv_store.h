@@ -71,6 +71,8 @@ class KvStore {
   virtual uint64_t epoch() const { return 0; }
   // "local-f32", "pool", ...
   virtual std::string name() const = 0;
+  // Slots per page of a paged store; 0 for a store without pages.
+  virtual int block_tokens() const { return 0; }
 
   // Called when a new message starts. Default: nothing to report.
   virtual absl::Status BeginTurn(const TurnInfo& turn) { return absl::OkStatus(); }

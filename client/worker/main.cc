@@ -187,6 +187,7 @@ std::string TurnJson(const Flags& f, const std::string& id, int turn, const Turn
                    {"kv_bytes", store.bytes()},
                    {"kv_bytes_peak", store.peak_bytes()},
                    {"epoch", store.epoch()}};
+  if (store.block_tokens() > 0) out["block_tokens"] = store.block_tokens();
   if (!answer_prefix.empty()) out["answer_prefix"] = answer_prefix;
   if (forced != nullptr) {
     out.update({{"forced", true},

@@ -186,6 +186,7 @@ class PagedKvStore : public KvStore {
   // Reservations the pool refused and this store retried (reserve_retry_ms).
   int64_t reserve_retries() const { return reserve_retries_; }
   std::string name() const override { return source_->name(); }
+  int block_tokens() const override { return page_shape_.block_tokens; }
   absl::Status BeginStep(std::span<const TokenMeta> tokens) override;
   absl::Status Append(int layer, const float* k, const float* v) override;
   absl::Status Attend(int layer, int num_heads, const float* q, float* out) override;

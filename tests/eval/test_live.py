@@ -41,12 +41,12 @@ TASK_LINES = [
 
 
 def turn(prompt, completion, tokens, epoch=0, cache="pool-f16-f16", peak=1000, final=600,
-         text=" v1.2.", stop="eos"):
+         text=" v1.2.", stop="eos", block_tokens=16):
     return {"agent": "a", "id": "recall-007", "turn": 4, "text": text, "tokens": tokens,
             "prompt_tokens": prompt, "completion_tokens": completion,
             "cached_tokens": prompt + completion - 1, "decode_tokens_per_s": 20.0,
             "prefill_tokens_per_s": 150.0, "stop": stop, "cache": cache, "kv_bytes": final,
-            "kv_bytes_peak": peak, "epoch": epoch}
+            "kv_bytes_peak": peak, "epoch": epoch, "block_tokens": block_tokens}
 
 
 class SplitListTest(unittest.TestCase):
@@ -71,8 +71,15 @@ class ConfigTest(unittest.TestCase):
         self.assertEqual((c.text, c.k_format, c.v_format, c.f16_tail),
                          ("sinks+structural+intent@0.1/K2V2", "int2", "int2", 128))
         self.assertEqual(live.parse_config("window@1/f32").k_format, "f32")
+        # pages of T tokens; T16 is the default and unnamed, as in cache_config.cc
+        c = live.parse_config("full@1/K4V2/T64")
+        self.assertEqual((c.text, c.formats, c.k_format, c.v_format, c.block_tokens),
+                         ("full@1/K4V2/T64", "K4V2", "int4", "int2", 64))
+        self.assertEqual(live.parse_config("h2o@0.5/K8V4/T16").text, "h2o@0.5/K8V4")
+        self.assertEqual(live.parse_config("h2o@0.5/K8V4").block_tokens, 16)
         for bad in ("h2o", "@0.5/f16", "h2o@0/f16", "h2o@1.5/f16", "h2o@x/f16", "h2o@0.5/K3V4",
-                    "h2o@0.5/bf16"):
+                    "h2o@0.5/bf16", "full@1/K4V4/T48", "full@1/K4V4/T512", "full@1/K4V4/T",
+                    "full@1/T64", "full@1/K4V4/T64/T64"):
             with self.assertRaises(ValueError, msg=bad):
                 live.parse_config(bad)
 
@@ -186,6 +193,10 @@ class RecordTest(unittest.TestCase):
         rec = live.live_record(self.task, cfg, 1025, 23040, 256, "a",
                                [turn(1050, 8, [1], epoch=1)], None, {"output_tokens": [1]}, 1.0)
         self.assertIn("not the pool-int8-int4", rec["error"])
+        # ... or other pages than asked
+        rec = live.live_record(self.task, live.parse_config("full@1/f16/T64"), 1025, 23040, None,
+                               "a", [turn(1050, 8, [1])], None, {"output_tokens": [1]}, 1.0)
+        self.assertIn("pages of 16 tokens, not the 64", rec["error"])
         # a budget that had to compact, but the table never changed
         cfg = live.parse_config("h2o@0.25/f16")
         rec = live.live_record(self.task, cfg, 1025, 23040, 256, "a",

@@ -175,7 +175,7 @@ TEST(EvalKvStore, FormatsCostTheirPagesAndKeepTheResidualExact) {
   auto store = NewStore(false);
   std::mt19937 rng(2);
   RunStep(*store, RandomStep(rng, 40, 0));  // 2 full pages + 8 slots
-  const kernels::PageShape ps{kEvalBlockTokens, kShape.num_kv_heads, kShape.head_dim};
+  const kernels::PageShape ps{kDefaultBlockTokens, kShape.num_kv_heads, kShape.head_dim};
   const auto page = [&](kernels::PageFormat f, kernels::KvKind k) {
     return static_cast<int64_t>(kernels::PageBytes(f, k, ps));
   };
@@ -211,6 +211,34 @@ TEST(EvalKvStore, FormatsCostTheirPagesAndKeepTheResidualExact) {
   EXPECT_EQ((*full16)->slots(1), 41);
 }
 
+// Longer pages: the same rows in 32-slot pages encode one full page (the rest
+// is residual) and cost the pages of that shape, whose key params are shared
+// by twice the tokens.
+TEST(EvalKvStore, LongerPagesCostTheirShapesPages) {
+  auto store = NewStore(false);
+  std::mt19937 rng(5);
+  RunStep(*store, RandomStep(rng, 40, 0));  // 1 full 32-slot page + 8 slots
+  const auto f16 = kernels::PageFormat::kF16, i4 = kernels::PageFormat::kInt4;
+  const auto pair = [&](int bt, kernels::PageFormat f) {
+    const kernels::PageShape ps{bt, kShape.num_kv_heads, kShape.head_dim};
+    return static_cast<int64_t>(kernels::PageBytes(f, kernels::KvKind::kKey, ps) +
+                                kernels::PageBytes(f, kernels::KvKind::kValue, ps));
+  };
+  EvalKvStoreOptions o{kShape, f16};
+  o.block_tokens = 32;
+  auto k4v4 = EvalKvStore::Compact(*store, KeepAll(*store), i4, i4, 0, o);
+  ASSERT_TRUE(k4v4.ok()) << k4v4.status();
+  EXPECT_EQ((*k4v4)->bytes(), kShape.num_layers * (pair(32, i4) + pair(32, f16)));
+  EXPECT_LT(pair(32, i4), 2 * pair(16, i4));  // key params amortized
+  EXPECT_EQ(pair(32, f16), 2 * pair(16, f16));
+  // A selection's requantized blocks are counted in the store's pages.
+  std::vector<LayerSelection> sel = KeepAll(*store);
+  for (LayerSelection& l : sel) l.requant_k = {i4, i4};  // two 16-slot blocks: not this shape's
+  EXPECT_FALSE(EvalKvStore::Compact(*store, sel, f16, f16, 0, o).ok());
+  o.block_tokens = 0;
+  EXPECT_FALSE(EvalKvStore::Compact(*store, KeepAll(*store), i4, i4, 0, o).ok());
+}
+
 // A block the plan requantized holds what a daemon page of that format holds:
 // its rows through the page codec (QuantizePage over all 16 rows, then
 // DequantizePage), costs that page's bytes, and keeps attention close to the
@@ -232,7 +260,7 @@ TEST(EvalKvStore, RequantizedBlocksHoldThePageCodecsValues) {
   ASSERT_TRUE(plain.ok());
 
   // Keys of block 1 are exactly the codec's round trip of the source rows.
-  const kernels::PageShape ps{kEvalBlockTokens, kShape.num_kv_heads, kShape.head_dim};
+  const kernels::PageShape ps{kDefaultBlockTokens, kShape.num_kv_heads, kShape.head_dim};
   const size_t page_bytes = kernels::PageBytes(i4, kernels::KvKind::kKey, ps);
   std::vector<uint8_t> buf(page_bytes + kernels::kPageAlignment);
   void* page = reinterpret_cast<void*>(
@@ -245,15 +273,15 @@ TEST(EvalKvStore, RequantizedBlocksHoldThePageCodecsValues) {
     std::vector<float> vrows(ctx.v.begin() + (l * 40 + 16) * kRow, ctx.v.begin() + (l * 40 + 32) * kRow);
     std::vector<float> vdec(vrows.size());
     ASSERT_TRUE(kernels::QuantizePage(exec, ps, kernels::KvKind::kValue, i4, vrows.data(),
-                                      kernels::SourceType::kF32, kEvalBlockTokens, page).ok());
+                                      kernels::SourceType::kF32, kDefaultBlockTokens, page).ok());
     ASSERT_TRUE(kernels::DequantizePage(exec, ps, kernels::KvKind::kValue, i4, page,
-                                        kEvalBlockTokens, vdec.data()).ok());
+                                        kDefaultBlockTokens, vdec.data()).ok());
     for (size_t i = 0; i < vrows.size(); ++i) v_err = std::max(v_err, double{std::abs(vrows[i] - vdec[i])});
     std::vector<float> rows(ctx.k.begin() + (l * 40 + 16) * kRow, ctx.k.begin() + (l * 40 + 32) * kRow);
     ASSERT_TRUE(kernels::QuantizePage(exec, ps, kernels::KvKind::kKey, i4, rows.data(),
-                                      kernels::SourceType::kF32, kEvalBlockTokens, page).ok());
+                                      kernels::SourceType::kF32, kDefaultBlockTokens, page).ok());
     ASSERT_TRUE(kernels::DequantizePage(exec, ps, kernels::KvKind::kKey, i4, page,
-                                        kEvalBlockTokens, rows.data()).ok());
+                                        kDefaultBlockTokens, rows.data()).ok());
     const std::vector<float> got = (*cold)->KeySummaries(l), src = (*plain)->KeySummaries(l);
     for (int s = 0; s < 40; ++s) {
       for (int i = 0; i < d; ++i) {
@@ -339,7 +367,16 @@ TEST(CacheConfig, ParsesAndNamesTheBadPart) {
   auto braced = ParseCacheConfig("h2o{cold.format=int4,cold.fraction=0.5}@0.25/K8V8");
   ASSERT_TRUE(braced.ok()) << braced.status();
   EXPECT_EQ(braced->policy, "h2o{cold.format=int4,cold.fraction=0.5}");
-  for (const char* bad : {"h2o", "h2o@0/f16", "h2o@1.5/f16", "h2o@x/f16", "h2o@0.5/K3V4", "@0.5/f16"}) {
+  EXPECT_EQ(f->block_tokens, kDefaultBlockTokens);
+  auto t64 = ParseCacheConfig("full@1/K4V2/T64");
+  ASSERT_TRUE(t64.ok()) << t64.status();
+  EXPECT_EQ(t64->block_tokens, 64);
+  EXPECT_EQ(t64->formats, "K4V2");
+  EXPECT_EQ(t64->text, "full@1/K4V2/T64");
+  EXPECT_EQ(ParseCacheConfig("h2o@0.5/K8V4/T16")->text, "h2o@0.5/K8V4");  // the default, unnamed
+  for (const char* bad : {"h2o", "h2o@0/f16", "h2o@1.5/f16", "h2o@x/f16", "h2o@0.5/K3V4", "@0.5/f16",
+                          "full@1/K4V4/T48", "full@1/K4V4/T512", "full@1/K4V4/T", "full@1/T64",
+                          "full@1/K4V4/T64/T64"}) {
     auto r = ParseCacheConfig(bad);
     EXPECT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.status().message().find(bad), std::string::npos) << r.status();
