@@ -1,6 +1,6 @@
 // One cache configuration of the evaluation matrix, written
-// "policy@budget/formats[/T<n>]": e.g. "h2o@0.25/K8V4", "full@1/f16",
-// "sinks+structural+intent@0.1/K2V2", "full@1/K4V2/T64".
+// "policy@budget/formats[/T<n>][/R<n>]": e.g. "h2o@0.25/K8V4", "full@1/f16",
+// "sinks+structural+intent@0.1/K2V2", "full@1/K4V2/T64", "full@1/K4V4/R128".
 //
 //   policy   a policies/ preset or '+'-joined composite, optionally with
 //            parameters in braces (policies::MakePolicyFromText), e.g.
@@ -8,12 +8,18 @@
 //   budget   fraction of the context's tokens each layer keeps on average
 //            (0 < budget <= 1); "full" ignores it
 //   formats  f32 | f16 | K<k>V<v> with k, v in {8, 4, 2} (int8/int4/int2 pages).
-//            K2V2 keeps the most recent 128 slots in f16 (KIVI's residual);
+//            A format with int2 keeps the most recent 128 slots in f16
+//            (KIVI's residual) unless R<n> says otherwise. In the harness
 //            every format keeps the partial last page and new tokens in f16.
 //   T<n>     tokens per page (a power of two in 1..256; default 16, the
 //            pool's). Key params are per channel per page, so longer pages
 //            spend fewer bits on them (docs/formats.md) and keep a longer
 //            f16 residual page; omitted from the canonical text when 16.
+//   R<n>     the recent window kept in f16 beside quantized pages, in
+//            tokens (f16_tail): the harness keeps the latest n context slots
+//            in f16; live, the worker attends its newest pages covering at
+//            least n tokens from f16 copies (polykv-worker
+//            --recent-f16-tokens). Omitted when it is the formats' default.
 #pragma once
 
 #include <string>

@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   int logprobs_top = 64;
   app.add_option("--tasks", task_paths, "task files (*.jsonl) or directories of them")->required();
   app.add_option("--configs", configs_text,
-                 "comma-separated configurations policy@budget/formats, e.g. "
+                 "comma-separated configurations policy@budget/formats[/T<n>][/R<n>], e.g. "
                  "h2o@0.25/K8V4,full@1/f16 (full@1/f16, the reference, always runs)");
   app.add_option("--configs-file", configs_file, "one configuration per line (# comments)");
   app.add_option("--out", out_path, "JSONL result records (appended with --resume)")->required();

@@ -51,6 +51,7 @@ TENANT = "eval"
 # (cache_config.cc kInt2Residual); the worker's paged store has no such tail.
 INT2_TAIL = 128
 DEFAULT_BLOCK_TOKENS = 16  # bench/eval/cache_config.h kDefaultBlockTokens
+MAX_RECENT_TOKENS = 1 << 16  # bench/eval/cache_config.cc kMaxRecentTokens
 # polykvd compacts a session holding more than budget + max(budget / 10, 1)
 # tokens (daemon/compaction/compactor.cc CompactionTarget), and only at a
 # Sync, which the worker's PagedKvStore makes before its first forward step
@@ -84,7 +85,7 @@ class Config:
     formats: str
     k_format: str  # the worker's --key-format (kernels' short names)
     v_format: str
-    f16_tail: int = 0  # polykv-eval's f16 residual slots (K2V2); live has none
+    f16_tail: int = 0  # the f16 recent window: the worker's --recent-f16-tokens
     block_tokens: int = DEFAULT_BLOCK_TOKENS  # the worker's --block-tokens
 
     @property
@@ -96,20 +97,33 @@ _INT_BITS = {"8": "int8", "4": "int4", "2": "int2"}
 
 
 def parse_config(text: str) -> Config:
-    """policy@budget/formats[/T<n>], exactly as bench/eval/cache_config.cc parses it."""
+    """policy@budget/formats[/T<n>][/R<n>], exactly as bench/eval/cache_config.cc parses it."""
     def fail(why):
-        raise ValueError(f'cache config "{text}": {why} (expected policy@budget/formats[/T<n>], '
-                         "e.g. h2o@0.25/K8V4)")
+        raise ValueError(f'cache config "{text}": {why} (expected '
+                         "policy@budget/formats[/T<n>][/R<n>], e.g. h2o@0.25/K8V4)")
     text = text.strip()
-    spec, block = text, DEFAULT_BLOCK_TOKENS
-    slash = spec.rfind("/")
-    if slash >= 0 and spec[slash + 1:slash + 2] == "T":
-        t = spec[slash + 2:]
-        block = int(t) if t.isdigit() else 0
-        if not 1 <= block <= 256 or block & (block - 1):
-            fail("T<n>: tokens per page must be a power of two in 1..256")
-        spec = spec[:slash]
+    spec, block, recent = text, DEFAULT_BLOCK_TOKENS, None
+    seen = set()
+    while True:  # trailing /T<n> and /R<n>, each at most once, in either order
         slash = spec.rfind("/")
+        what = spec[slash + 1:slash + 2] if slash >= 0 else ""
+        if what not in ("T", "R"):
+            break
+        n = spec[slash + 2:]
+        if what in seen or not n.isdigit():
+            fail("T<n>: a number of tokens per page, given once" if what == "T" else
+                 "R<n>: a number of recent tokens kept in f16, given once")
+        seen.add(what)
+        if what == "T":
+            block = int(n)
+            if not 1 <= block <= 256 or block & (block - 1):
+                fail("T<n>: tokens per page must be a power of two in 1..256")
+        else:
+            recent = int(n)
+            if recent > MAX_RECENT_TOKENS:
+                fail(f"R<n>: the f16 recent window must be 0..{MAX_RECENT_TOKENS} tokens")
+        spec = spec[:slash]
+    slash = spec.rfind("/")
     at = spec.find("@")
     if at <= 0 or slash < 0 or slash < at:
         fail("malformed")
@@ -133,9 +147,14 @@ def parse_config(text: str) -> Config:
             tail = INT2_TAIL
     else:
         fail("formats must be f32, f16 or K<8|4|2>V<8|4|2>")
+    if recent and formats in ("f32", "f16"):
+        fail("R<n> keeps recent tokens in f16 beside quantized pages: it needs K<k>V<v>")
     name = f"{policy}@{budget:g}/{formats}"
     if block != DEFAULT_BLOCK_TOKENS:
         name += f"/T{block}"
+    if recent is not None and recent != tail:
+        name += f"/R{recent}"
+        tail = recent
     return Config(name, policy, budget, formats, k, v, tail, block)
 
 
@@ -273,14 +292,14 @@ def base_record(task: Task, cfg: Config, context: int | None, bpt: int | None) -
     rec = {"task": task.id, "family": task.family, "file": task.file, "config": cfg.text,
            "policy": cfg.policy, "budget": num6(cfg.budget), "formats": cfg.formats,
            "k_format": cfg.k_format, "v_format": cfg.v_format,
-           "block_tokens": cfg.block_tokens, "context_tokens": context,
+           "block_tokens": cfg.block_tokens, "recent_f16_tokens": cfg.f16_tail,
+           "context_tokens": context,
            "bytes_per_token_f16": bpt, "eval": task.eval, "mode": "live"}
-    notes = []
     if cfg.f16_tail:
-        notes.append(f"polykv-eval keeps the latest {cfg.f16_tail} slots in f16 for int2; a live "
-                     "session stores every page in its formats (no f16 tail)")
-    if notes:
-        rec["live_notes"] = notes
+        rec["live_notes"] = [
+            f"the f16 recent window: polykv-eval keeps the latest {cfg.f16_tail} context slots "
+            "and every later token in f16; a live worker attends its newest pages covering at "
+            f"least {cfg.f16_tail} tokens (and the page being filled) from f16 copies"]
     return rec
 
 
@@ -297,6 +316,10 @@ def live_record(task: Task, cfg: Config, context: int, bpt: int, budget: int | N
     if last.get("cache") != want_cache:
         rec["error"] = (f"polykvd stored the session as {last.get('cache')}, not the "
                         f"{want_cache} the config asks for")
+        return rec
+    if (last.get("recent_f16_tokens") or 0) != cfg.f16_tail:
+        rec["error"] = (f"polykv-worker kept {last.get('recent_f16_tokens') or 0} recent tokens "
+                        f"in f16, not the {cfg.f16_tail} the config asks for")
         return rec
     if last.get("block_tokens") != cfg.block_tokens:
         rec["error"] = (f"polykvd opened the session with pages of {last.get('block_tokens')} "
@@ -638,7 +661,7 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
         """One polykv-worker run: (exit code, turns, summary, stderr, seconds)."""
         cmd = [bins.worker, "run", task.file, "--daemon", daemon.socket, "--tenant", TENANT,
                "--agent", agent, "--key-format", c.k_format, "--value-format", c.v_format,
-               "--block-tokens", str(c.block_tokens),
+               "--block-tokens", str(c.block_tokens), "--recent-f16-tokens", str(c.f16_tail),
                "--threads", "1", "--max-new-tokens", str(DEFAULT_MAX_NEW_TOKENS),
                "--prefill-chunk", str(PREFILL_CHUNK), "--model", model, "--summary"]
         if logprobs_out:

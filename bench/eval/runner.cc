@@ -346,6 +346,7 @@ absl::StatusOr<std::vector<std::string>> RunTask(
         {"k_format", std::string(kernels::FormatShortName(c.k_format))},
         {"v_format", std::string(kernels::FormatShortName(c.v_format))},
         {"block_tokens", c.block_tokens},
+        {"recent_f16_tokens", c.f16_tail},
         {"context_tokens", context_tokens},
         {"prefill_tokens_per_s", Num(context_tokens / std::max(prefill_s, 1e-9))},
         {"bytes_per_token_f16", Num(bytes_per_token_f16)},

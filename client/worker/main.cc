@@ -55,6 +55,7 @@ struct Flags {
   std::string key_format;    // Empty: f32 for --local-pages, the daemon's choice for --daemon.
   std::string value_format;
   int block_tokens = 16;
+  int recent_f16_tokens = 0;
   std::string attention = "kernels";
   int max_new_tokens = 128;
   uint64_t seed = 0;
@@ -91,6 +92,10 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const Flags& f, const LoadedM
   if (modes != 1) {
     return absl::InvalidArgumentError(
         "choose where the KV cache lives: --daemon SOCKET, --local-cache or --local-pages");
+  }
+  if (f.local_cache && f.recent_f16_tokens > 0) {
+    return absl::InvalidArgumentError(
+        "--recent-f16-tokens is for paged caches (--daemon or --local-pages); --local-cache is f32");
   }
   const KvShape shape = m.model->config().kv_shape();
   kernels::Exec exec;
@@ -158,6 +163,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const Flags& f, const LoadedM
   PagedKvStoreOptions po;
   po.shape = shape;
   po.exec = exec;
+  po.recent_f16_tokens = f.recent_f16_tokens;
   if (!f.daemon.empty()) po.reserve_retry_ms = f.reserve_retry_ms;
   auto s = PagedKvStore::Create(po, std::move(source));
   if (!s.ok()) return s.status();
@@ -188,6 +194,7 @@ std::string TurnJson(const Flags& f, const std::string& id, int turn, const Turn
                    {"kv_bytes_peak", store.peak_bytes()},
                    {"epoch", store.epoch()}};
   if (store.block_tokens() > 0) out["block_tokens"] = store.block_tokens();
+  if (f.recent_f16_tokens > 0) out["recent_f16_tokens"] = f.recent_f16_tokens;
   if (!answer_prefix.empty()) out["answer_prefix"] = answer_prefix;
   if (forced != nullptr) {
     out.update({{"forced", true},
@@ -476,6 +483,8 @@ int main(int argc, char** argv) {
     c->add_option("--key-format", f.key_format, "page format of keys: f32 f16 bf16 fp8 int8 int4 int2");
     c->add_option("--value-format", f.value_format, "page format of values");
     c->add_option("--block-tokens", f.block_tokens, "tokens per page (--local-pages; --daemon: 0 = daemon default)")
+        ->check(CLI::NonNegativeNumber);
+    c->add_option("--recent-f16-tokens", f.recent_f16_tokens, "paged stores: attend the newest N tokens (whole pages, plus the page being filled) from f16 copies kept beside the quantized pages (KIVI's residual); counted in kv_bytes. 0 = none")
         ->check(CLI::NonNegativeNumber);
     c->add_option("--attention", f.attention, "--local-cache attention: kernels (default) or blas");
     c->add_option("--agent", f.agent, "agent id reported to the daemon and in the output");

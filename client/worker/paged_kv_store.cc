@@ -108,15 +108,58 @@ PagedKvStore::PagedKvStore(const PagedKvStoreOptions& options, std::unique_ptr<P
   v_residual_ = k_residual_;
 }
 
+void PagedKvStore::InitRecentWindow() {
+  const int bt = page_shape_.block_tokens;
+  if (options_.recent_f16_tokens <= 0) return;
+  recent_blocks_ = (options_.recent_f16_tokens + bt - 1) / bt + 1;
+  recent_page_bytes_ = kernels::PageBytes(PageFormat::kF16, KvKind::kKey, page_shape_);
+  const size_t total = recent_page_bytes_ * 2 * recent_blocks_ * options_.shape.num_layers;
+  recent_buf_.assign(total + kernels::kPageAlignment, 0);
+  recent_ = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(recent_buf_.data()) + kernels::kPageAlignment - 1) &
+      ~(uintptr_t{kernels::kPageAlignment} - 1));
+  recent_bytes_ = static_cast<int64_t>(total);
+}
+
+uint8_t* PagedKvStore::RecentPage(int layer, int64_t block, KvKind kind) {
+  const size_t slot = static_cast<size_t>(layer) * recent_blocks_ + block % recent_blocks_;
+  return recent_ + (slot * 2 + (kind == KvKind::kValue ? 1 : 0)) * recent_page_bytes_;
+}
+
+absl::Status PagedKvStore::WriteRecentRows(int layer, int64_t block, int first_row, int rows) {
+  if (recent_blocks_ == 0 || rows == 0) return absl::OkStatus();
+  const size_t at = static_cast<size_t>(first_row) * row_;
+  RETURN_IF_ERROR_(kernels::WritePageRows(page_shape_, PageFormat::kF16,
+                                          k_residual_[layer].data() + at, first_row, rows,
+                                          RecentPage(layer, block, KvKind::kKey)));
+  return kernels::WritePageRows(page_shape_, PageFormat::kF16, v_residual_[layer].data() + at,
+                                first_row, rows, RecentPage(layer, block, KvKind::kValue));
+}
+
+const kernels::BlockEntry* PagedKvStore::AttendTable(int layer, int64_t num_blocks) {
+  const std::vector<kernels::BlockEntry>& table = tables_[layer];
+  const int64_t first = std::max(recent_from_, num_blocks - recent_blocks_);
+  if (recent_blocks_ == 0 || first >= num_blocks) return table.data();
+  attend_table_.assign(table.begin(), table.begin() + num_blocks);
+  for (int64_t b = first; b < num_blocks; ++b) {
+    kernels::BlockEntry& e = attend_table_[b];
+    e.k_offset = reinterpret_cast<uintptr_t>(RecentPage(layer, b, KvKind::kKey));
+    e.v_offset = reinterpret_cast<uintptr_t>(RecentPage(layer, b, KvKind::kValue));
+    e.k_format = e.v_format = PageFormat::kF16;
+  }
+  return attend_table_.data();
+}
+
 absl::StatusOr<std::unique_ptr<PagedKvStore>> PagedKvStore::Create(
     const PagedKvStoreOptions& options, std::unique_ptr<PageSource> source) {
   if (source == nullptr) return absl::InvalidArgumentError("PagedKvStore: no page source");
   const KvShape& s = options.shape;
   if (s.num_layers <= 0 || s.num_kv_heads <= 0 || s.head_dim <= 0 ||
-      source->block_tokens() <= 0) {
+      source->block_tokens() <= 0 || options.recent_f16_tokens < 0) {
     return absl::InvalidArgumentError("PagedKvStore: bad shape");
   }
   std::unique_ptr<PagedKvStore> store(new PagedKvStore(options, std::move(source)));
+  store->InitRecentWindow();
   // Adopt whatever the source already holds (e.g. a resumed session).
   auto t = store->source_->Sync();
   if (!t.ok()) return t.status();
@@ -136,7 +179,7 @@ void PagedKvStore::AddBlocks(const std::vector<PagedBlock>& blocks) {
     }
   }
   reserved_ = static_cast<int64_t>(tables_[0].size()) * page_shape_.block_tokens;
-  peak_bytes_ = std::max(peak_bytes_, source_->bytes());
+  peak_bytes_ = std::max(peak_bytes_, bytes());
 }
 
 absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
@@ -175,10 +218,13 @@ absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
   num_slots_ = table.num_tokens;
   epoch_ = table.epoch;
   mass_.assign(num_slots_, 0.0f);  // Slots moved: pending scores no longer apply.
-  // Rebuild the f32 rows of a partly filled last block from its pages.
+  // Rebuild the f32 rows of a partly filled last block from its pages. The
+  // recent window restarts there: its other rows moved or are gone.
   residual_block_ = num_slots_ > 0 ? (num_slots_ - 1) / bt : 0;
   const int rows = static_cast<int>(num_slots_ - residual_block_ * bt);
+  recent_from_ = num_slots_ / bt;
   if (num_slots_ > 0 && rows < bt) {
+    recent_from_ = residual_block_;
     for (int l = 0; l < options_.shape.num_layers; ++l) {
       const kernels::BlockEntry& e = tables_[l][residual_block_];
       RETURN_IF_ERROR_(kernels::DequantizePage(
@@ -189,6 +235,7 @@ absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
           options_.exec, page_shape_, KvKind::kValue, e.v_format,
           reinterpret_cast<const void*>(static_cast<uintptr_t>(e.v_offset)), rows,
           v_residual_[l].data()));
+      RETURN_IF_ERROR_(WriteRecentRows(l, residual_block_, 0, rows));
     }
   }
   return absl::OkStatus();
@@ -314,18 +361,22 @@ absl::Status PagedKvStore::Append(int layer, const float* k, const float* v) {
     std::fill(k_residual_[layer].begin(), k_residual_[layer].end(), 0.0f);
     std::fill(v_residual_[layer].begin(), v_residual_[layer].end(), 0.0f);
   }
+  int first_new = static_cast<int>(num_slots_ % bt);  // of `block`'s rows, this step's first
   for (int64_t i = 0; i < n; ++i) {
     const int64_t slot = num_slots_ + i;
     if (slot / bt != block) {  // Crossed into a new block: the old one is full.
       RETURN_IF_ERROR_(EncodeBlock(layer, block, bt));
+      RETURN_IF_ERROR_(WriteRecentRows(layer, block, first_new, bt - first_new));
       block = slot / bt;
+      first_new = 0;
     }
     const int64_t r = slot % bt;
     std::memcpy(&k_residual_[layer][r * row_], k + i * row_, sizeof(float) * row_);
     std::memcpy(&v_residual_[layer][r * row_], v + i * row_, sizeof(float) * row_);
   }
-  RETURN_IF_ERROR_(
-      EncodeBlock(layer, block, static_cast<int>((num_slots_ + n - 1) % bt + 1)));
+  const int rows = static_cast<int>((num_slots_ + n - 1) % bt + 1);
+  RETURN_IF_ERROR_(EncodeBlock(layer, block, rows));
+  RETURN_IF_ERROR_(WriteRecentRows(layer, block, first_new, rows - first_new));
   ++next_layer_;
   return absl::OkStatus();
 }
@@ -340,8 +391,8 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
   kernels::PagedKvView view;
   view.shape = page_shape_;
   view.base = nullptr;  // Entries hold absolute addresses.
-  view.blocks = tables_[layer].data();
   view.num_blocks = static_cast<int>((total + bt - 1) / bt);
+  view.blocks = AttendTable(layer, view.num_blocks);
   view.num_tokens = static_cast<int>(total);
   kernels::AttentionParams params;
   params.num_q_heads = num_heads;
@@ -406,6 +457,7 @@ absl::Status PagedKvStore::BeginProbe() {
   probe_residual_block_ = residual_block_;
   probe_k_residual_ = k_residual_;
   probe_v_residual_ = v_residual_;
+  probe_recent_ = recent_buf_;  // The probe's rows may take ring slots of window blocks.
   probe_mass_.assign(static_cast<size_t>(num_slots_), 0.0f);
   return absl::OkStatus();
 }
@@ -419,6 +471,8 @@ absl::Status PagedKvStore::EndProbe() {
   residual_block_ = probe_residual_block_;
   k_residual_ = std::move(probe_k_residual_);
   v_residual_ = std::move(probe_v_residual_);
+  // Into the same buffer: recent_ points into it.
+  std::copy(probe_recent_.begin(), probe_recent_.end(), recent_buf_.begin());
   mass_.resize(static_cast<size_t>(num_slots_));
   if (!slot_bias_.empty()) slot_bias_.resize(static_cast<size_t>(num_slots_));
   // The probe wrote its rows after the committed ones; a partly filled block

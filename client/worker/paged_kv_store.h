@@ -168,6 +168,17 @@ struct PagedKvStoreOptions {
   // Most of an agent's context is prefilled, not decoded: without it the
   // daemon's H2O-style scores see only the answers' attention.
   bool prefill_attention_mass = true;
+  // The recent window kept in f16 (KIVI's residual): attention reads the
+  // newest blocks -- the one being filled and enough full ones before it to
+  // hold at least this many tokens, i.e. ceil(recent_f16_tokens / T) + 1
+  // blocks -- from f16 copies of their rows that this store keeps itself,
+  // while the pool's pages hold the session's formats as always (the daemon
+  // reads and compacts those). 0: none. Worth it only for quantized formats:
+  // the caller decides.
+  // Counted in bytes(). After the store adopts a compacted table the window
+  // restarts at the block being filled: rows it held are not kept across a
+  // compaction.
+  int recent_f16_tokens = 0;
   kernels::Exec exec;  // kernels backend and threads (CPU by default)
 };
 
@@ -179,7 +190,8 @@ class PagedKvStore : public KvStore {
 
   const KvShape& shape() const override { return options_.shape; }
   int64_t num_slots() const override { return num_slots_; }
-  int64_t bytes() const override { return source_->bytes(); }
+  // The source's pages and the recent window's f16 copies.
+  int64_t bytes() const override { return source_->bytes() + recent_bytes_; }
   // Taken whenever the block table grows or is replaced: a compacted
   // session's peak is just before the compaction.
   int64_t peak_bytes() const override { return std::max(peak_bytes_, bytes()); }
@@ -217,6 +229,14 @@ class PagedKvStore : public KvStore {
   void AddBlocks(const std::vector<PagedBlock>& blocks);
   absl::Status AdoptTable(const PagedTable& table);
   absl::Status EncodeBlock(int layer, int64_t block, int rows);
+  // The recent window (PagedKvStoreOptions::recent_f16_tokens): the f16 K
+  // and V page of `block` in layer `layer` (a ring of recent_blocks_ slots).
+  void InitRecentWindow();
+  uint8_t* RecentPage(int layer, int64_t block, kernels::KvKind kind);
+  absl::Status WriteRecentRows(int layer, int64_t block, int first_row, int rows);
+  // tables_[layer] for attention over `num_blocks`: the window's blocks
+  // point at their f16 copies.
+  const kernels::BlockEntry* AttendTable(int layer, int64_t num_blocks);
   absl::Status CommitAndSync();
   // Adds `seconds` of tagging (`tags`) or attention-mass work to the current
   // phase; nothing inside a probe, which is timed whole.
@@ -232,12 +252,22 @@ class PagedKvStore : public KvStore {
   // f32 rows of the block being filled: [layer] -> [block_tokens][row].
   std::vector<std::vector<float>> k_residual_, v_residual_;
   int64_t residual_block_ = 0;  // Block index the residual rows belong to.
+  // The recent window: recent_blocks_ ring slots per layer, each a K and a V
+  // f16 page (recent_page_bytes_ apart, K first), in one aligned buffer.
+  // Blocks from recent_from_ on have their rows there.
+  int recent_blocks_ = 0;
+  size_t recent_page_bytes_ = 0;
+  int64_t recent_bytes_ = 0;  // What the buffer counts in bytes().
+  std::vector<uint8_t> recent_buf_;
+  uint8_t* recent_ = nullptr;  // recent_buf_'s first kPageAlignment-aligned byte
+  int64_t recent_from_ = 0;
+  std::vector<kernels::BlockEntry> attend_table_;  // Scratch of AttendTable.
   static constexpr int kReserveRetryPauseMs = 200;  // polykvd's "retry in about 200 ms"
   int64_t num_slots_ = 0;
   int64_t reserve_retries_ = 0;
   int64_t reserved_ = 0;
   uint64_t epoch_ = 0;
-  int64_t peak_bytes_ = 0;  // The largest source_->bytes() after AddBlocks.
+  int64_t peak_bytes_ = 0;  // The largest bytes() after AddBlocks.
   std::vector<TokenMeta> step_meta_;
   std::vector<TokenMeta> uncommitted_;  // Written, not yet committed to the source.
   int steps_since_sync_ = -1;           // -1: sync before the first step.
@@ -255,6 +285,7 @@ class PagedKvStore : public KvStore {
   int64_t probe_base_ = 0;  // num_slots_ when the probe began
   int64_t probe_residual_block_ = 0;
   std::vector<std::vector<float>> probe_k_residual_, probe_v_residual_;
+  std::vector<uint8_t> probe_recent_;  // The recent window as the probe found it.
   std::vector<float> probe_mass_;  // [probe_base_]
   double probe_start_ = 0;         // steady_clock seconds, after BeginProbe's commit
   // Signal cost, and the phase it goes to: the current step has one token.

@@ -41,12 +41,13 @@ TASK_LINES = [
 
 
 def turn(prompt, completion, tokens, epoch=0, cache="pool-f16-f16", peak=1000, final=600,
-         text=" v1.2.", stop="eos", block_tokens=16):
+         text=" v1.2.", stop="eos", block_tokens=16, recent=0):
     return {"agent": "a", "id": "recall-007", "turn": 4, "text": text, "tokens": tokens,
             "prompt_tokens": prompt, "completion_tokens": completion,
             "cached_tokens": prompt + completion - 1, "decode_tokens_per_s": 20.0,
             "prefill_tokens_per_s": 150.0, "stop": stop, "cache": cache, "kv_bytes": final,
-            "kv_bytes_peak": peak, "epoch": epoch, "block_tokens": block_tokens}
+            "kv_bytes_peak": peak, "epoch": epoch, "block_tokens": block_tokens,
+            **({"recent_f16_tokens": recent} if recent else {})}
 
 
 class SplitListTest(unittest.TestCase):
@@ -77,9 +78,17 @@ class ConfigTest(unittest.TestCase):
                          ("full@1/K4V2/T64", "K4V2", "int4", "int2", 64))
         self.assertEqual(live.parse_config("h2o@0.5/K8V4/T16").text, "h2o@0.5/K8V4")
         self.assertEqual(live.parse_config("h2o@0.5/K8V4").block_tokens, 16)
+        # R<n>: the f16 recent window; int2 formats default to 128, others to 0
+        c = live.parse_config("full@1/K4V4/R128/T64")
+        self.assertEqual((c.text, c.f16_tail, c.block_tokens), ("full@1/K4V4/T64/R128", 128, 64))
+        self.assertEqual(live.parse_config("full@1/K4V2/R128").text, "full@1/K4V2")
+        c = live.parse_config("full@1/K2V2/R0")
+        self.assertEqual((c.text, c.f16_tail), ("full@1/K2V2/R0", 0))
+        self.assertEqual(live.parse_config("full@1/f16/R0").text, "full@1/f16")
         for bad in ("h2o", "@0.5/f16", "h2o@0/f16", "h2o@1.5/f16", "h2o@x/f16", "h2o@0.5/K3V4",
                     "h2o@0.5/bf16", "full@1/K4V4/T48", "full@1/K4V4/T512", "full@1/K4V4/T",
-                    "full@1/T64", "full@1/K4V4/T64/T64"):
+                    "full@1/T64", "full@1/K4V4/T64/T64", "full@1/f16/R128", "full@1/K4V4/R-1",
+                    "full@1/K4V4/R128/R64", "full@1/K4V4/Rx"):
             with self.assertRaises(ValueError, msg=bad):
                 live.parse_config(bad)
 
@@ -203,9 +212,19 @@ class RecordTest(unittest.TestCase):
                                [turn(1050, 8, [1], epoch=0)], None, {"output_tokens": [1]}, 1.0)
         self.assertIn("never compacted", rec["error"])
         self.assertNotIn("output", rec)
-        # K2V2's f16 tail is the harness's only: said in the record
-        rec = live.base_record(self.task, live.parse_config("hybrid@0.25/K2V2"), 1025, 23040)
-        self.assertIn("no f16 tail", rec["live_notes"][0])
+        # K2V2's f16 recent window: live asks the worker for it and checks it got it
+        cfg = live.parse_config("full@1/K2V2")
+        rec = live.base_record(self.task, cfg, 1025, 23040)
+        self.assertEqual(rec["recent_f16_tokens"], 128)
+        self.assertIn("f16 recent window", rec["live_notes"][0])
+        rec = live.live_record(self.task, cfg, 1025, 23040, None, "a",
+                               [turn(1050, 8, [1], cache="pool-int2-int2")], None,
+                               {"output_tokens": [1]}, 1.0)
+        self.assertIn("kept 0 recent tokens in f16, not the 128", rec["error"])
+        rec = live.live_record(self.task, cfg, 1025, 23040, None, "a",
+                               [turn(1050, 8, [1], cache="pool-int2-int2", recent=128)], None,
+                               {"output_tokens": [1]}, 1.0)
+        self.assertNotIn("error", rec)
 
     def test_tool_errors_keep_the_daemon_message(self):
         msg = live.tool_error("polykvctl qos set",

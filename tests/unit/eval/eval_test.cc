@@ -374,9 +374,22 @@ TEST(CacheConfig, ParsesAndNamesTheBadPart) {
   EXPECT_EQ(t64->formats, "K4V2");
   EXPECT_EQ(t64->text, "full@1/K4V2/T64");
   EXPECT_EQ(ParseCacheConfig("h2o@0.5/K8V4/T16")->text, "h2o@0.5/K8V4");  // the default, unnamed
+  // R<n>: the f16 recent window; int2 formats default to 128, others to 0.
+  auto r = ParseCacheConfig("full@1/K4V4/R128/T64");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->block_tokens, 64);
+  EXPECT_EQ(r->f16_tail, 128);
+  EXPECT_EQ(r->text, "full@1/K4V4/T64/R128");
+  EXPECT_EQ(ParseCacheConfig("full@1/K4V2/R128")->text, "full@1/K4V2");
+  auto none = ParseCacheConfig("full@1/K2V2/R0");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->f16_tail, 0);
+  EXPECT_EQ(none->text, "full@1/K2V2/R0");
+  EXPECT_TRUE(ParseCacheConfig("full@1/f16/R0").ok());
   for (const char* bad : {"h2o", "h2o@0/f16", "h2o@1.5/f16", "h2o@x/f16", "h2o@0.5/K3V4", "@0.5/f16",
                           "full@1/K4V4/T48", "full@1/K4V4/T512", "full@1/K4V4/T", "full@1/T64",
-                          "full@1/K4V4/T64/T64"}) {
+                          "full@1/K4V4/T64/T64", "full@1/f16/R128", "full@1/K4V4/R-1",
+                          "full@1/K4V4/R128/R64", "full@1/K4V4/Rx"}) {
     auto r = ParseCacheConfig(bad);
     EXPECT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.status().message().find(bad), std::string::npos) << r.status();

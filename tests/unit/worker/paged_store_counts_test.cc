@@ -13,14 +13,23 @@
 
 #include "client/worker/paged_kv_store.h"
 #include "gtest/gtest.h"
+#include "tests/unit/worker/random_steps.h"
 
 namespace polykv::worker {
 namespace {
 
-constexpr int kLayers = 2, kKvHeads = 2, kHeadDim = 32, kQHeads = 4, kBlock = 16;
-constexpr int kRow = kKvHeads * kHeadDim;
-
-KvShape Shape() { return KvShape{kLayers, kKvHeads, kHeadDim}; }
+using testing::kBlock;
+using testing::kHeadDim;
+using testing::kLayers;
+using testing::kQHeads;
+using testing::kRow;
+using testing::Pick;
+using testing::RandomQ;
+using testing::RandomRows;
+using testing::RelL2;
+using testing::Rows;
+using testing::Shape;
+using testing::Step;
 
 // Heap pages (f32) behind a source that publishes, when asked, the table of
 // everything reserved so far with the given slot counts, as the daemon's Sync
@@ -88,74 +97,6 @@ Store NewStore() {
   EXPECT_TRUE(store.ok()) << store.status();
   s.store = std::move(*store);
   return s;
-}
-
-// Per layer, the K and V rows of some tokens: [layer][tokens][kRow].
-struct Rows {
-  std::vector<std::vector<float>> k, v;
-  int num_tokens() const { return static_cast<int>(k[0].size() / kRow); }
-};
-
-Rows RandomRows(int n, std::mt19937& rng) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  Rows r;
-  r.k.assign(kLayers, std::vector<float>(static_cast<size_t>(n) * kRow));
-  r.v = r.k;
-  for (int l = 0; l < kLayers; ++l) {
-    for (float& x : r.k[l]) x = dist(rng);
-    for (float& x : r.v[l]) x = dist(rng);
-  }
-  return r;
-}
-
-// Rows `slots` of `from`, in that order.
-Rows Pick(const Rows& from, const std::vector<int>& slots) {
-  Rows r;
-  r.k.assign(kLayers, {});
-  r.v.assign(kLayers, {});
-  for (int l = 0; l < kLayers; ++l) {
-    for (int s : slots) {
-      r.k[l].insert(r.k[l].end(), from.k[l].begin() + s * kRow, from.k[l].begin() + (s + 1) * kRow);
-      r.v[l].insert(r.v[l].end(), from.v[l].begin() + s * kRow, from.v[l].begin() + (s + 1) * kRow);
-    }
-  }
-  return r;
-}
-
-// One step writing `rows` (every layer) and attending with `q`
-// ([layer][tokens][kQHeads][kHeadDim]); returns the outputs of every layer.
-std::vector<float> Step(PagedKvStore* store, const Rows& rows, const std::vector<float>& q,
-                        int first_position) {
-  const int n = rows.num_tokens();
-  std::vector<TokenMeta> meta;
-  for (int i = 0; i < n; ++i) meta.push_back({7, first_position + i, 0, Role::kUser});
-  EXPECT_TRUE(store->BeginStep(meta).ok());
-  const size_t per_layer = static_cast<size_t>(n) * kQHeads * kHeadDim;
-  std::vector<float> out(kLayers * per_layer);
-  for (int l = 0; l < kLayers; ++l) {
-    EXPECT_TRUE(store->Append(l, rows.k[l].data(), rows.v[l].data()).ok());
-    const absl::Status st =
-        store->Attend(l, kQHeads, q.data() + l * per_layer, out.data() + l * per_layer);
-    EXPECT_TRUE(st.ok()) << st;
-  }
-  EXPECT_TRUE(store->EndStep().ok());
-  return out;
-}
-
-std::vector<float> RandomQ(int n, std::mt19937& rng) {
-  std::normal_distribution<float> dist(0.0f, 2.0f);  // peaked, model-like attention
-  std::vector<float> q(static_cast<size_t>(kLayers) * n * kQHeads * kHeadDim);
-  for (float& x : q) x = dist(rng);
-  return q;
-}
-
-double RelL2(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 uint32_t Seed() {
