@@ -1,9 +1,10 @@
 """eval.py --live end to end (ctest eval_live_test; not in the offline
 discover run, as it needs the binaries and the model).
 
-One SmolLM2 recall task of ~600 tokens under full@1/f16, window@0.5/f16 and a
-policy the daemon refuses, on a live polykvd; then polykv-eval's reference on
-the same task. Checks that the records are well-formed, that the refusal is
+One SmolLM2 recall task of ~600 tokens under full@1/f16, window@0.5/f16, a
+policy the daemon refuses and full@1/K4V2/T32 (32-token pages, the default
+128-token f16 recent window), on a live polykvd; then polykv-eval's reference
+on the same task. Checks that the records are well-formed, that the refusal is
 an error carrying the daemon's message, that the window session was
 compacted, that the live reference answers with exactly polykv-eval's tokens,
 and that --resume runs nothing twice. About 30 s on 2 cores.
@@ -26,7 +27,7 @@ BIN_DIR = os.environ.get("POLYKV_BIN_DIR") or os.path.join(ROOT, "build", "bin")
 MODEL_DIR = os.environ.get("POLYKV_MODEL_DIR") or os.path.join(
     os.path.expanduser("~"), ".cache", "polykv", "models")
 MODEL = os.path.join(MODEL_DIR, "SmolLM2-135M-Instruct.Q4_1.gguf")
-CONFIGS = ["full@1/f16", "window@0.5/f16", "nosuchpolicy@0.5/f16"]
+CONFIGS = ["full@1/f16", "window@0.5/f16", "nosuchpolicy@0.5/f16", "full@1/K4V2/T32"]
 
 
 def read(path):
@@ -68,12 +69,12 @@ class LiveEndToEndTest(unittest.TestCase):
                 self.assertEqual(r["task"], "recall-000")
                 self.assertEqual(r["family"], "recall")
                 self.assertIsInstance(r["context_tokens"], int)
-            ref, win, bad = (recs[c] for c in CONFIGS)
+            ref, win, bad, quant = (recs[c] for c in CONFIGS)
             # The daemon's refusal, as an error with its message; nothing ran.
             self.assertTrue(bad["error"].startswith("polykvctl qos set: INVALID_ARGUMENT: "
                                                     "policy 'nosuchpolicy'"), bad["error"])
             self.assertNotIn("output", bad)
-            for r in (ref, win):
+            for r in (ref, win, quant):
                 self.assertNotIn("error", r, r.get("error"))
                 for k in ("output", "output_tokens", "token_agreement", "prefix_agreement",
                           "bytes_peak", "bytes_full_f16", "bytes_fraction", "question_tokens",
@@ -100,6 +101,12 @@ class LiveEndToEndTest(unittest.TestCase):
             self.assertLess(win["bytes_final"], ref["bytes_final"])
             self.assertLess(win["cached_tokens"], ref["cached_tokens"])
             self.assertEqual(win["bytes_full_f16"], ref["bytes_peak"])
+            # K4V2/T32: the worker got 32-token pages and kept its f16 window
+            # (live_record checks both against the worker's turn JSON).
+            self.assertEqual((quant["block_tokens"], quant["recent_f16_tokens"]), (32, 128))
+            self.assertEqual((ref["block_tokens"], ref["recent_f16_tokens"]), (16, 0))
+            self.assertEqual(quant["cache"], "pool-int4-int2")
+            self.assertLess(quant["bytes_peak"], ref["bytes_peak"])
             # The rest of the pipeline ran on the live records.
             for f in ("scored.jsonl", "report.md", "meta.json", "polykvd.log",
                       "polykvd_metrics.txt"):
@@ -126,7 +133,7 @@ class LiveEndToEndTest(unittest.TestCase):
             # --resume: every pair is recorded, so nothing runs again.
             before = read(os.path.join(run, "results.jsonl"))
             p = self.eval_py(d, "--resume")
-            self.assertIn("3 (task, config) pairs already in", p.stderr)
+            self.assertIn("4 (task, config) pairs already in", p.stderr)
             self.assertNotIn("worker runs", p.stderr)
             self.assertEqual(read(os.path.join(run, "results.jsonl")), before)
 
