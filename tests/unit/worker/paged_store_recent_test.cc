@@ -57,6 +57,22 @@ std::vector<float> Feed(PagedKvStore* store, const Rows& rows, int chunk, int fi
   return out;
 }
 
+struct Stores {
+  std::unique_ptr<PagedKvStore> windowed, f16, int2;
+};
+
+// int2 pages with the window, f16 pages and int2 pages without it, each fed
+// `context` in chunks with the same queries.
+Stores ThreeStores(int recent_f16_tokens, const Rows& context, int chunk) {
+  Stores s{NewStore(PageFormat::kInt2, recent_f16_tokens), NewStore(PageFormat::kF16, 0),
+           NewStore(PageFormat::kInt2, 0)};
+  for (PagedKvStore* store : {s.windowed.get(), s.f16.get(), s.int2.get()}) {
+    std::mt19937 q(3);
+    Feed(store, context, chunk, 0, q);
+  }
+  return s;
+}
+
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -65,13 +81,7 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 TEST(PagedKvStoreRecentTest, InsideTheWindowAttentionIsTheF16Stores) {
   std::mt19937 rng(11);
   const Rows context = RandomRows(40, rng);
-  auto windowed = NewStore(PageFormat::kInt2, 48);
-  auto f16 = NewStore(PageFormat::kF16, 0);
-  auto int2 = NewStore(PageFormat::kInt2, 0);
-  std::mt19937 qa(3), qb(3), qc(3);  // the same queries for all three
-  Feed(windowed.get(), context, 7, 0, qa);  // chunks straddle pages
-  Feed(f16.get(), context, 7, 0, qb);
-  Feed(int2.get(), context, 7, 0, qc);
+  auto [windowed, f16, int2] = ThreeStores(48, context, 7);  // chunks straddle pages
   for (int t = 0; t < 12; ++t) {  // decode across a page boundary (40 -> 52)
     const Rows tok = RandomRows(1, rng);
     const std::vector<float> q = RandomQ(1, rng);
@@ -88,13 +98,7 @@ TEST(PagedKvStoreRecentTest, InsideTheWindowAttentionIsTheF16Stores) {
 TEST(PagedKvStoreRecentTest, PastTheWindowOlderBlocksAreTheSessionsFormat) {
   std::mt19937 rng(12);
   const Rows context = RandomRows(200, rng);
-  auto windowed = NewStore(PageFormat::kInt2, 32);
-  auto f16 = NewStore(PageFormat::kF16, 0);
-  auto int2 = NewStore(PageFormat::kInt2, 0);
-  std::mt19937 qa(4), qb(4), qc(4);
-  Feed(windowed.get(), context, 24, 0, qa);
-  Feed(f16.get(), context, 24, 0, qb);
-  Feed(int2.get(), context, 24, 0, qc);
+  auto [windowed, f16, int2] = ThreeStores(32, context, 24);
   // A query that looks at the newest tokens: their keys, scaled up.
   Rows tok = RandomRows(1, rng);
   std::vector<float> q = RandomQ(1, rng);

@@ -9,6 +9,7 @@
 
 #include "client/worker/paged_kv_store.h"
 #include "gtest/gtest.h"
+#include "tests/unit/kernels/kernel_test_util.h"
 
 namespace polykv::worker::testing {
 
@@ -76,13 +77,6 @@ inline std::vector<float> RandomQ(int n, std::mt19937& rng) {
   return q;
 }
 
-inline double RelL2(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+using kernels::testing::RelL2;  // one definition for the kernel and store tests
 
 }  // namespace polykv::worker::testing
