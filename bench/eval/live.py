@@ -3,8 +3,9 @@
 Every (task, config) runs as one `polykv-worker run TASK --daemon SOCKET`
 process on one polykvd that this module starts for the run. The config
 becomes the agent's QoS, set through the Admin API before the worker opens
-its session (`polykvctl qos set AGENT --policy P --budget-tokens N`), and the
-worker's page formats (`--key-format/--value-format`); the daemon then
+its session (`polykvctl qos set AGENT --policy P --budget-tokens N
+--key-format K --value-format V --block-tokens T`; the worker asks for no
+formats or page size, only its own f16 recent window); the daemon then
 compacts the session at its own trigger while the context is prefilled and
 the answer decoded. Each run writes one record in polykv-eval's format
 (bench/eval/runner.cc) with "mode": "live", so score.py and report.py read
@@ -608,8 +609,12 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
                             + (ref or {}).get("error", "no record"))
             return rec
         budget = None if c.full else budget_tokens(c.budget, ctx)
+        # Everything the daemon stores through the agent's QoS (the Admin
+        # API), as an operator sets it: the worker asks for nothing.
         qos = [bins.ctl, "--socket", daemon.socket, "qos", "set", agent,
-               "--policy", c.policy, "--budget-tokens", str(budget or 0)]
+               "--policy", c.policy, "--budget-tokens", str(budget or 0),
+               "--key-format", c.k_format, "--value-format", c.v_format,
+               "--block-tokens", str(c.block_tokens)]
         p = subprocess.run(qos, capture_output=True, text=True)
         if p.returncode != 0:
             rec.update({"agent": agent, "budget_tokens": budget,
@@ -660,8 +665,7 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
                    teacher_force: str | None = None):
         """One polykv-worker run: (exit code, turns, summary, stderr, seconds)."""
         cmd = [bins.worker, "run", task.file, "--daemon", daemon.socket, "--tenant", TENANT,
-               "--agent", agent, "--key-format", c.k_format, "--value-format", c.v_format,
-               "--block-tokens", str(c.block_tokens), "--recent-f16-tokens", str(c.f16_tail),
+               "--agent", agent, "--block-tokens", "0", "--recent-f16-tokens", str(c.f16_tail),
                "--threads", "1", "--max-new-tokens", str(DEFAULT_MAX_NEW_TOKENS),
                "--prefill-chunk", str(PREFILL_CHUNK), "--model", model, "--summary"]
         if logprobs_out:

@@ -5,6 +5,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <string>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -88,6 +90,10 @@ void PrintQos(const polykv::v1::QosRecord& q) {
   std::printf("max_bytes           %s\n", q.max_bytes() ? Human(q.max_bytes()).c_str() : "unlimited");
   std::printf("key_floor           %s\n", FormatName(q.key_precision_floor()));
   std::printf("value_floor         %s\n", FormatName(q.value_precision_floor()));
+  std::printf("key_format          %s\n", FormatName(q.key_format()));
+  std::printf("value_format        %s\n", FormatName(q.value_format()));
+  std::printf("block_tokens        %s\n",
+              q.block_tokens() ? std::to_string(q.block_tokens()).c_str() : "daemon default");
   std::printf("policy              %s\n", q.policy().c_str());
   std::printf("budget_tokens       %s\n",
               q.budget_tokens() ? std::to_string(q.budget_tokens()).c_str() : "none");
@@ -127,6 +133,14 @@ int main(int argc, char** argv) {
   qos_set->add_option("--guaranteed-bytes", guaranteed_bytes, "Bytes kept available for the agent");
   qos_set->add_option("--key-floor", key_floor, "Lowest key precision: f32 f16 bf16 fp8 int8 int4 int2");
   qos_set->add_option("--value-floor", value_floor, "Lowest value precision");
+  std::string key_format, value_format, block_tokens;
+  qos_set->add_option("--key-format", key_format,
+                      "Key format of new sessions whose worker asks for none: f32 f16 bf16 fp8 int8 "
+                      "int4 int2, or 'default' (the model's dtype)");
+  qos_set->add_option("--value-format", value_format, "Value format, likewise");
+  qos_set->add_option("--block-tokens", block_tokens,
+                      "Tokens per page of new sessions whose worker asks for none: a power of two "
+                      "up to 256, or 0 (the daemon's block_tokens)");
   qos_set->add_option("--policy", policy, "Compression policy name, e.g. full, h2o");
   std::string budget_tokens;
   qos_set->add_option("--budget-tokens", budget_tokens,
@@ -237,6 +251,22 @@ int main(int argc, char** argv) {
       int f = ParseFormat(value_floor);
       if (f < 0) return bad("--value-floor must be one of f32 f16 bf16 fp8 int8 int4 int2");
       q.set_value_precision_floor(static_cast<polykv::v1::PageFormat>(f));
+    }
+    for (auto [flag, text, set] :
+         {std::tuple{"--key-format", &key_format, &polykv::v1::QosRecord::set_key_format},
+          std::tuple{"--value-format", &value_format, &polykv::v1::QosRecord::set_value_format}}) {
+      if (text->empty()) continue;
+      const int f = *text == "default" ? 0 : ParseFormat(*text);
+      if (f < 0) {
+        return bad(std::string(flag) + " must be one of f32 f16 bf16 fp8 int8 int4 int2 default");
+      }
+      (q.*set)(static_cast<polykv::v1::PageFormat>(f));
+    }
+    if (!block_tokens.empty()) {
+      if (block_tokens.size() > 3 || block_tokens.find_first_not_of("0123456789") != std::string::npos) {
+        return bad("--block-tokens: a power of two up to 256, or 0");
+      }
+      q.set_block_tokens(static_cast<uint32_t>(std::stoul(block_tokens)));
     }
     if (!policy.empty()) q.set_policy(policy);
     if (!budget_tokens.empty()) {

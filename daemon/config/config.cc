@@ -21,7 +21,8 @@ absl::Status KeyError(const std::string& key, const std::string& what) {
 absl::StatusOr<QosRecord> ParseQos(const YAML::Node& n, QosRecord base, const std::string& where) {
   static const std::set<std::string> kKeys = {"agent_id", "priority", "guaranteed_bytes",
                                               "max_bytes", "key_precision_floor",
-                                              "value_precision_floor", "policy",
+                                              "value_precision_floor", "key_format",
+                                              "value_format", "block_tokens", "policy",
                                               "budget_tokens"};
   for (const auto& kv : n) {
     const std::string k = kv.first.as<std::string>();
@@ -39,11 +40,20 @@ absl::StatusOr<QosRecord> ParseQos(const YAML::Node& n, QosRecord base, const st
     if (!b.ok()) return KeyError(absl::StrCat(where, ".", key), std::string(b.status().message()));
     (absl::string_view(key) == "max_bytes" ? base.max_bytes : base.guaranteed_bytes) = *b;
   }
-  for (const char* key : {"key_precision_floor", "value_precision_floor"}) {
+  for (auto [key, field] : {std::pair{"key_precision_floor", &base.key_floor},
+                            std::pair{"value_precision_floor", &base.value_floor},
+                            std::pair{"key_format", &base.key_format},
+                            std::pair{"value_format", &base.value_format}}) {
     if (!n[key]) continue;
     auto f = kernels::ParseFormat(n[key].as<std::string>());
     if (!f) return KeyError(absl::StrCat(where, ".", key), "one of f32 f16 bf16 fp8 int8 int4 int2");
-    (absl::string_view(key) == "key_precision_floor" ? base.key_floor : base.value_floor) = *f;
+    *field = *f;
+  }
+  if (n["block_tokens"]) {
+    base.block_tokens = n["block_tokens"].as<uint32_t>();
+    if (base.block_tokens & (base.block_tokens - 1) || base.block_tokens > 256) {
+      return KeyError(where + ".block_tokens", "a power of two in 1..256 (0: the daemon's)");
+    }
   }
   if (n["policy"]) base.policy = n["policy"].as<std::string>();
   if (n["budget_tokens"]) base.budget_tokens = n["budget_tokens"].as<uint64_t>();

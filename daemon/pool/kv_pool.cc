@@ -155,8 +155,9 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
   if (auto s = ValidateName("agent_id", r.agent_id, kMaxNameLen); !s.ok()) return s;
   if (auto s = ValidateName("tenant", r.tenant, kMaxTenantLen); !s.ok()) return s;
   if (auto s = ValidateProfile(r.profile); !s.ok()) return s;
-  const uint32_t block_tokens = r.block_tokens ? r.block_tokens : options_.default_block_tokens;
-  if (auto s = ValidateBlockTokens(block_tokens); !s.ok()) return s;
+  if (r.block_tokens != 0) {
+    if (auto s = ValidateBlockTokens(r.block_tokens); !s.ok()) return s;
+  }
   if (r.lease_ms != 0 && (r.lease_ms < options_.min_lease_ms || r.lease_ms > options_.max_lease_ms)) {
     return absl::InvalidArgumentError(absl::StrCat("lease_ms must be in ", options_.min_lease_ms,
                                                    "..", options_.max_lease_ms, " (got ",
@@ -173,9 +174,15 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
   for (const auto& [id, q] : quarantine_) quarantined += q.uid == r.peer.uid;
   if (auto st = sessions_.CheckRoom(r.peer.uid, quarantined); !st.ok()) return st;
   const QosRecord& qos = admission_.For(r.agent_id);
+  // What the worker asks for, else the agent's QoS, else the defaults.
+  const uint32_t block_tokens = r.block_tokens   ? r.block_tokens
+                                : qos.block_tokens ? qos.block_tokens
+                                                   : options_.default_block_tokens;
   const PageFormat default_format = FormatForDtype(r.profile.dtype);
-  const PageFormat kf = ApplyFloor(r.key_format.value_or(default_format), qos.key_floor);
-  const PageFormat vf = ApplyFloor(r.value_format.value_or(default_format), qos.value_floor);
+  const PageFormat kf =
+      ApplyFloor(r.key_format.value_or(qos.key_format.value_or(default_format)), qos.key_floor);
+  const PageFormat vf = ApplyFloor(
+      r.value_format.value_or(qos.value_format.value_or(default_format)), qos.value_floor);
   const kernels::PageShape page{static_cast<int>(block_tokens),
                                 static_cast<int>(r.profile.num_kv_heads),
                                 static_cast<int>(r.profile.head_dim)};
@@ -821,6 +828,11 @@ absl::StatusOr<QosRecord> KvPool::SetQos(const QosRecord& qos) {
     return absl::InvalidArgumentError("policy must be 1..256 characters (e.g. 'full')");
   }
   if (auto s = ValidatePolicyName(qos.policy); !s.ok()) return s;
+  if (qos.block_tokens != 0) {
+    if (auto s = ValidateBlockTokens(qos.block_tokens); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("qos.", s.message()));
+    }
+  }
   absl::MutexLock lock(&mu_);
   if (auto st = admission_.Set(qos); !st.ok()) return st;
   for (auto& [id, s] : sessions_) {

@@ -40,6 +40,12 @@ struct QosRecord {
   uint64_t max_bytes = 0;  // 0 = no cap
   std::optional<PageFormat> key_floor;
   std::optional<PageFormat> value_floor;
+  // The formats and page size a session of this agent is opened with when
+  // its worker asks for none (then the floors apply); nullopt / 0: the
+  // model's dtype and the daemon's block_tokens.
+  std::optional<PageFormat> key_format;
+  std::optional<PageFormat> value_format;
+  uint32_t block_tokens = 0;
   std::string policy = "full";
   // Tokens per session the policy compacts down to (0 = no budget). A
   // session is compacted when it holds more than budget + budget/10 tokens.

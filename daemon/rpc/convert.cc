@@ -120,6 +120,13 @@ absl::StatusOr<QosRecord> FromProto(const v1::QosRecord& q) {
   if (!vf.ok()) return vf.status();
   o.key_floor = *kf;
   o.value_floor = *vf;
+  auto kd = FormatFromProto(q.key_format(), "qos.key_format");
+  if (!kd.ok()) return kd.status();
+  auto vd = FormatFromProto(q.value_format(), "qos.value_format");
+  if (!vd.ok()) return vd.status();
+  o.key_format = *kd;
+  o.value_format = *vd;
+  o.block_tokens = q.block_tokens();
   o.policy = q.policy().empty() ? "full" : q.policy();
   o.budget_tokens = q.budget_tokens();
   return o;
@@ -166,6 +173,10 @@ void ToProto(const QosRecord& in, v1::QosRecord* out) {
                                             : v1::PAGE_FORMAT_UNSPECIFIED);
   out->set_value_precision_floor(in.value_floor ? FormatToProto(*in.value_floor)
                                                 : v1::PAGE_FORMAT_UNSPECIFIED);
+  out->set_key_format(in.key_format ? FormatToProto(*in.key_format) : v1::PAGE_FORMAT_UNSPECIFIED);
+  out->set_value_format(in.value_format ? FormatToProto(*in.value_format)
+                                        : v1::PAGE_FORMAT_UNSPECIFIED);
+  out->set_block_tokens(in.block_tokens);
   out->set_policy(in.policy);
   out->set_budget_tokens(in.budget_tokens);
   out->set_policy_note(PolicyNote(in.policy));

@@ -92,6 +92,25 @@ TEST(ConfigTest, PolicyBudgetAndLowWatermark) {
   EXPECT_EQ(c->agents[0].budget_tokens, 4096u);
 }
 
+TEST(ConfigTest, QosFormatsAndPages) {
+  auto c = LoadConfigFile(
+      WriteTemp("default_qos: {key_format: int4, value_format: int2, block_tokens: 64}\n"
+                "agents:\n  - {agent_id: exact, key_format: f16, value_format: f16}\n"),
+      DaemonConfig());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->default_qos.key_format, PageFormat::kInt4);
+  EXPECT_EQ(c->default_qos.value_format, PageFormat::kInt2);
+  EXPECT_EQ(c->default_qos.block_tokens, 64u);
+  ASSERT_EQ(c->agents.size(), 1u);
+  EXPECT_EQ(c->agents[0].key_format, PageFormat::kF16);
+  EXPECT_EQ(c->agents[0].block_tokens, 64u);  // from default_qos
+  for (const char* bad : {"default_qos: {block_tokens: 48}\n", "default_qos: {key_format: int3}\n"}) {
+    auto b = LoadConfigFile(WriteTemp(bad), DaemonConfig());
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_NE(b.status().message().find("default_qos."), absl::string_view::npos) << b.status();
+  }
+}
+
 }  // namespace
 }  // namespace polykv::daemon
 

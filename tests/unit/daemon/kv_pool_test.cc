@@ -272,6 +272,45 @@ TEST_F(KvPoolTest, DrainRefusesNewWorkAndEvictsAfterTheDeadline) {
   Check();
 }
 
+// The agent's QoS formats and page size apply when the worker asks for none;
+// a worker that asks gets its own; the floors apply to both.
+TEST_F(KvPoolTest, QosFormatsAndPagesApplyWhenTheWorkerAsksForNone) {
+  QosRecord q;
+  q.agent_id = "packed";
+  q.key_format = PageFormat::kInt4;
+  q.value_format = PageFormat::kInt2;
+  q.block_tokens = 64;
+  ASSERT_TRUE(pool_->SetQos(q).ok());
+  auto s = pool_->Open(Req("packed"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->key_format, PageFormat::kInt4);
+  EXPECT_EQ(s->value_format, PageFormat::kInt2);
+  EXPECT_EQ(s->block_tokens, 64u);
+  auto asks = Req("packed");
+  asks.key_format = PageFormat::kF16;
+  asks.block_tokens = 16;
+  auto a = pool_->Open(asks);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->key_format, PageFormat::kF16);
+  EXPECT_EQ(a->value_format, PageFormat::kInt2);
+  EXPECT_EQ(a->block_tokens, 16u);
+  q.value_floor = PageFormat::kInt8;
+  ASSERT_TRUE(pool_->SetQos(q).ok());
+  auto floored = pool_->Open(Req("packed"));
+  ASSERT_TRUE(floored.ok()) << floored.status();
+  EXPECT_EQ(floored->value_format, PageFormat::kInt8);
+  auto plain = pool_->Open(Req("other"));  // no record: the dtype and the default pages
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->key_format, PageFormat::kF32);  // the profile's dtype
+  EXPECT_NE(plain->block_tokens, 64u);
+  q.block_tokens = 48;
+  auto bad = pool_->SetQos(q);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("qos.block_tokens"), absl::string_view::npos) << bad.status();
+  EXPECT_EQ(pool_->GetQos("packed").block_tokens, 64u);  // unchanged
+  Check();
+}
+
 TEST_F(KvPoolTest, PrecisionFloorsRaiseRequestedFormats) {
   QosRecord q;
   q.agent_id = "careful";
