@@ -1255,6 +1255,9 @@ def render_markdown(a: Analysis, plots: dict) -> str:
         for label, pairs in ([("K8V4 − K4V8", a.keys_values["k8v4_vs_k4v8"])]
                              + [(f"{k} − f16", v) for k, v in a.keys_values["low_bit"].items()]):
             for p in pairs:
+                # The configs' formats with their /T<n> and /R<n>, if any.
+                if "/" in p["a"] and "/" in p["b"]:
+                    label = f"{p['a'].split('/', 1)[1]} − {p['b'].split('/', 1)[1]}"
                 rows.append([label, p["policy"], pct(p["budget"]),
                              fmt_est(p["success_difference"], signed=True),
                              fmt_est(p["agreement_difference"], signed=True),
