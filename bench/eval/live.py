@@ -48,8 +48,9 @@ PREFILL_CHUNK = 128          # its --prefill-chunk
 # A worker far past this is stuck; its (task, config) gets an error record.
 WORKER_TIMEOUT_S = 1800
 TENANT = "eval"
-# polykv-eval's EvalKvStore keeps the latest 128 slots in f16 for int2
-# (cache_config.cc kInt2Residual); the worker's paged store has no such tail.
+# The f16 recent window of formats with int2 unless /R<n> says otherwise
+# (cache_config.cc kInt2Residual): polykv-eval's f16 tail, the worker's
+# --recent-f16-tokens.
 INT2_TAIL = 128
 DEFAULT_BLOCK_TOKENS = 16  # bench/eval/cache_config.h kDefaultBlockTokens
 MAX_RECENT_TOKENS = 1 << 16  # bench/eval/cache_config.cc kMaxRecentTokens
@@ -84,10 +85,10 @@ class Config:
     policy: str
     budget: float
     formats: str
-    k_format: str  # the worker's --key-format (kernels' short names)
+    k_format: str  # the agent's QoS --key-format (kernels' short names)
     v_format: str
     f16_tail: int = 0  # the f16 recent window: the worker's --recent-f16-tokens
-    block_tokens: int = DEFAULT_BLOCK_TOKENS  # the worker's --block-tokens
+    block_tokens: int = DEFAULT_BLOCK_TOKENS  # the agent's QoS --block-tokens
 
     @property
     def full(self) -> bool:
