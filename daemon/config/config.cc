@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/pool/validation.h"
 #include "policies/byte_size.h"
 
 namespace polykv::daemon {
@@ -50,9 +51,11 @@ absl::StatusOr<QosRecord> ParseQos(const YAML::Node& n, QosRecord base, const st
     *field = *f;
   }
   if (n["block_tokens"]) {
-    base.block_tokens = n["block_tokens"].as<uint32_t>();
-    if (base.block_tokens & (base.block_tokens - 1) || base.block_tokens > 256) {
-      return KeyError(where + ".block_tokens", "a power of two in 1..256 (0: the daemon's)");
+    base.block_tokens = n["block_tokens"].as<uint32_t>();  // 0: the daemon's
+    if (base.block_tokens != 0) {
+      if (auto s = ValidateBlockTokens(base.block_tokens); !s.ok()) {
+        return KeyError(where + ".block_tokens", std::string(s.message()));
+      }
     }
   }
   if (n["policy"]) base.policy = n["policy"].as<std::string>();
@@ -172,8 +175,8 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
     return KeyError("arena_bytes", "must be at least one superblock");
   }
   if (c.lease_ms < 200 || c.lease_ms > 600000) return KeyError("lease_ms", "must be in 200..600000");
-  if (c.block_tokens == 0 || c.block_tokens > 256 || (c.block_tokens & (c.block_tokens - 1))) {
-    return KeyError("block_tokens", "must be a power of two in 1..256");
+  if (auto s = ValidateBlockTokens(c.block_tokens); !s.ok()) {
+    return KeyError("block_tokens", std::string(s.message()));
   }
   if (c.max_connections > 0 && c.max_connections_per_uid > c.max_connections) {
     return KeyError("max_connections_per_uid",

@@ -1,5 +1,7 @@
 #include "daemon/rpc/convert.h"
 
+#include <tuple>
+
 #include "absl/strings/str_cat.h"
 #include "daemon/compaction/policy_registry.h"
 #include "policies/session_view.h"
@@ -65,6 +67,9 @@ absl::StatusOr<std::optional<PageFormat>> FormatFromProto(int value, absl::strin
 }
 
 v1::PageFormat FormatToProto(PageFormat f) { return static_cast<v1::PageFormat>(f); }
+v1::PageFormat FormatToProto(const std::optional<PageFormat>& f) {
+  return f ? FormatToProto(*f) : v1::PAGE_FORMAT_UNSPECIFIED;
+}
 
 absl::StatusOr<OpenRequest> FromProto(const v1::OpenSessionRequest& r, const PeerCreds& peer) {
   OpenRequest o;
@@ -114,18 +119,15 @@ absl::StatusOr<QosRecord> FromProto(const v1::QosRecord& q) {
   }
   o.guaranteed_bytes = q.guaranteed_bytes();
   o.max_bytes = q.max_bytes();
-  auto kf = FormatFromProto(q.key_precision_floor(), "qos.key_precision_floor");
-  if (!kf.ok()) return kf.status();
-  auto vf = FormatFromProto(q.value_precision_floor(), "qos.value_precision_floor");
-  if (!vf.ok()) return vf.status();
-  o.key_floor = *kf;
-  o.value_floor = *vf;
-  auto kd = FormatFromProto(q.key_format(), "qos.key_format");
-  if (!kd.ok()) return kd.status();
-  auto vd = FormatFromProto(q.value_format(), "qos.value_format");
-  if (!vd.ok()) return vd.status();
-  o.key_format = *kd;
-  o.value_format = *vd;
+  for (auto [value, field, out] :
+       {std::tuple{q.key_precision_floor(), "qos.key_precision_floor", &o.key_floor},
+        std::tuple{q.value_precision_floor(), "qos.value_precision_floor", &o.value_floor},
+        std::tuple{q.key_format(), "qos.key_format", &o.key_format},
+        std::tuple{q.value_format(), "qos.value_format", &o.value_format}}) {
+    auto f = FormatFromProto(value, field);
+    if (!f.ok()) return f.status();
+    *out = *f;
+  }
   o.block_tokens = q.block_tokens();
   o.policy = q.policy().empty() ? "full" : q.policy();
   o.budget_tokens = q.budget_tokens();
@@ -169,13 +171,10 @@ void ToProto(const QosRecord& in, v1::QosRecord* out) {
   out->set_priority(static_cast<v1::PriorityClass>(in.priority));
   out->set_guaranteed_bytes(in.guaranteed_bytes);
   out->set_max_bytes(in.max_bytes);
-  out->set_key_precision_floor(in.key_floor ? FormatToProto(*in.key_floor)
-                                            : v1::PAGE_FORMAT_UNSPECIFIED);
-  out->set_value_precision_floor(in.value_floor ? FormatToProto(*in.value_floor)
-                                                : v1::PAGE_FORMAT_UNSPECIFIED);
-  out->set_key_format(in.key_format ? FormatToProto(*in.key_format) : v1::PAGE_FORMAT_UNSPECIFIED);
-  out->set_value_format(in.value_format ? FormatToProto(*in.value_format)
-                                        : v1::PAGE_FORMAT_UNSPECIFIED);
+  out->set_key_precision_floor(FormatToProto(in.key_floor));
+  out->set_value_precision_floor(FormatToProto(in.value_floor));
+  out->set_key_format(FormatToProto(in.key_format));
+  out->set_value_format(FormatToProto(in.value_format));
   out->set_block_tokens(in.block_tokens);
   out->set_policy(in.policy);
   out->set_budget_tokens(in.budget_tokens);

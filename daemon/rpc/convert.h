@@ -24,5 +24,7 @@ void ToProto(const SessionSummary& in, v1::SessionInfo* out);
 void ToProto(const PoolSummary& in, v1::Stats* out);
 void ToProto(const ModelProfile& in, v1::ModelProfile* out);
 v1::PageFormat FormatToProto(PageFormat f);
+// nullopt: PAGE_FORMAT_UNSPECIFIED.
+v1::PageFormat FormatToProto(const std::optional<PageFormat>& f);
 
 }  // namespace polykv::daemon
