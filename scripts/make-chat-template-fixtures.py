@@ -35,14 +35,9 @@ import os
 import sys
 
 import gguf
-import jinja2
-import jinja2.ext
-import jinja2.sandbox
-import tokenizers
-from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from qwen2_hf_tokenizer import qwen2_tokenizer  # noqa: E402
+from gguf_chat import build_tokenizer, field_str, hf_template_env  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "worker")
@@ -53,51 +48,6 @@ MODELS = {
     "qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B-Instruct.gguf",
     "smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf",
 }
-
-
-def field_str(reader, key):
-    f = reader.fields[key]
-    return bytes(f.parts[f.data[0]]).decode("utf-8")
-
-
-def field_list(reader, key):
-    f = reader.fields[key]
-    return [f.parts[i] for i in f.data]
-
-
-def hf_template_env():
-    """transformers' _compile_jinja_template environment."""
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
-
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    return env
-
-
-def build_tokenizer(reader, pre):
-    tokens = [bytes(p).decode("utf-8") for p in field_list(reader, "tokenizer.ggml.tokens")]
-    types = [int(p[0]) for p in field_list(reader, "tokenizer.ggml.token_type")]
-    merges = [bytes(p).decode("utf-8") for p in field_list(reader, "tokenizer.ggml.merges")]
-    if pre == "qwen2":
-        return qwen2_tokenizer(tokens, types, merges)
-    # SmolLM2's tokenizer.json.
-    tok = tokenizers.Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)},
-                                          [tuple(m.split(" ", 1)) for m in merges],
-                                          fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, ty in zip(tokens, types) if ty in (3, 4)])
-    return tok
 
 
 def script_cases(path):

@@ -1,0 +1,585 @@
+#!/usr/bin/env python3
+"""The kvpress anchor of the agentic evaluation: NVIDIA kvpress's presses on
+the same model, tasks and measures as `eval.py`, so the report can put them
+beside polykv's configs (issue [fidelity] item 5).
+
+What runs: Hugging Face transformers (CPU torch, float32) on the GGUF's own
+weights (transformers dequantizes them, as scripts/qwen_reference.py does),
+and kvpress's presses, pinned in bench/anchor/kvpress-requirements.txt
+(scripts/setup-kvpress-venv.sh makes the venv). A bench-only dependency:
+nothing in polykv imports torch.
+
+Per task (a bench/eval/workloads JSONL script; the last assistant line without
+"content" is the turn under test, the user line before it the question):
+  1. The prompt is rendered with the GGUF's chat template and tokenized with the
+     GGUF's vocabulary (scripts/gguf_chat.py), exactly as polykv-worker sends
+     it: the context is every message before the question, the question is the
+     question message plus the generation prompt plus the tokens of
+     "answer_prefix". With --worker, `polykv-worker run --count-tokens` must
+     agree on both lengths, or the task is an error.
+  2. The context is prefilled once, uncompressed. KVzip's context
+     reconstruction runs on that prefill (its scores do not depend on the
+     ratio); every other press is applied to a copy of the full cache by
+     replaying its forward hook on each layer's recorded inputs. That is what
+     the press's hook does during a real prefill: kvpress compresses the cache
+     only, the hidden states of the next layers come from the full cache.
+  3. Each config answers greedily from its compressed cache, the question
+     uncompressed and at its true positions (kvpress's pipeline does the same),
+     and is teacher-forced on the full cache's answer: KL(full || config) over
+     the whole vocabulary and top-1 agreement, per answer token.
+The compressor never sees the question: the query-agnostic setting of the goal.
+
+Configs are named like eval.py's: `full@1/f16` (the reference: no press) and
+`kvpress-PRESS@KEEP/f16`, KEEP the fraction of the context's KV pairs kept
+(kvpress's compression_ratio is 1 - KEEP). bytes_fraction counts what the
+config holds at the end of the answer, at f16, against the full cache: kept
+context pairs (per layer and KV head; masked pairs of AdaKV and KVzip are not
+held) plus the question and answer, over context plus question and answer.
+
+Output: OUT/results.jsonl (one record per (task, config), fields as
+bench/eval/README.md "Record fields report.py reads"), OUT/scored.jsonl
+(score.py), OUT/meta.json, and report.py's report.md / summary.json /
+pareto.png. --resume skips the (task, config) pairs results.jsonl holds.
+
+Usage (from the repository root):
+  PY=$(scripts/setup-kvpress-venv.sh)
+  $PY bench/anchor/kvpress_eval.py --out results/kvpress-test \\
+      --tasks results/qwen-test-tasks/*.jsonl --worker build/bin/polykv-worker
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench", "eval"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import live  # noqa: E402  (read_task, agreement: the task and measures as eval.py has them)
+
+REFERENCE = "full@1/f16"
+DEFAULT_MODEL = os.path.expanduser("~/.cache/polykv/models/Qwen2.5-Coder-0.5B-Instruct.gguf")
+# The issue's strongest presses. Each name maps to a constructor in make_press.
+PRESSES = ("streaming", "snapkv", "expected", "adakv-expected", "kvzip")
+DEFAULT_KEEP = (0.30, 0.25, 0.10)
+
+
+def log(msg: str) -> None:
+    print(f"[kvpress {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def die(msg: str) -> None:
+    print(f"kvpress_eval: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def config_name(press: str, keep: float) -> str:
+    return f"kvpress-{press}@{keep:g}/f16"
+
+
+def parse_list(s: str, allowed=None, conv=str) -> list:
+    out = []
+    for x in (p.strip() for p in s.split(",")):
+        if not x:
+            continue
+        v = conv(x)
+        if allowed is not None and v not in allowed:
+            die(f"unknown value {x!r} (one of {', '.join(allowed)})")
+        out.append(v)
+    return out
+
+
+def parse_keep(s: str) -> list[float]:
+    vals = parse_list(s, conv=float)
+    for v in vals:
+        if not 0 < v < 1:
+            die(f"--keep {v:g}: a kept fraction must be in (0, 1)")
+    return vals
+
+
+def messages_of(task: "live.Task") -> tuple[list | None, list[dict]]:
+    """(tools, messages) of the task up to (not including) the turn under
+    test, as the worker renders them: role, content, tool_calls."""
+    if task.generated_in_context:
+        raise ValueError("the task generates earlier turns too; the anchor answers only the last")
+    tools, out = None, []
+    with open(task.file, encoding="utf-8") as f:
+        for no, line in enumerate(f, 1):
+            if no >= task.generation_line:
+                break
+            if not line.strip():
+                continue
+            o = json.loads(line)
+            if "tools" in o:
+                tools = o["tools"]
+                continue
+            out.append({k: o[k] for k in ("role", "content", "tool_calls") if k in o})
+    return tools, out
+
+
+def split_prompt(render, encode, msgs: list[dict], answer_prefix: str) -> tuple[list, list]:
+    """(context ids, question ids). render(messages, generation_prompt) is the
+    chat template, encode(text) the tokenizer. The context must be a token
+    prefix of the whole prompt, or compressing "the context" would not be what
+    the worker's cache holds."""
+    if not msgs or msgs[-1].get("role") != "user":
+        raise ValueError("the turn under test does not follow a user message (the question)")
+    ctx_text = render(msgs[:-1], False)
+    full_text = render(msgs, True)
+    if not full_text.startswith(ctx_text):
+        raise ValueError("the chat template renders the context differently with the question")
+    ctx, full = encode(ctx_text), encode(full_text)
+    if full[:len(ctx)] != ctx:
+        raise ValueError("the context's tokens are not a prefix of the prompt's")
+    return ctx, full[len(ctx):] + (encode(answer_prefix) if answer_prefix else [])
+
+
+def bytes_fraction(kept_ctx: float, ctx: int, question: int, answer: int) -> float:
+    """f16 bytes held at the end of the answer over the full cache's: kept_ctx
+    is the kept fraction of the context's pairs (all layers, KV heads)."""
+    total = ctx + question + answer
+    return (kept_ctx * ctx + question + answer) / total if total else 1.0
+
+
+def without_stop(tokens: list[int], stop_ids: set) -> list[int]:
+    return tokens[:-1] if tokens and tokens[-1] in stop_ids else tokens
+
+
+def worker_positions(worker: str, model: str, path: str) -> dict:
+    """line -> position from `polykv-worker run --count-tokens`."""
+    p = subprocess.run([worker, "run", "--count-tokens", "--model", model, path],
+                       capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        raise RuntimeError(f"polykv-worker --count-tokens failed: {p.stderr.strip()[-300:]}")
+    rows = [json.loads(x) for x in p.stdout.splitlines() if x.strip()]
+    return {o["line"]: o["position"] for o in rows if "line" in o}  # the first row: geometry
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+def git_commit() -> str | None:
+    p = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
+    return p.stdout.strip() or None
+
+
+# --------------------------------------------------------------------------
+# The model side: everything below imports torch.
+
+
+class Engine:
+    """The model, the prompt builder and the presses of one run."""
+
+    def __init__(self, model_path: str, threads: int):
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF loader's progress bar
+        import gguf
+        import torch
+        import transformers
+        import kvpress  # noqa: F401  (patches the attention functions for masked presses)
+        from gguf_chat import build_tokenizer, field_str, hf_template_env
+
+        transformers.utils.logging.disable_progress_bar()
+        self.torch, self.transformers = torch, transformers
+        if threads:
+            torch.set_num_threads(threads)
+        reader = gguf.GGUFReader(model_path)
+        if field_str(reader, "tokenizer.ggml.pre") != "qwen2":
+            die("the anchor supports Qwen2 GGUFs (the models of the evaluation)")
+        self.template_text = field_str(reader, "tokenizer.chat_template")
+        self.template = hf_template_env().from_string(self.template_text)
+        self.tok = build_tokenizer(reader, "qwen2")
+        self.stop_ids = {self.tok.token_to_id(t) for t in ("<|im_end|>", "<|endoftext|>")}
+        del reader
+        t0 = time.time()
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(model_path), gguf_file=os.path.basename(model_path),
+            dtype=torch.float32)
+        self.model.eval()
+        cfg = self.model.config
+        self.layers = cfg.num_hidden_layers
+        self.kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        log(f"model loaded in {time.time() - t0:.0f} s ({self.layers} layers, {self.kv_heads} KV "
+            f"heads, torch {torch.__version__}, {torch.get_num_threads()} threads)")
+        self._tokenizer_dir = None
+
+    def renderer(self, tools):
+        return lambda msgs, generation_prompt: self.template.render(
+            messages=msgs, tools=tools, add_generation_prompt=generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    def bytes_per_token_f16(self) -> int:
+        return self.layers * 2 * self.kv_heads * self.head_dim * 2
+
+    def hf_tokenizer_dir(self, out_dir: str) -> str:
+        """KVzip loads a transformers tokenizer from model.config.name_or_path
+        (for its "Repeat the previous context" prompt and the template's
+        suffix): this one is the GGUF's, saved once per run."""
+        if self._tokenizer_dir is None:
+            d = os.path.join(out_dir, ".hf-tokenizer")
+            t = self.transformers.PreTrainedTokenizerFast(
+                tokenizer_object=self.tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+            t.chat_template = self.template_text
+            t.save_pretrained(d)
+            self._tokenizer_dir = d
+        return self._tokenizer_dir
+
+    def make_press(self, name: str, keep: float):
+        from kvpress import (AdaKVPress, ExpectedAttentionPress, KVzipPress, SnapKVPress,
+                             StreamingLLMPress)
+        ratio = 1.0 - keep
+        if name == "streaming":
+            return StreamingLLMPress(compression_ratio=ratio)
+        if name == "snapkv":
+            return SnapKVPress(compression_ratio=ratio)
+        if name == "expected":
+            return ExpectedAttentionPress(compression_ratio=ratio)
+        if name == "adakv-expected":
+            return AdaKVPress(ExpectedAttentionPress(compression_ratio=ratio))
+        if name == "kvzip":
+            return KVzipPress(compression_ratio=ratio)
+        raise ValueError(name)
+
+    # -- per task ----------------------------------------------------------
+
+    def attn_modules(self):
+        return [layer.self_attn for layer in self.model.model.layers]
+
+    def clear_masks(self):
+        for m in self.attn_modules():
+            m.masked_key_indices = None
+
+    def prefill(self, ctx_ids: list[int], kvzip_keeps: list[float], out_dir: str):
+        """The full cache, each layer's hook inputs (for replaying presses),
+        and KVzip's per-layer scores (None without KVzip)."""
+        torch = self.torch
+        recorded = {}
+        recording = [True]
+
+        def record(module, args, kwargs, output):
+            if recording[0]:
+                kw = {k: v for k, v in kwargs.items() if k != "past_key_values"}
+                recorded[module.layer_idx] = (module, kw, (output[0], None))
+            return output
+
+        hooks = [m.register_forward_hook(record, with_kwargs=True) for m in self.attn_modules()]
+        cache = self.transformers.DynamicCache()
+        ids = torch.tensor([ctx_ids])
+        scores = None
+        try:
+            with torch.inference_mode():
+                if kvzip_keeps:
+                    press = _kvzip_keeping_scores(self, kvzip_keeps[0], out_dir)
+                    with press(self.model):
+                        self.model(input_ids=ids, past_key_values=cache, logits_to_keep=1)
+                        recording[0] = False
+                        # kvpress skips the template's header of a one-message
+                        # context; ours is a whole conversation, all of it
+                        # reconstructed (the first n_sink pairs stay sinks).
+                        press.prefix_length = 0
+                    scores = press.kept_scores
+                else:
+                    self.model(input_ids=ids, past_key_values=cache, logits_to_keep=1)
+        finally:
+            for h in hooks:
+                h.remove()
+            self.clear_masks()
+        if len(recorded) != self.layers:
+            raise RuntimeError(f"recorded {len(recorded)} of {self.layers} layers")
+        for i, layer in enumerate(cache.layers):
+            if layer.keys.shape[2] != len(ctx_ids):
+                raise RuntimeError(f"layer {i} holds {layer.keys.shape[2]} of {len(ctx_ids)} pairs "
+                                   "after the prefill")
+        return cache, recorded, scores
+
+    def compress(self, name: str, keep: float, full_cache, recorded, kvzip_scores):
+        """A copy of the full cache compressed by the press, its masks set on
+        the modules; returns (cache, kept fraction of the context's pairs)."""
+        cache = copy.deepcopy(full_cache)
+        ctx = full_cache.layers[0].keys.shape[2]
+        press = self.make_press(name, keep)
+        self.clear_masks()
+        with self.torch.inference_mode():
+            if name == "kvzip":
+                press.post_init_from_model(self.model)
+                press.score_val = kvzip_scores.clone()
+                press.compress_post(self.model)
+            else:
+                press.post_init_from_model(self.model)
+                for i in range(self.layers):
+                    module, kw, output = recorded[i]
+                    press.forward_hook(module, [], dict(kw, past_key_values=cache), output)
+        held = 0
+        for i, m in enumerate(self.attn_modules()):
+            n = cache.layers[i].keys.shape[2] * self.kv_heads
+            mask = getattr(m, "masked_key_indices", None)
+            if mask is not None:
+                n -= int(mask[0].numel())
+            held += n
+        return cache, held / (self.layers * self.kv_heads * ctx)
+
+    def answer(self, cache, ctx_len: int, q_ids: list[int], max_new: int) -> tuple[list, float]:
+        """Greedy tokens (the stop token included, as the worker reports) and
+        seconds; the question at positions ctx_len... whatever the cache holds."""
+        torch = self.torch
+        t0 = time.time()
+        out = []
+        with torch.inference_mode():
+            pos = torch.arange(ctx_len, ctx_len + len(q_ids)).unsqueeze(0)
+            logits = self.model(input_ids=torch.tensor([q_ids]), past_key_values=cache,
+                                position_ids=pos, logits_to_keep=1).logits[0, -1]
+            nxt = ctx_len + len(q_ids)
+            for _ in range(max_new):
+                t = int(logits.argmax())
+                out.append(t)
+                if t in self.stop_ids or len(out) == max_new:
+                    break
+                logits = self.model(input_ids=torch.tensor([[t]]), past_key_values=cache,
+                                    position_ids=torch.tensor([[nxt]])).logits[0, -1]
+                nxt += 1
+        return out, time.time() - t0
+
+    def forced_logprobs(self, cache, ctx_len: int, q_ids: list[int], ref: list[int]):
+        """Log-probabilities before each reference answer token, teacher-forced."""
+        torch = self.torch
+        inp = q_ids + ref[:-1]
+        with torch.inference_mode():
+            pos = torch.arange(ctx_len, ctx_len + len(inp)).unsqueeze(0)
+            logits = self.model(input_ids=torch.tensor([inp]), past_key_values=cache,
+                                position_ids=pos).logits[0, len(q_ids) - 1:]
+            return torch.log_softmax(logits.float(), dim=-1)
+
+    def forced_measures(self, ref_lp, lp) -> dict:
+        torch = self.torch
+        kl = (ref_lp.exp() * (ref_lp - lp)).sum(-1).clamp_min(0)
+        top1 = (ref_lp.argmax(-1) == lp.argmax(-1)).float()
+        return {"forced_positions": int(kl.numel()), "kl_mean": round(float(kl.mean()), 8),
+                "kl_max": round(float(kl.max()), 6), "top1_agreement": round(float(top1.mean()), 6)}
+
+
+def _kvzip_keeping_scores(engine: Engine, keep: float, out_dir: str):
+    """A KVzipPress that keeps its per-layer scores after scoring (kvpress
+    resets them when its context manager exits); the scores are the same for
+    every ratio, so one reconstruction serves every KEEP."""
+    from kvpress import KVzipPress
+
+    class KVzipKeepingScores(KVzipPress):
+        kept_scores = None
+
+        def compress_post(self, model):
+            self.kept_scores = self.score_val.clone()
+            super().compress_post(model)
+
+    engine.model.config.name_or_path = engine.hf_tokenizer_dir(out_dir)
+    return KVzipKeepingScores(compression_ratio=1.0 - keep)
+
+
+# --------------------------------------------------------------------------
+
+
+def load_done(path: str) -> set:
+    done = set()
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    r = json.loads(line)
+                    if not r.get("error"):
+                        done.add((r["task"], r["config"]))
+    return done
+
+
+def run_task(eng: Engine, task, configs: list[tuple[str, float]], done: set, args,
+             emit) -> None:
+    tools, msgs = messages_of(task)
+    render = eng.renderer(tools)
+    ctx_ids, q_ids = split_prompt(render, eng.encode, msgs, task.answer_prefix)
+    worker_ctx = None
+    if args.worker:
+        # The whole prompt must match. The worker's position of the question
+        # can be a few tokens earlier than the context here: it holds back a
+        # message's last tokens until it knows how the template ends it.
+        pos = worker_positions(args.worker, args.model, task.file)
+        want, got = pos.get(task.generation_line), len(eng.encode(render(msgs, False)))
+        worker_ctx = pos.get(task.question_line)
+        if want != got or worker_ctx is None or not 0 <= len(ctx_ids) - worker_ctx <= 8:
+            raise RuntimeError(f"token counts differ from polykv-worker's: prompt {got} here, "
+                               f"{want} in the worker; context {len(ctx_ids)} here, {worker_ctx} "
+                               "in the worker")
+    with open(task.file, encoding="utf-8") as f:
+        gen = json.loads([x for i, x in enumerate(f, 1) if i == task.generation_line][0])
+    max_new = int(gen.get("max_new_tokens") or args.max_new_tokens)
+    todo = [c for c in [(REFERENCE, 1.0)] + configs if (task.id, c[0]) not in done]
+    if not todo:
+        return
+    kvzip_keeps = [k for (n, k) in configs if n.startswith("kvpress-kvzip@")]
+    t0 = time.time()
+    full, recorded, kz = eng.prefill(ctx_ids, kvzip_keeps, args.out)
+    prefill_s = time.time() - t0
+    log(f"{task.id}: {len(ctx_ids)} context + {len(q_ids)} question tokens, prefill"
+        f"{' and KVzip scoring' if kvzip_keeps else ''} {prefill_s:.0f} s")
+    ctx = len(ctx_ids)
+    ref_cache = copy.deepcopy(full)
+    ref_tokens, _ = eng.answer(ref_cache, ctx, q_ids, max_new)
+    ref_lp = eng.forced_logprobs(copy.deepcopy(full), ctx, q_ids, ref_tokens)
+    base = {"task": task.id, "family": task.family, "file": task.file, "eval": task.eval,
+            "mode": "kvpress", "context_tokens": ctx, "question_tokens": len(q_ids),
+            "bytes_per_token_f16": eng.bytes_per_token_f16(), "answer_prefix": task.answer_prefix,
+            "worker_context_tokens": worker_ctx, "kvpress_prefill_s": round(prefill_s, 2)}
+    for name, keep in todo:
+        t1 = time.time()
+        if name == REFERENCE:
+            tokens, kept = ref_tokens, 1.0
+            measures = eng.forced_measures(ref_lp, ref_lp)
+        else:
+            press = name.split("@")[0][len("kvpress-"):]
+            cache, kept = eng.compress(press, keep, full, recorded, kz)
+            tf_cache = copy.deepcopy(cache)
+            tokens, _ = eng.answer(cache, ctx, q_ids, max_new)
+            measures = eng.forced_measures(ref_lp, eng.forced_logprobs(tf_cache, ctx, q_ids,
+                                                                       ref_tokens))
+            eng.clear_masks()
+        # The worker's records list the answer without its stop token; the
+        # teacher forcing above scores the stop token too, as the worker's does.
+        shown, ref_shown = without_stop(tokens, eng.stop_ids), without_stop(ref_tokens, eng.stop_ids)
+        a_prefix, a_token = live.agreement(ref_shown, shown)
+        n_out = len(tokens)
+        full_bytes = (ctx + len(q_ids) + n_out) * eng.bytes_per_token_f16()
+        bf = bytes_fraction(kept, ctx, len(q_ids), n_out)
+        rec = dict(base, config=name, policy=name.split("@")[0], budget=keep, formats="f16",
+                   k_format="f16", v_format="f16", kept_context_fraction=round(kept, 6),
+                   bytes_fraction=round(bf, 6), bytes_peak=round(bf * full_bytes),
+                   bytes_full_f16=full_bytes,
+                   output=task.answer_prefix + eng.decode(shown), output_tokens=shown,
+                   stop="stop" if len(shown) < len(tokens) else "length",
+                   ref_tokens_len=len(ref_shown), prefix_agreement=round(a_prefix, 6),
+                   token_agreement=round(a_token, 6), kvpress_seconds=round(time.time() - t1, 2),
+                   **measures)
+        emit(rec)
+        log(f"{task.id} {name}: kept {kept:.3f} of the context, bytes {bf:.3f}, "
+            f"KL {measures['kl_mean']:.4f}, top-1 {measures['top1_agreement']:.3f}, "
+            f"{time.time() - t1:.0f} s")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="See the module docstring (and bench/eval/README.md, "
+                                        "'The kvpress anchor') for the method.")
+    ap.add_argument("--tasks", nargs="+", required=True, help="task JSONL files")
+    ap.add_argument("--out", required=True, help="output folder (created)")
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="Qwen2 GGUF (default: %(default)s)")
+    ap.add_argument("--presses", default=",".join(PRESSES),
+                    help="comma-separated, of: " + ", ".join(PRESSES))
+    ap.add_argument("--keep", default=",".join(f"{k:g}" for k in DEFAULT_KEEP),
+                    help="kept fractions of the context (default %(default)s)")
+    ap.add_argument("--worker", help="polykv-worker binary: check the token counts against it")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--max-new-tokens", type=int, default=160,
+                    help="for tasks whose generation line sets none")
+    ap.add_argument("--resume", action="store_true", help="keep OUT and skip what it holds")
+    ap.add_argument("--no-plots", action="store_true", help="report without plots")
+    args = ap.parse_args(argv)
+
+    presses = parse_list(args.presses, PRESSES)
+    keeps = parse_keep(args.keep)
+    configs = [(config_name(p, k), k) for p in presses for k in keeps]
+    for f in args.tasks:
+        if not os.path.isfile(f):
+            die(f"task file {f} not found")
+    if not os.path.isfile(args.model):
+        die(f"model {args.model} not found (scripts/fetch-model.sh qwen2.5-coder-0.5b)")
+    if args.worker and not os.access(args.worker, os.X_OK):
+        die(f"--worker {args.worker} is not an executable")
+    results = os.path.join(args.out, "results.jsonl")
+    if os.path.exists(results) and not args.resume:
+        die(f"{results} exists: pass --resume to add to it, or another --out")
+    os.makedirs(args.out, exist_ok=True)
+    done = load_done(results)
+    tasks = [live.read_task(f) for f in args.tasks]
+
+    eng = Engine(args.model, args.threads)
+    import kvpress
+    import torch
+    import transformers
+    meta = {"name": os.path.basename(os.path.normpath(args.out)), "mode": "kvpress",
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+            "model": args.model, "model_sha256": sha256_file(args.model),
+            "git_commit": git_commit(),
+            "machine": {"cpus": os.cpu_count(), "cpu_model": platform.processor() or None},
+            "matrix": [REFERENCE] + [c for c, _ in configs],
+            "versions": {"kvpress": kvpress.__version__ if hasattr(kvpress, "__version__") else
+                         _dist_version("kvpress"), "torch": torch.__version__,
+                         "transformers": transformers.__version__},
+            "tasks": [os.path.relpath(t.file, ROOT) for t in tasks]}
+    with open(os.path.join(args.out, "meta.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=1)
+
+    t_start = time.time()
+    with open(results, "a", encoding="utf-8") as out:
+        def emit(rec):
+            out.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            out.flush()
+
+        for i, task in enumerate(tasks):
+            log(f"task {i + 1}/{len(tasks)}: {task.id} (elapsed {time.time() - t_start:.0f} s)")
+            try:
+                with torch.inference_mode():
+                    run_task(eng, task, configs, done, args, emit)
+            except (RuntimeError, ValueError) as e:
+                log(f"{task.id}: error: {e}")
+                for name, keep in [(REFERENCE, 1.0)] + configs:
+                    if (task.id, name) not in done:
+                        emit({"task": task.id, "family": task.family, "config": name,
+                              "mode": "kvpress", "error": str(e)})
+    finish(args.out, not args.no_plots)
+    log(f"done in {time.time() - t_start:.0f} s: {os.path.join(args.out, 'report.md')}")
+    return 0
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def finish(out_dir: str, plots: bool) -> None:
+    """scored.jsonl (score.py) and report.py's report of it."""
+    import report
+    import score
+    rows = report.load_records(os.path.join(out_dir, "results.jsonl"))
+    with open(os.path.join(out_dir, "scored.jsonl"), "w", encoding="utf-8") as f:
+        for r in rows:
+            if r.get("eval") and "output" in r:
+                s = score.score(r["eval"], r["output"])
+                r["success"], r["score_detail"] = s["success"], s["detail"]
+            else:
+                r["success"] = None
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    report.write_report(out_dir, plots=plots)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
