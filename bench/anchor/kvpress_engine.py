@@ -167,6 +167,34 @@ class Engine:
             held += n
         return cache, held / (self.layers * self.kv_heads * ctx)
 
+    def replay_error(self, name: str, keep: float, ctx_ids: list[int], replayed) -> float:
+        """The replay's check, one prefill: the press run for real (its own
+        hooks during a prefill) must leave the same masks as the replay that
+        `compress` set on the modules, and a cache of the same shapes; returns
+        the largest |difference| of their keys and values."""
+        torch = self.torch
+        want = [mask_set(m) for m in self.attn_modules()]
+        press = self.make_press(name, keep)
+        cache = self.transformers.DynamicCache()
+        self.clear_masks()
+        try:
+            with torch.inference_mode(), press(self.model):
+                self.model(input_ids=torch.tensor([ctx_ids]), past_key_values=cache,
+                           logits_to_keep=1)
+            got = [mask_set(m) for m in self.attn_modules()]
+        finally:
+            self.clear_masks()
+        if got != want:
+            raise RuntimeError(f"{name}: the replay masks other pairs than the press's own hook")
+        err = 0.0
+        for i, (a, b) in enumerate(zip(replayed.layers, cache.layers)):
+            if a.keys.shape != b.keys.shape:
+                raise RuntimeError(f"{name}: layer {i} holds {tuple(a.keys.shape)} replayed, "
+                                   f"{tuple(b.keys.shape)} from the press's own hook")
+            err = max(err, float((a.keys - b.keys).abs().max()),
+                      float((a.values - b.values).abs().max()))
+        return err
+
     def answer(self, cache, ctx_len: int, q_ids: list[int], max_new: int) -> tuple[list, float]:
         """Greedy tokens (the stop token included, as the worker reports) and
         seconds; the question at positions ctx_len... whatever the cache holds."""
@@ -204,6 +232,12 @@ class Engine:
         top1 = (ref_lp.argmax(-1) == lp.argmax(-1)).float()
         return {"forced_positions": int(kl.numel()), "kl_mean": round(float(kl.mean()), 8),
                 "kl_max": round(float(kl.max()), 6), "top1_agreement": round(float(top1.mean()), 6)}
+
+
+def mask_set(module) -> set:
+    """The (batch, head, position) triples a masked press hides, as a set."""
+    m = getattr(module, "masked_key_indices", None)
+    return set() if m is None else set(zip(*(t.tolist() for t in m)))
 
 
 def _kvzip_keeping_scores(engine: Engine, keep: float, out_dir: str):

@@ -192,7 +192,7 @@ def load_done(path: str) -> set:
 
 
 def run_task(eng: Engine, task, configs: list[tuple[str, float]], done: set, args,
-             emit) -> None:
+             emit, check_replay: bool) -> None:
     tools, msgs = messages_of(task)
     render = eng.renderer(tools)
     ctx_ids, q_ids = split_prompt(render, eng.encode, msgs, task.answer_prefix)
@@ -237,9 +237,14 @@ def run_task(eng: Engine, task, configs: list[tuple[str, float]], done: set, arg
             press = name.split("@")[0][len("kvpress-"):]
             cache, kept = eng.compress(press, keep, full, recorded, kz)
             tf_cache = copy.deepcopy(cache)
+            check = copy.deepcopy(cache) if check_replay and press != "kvzip" else None
             tokens, _ = eng.answer(cache, ctx, q_ids, max_new)
             measures = eng.forced_measures(ref_lp, eng.forced_logprobs(tf_cache, ctx, q_ids,
                                                                        ref_tokens))
+            if check is not None:
+                measures["replay_max_abs_diff"] = eng.replay_error(press, keep, ctx_ids, check)
+                log(f"{task.id} {name}: the replay matches the press's own hook (masks equal, "
+                    f"max |diff| {measures['replay_max_abs_diff']:.2e})")
             eng.clear_masks()
         # The worker's records list the answer without its stop token; the
         # teacher forcing above scores the stop token too, as the worker's does.
@@ -279,6 +284,10 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--max-new-tokens", type=int, default=160,
                     help="for tasks whose generation line sets none")
+    ap.add_argument("--check-replay", action="store_true",
+                    help="on the first task, also run each press (KVzip aside) through its own "
+                         "hooks in a real prefill and require the replay to match (one prefill "
+                         "per config)")
     ap.add_argument("--resume", action="store_true", help="keep OUT and skip what it holds")
     ap.add_argument("--no-plots", action="store_true", help="report without plots")
     args = ap.parse_args(argv)
@@ -333,7 +342,8 @@ def main(argv=None) -> int:
             log(f"task {i + 1}/{len(tasks)}: {task.id} (elapsed {time.time() - t_start:.0f} s)")
             try:
                 with torch.inference_mode():
-                    run_task(eng, task, configs, done, args, emit)
+                    run_task(eng, task, configs, done, args, emit,
+                             args.check_replay and i == 0)
             except (RuntimeError, ValueError) as e:
                 log(f"{task.id}: error: {e}")
                 for name, keep in [(REFERENCE, 1.0)] + configs:

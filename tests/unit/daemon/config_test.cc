@@ -111,6 +111,21 @@ TEST(ConfigTest, QosFormatsAndPages) {
   }
 }
 
+// The file deploy/ ships parses, and its default QoS is the one the test
+// split chose (docs/results/2026-12-02-qwen2.5-coder-0.5b/README.md): an edit
+// to either should be a decision, not an accident.
+TEST(ConfigTest, ShippedConfigParsesWithTheMeasuredDefaults) {
+  auto c = LoadConfigFile(POLYKV_DEPLOY_DIR "/polykvd.yaml", DaemonConfig());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->default_qos.policy, "full");
+  EXPECT_EQ(c->default_qos.key_format, PageFormat::kInt4);
+  EXPECT_EQ(c->default_qos.value_format, PageFormat::kInt4);
+  EXPECT_EQ(c->default_qos.block_tokens, 64u);
+  for (const QosRecord& a : c->agents) {
+    EXPECT_EQ(a.policy, "full") << a.agent_id << ": eviction lost answers on the test split";
+  }
+}
+
 }  // namespace
 }  // namespace polykv::daemon
 
