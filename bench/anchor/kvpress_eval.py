@@ -64,7 +64,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench", "eval"))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import eval as driver  # noqa: E402  (sha256_file)
+import eval as driver  # noqa: E402  (sha256_file, git_commit)
 import live  # noqa: E402  (read_task, agreement: the task and measures as eval.py has them)
 from kvpress_engine import Engine  # noqa: E402  (imports torch only when constructed)
 
@@ -164,11 +164,6 @@ def worker_positions(worker: str, model: str, path: str) -> dict:
         raise RuntimeError(f"polykv-worker --count-tokens failed: {p.stderr.strip()[-300:]}")
     rows = [json.loads(x) for x in p.stdout.splitlines() if x.strip()]
     return {o["line"]: o["position"] for o in rows if "line" in o}  # the first row: geometry
-
-
-def git_commit() -> str | None:
-    p = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
-    return p.stdout.strip() or None
 
 
 def load_done(path: str) -> set:
@@ -314,7 +309,7 @@ def main(argv=None) -> int:
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
             "model": args.model, "model_sha256": driver.sha256_file(args.model),
-            "git_commit": git_commit(),
+            "git_commit": driver.git_commit(),
             "machine": {"cpus": os.cpu_count(), "cpu_model": platform.processor() or None},
             "matrix": [REFERENCE] + [c for c, _ in configs],
             "versions": {"kvpress": kvpress.__version__ if hasattr(kvpress, "__version__") else
