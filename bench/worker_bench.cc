@@ -393,14 +393,14 @@ absl::Status RunOnce(const worker::LoadedModel& m, const std::vector<int32_t>& p
       !s.ok()) {
     return s;
   }
-  if (probe && store->SupportsProbe() && !o.intent.empty()) {
+  if (probe && store->SupportsProbe(worker::ProbeKind::kIntent) && !o.intent.empty()) {
     std::vector<worker::TokenMeta> intent;
     for (int32_t id : m.tokenizer->Encode(o.intent, false)) {
       const int32_t p = pos + static_cast<int32_t>(intent.size());
       intent.push_back({id, p, turn, worker::Role::kAssistant});
     }
     std::vector<float> probe_logits;
-    if (auto s = store->BeginProbe(); !s.ok()) return s;
+    if (auto s = store->BeginProbe(worker::ProbeKind::kIntent); !s.ok()) return s;
     absl::Status forward = m.model->Forward(intent, store, &probe_logits);
     absl::Status end = store->EndProbe();
     if (!forward.ok()) return forward;

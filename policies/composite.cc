@@ -78,13 +78,15 @@ constexpr ParamDef kParams[] = {
     {"intent.min_turns", "5", "intent",
      "below this many turns AND min_tokens tokens, rank by attention instead (seed 003)"},
     {"intent.min_tokens", "3000", "intent", "see intent.min_turns (seed 003)"},
+    {"kvzip.weight", "1", "kvzip",
+     "weight of the query-agnostic importance from context reconstruction (KVzip)"},
 };
 
 const char* const kComponents[] = {"sinks",  "window",     "anchors", "h2o",
-                                   "snapkv", "structural", "intent"};
+                                   "snapkv", "structural", "intent",  "kvzip"};
 
 bool IsScoring(std::string_view c) {
-  return c == "h2o" || c == "snapkv" || c == "structural" || c == "intent";
+  return c == "h2o" || c == "snapkv" || c == "structural" || c == "intent" || c == "kvzip";
 }
 
 struct Preset {
@@ -103,6 +105,7 @@ constexpr Preset kPresets[] = {
     {"merge", "sinks+window+h2o", "mode=merge,window.size=256"},
     {"structural", "sinks+structural", "mode=hybrid"},
     {"intent", "sinks+intent", "layers=entropy"},
+    {"kvzip", "sinks+window+kvzip", "window.size=64"},
 };
 
 enum class Mode { kSelective, kMerge, kHybrid };
@@ -324,6 +327,7 @@ class CompositePolicy final : public Policy {
 
   const std::string& spec() const override { return cfg_.spec; }
   bool ReadsKeys() const override { return cfg_.mode != Mode::kSelective; }
+  bool ReadsImportance() const override { return cfg_.has("kvzip"); }
 
   absl::StatusOr<std::vector<int64_t>> LayerBudgets(const SessionView& view,
                                                     const Budget& budget) const override {
@@ -592,6 +596,8 @@ class CompositePolicy final : public Policy {
         const bool pays = stats.num_turns > cfg_.num("intent.min_turns") ||
                           static_cast<double>(view.tokens.size()) > cfg_.num("intent.min_tokens");
         for (size_t i = 0; i < n; ++i) raw[i] = pays ? slots[i].intent : slots[i].attn;
+      } else if (c == "kvzip") {
+        for (size_t i = 0; i < n; ++i) raw[i] = slots[i].importance;
       }
       AddNormalized(raw, weight, &w->score);
     }

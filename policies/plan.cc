@@ -382,13 +382,15 @@ SessionView ApplyPlan(const SessionView& view, const Plan& plan) {
       }
       Slot s = in.slots[i];
       s.count = mg->count;
-      s.attn = s.obs = s.intent = 0.f;
+      s.attn = s.obs = s.intent = s.importance = 0.f;
       std::vector<float> key(keys ? d : 0, 0.f);
       for (size_t m = 0; m < mg->members.size(); ++m) {
         const Slot& src = in.slots[mg->members[m]];
         s.attn += src.attn;
         s.obs += src.obs;
         s.intent += mg->weights[m] * src.intent;
+        // A group matters as much as its most important member.
+        s.importance = std::max(s.importance, src.importance);
         for (size_t j = 0; j < key.size(); ++j) {
           key[j] += mg->weights[m] * in.keys[mg->members[m] * d + j];
         }

@@ -67,6 +67,11 @@ class Policy {
   // its pages) knows it has to. Without keys such a policy evicts instead.
   virtual bool ReadsKeys() const { return false; }
 
+  // True when its plans rank by Slot::importance, which only a worker that
+  // runs context-reconstruction probes reports (the daemon tells the worker
+  // at OpenSession), so a caller knows the stream must be there.
+  virtual bool ReadsImportance() const { return false; }
+
   // Plans one compaction of `view` down to `budget`.
   // REQUIRES: nothing; bad input returns InvalidArgument.
   // Returns ResourceExhausted when hard-protected slots alone exceed a layer's

@@ -86,6 +86,8 @@ struct Slot {
   float obs = 0.f;     // attention from the last observation window at the end
                        // of the latest user/tool turn (SnapKV)
   float intent = 0.f;  // relevance to the current intent (IntentKV), any sign
+  float importance = 0.f;  // query-agnostic importance (KVzip): the most attention
+                           // the worker's context-reconstruction probes paid the slot
   kernels::PageFormat k_format = kernels::PageFormat::kBF16;
   kernels::PageFormat v_format = kernels::PageFormat::kBF16;
 };

@@ -75,6 +75,13 @@ absl::StatusOr<std::vector<std::string>> RunTask(
     if (c.full() || policy_by_name.count(c.policy)) continue;
     auto p = policies::MakePolicyFromText(c.policy);
     if (!p.ok()) return p.status();
+    // The harness's prefill runs no reconstruction probes: such a policy
+    // would rank every slot alike here, a number that means nothing.
+    if ((*p)->ReadsImportance()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config ", c.text, ": policy ", c.policy,
+          " ranks by reconstruction importance, which only the product path measures (--live)"));
+    }
     policy_by_name[c.policy] = std::move(*p);
   }
 

@@ -131,6 +131,9 @@ int pkv_session_close(pkv_session* session) {
 
 uint64_t pkv_session_id(const pkv_session* s) { return s ? s->impl->info().session_id : 0; }
 uint32_t pkv_block_tokens(const pkv_session* s) { return s ? s->impl->info().block_tokens : 0; }
+int pkv_wants_importance(const pkv_session* s) {
+  return s && s->impl->info().wants_importance ? 1 : 0;
+}
 
 int pkv_reserve(pkv_session* s, uint64_t n) {
   if (!s) return Report(absl::InvalidArgumentError("null session"));
@@ -216,6 +219,11 @@ int pkv_report_slots(pkv_session* s, uint64_t first, size_t n, const pkv_slot_me
 int pkv_report_intent(pkv_session* s, uint64_t first, size_t n, const float* relevance) {
   if (!s || (!relevance && n)) return Report(absl::InvalidArgumentError("null argument"));
   return Report(s->impl->ReportIntent(first, std::vector<float>(relevance, relevance + n)));
+}
+
+int pkv_report_importance(pkv_session* s, uint64_t first, size_t n, const float* importance) {
+  if (!s || (!importance && n)) return Report(absl::InvalidArgumentError("null argument"));
+  return Report(s->impl->ReportImportance(first, std::vector<float>(importance, importance + n)));
 }
 
 const char* pkv_last_error(void) { return last_error.c_str(); }

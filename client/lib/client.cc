@@ -125,7 +125,14 @@ class SessionImpl final : public Session {
     return SendReport(first_slot, &req);
   }
 
-  // ReportSlots and ReportIntent share one RPC: the session, its epoch and
+  absl::Status ReportImportance(uint64_t first_slot,
+                                const std::vector<float>& importance) override {
+    v1::ReportSlotsRequest req;
+    req.mutable_importance()->Add(importance.begin(), importance.end());
+    return SendReport(first_slot, &req);
+  }
+
+  // ReportSlots, ReportIntent and ReportImportance share one RPC: the session, its epoch and
   // the first slot go into whatever the caller filled.
   absl::Status SendReport(uint64_t first_slot, v1::ReportSlotsRequest* req) {
     if (closed_) return absl::FailedPreconditionError("session is closed");
@@ -289,6 +296,7 @@ class ClientImpl final : public Client {
     info.value_format = vf.value_or(PageFormat::kF16);
     info.key_page_bytes = resp.key_page_bytes();
     info.value_page_bytes = resp.value_page_bytes();
+    info.wants_importance = resp.wants_importance();
     auto session = std::make_unique<SessionImpl>(
         stub_, info, SessionRef{resp.session_id(), resp.token()}, resp.fd_socket_path());
     // Checked once the session exists, so that its destructor closes it.

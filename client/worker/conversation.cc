@@ -146,10 +146,9 @@ absl::Status Conversation::ForwardPending(std::vector<float>* last_logits) {
   const int chunk = std::max(1, options_.prefill_chunk);
   for (size_t i = 0; i < pending_.size(); i += chunk) {
     const size_t n = std::min(pending_.size() - i, static_cast<size_t>(chunk));
-    if (absl::Status s = m_->model->Forward(std::span(pending_).subspan(i, n), store_, last_logits);
-        !s.ok()) {
-      return s;
-    }
+    const std::span<const TokenMeta> chunk = std::span(pending_).subspan(i, n);
+    if (absl::Status s = m_->model->Forward(chunk, store_, last_logits); !s.ok()) return s;
+    if (absl::Status s = ProbeReconstruction(chunk); !s.ok()) return s;
   }
   pending_.clear();
   prefill_seconds_ += SteadySeconds() - t0;
@@ -362,6 +361,30 @@ absl::StatusOr<TurnResult> Conversation::ForceTurn(const std::vector<int32_t>& t
   return r;
 }
 
+absl::Status Conversation::ProbeReconstruction(std::span<const TokenMeta> chunk) {
+  if (!options_.reconstruct || !store_->SupportsProbe(ProbeKind::kReconstruct)) {
+    return absl::OkStatus();
+  }
+  // KVzip's scoring: a slot matters as much as the model attends to it when
+  // asked to repeat the context. Chunk by chunk, so the probe's rows (the
+  // prompt and one chunk) stay a small, transient part of the session.
+  if (repeat_prompt_.empty()) {
+    repeat_prompt_ = m_->tokenizer->Encode("\n\nRepeat the previous context exactly.\n", false);
+  }
+  std::vector<TokenMeta> probe;
+  probe.reserve(repeat_prompt_.size() + chunk.size());
+  int32_t position = chunk.back().position + 1;
+  for (int32_t id : repeat_prompt_) probe.push_back(TokenMeta{id, position++, turn_, Role::kUser});
+  for (const TokenMeta& t : chunk) {
+    probe.push_back(TokenMeta{t.token_id, position++, turn_, Role::kAssistant});
+  }
+  std::vector<float> logits;
+  if (absl::Status s = store_->BeginProbe(ProbeKind::kReconstruct); !s.ok()) return s;
+  absl::Status forward = m_->model->Forward(probe, store_, &logits);
+  absl::Status end = store_->EndProbe();
+  return forward.ok() ? end : forward;
+}
+
 absl::Status Conversation::ProbeIntent(std::string_view intent) {
   if (intent.empty() || !options_.intent_probe) return absl::OkStatus();
   // The probe attends over what is cached, so the final tokens queued so far
@@ -372,7 +395,9 @@ absl::Status Conversation::ProbeIntent(std::string_view intent) {
   // that probes gives exactly what --local-cache gives.
   std::vector<float> logits;
   if (absl::Status s = ForwardPending(&logits); !s.ok()) return s;
-  if (!store_->SupportsProbe() || store_->num_slots() == 0) return absl::OkStatus();
+  if (!store_->SupportsProbe(ProbeKind::kIntent) || store_->num_slots() == 0) {
+    return absl::OkStatus();
+  }
   const std::vector<int32_t> ids = m_->tokenizer->Encode(intent, false);
   if (ids.empty()) return absl::OkStatus();
   std::vector<TokenMeta> probe;
@@ -380,7 +405,7 @@ absl::Status Conversation::ProbeIntent(std::string_view intent) {
     probe.push_back(TokenMeta{ids[i], next_position_ + static_cast<int32_t>(i), turn_,
                               Role::kAssistant});
   }
-  if (absl::Status s = store_->BeginProbe(); !s.ok()) return s;
+  if (absl::Status s = store_->BeginProbe(ProbeKind::kIntent); !s.ok()) return s;
   absl::Status forward = m_->model->Forward(probe, store_, &logits);
   absl::Status end = store_->EndProbe();
   return forward.ok() ? end : forward;

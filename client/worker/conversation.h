@@ -50,6 +50,12 @@ struct ConversationOptions {
   // policies rank the slots by it while the message is prefilled. Either way
   // the tokens queued before such a message are prefilled first.
   bool intent_probe = true;
+  // After each prefill chunk, a context-reconstruction probe (KVzip) scores
+  // the cache, if the store supports it (the daemon's policy asked for
+  // importance at OpenSession): the "repeat the previous context" prompt and
+  // the chunk's tokens again attend over the cache and report the most
+  // attention each slot got. About doubles prefill; decode is untouched.
+  bool reconstruct = true;
   SamplerOptions sampler;
 };
 
@@ -142,6 +148,8 @@ class Conversation {
   // Prefills what is queued, then runs the intent's tokens over the cache as
   // a probe the store does not keep.
   absl::Status ProbeIntent(std::string_view intent);
+  // The reconstruction probe over the chunk of pending_ just prefilled.
+  absl::Status ProbeReconstruction(std::span<const TokenMeta> chunk);
   // A generated turn's prompt (header, answer prefix) prefilled: `logits`
   // predicts the turn's first token.
   absl::Status BeginGeneratedTurn(std::string_view intent, std::string_view answer_prefix,
@@ -159,6 +167,7 @@ class Conversation {
   Sampler sampler_;
   ChatTokenizer chat_;  // Rendered and tokenized prompt pieces.
   std::vector<TokenMeta> pending_;
+  std::vector<int32_t> repeat_prompt_;  // ProbeReconstruction's prompt, encoded once
   // Prefilled since the last generated turn (its prompt_tokens, prefill_seconds).
   int64_t prefilled_tokens_ = 0;
   double prefill_seconds_ = 0;

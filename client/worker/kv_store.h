@@ -46,6 +46,19 @@ struct TurnInfo {
   std::string intent;  // The agent's current plan step or tool call; may be empty.
 };
 
+// What a probe's attention is reported as.
+enum class ProbeKind {
+  // IntentKV relevance for the daemon's `intent` policies: the tokens are the
+  // turn's intent text; the mass is summed over layers, heads and queries
+  // and replaces the previous relevance.
+  kIntent,
+  // KVzip's query-agnostic importance for `kvzip` policies: the tokens are a
+  // "repeat the context" prompt and the context just prefilled; each slot
+  // gets the most mass any layer's KV head paid it (summed over the head's
+  // queries), and the daemon keeps the most any probe reported.
+  kReconstruct,
+};
+
 struct KvShape {
   int num_layers = 0;
   int num_kv_heads = 0;
@@ -77,13 +90,12 @@ class KvStore {
   // Called when a new message starts. Default: nothing to report.
   virtual absl::Status BeginTurn(const TurnInfo& turn) { return absl::OkStatus(); }
 
-  // The intent probe (IntentKV relevance for the daemon's `intent` policies):
-  // a store that supports it runs the steps between BeginProbe and EndProbe
-  // (one token each: the intent text) over its cache without keeping them,
-  // and reports the attention they paid each slot. Default: unsupported.
-  virtual bool SupportsProbe() const { return false; }
-  virtual absl::Status BeginProbe() { return absl::UnimplementedError("intent probe"); }
-  virtual absl::Status EndProbe() { return absl::UnimplementedError("intent probe"); }
+  // Probes: a store that supports them runs the steps between BeginProbe and
+  // EndProbe over its cache without keeping them, and reports the attention
+  // they paid each slot, as what `kind` says. Default: unsupported.
+  virtual bool SupportsProbe(ProbeKind kind) const { return false; }
+  virtual absl::Status BeginProbe(ProbeKind kind) { return absl::UnimplementedError("probe"); }
+  virtual absl::Status EndProbe() { return absl::UnimplementedError("probe"); }
 
   // REQUIRES: no step in progress; tokens non-empty.
   // RESOURCE_EXHAUSTED when the cache has no room for the tokens.

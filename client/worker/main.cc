@@ -63,6 +63,7 @@ struct Flags {
   float top_p = 1.0f;
   int prefill_chunk = 64;
   bool no_intent_probe = false;
+  bool no_reconstruct = false;
   int reserve_retry_ms = 30000;
   int threads = 0;
   int64_t max_context = 8192;
@@ -266,6 +267,7 @@ int RunScript(const Flags& f) {
   ConversationOptions co;
   co.prefill_chunk = f.prefill_chunk;
   co.intent_probe = !f.no_intent_probe;
+  co.reconstruct = !f.no_reconstruct;
   co.sampler = {f.temperature, f.top_p, f.seed};
   Conversation conv(m->get(), store->get(), co);
   ChatTokenizer chat(&(*m)->chat_template, (*m)->tokenizer.get());
@@ -440,6 +442,7 @@ int Chat(const Flags& f) {
   ConversationOptions co;
   co.prefill_chunk = f.prefill_chunk;
   co.intent_probe = !f.no_intent_probe;
+  co.reconstruct = !f.no_reconstruct;
   co.sampler = {f.temperature, f.top_p, f.seed};
   Conversation conv(m->get(), store->get(), co);
   std::fprintf(stderr, "polykv-worker chat: %s, cache %s. One message per line; Ctrl-D ends.\n",
@@ -498,6 +501,7 @@ int main(int argc, char** argv) {
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
     c->add_flag("--no-intent-probe", f.no_intent_probe, "--daemon: do not probe each message's \"intent\" over the cache (the daemon's intent policies then rank by attention)");
+    c->add_flag("--no-reconstruct", f.no_reconstruct, "--daemon: do not run the context-reconstruction probes the agent's policy asks for (kvzip; they about double prefill); its slots then all rank alike");
     c->add_option("--threads", f.threads, "threads of the weight products and attention kernels (0 = all cores); use 1 per worker when several share a host")->check(CLI::NonNegativeNumber);
     c->add_option("--max-context", f.max_context, "KV slots of the local cache")->check(CLI::PositiveNumber);
   };

@@ -412,13 +412,18 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
     RETURN_IF_ERROR_(kernels::PagedDecodeAttention(options_.exec, view, params, q, out, nullptr,
                                                    head_mass_.data()));
   }
-  // A probe's attention is the intent relevance of the slots it began with.
+  // A probe's attention scores the slots it began with.
   const double t0 = SteadySeconds();
   float* acc = probing_ ? probe_mass_.data() : mass_.data();
   const int64_t upto = probing_ ? probe_base_ : total;
+  const bool most = probing_ && probe_kind_ == ProbeKind::kReconstruct;
   for (int g = 0; g < kvh; ++g) {
     const float* hm = head_mass_.data() + static_cast<size_t>(g) * total;
-    for (int64_t s = 0; s < upto; ++s) acc[s] += hm[s];
+    if (most) {
+      for (int64_t s = 0; s < upto; ++s) acc[s] = std::max(acc[s], hm[s]);
+    } else {
+      for (int64_t s = 0; s < upto; ++s) acc[s] += hm[s];
+    }
   }
   CountSignal(SteadySeconds() - t0, /*tags=*/false);
   return absl::OkStatus();
@@ -443,7 +448,7 @@ absl::Status PagedKvStore::EndStep() {
   return absl::OkStatus();
 }
 
-absl::Status PagedKvStore::BeginProbe() {
+absl::Status PagedKvStore::BeginProbe(ProbeKind kind) {
   if (probing_ || !step_meta_.empty()) {
     return absl::FailedPreconditionError("BeginProbe inside a step or a probe");
   }
@@ -453,6 +458,7 @@ absl::Status PagedKvStore::BeginProbe() {
   RETURN_IF_ERROR_(CommitAndSync());
   probe_start_ = SteadySeconds();
   probing_ = true;
+  probe_kind_ = kind;
   probe_base_ = num_slots_;
   probe_residual_block_ = residual_block_;
   probe_k_residual_ = k_residual_;
@@ -485,9 +491,10 @@ absl::Status PagedKvStore::EndProbe() {
       RETURN_IF_ERROR_(EncodeBlock(l, residual_block_, rows));
     }
   }
-  std::vector<float> relevance = std::move(probe_mass_);
+  std::vector<float> mass = std::move(probe_mass_);
   probe_mass_.clear();
-  RETURN_IF_ERROR_(source_->ReportIntent(relevance));
+  RETURN_IF_ERROR_(probe_kind_ == ProbeKind::kIntent ? source_->ReportIntent(mass)
+                                                     : source_->ReportImportance(mass));
   signal_cost_.probe_seconds += SteadySeconds() - probe_start_;
   ++signal_cost_.probes;
   return absl::OkStatus();

@@ -90,6 +90,15 @@ class PageSource {
   virtual absl::Status ReportIntent(std::span<const float> relevance) {
     return absl::OkStatus();
   }
+  // Whether the daemon's policy for this session ranks by importance (it
+  // asked at OpenSession): the store then supports reconstruction probes.
+  virtual bool wants_importance() const { return false; }
+  // Per-slot query-agnostic importance (a reconstruction probe's mass); the
+  // daemon keeps the largest each slot was given. Default: dropped.
+  //   importance: [committed slots]
+  virtual absl::Status ReportImportance(std::span<const float> importance) {
+    return absl::OkStatus();
+  }
   // Wall seconds spent so far computing the structure tags reported with
   // commits (SlotTagger and the report it builds), for the store's
   // SignalCost. Default: 0, a source that tags nothing.
@@ -109,8 +118,9 @@ class PageSource {
 //          it too.
 //   mass:  summing the kernel's per-KV-head attention mass into the pending
 //          per-slot mass (Attend), and ReportAttention (CommitAndSync).
-//   probe: each intent probe, from after BeginProbe's commit to the end of
-//          EndProbe: its forward pass, the cache restore and ReportIntent.
+//   probe: each probe (intent or reconstruction), from after BeginProbe's
+//          commit to the end of EndProbe: its forward pass, the cache restore
+//          and the report.
 // Not counted: what computing the slot mass costs inside the attention
 // kernels themselves (only a whole-run A/B sees that), and the timer itself
 // (two steady_clock reads per timed section). All zero for a source that
@@ -127,7 +137,7 @@ struct SignalCost {
   };
   Phase decode;   // one-token steps (and the commits they begin with)
   Phase prefill;  // prefill chunks and message starts
-  double probe_seconds = 0;  // intent probes, whole
+  double probe_seconds = 0;  // probes (intent and reconstruction), whole
   int64_t probes = 0;        // probes counted in probe_seconds
 };
 
@@ -205,12 +215,15 @@ class PagedKvStore : public KvStore {
   absl::Status EndStep() override;
   // A new message: commit what is pending and sync before its tokens.
   absl::Status BeginTurn(const TurnInfo& turn) override;
-  // The intent probe: between BeginProbe and EndProbe, steps of one token
-  // attend over the cache (and each other) as usual but are never committed;
-  // EndProbe drops them, restores the block being filled and reports the mass
-  // they gave each slot as its intent relevance (PageSource::ReportIntent).
-  bool SupportsProbe() const override { return source_->wants_attention(); }
-  absl::Status BeginProbe() override;
+  // Probes: between BeginProbe and EndProbe, steps attend over the cache
+  // (and each other) as usual but are never committed; EndProbe drops them,
+  // restores the block being filled and reports the mass they gave each slot
+  // (ProbeKind): as its intent relevance (PageSource::ReportIntent) or its
+  // importance (PageSource::ReportImportance).
+  bool SupportsProbe(ProbeKind kind) const override {
+    return kind == ProbeKind::kIntent ? source_->wants_attention() : source_->wants_importance();
+  }
+  absl::Status BeginProbe(ProbeKind kind) override;
   absl::Status EndProbe() override;
   // Commits the tokens written since the last commit (if any).
   absl::Status CommitPending();
@@ -280,8 +293,9 @@ class PagedKvStore : public KvStore {
   // gets no bias at all, the unmerged path).
   std::vector<float> slot_bias_;
   std::vector<float> head_mass_;  // Scratch: [num_kv_heads][slots].
-  // Intent probe state (BeginProbe..EndProbe).
+  // Probe state (BeginProbe..EndProbe).
   bool probing_ = false;
+  ProbeKind probe_kind_ = ProbeKind::kIntent;
   int64_t probe_base_ = 0;  // num_slots_ when the probe began
   int64_t probe_residual_block_ = 0;
   std::vector<std::vector<float>> probe_k_residual_, probe_v_residual_;

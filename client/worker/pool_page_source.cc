@@ -70,6 +70,7 @@ class PoolPageSource : public PageSource {
   }
 
   bool wants_attention() const override { return true; }
+  bool wants_importance() const override { return session_->info().wants_importance; }
   double tag_seconds() const override { return tag_seconds_; }
 
   absl::Status ReportIntent(std::span<const float> relevance) override {
@@ -77,6 +78,13 @@ class PoolPageSource : public PageSource {
     if (n == 0) return absl::OkStatus();
     return Benign(session_->ReportIntent(
         0, std::vector<float>(relevance.begin(), relevance.begin() + n)));
+  }
+
+  absl::Status ReportImportance(std::span<const float> importance) override {
+    const size_t n = std::min(importance.size(), static_cast<size_t>(committed_));
+    if (n == 0) return absl::OkStatus();
+    return Benign(session_->ReportImportance(
+        0, std::vector<float>(importance.begin(), importance.begin() + n)));
   }
 
   absl::Status ReportAttention(std::span<const float> mass) override {

@@ -21,9 +21,11 @@ policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
   layer.slots.resize(slots.size());
   // Slots newer than the last intent probe have no relevance yet: they rank
   // with the most relevant, not below everything (they are the current turn).
-  float most_relevant = 0.f;
+  // Likewise slots no reconstruction probe has scored yet (the newest).
+  float most_relevant = 0.f, most_important = 0.f;
   bool any_intent = false;
   for (const SlotRecord& r : slots) {
+    if (!std::isnan(r.importance)) most_important = std::max(most_important, r.importance);
     if (std::isnan(r.intent)) continue;
     most_relevant = any_intent ? std::max(most_relevant, r.intent) : r.intent;
     any_intent = true;
@@ -36,6 +38,7 @@ policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
     s.count = std::max<uint32_t>(r.count, 1);
     s.attn = r.attn;
     s.intent = std::isnan(r.intent) ? most_relevant : r.intent;
+    s.importance = std::isnan(r.importance) ? most_important : r.importance;
     const size_t block = i / static_cast<size_t>(std::max(shape.block_tokens, 1));
     s.k_format = formats.key(block);
     s.v_format = formats.value(block);
@@ -73,6 +76,10 @@ absl::StatusOr<CompactionGroups> LowerPlan(const policies::SessionView& view,
         // The most relevant member speaks for the group (unknown stays unknown).
         if (!std::isnan(member.intent)) {
           rec.intent = std::isnan(rec.intent) ? member.intent : std::max(rec.intent, member.intent);
+        }
+        if (!std::isnan(member.importance)) {
+          rec.importance = std::isnan(rec.importance) ? member.importance
+                                                      : std::max(rec.importance, member.importance);
         }
       }
     }

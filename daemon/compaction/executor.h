@@ -34,6 +34,9 @@ struct SlotRecord {
   float attn = 0.f;          // accumulated attention mass
   // Relevance to the current intent (ReportSlots); NaN until reported.
   float intent = std::numeric_limits<float>::quiet_NaN();
+  // Query-agnostic importance (ReportSlots): the most any context-
+  // reconstruction probe reported for it; NaN until one did.
+  float importance = std::numeric_limits<float>::quiet_NaN();
 };
 
 // The K/V formats of a session's blocks. A requantized block is coarser than

@@ -232,6 +232,10 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
   out.epoch = in.tables.epoch;
   out.qos = qos;
   out.qos.agent_id = r.agent_id;
+  if (!qos.policy.empty()) {
+    auto policy = policies_.Get(qos.policy);
+    out.wants_importance = policy.ok() && (*policy)->ReadsImportance();
+  }
   out.arenas = blocks_.NewArenas(in.tenant(), in.known_arenas);
   return out;
 }
@@ -921,7 +925,8 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
         s.tables.epoch, "; Sync, then report slots of the new tables"));
   }
   const uint64_t committed = s.tables.committed_tokens;
-  const uint64_t n = std::max({r.slots.size(), r.attention.size(), r.intent.size()});
+  const uint64_t n =
+      std::max({r.slots.size(), r.attention.size(), r.intent.size(), r.importance.size()});
   if (r.first_slot > committed || n > committed - r.first_slot) {
     return absl::InvalidArgumentError(absl::StrCat(
         "slots [", r.first_slot, ", ", r.first_slot + n, ") are not all committed (",
@@ -949,6 +954,12 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
                                                      " is not finite"));
     }
   }
+  for (size_t i = 0; i < r.importance.size(); ++i) {
+    if (!std::isfinite(r.importance[i]) || r.importance[i] < 0.f) {
+      return absl::InvalidArgumentError(absl::StrCat("importance[", i, "] = ", r.importance[i],
+                                                     " is not a finite value >= 0"));
+    }
+  }
   if (r.current_turn > static_cast<uint32_t>(INT32_MAX)) {
     return absl::InvalidArgumentError("current_turn out of range");
   }
@@ -959,6 +970,10 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
   }
   for (size_t i = 0; i < r.attention.size(); ++i) slots[r.first_slot + i].attn += r.attention[i];
   for (size_t i = 0; i < r.intent.size(); ++i) slots[r.first_slot + i].intent = r.intent[i];
+  for (size_t i = 0; i < r.importance.size(); ++i) {
+    float& have = slots[r.first_slot + i].importance;
+    have = std::isnan(have) ? r.importance[i] : std::max(have, r.importance[i]);
+  }
   if (r.current_turn > 0) s.policy.current_turn = static_cast<int32_t>(r.current_turn);
   return absl::OkStatus();
 }

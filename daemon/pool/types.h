@@ -108,6 +108,9 @@ struct OpenResult {
   std::vector<ArenaExport> arenas;
   uint64_t epoch = 0;
   QosRecord qos;
+  // The agent's policy ranks by query-agnostic importance: the worker should
+  // run its context-reconstruction probes and report what they find.
+  bool wants_importance = false;
 };
 
 struct ReserveResult {
@@ -136,6 +139,7 @@ struct ReportSlotsRequest {
   std::vector<policies::SlotMeta> slots;  // for [first_slot, first_slot + size)
   std::vector<float> attention;           // for [first_slot, first_slot + size)
   std::vector<float> intent;              // for [first_slot, first_slot + size); replaces
+  std::vector<float> importance;  // for [first_slot, first_slot + size); the slot keeps the max
   uint32_t current_turn = 0;          // 0 = unchanged
 };
 

@@ -163,6 +163,7 @@ absl::StatusOr<ReportSlotsRequest> FromProto(const v1::ReportSlotsRequest& r) {
   }
   o.attention.assign(r.attention().begin(), r.attention().end());
   o.intent.assign(r.intent().begin(), r.intent().end());
+  o.importance.assign(r.importance().begin(), r.importance().end());
   return o;
 }
 
@@ -217,6 +218,7 @@ void ToProto(const OpenResult& in, v1::OpenSessionResponse* out) {
   for (const auto& a : in.arenas) ToProto(a, out->add_arenas());
   out->set_epoch(in.epoch);
   ToProto(in.qos, out->mutable_qos());
+  out->set_wants_importance(in.wants_importance);
 }
 
 void ToProto(const ModelProfile& in, v1::ModelProfile* out) {

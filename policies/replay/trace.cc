@@ -116,10 +116,11 @@ absl::StatusOr<Trace> ParseTrace(std::string_view jsonl) {
     m.tag.boundary = Bool(o, "boundary");
     m.pinned = Bool(o, "pinned");
     v.current_turn = std::max(v.current_turn, m.turn);
-    std::vector<float> attn, obs, intent, count, present;
+    std::vector<float> attn, obs, intent, importance, count, present;
     if (!Stream(Get(o, "attn"), layers, &attn) || !Stream(Get(o, "obs"), layers, &obs) ||
-        !Stream(Get(o, "intent"), layers, &intent)) {
-      return bad("attn / obs / intent must be a number or [num_layers] numbers");
+        !Stream(Get(o, "intent"), layers, &intent) ||
+        !Stream(Get(o, "importance"), layers, &importance)) {
+      return bad("attn / obs / intent / importance must be a number or [num_layers] numbers");
     }
     if (!Stream(Get(o, "count"), layers, &count)) return bad("count must be [num_layers]");
     if (Get(o, "present") != nullptr) {
@@ -145,6 +146,7 @@ absl::StatusOr<Trace> ParseTrace(std::string_view jsonl) {
       s.attn = attn[l];
       s.obs = obs[l];
       s.intent = intent[l];
+      s.importance = importance[l];
       s.k_format = kf;
       s.v_format = vf;
       v.layers[l].slots.push_back(s);
@@ -202,10 +204,11 @@ std::string WriteTrace(const SessionView& view, const std::vector<std::string>& 
                 {"boundary", m.tag.boundary}};
     if (m.pinned) rec["pinned"] = true;
     if (t < texts.size()) rec["text"] = texts[t];
-    bool all = true, any_count = false;
+    bool all = true, any_count = false, any_importance = false;
     for (int l = 0; l < L; ++l) {
       all &= where[l][t] >= 0;
       any_count |= where[l][t] >= 0 && view.layers[l].slots[where[l][t]].count != 1;
+      any_importance |= where[l][t] >= 0 && view.layers[l].slots[where[l][t]].importance != 0.f;
     }
     auto stream = [&](const char* name, auto get) {
       Json& a = rec[name] = Json::array();
@@ -217,6 +220,8 @@ std::string WriteTrace(const SessionView& view, const std::vector<std::string>& 
     stream("attn", [&](const Slot& s) { return Six(s.attn); });
     stream("obs", [&](const Slot& s) { return Six(s.obs); });
     stream("intent", [&](const Slot& s) { return Six(s.intent); });
+    // Only workers that reconstruct report it; older traces stay as they were.
+    if (any_importance) stream("importance", [&](const Slot& s) { return Six(s.importance); });
     if (any_count) stream("count", [&](const Slot& s) { return s.count; });
     if (!all) {
       Json& present = rec["present"] = Json::array();

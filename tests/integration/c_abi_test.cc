@@ -166,5 +166,46 @@ TEST_F(CAbiTest, ReportsReachTheDaemonAndSyncAdoptsItsCompaction) {
   pkv_client_free(client);
 }
 
+// An agent whose policy ranks by importance is told so at open, and what it
+// reports through pkv_report_importance decides its compaction.
+TEST_F(CAbiTest, KvzipAsksForImportanceAndKeepsWhatItReports) {
+  auto [code, out] = testing::RunProgram({BinDir() + "/polykvctl", "--socket", sock_, "qos", "set",
+                                          "c-kvzip", "--policy", "kvzip{window.size=4}",
+                                          "--budget-tokens", "32"});
+  ASSERT_EQ(code, 0) << out;
+  pkv_client* client = nullptr;
+  ASSERT_EQ(pkv_connect(sock_.c_str(), &client), 0) << pkv_last_error();
+  const pkv_session_options o = Options("c-kvzip");
+  pkv_session* session = nullptr;
+  ASSERT_EQ(pkv_session_open(client, &o, &session), 0) << pkv_last_error();
+  EXPECT_EQ(pkv_wants_importance(session), 1);
+  EXPECT_EQ(pkv_wants_importance(nullptr), 0);
+  ASSERT_EQ(pkv_reserve(session, 64), 0) << pkv_last_error();
+  ASSERT_EQ(pkv_commit(session, 64), 0) << pkv_last_error();
+  const float negative = -1.f;
+  EXPECT_EQ(pkv_report_importance(session, 0, 1, &negative), 3);  // values must be >= 0
+  EXPECT_EQ(pkv_report_importance(session, 0, 1, nullptr), 3);
+  float importance[64];
+  for (float& x : importance) x = 0.01f;
+  importance[20] = importance[21] = 9.f;
+  ASSERT_EQ(pkv_report_importance(session, 0, 64, importance), 0) << pkv_last_error();
+  int changed = -1;
+  ASSERT_EQ(pkv_sync(session, &changed), 0) << pkv_last_error();
+  EXPECT_EQ(changed, 1);
+  const uint64_t kept = pkv_committed_tokens(session);
+  ASSERT_GT(kept, 0u);
+  ASSERT_LT(kept, 64u);
+  int64_t pos[64];
+  ASSERT_EQ(pkv_slot_info(session, 0, kept, pos, nullptr), 0) << pkv_last_error();
+  bool has20 = false, has21 = false;
+  for (uint64_t i = 0; i < kept; ++i) {
+    has20 |= pos[i] == 20;
+    has21 |= pos[i] == 21;
+  }
+  EXPECT_TRUE(has20 && has21);
+  EXPECT_EQ(pkv_session_close(session), 0) << pkv_last_error();
+  pkv_client_free(client);
+}
+
 }  // namespace
 }  // namespace polykv

@@ -83,6 +83,9 @@ struct SessionInfo {
   PageFormat value_format = PageFormat::kF16;
   uint32_t key_page_bytes = 0;
   uint32_t value_page_bytes = 0;
+  // The agent's policy ranks by query-agnostic importance: report it
+  // (ReportImportance) from context-reconstruction probes.
+  bool wants_importance = false;
 };
 
 class Client;
@@ -141,6 +144,16 @@ class Session {
   // daemon's epoch moved (Sync first).
   virtual absl::Status ReportIntent(uint64_t first_slot, const std::vector<float>& relevance) {
     return absl::UnimplementedError("ReportIntent");
+  }
+  // Reports each slot's query-agnostic importance (e.g. the attention a
+  // context-reconstruction probe gives it, KVzip) for [first_slot,
+  // first_slot + importance.size()); the daemon keeps the largest value each
+  // slot was ever given: what `kvzip` policies rank by. Slots must be
+  // committed; values finite and >= 0. FAILED_PRECONDITION when the daemon's
+  // epoch moved (Sync first).
+  virtual absl::Status ReportImportance(uint64_t first_slot,
+                                        const std::vector<float>& importance) {
+    return absl::UnimplementedError("ReportImportance");
   }
 };
 

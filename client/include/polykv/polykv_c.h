@@ -70,6 +70,8 @@ int pkv_session_close(pkv_session* session);
 
 uint64_t pkv_session_id(const pkv_session* session);
 uint32_t pkv_block_tokens(const pkv_session* session);
+/* 1 when the agent's policy ranks by importance (pkv_report_importance). */
+int pkv_wants_importance(const pkv_session* session);
 /* Reserves pages for num_tokens more tokens. */
 int pkv_reserve(pkv_session* session, uint64_t num_tokens);
 int pkv_commit(pkv_session* session, uint64_t committed_tokens);
@@ -129,6 +131,11 @@ int pkv_report_slots(pkv_session* session, uint64_t first, size_t n, const pkv_s
  * attention an intent probe gives it) for [first, first + n), replacing
  * earlier values: what `intent` policies rank by. Values must be finite. */
 int pkv_report_intent(pkv_session* session, uint64_t first, size_t n, const float* relevance);
+/* Reports each slot's query-agnostic importance (e.g. the attention a
+ * context-reconstruction probe gives it) for [first, first + n); the daemon
+ * keeps each slot's largest: what `kvzip` policies rank by. Values must be
+ * finite and >= 0. */
+int pkv_report_importance(pkv_session* session, uint64_t first, size_t n, const float* importance);
 
 /* Message of this thread's last failed call ("" if none). */
 const char* pkv_last_error(void);

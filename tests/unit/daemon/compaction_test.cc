@@ -69,6 +69,7 @@ class CompactionTest : public ::testing::Test {
     uint64_t committed = 0;
     std::vector<int64_t> positions;  // [committed]
     std::vector<uint32_t> counts;    // [committed] tokens each slot stands for
+    bool wants_importance = false;   // OpenResult: the policy ranks by importance
   };
 
   void SetQos(const std::string& agent, const std::string& policy, uint64_t budget,
@@ -95,7 +96,9 @@ class CompactionTest : public ::testing::Test {
     auto o = pool_->Open(r);
     EXPECT_TRUE(o.ok()) << o.status();
     Map(o->session_id, o->token, o->arenas);
-    return Sess{o->session_id, o->token};
+    Sess out{o->session_id, o->token};
+    out.wants_importance = o->wants_importance;
+    return out;
   }
 
   void Map(uint64_t id, const std::string& token, const std::vector<ArenaExport>& arenas) {
@@ -482,6 +485,40 @@ TEST_F(CompactionTest, IntentKeepsTheSlotsMostRelevantToTheReportedIntent) {
   Check();
 }
 
+// `kvzip` ranks by the importance the worker's reconstruction probes report
+// (ReportSlots.importance); each slot keeps the most it was ever given, and
+// slots no probe scored yet rank with the most important.
+TEST_F(CompactionTest, KvzipKeepsTheSlotsItsReconstructionFoundImportant) {
+  SetQos("a", "kvzip{window.size=4}", 32);
+  SetQos("b", "h2o", 32);
+  Sess s = Open("a");
+  EXPECT_TRUE(s.wants_importance);
+  EXPECT_FALSE(Open("b").wants_importance);
+  ASSERT_TRUE(Append(s, 60).ok());
+  ReportSlotsRequest r;
+  r.importance.assign(52, 0.01f);  // slots 52..59: after the last probe
+  for (int i = 10; i < 18; ++i) r.importance[i] = 2.f;
+  ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
+  // A later, smaller value for 10..17 does not lower them; 30..33 rise.
+  ReportSlotsRequest later;
+  later.first_slot = 10;
+  later.importance.assign(24, 0.f);
+  for (int i = 20; i < 24; ++i) later.importance[i] = 3.f;  // slots 30..33
+  ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, later).ok());
+  ASSERT_TRUE(Sync(s).value());
+  // 28 slots (as for `intent` above): 4 sinks, the 4-slot window (56..59),
+  // the unscored 52..55, the 12 important ones, and the 4 most recent of the
+  // tied rest (48..51).
+  EXPECT_EQ(s.committed, 28u);
+  std::set<int64_t> kept(s.positions.begin(), s.positions.end());
+  for (int64_t p : {0, 1, 2, 3}) EXPECT_TRUE(kept.contains(p)) << "sink " << p;
+  for (int64_t p = 10; p < 18; ++p) EXPECT_TRUE(kept.contains(p)) << "important " << p;
+  for (int64_t p = 30; p < 34; ++p) EXPECT_TRUE(kept.contains(p)) << "raised later " << p;
+  for (int64_t p = 52; p < 60; ++p) EXPECT_TRUE(kept.contains(p)) << "not scored yet " << p;
+  EXPECT_FALSE(kept.contains(40));
+  Check();
+}
+
 TEST_F(CompactionTest, BadReportSlotsChangesNothing) {
   SetQos("a", "window", 32);
   Sess s = Open("a");
@@ -505,6 +542,11 @@ TEST_F(CompactionTest, BadReportSlotsChangesNothing) {
   bad.intent = {0.5f, std::numeric_limits<float>::infinity()};
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
   bad.intent.clear();
+  bad.importance = {0.5f, -0.5f};
+  EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.importance = {0.5f, std::nanf("")};
+  EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.importance.clear();
   bad.first_slot = 39;  // slots 39, 40: 40 is not committed
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
   bad.first_slot = 3;

@@ -267,6 +267,23 @@ TEST(IntentPolicyTest, FollowsRelevanceOncePruningPays) {
   EXPECT_THAT(Decide1(*p, v, 3).keep, ElementsAre(37, 38, 39));
 }
 
+// kvzip keeps the sinks, its window and the slots the reconstruction probes
+// found most important, whatever attention the decode paid them; only it
+// asks the worker for that stream.
+TEST(KvzipPolicyTest, KeepsTheMostImportantSlotsBesideSinksAndWindow) {
+  SessionView v = MakeView(40);
+  for (int i = 0; i < 40; ++i) v.layers[0].slots[i].attn = static_cast<float>(i);
+  for (int i : {9, 17, 25}) v.layers[0].slots[i].importance = 1.f + 0.1f * i;
+  auto p = Make("kvzip", {{"window.size", "2"}});
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(p->ReadsImportance());
+  EXPECT_THAT(Decide1(*p, v, 9).keep, ElementsAre(0, 1, 2, 3, 9, 17, 25, 38, 39));
+  for (const char* other : {"h2o", "snapkv", "hybrid", "merge", "structural", "intent", "full"}) {
+    EXPECT_FALSE(Make(other)->ReadsImportance()) << other;
+  }
+  EXPECT_TRUE(Make("sinks+kvzip+h2o")->ReadsImportance());
+}
+
 TEST(CompositeTest, WeightsCombineComponents) {
   SessionView v = MakeView(10);
   v.current_turn = 9;

@@ -135,7 +135,7 @@ TEST(PagedKvStoreRecentTest, AProbeLeavesTheWindowAsItWas) {
   std::mt19937 qa(5), qb(5);
   Feed(probed.get(), context, 9, 0, qa);
   Feed(plain.get(), context, 9, 0, qb);
-  ASSERT_TRUE(probed->BeginProbe().ok());
+  ASSERT_TRUE(probed->BeginProbe(ProbeKind::kIntent).ok());
   std::mt19937 qp(6);
   Feed(probed.get(), probe, 40, 30, qp);
   ASSERT_TRUE(probed->EndProbe().ok());

@@ -127,7 +127,7 @@ void Drive(PagedKvStore* store, bool probe, std::mt19937& rng) {
   for (int c = 0; c < kPrefillChunks; ++c) Step(store, kChunk, &position, rng);
   ASSERT_TRUE(store->BeginTurn(TurnInfo{1, Role::kAssistant, "find f"}).ok());
   if (probe) {
-    ASSERT_TRUE(store->BeginProbe().ok());
+    ASSERT_TRUE(store->BeginProbe(ProbeKind::kIntent).ok());
     int32_t probe_position = position;
     Step(store, 1, &probe_position, rng);
     Step(store, 1, &probe_position, rng);
@@ -189,7 +189,7 @@ TEST(PagedStoreSignalsTest, WithoutPrefillMassThePrefillChunksCountNoMass) {
 TEST(PagedStoreSignalsTest, SignalsOffCountExactlyZero) {
   std::mt19937 rng(Seed());
   Store s = NewStore(/*signals=*/false);
-  ASSERT_FALSE(s.store->SupportsProbe());
+  ASSERT_FALSE(s.store->SupportsProbe(ProbeKind::kIntent));
   Drive(s.store.get(), /*probe=*/false, rng);
   const SignalCost& c = s.store->signal_cost();
   EXPECT_EQ(c.decode.tag_seconds, 0);

@@ -154,6 +154,15 @@ class RepublishingSource : public PageSource {
     return absl::OkStatus();
   }
   std::vector<float> intent_;
+  absl::Status ReportImportance(std::span<const float> importance) override {
+    importance_.assign(importance.begin(), importance.end());
+    ++importance_reports_;
+    return absl::OkStatus();
+  }
+  bool wants_importance() const override { return wants_importance_; }
+  bool wants_importance_ = false;
+  std::vector<float> importance_;
+  int importance_reports_ = 0;
   int64_t bytes() const override { return inner_->bytes(); }
   std::string name() const override { return "republishing"; }
   bool wants_attention() const override { return true; }
@@ -297,7 +306,7 @@ TEST(PagedKvStoreTest, AnIntentProbeIsReportedAndLeavesTheCacheAsItWas) {
     SCOPED_TRACE(std::string(kernels::FormatShortName(vf)));
     auto [probed_src, probed] = NewRecorded(m, {}, PageFormat::kF16, vf);
     auto [plain_src, plain] = NewRecorded(m, {}, PageFormat::kF16, vf);
-    ASSERT_TRUE(probed->SupportsProbe());
+    ASSERT_TRUE(probed->SupportsProbe(ProbeKind::kIntent));
     std::vector<TokenMeta> context;
     for (int i = 0; i < 27; ++i) context.push_back({300 + 7 * i, i, 0, Role::kUser});  // 1 block + 11
     std::vector<float> a, b;
@@ -306,7 +315,7 @@ TEST(PagedKvStoreTest, AnIntentProbeIsReportedAndLeavesTheCacheAsItWas) {
     // Six probe tokens: they fill the partial block past its end into the next one.
     std::vector<TokenMeta> probe;
     for (int i = 0; i < 6; ++i) probe.push_back({900 + i, 27 + i, 1, Role::kAssistant});
-    ASSERT_TRUE(probed->BeginProbe().ok());
+    ASSERT_TRUE(probed->BeginProbe(ProbeKind::kIntent).ok());
     ASSERT_TRUE(m.Forward(probe, probed.get(), &a).ok());
     ASSERT_TRUE(probed->EndProbe().ok());
     EXPECT_EQ(probed->num_slots(), 27);
@@ -339,7 +348,7 @@ TEST(PagedKvStoreTest, AConversationProbesEachIntentOverWhatCameBefore) {
   const LlamaModel& m = *model->model;
   auto [src, store] = NewRecorded(m, {});
   auto plain = NewPaged(m, PageFormat::kF32, PageFormat::kF32);  // heap pages: no probe
-  ASSERT_FALSE(plain->SupportsProbe());
+  ASSERT_FALSE(plain->SupportsProbe(ProbeKind::kIntent));
   Conversation probing(model, store.get(), ConversationOptions{});
   Conversation not_probing(model, plain.get(), ConversationOptions{});
   for (Conversation* c : {&probing, &not_probing}) {
@@ -360,6 +369,89 @@ TEST(PagedKvStoreTest, AConversationProbesEachIntentOverWhatCameBefore) {
   for (float x : src->intent_) sum += x;
   EXPECT_GT(sum, 0.0);
   EXPECT_EQ(a->tokens, b->tokens);
+}
+
+// A reconstruction probe reports, per slot, the most attention any layer's
+// KV head paid it (summed over the head's queries), where an intent probe of
+// the same tokens reports the sum over all of them; it too leaves the cache
+// as it was. Only a source that asked for importance supports it.
+TEST(PagedKvStoreTest, AReconstructionProbeReportsTheMostAnyHeadPaid) {
+  POLYKV_REQUIRE_MODEL();
+  const LlamaModel& m = *model->model;
+  const int layers = m.config().num_layers, heads = m.config().num_heads;
+  const int kv_heads = m.config().num_kv_heads;
+  auto [rsrc, recon] = NewRecorded(m, {}, PageFormat::kF16, PageFormat::kInt4);
+  auto [isrc, intent] = NewRecorded(m, {}, PageFormat::kF16, PageFormat::kInt4);
+  auto [psrc, plain] = NewRecorded(m, {}, PageFormat::kF16, PageFormat::kInt4);
+  EXPECT_FALSE(recon->SupportsProbe(ProbeKind::kReconstruct));
+  rsrc->wants_importance_ = true;
+  ASSERT_TRUE(recon->SupportsProbe(ProbeKind::kReconstruct));
+  std::vector<TokenMeta> context;
+  for (int i = 0; i < 27; ++i) context.push_back({300 + 7 * i, i, 0, Role::kUser});
+  std::vector<float> a, b, c;
+  ASSERT_TRUE(m.Forward(context, recon.get(), &a).ok());
+  ASSERT_TRUE(m.Forward(context, intent.get(), &b).ok());
+  ASSERT_TRUE(m.Forward(context, plain.get(), &c).ok());
+  std::vector<TokenMeta> probe;
+  for (int i = 0; i < 9; ++i) probe.push_back({300 + 7 * i, 27 + i, 1, Role::kAssistant});
+  for (auto [store, kind] : {std::pair{recon.get(), ProbeKind::kReconstruct},
+                             std::pair{intent.get(), ProbeKind::kIntent}}) {
+    ASSERT_TRUE(store->BeginProbe(kind).ok());
+    ASSERT_TRUE(m.Forward(probe, store, &a).ok());
+    ASSERT_TRUE(store->EndProbe().ok());
+  }
+  ASSERT_EQ(rsrc->importance_.size(), 27u);
+  ASSERT_EQ(isrc->intent_.size(), 27u);
+  EXPECT_TRUE(rsrc->intent_.empty());
+  EXPECT_EQ(isrc->importance_reports_, 0);
+  const double group_most = double(heads / kv_heads) * probe.size();
+  bool some_below_sum = false;
+  for (size_t i = 0; i < 27; ++i) {
+    const double most = rsrc->importance_[i], sum = isrc->intent_[i];
+    EXPECT_LE(most, sum + 1e-4) << "slot " << i;
+    EXPECT_GE(most, sum / (layers * kv_heads) - 1e-4) << "slot " << i;
+    EXPECT_LE(most, group_most + 1e-4) << "slot " << i;
+    some_below_sum |= most < 0.9 * sum;
+  }
+  EXPECT_TRUE(some_below_sum) << "the probe summed instead of taking the most";
+  for (int i = 0; i < 8; ++i) {
+    const TokenMeta t{400 + i, 27 + i, 1, Role::kUser};
+    ASSERT_TRUE(m.Forward(std::span(&t, 1), recon.get(), &a).ok());
+    ASSERT_TRUE(m.Forward(std::span(&t, 1), plain.get(), &c).ok());
+    ASSERT_EQ(a, c) << "token " << i << " after the probe";
+  }
+}
+
+// When the daemon asks for importance, a conversation probes the cache after
+// every prefill chunk, and (with nothing compacted) answers exactly as one
+// that does not: the probes leave no trace.
+TEST(PagedKvStoreTest, AConversationReconstructsEachPrefillChunk) {
+  POLYKV_REQUIRE_MODEL();
+  const LlamaModel& m = *model->model;
+  auto [src, store] = NewRecorded(m, {});
+  auto [off_src, off] = NewRecorded(m, {});
+  src->wants_importance_ = true;
+  off_src->wants_importance_ = true;
+  ConversationOptions co;
+  co.prefill_chunk = 8;
+  co.intent_probe = false;
+  Conversation reconstructing(model, store.get(), co);
+  co.reconstruct = false;
+  Conversation not_reconstructing(model, off.get(), co);
+  for (Conversation* conv : {&reconstructing, &not_reconstructing}) {
+    ASSERT_TRUE(conv->AddMessage(Role::kUser, "The build fails in parse_config: a KeyError on "
+                                              "'port'. The deploy key is K-7731.", "")
+                    .ok());
+  }
+  auto a = reconstructing.Generate(8, "");
+  auto b = not_reconstructing.Generate(8, "");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->tokens, b->tokens);
+  EXPECT_EQ(off_src->importance_reports_, 0);
+  EXPECT_EQ(src->importance_reports_, (a->prompt_tokens + 7) / 8);  // one per chunk
+  // The last chunk's probe scored every slot, its own chunk's included.
+  ASSERT_EQ(static_cast<int>(src->importance_.size()), a->prompt_tokens);
+  for (float x : src->importance_) EXPECT_GT(x, 0.0f);
 }
 
 TEST(PagedKvStoreTest, ReservationFailureIsReported) {
