@@ -74,24 +74,18 @@ class PoolPageSource : public PageSource {
   double tag_seconds() const override { return tag_seconds_; }
 
   absl::Status ReportIntent(std::span<const float> relevance) override {
-    const size_t n = std::min(relevance.size(), static_cast<size_t>(committed_));
-    if (n == 0) return absl::OkStatus();
-    return Benign(session_->ReportIntent(
-        0, std::vector<float>(relevance.begin(), relevance.begin() + n)));
+    std::vector<float> v = Committed(relevance);
+    return v.empty() ? absl::OkStatus() : Benign(session_->ReportIntent(0, v));
   }
 
   absl::Status ReportImportance(std::span<const float> importance) override {
-    const size_t n = std::min(importance.size(), static_cast<size_t>(committed_));
-    if (n == 0) return absl::OkStatus();
-    return Benign(session_->ReportImportance(
-        0, std::vector<float>(importance.begin(), importance.begin() + n)));
+    std::vector<float> v = Committed(importance);
+    return v.empty() ? absl::OkStatus() : Benign(session_->ReportImportance(0, v));
   }
 
   absl::Status ReportAttention(std::span<const float> mass) override {
-    // Only committed slots may be reported.
-    const size_t n = std::min(mass.size(), static_cast<size_t>(committed_));
-    if (n == 0) return absl::OkStatus();
-    return Benign(session_->ReportSlots(0, {}, std::vector<float>(mass.begin(), mass.begin() + n)));
+    std::vector<float> v = Committed(mass);
+    return v.empty() ? absl::OkStatus() : Benign(session_->ReportSlots(0, {}, v));
   }
 
   absl::StatusOr<std::optional<PagedTable>> Sync() override {
@@ -170,6 +164,13 @@ class PoolPageSource : public PageSource {
       out.v_pages[l] = v.addr;
     }
     return out;
+  }
+
+  // The values of the committed slots (from slot 0): only those may be
+  // reported.
+  std::vector<float> Committed(std::span<const float> per_slot) const {
+    const size_t n = std::min(per_slot.size(), static_cast<size_t>(committed_));
+    return std::vector<float>(per_slot.begin(), per_slot.begin() + n);
   }
 
   std::unique_ptr<Client> client_;

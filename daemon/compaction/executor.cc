@@ -73,14 +73,10 @@ absl::StatusOr<CompactionGroups> LowerPlan(const policies::SessionView& view,
         const SlotRecord& member = slots[size_t(out.members[size_t(m)])];
         rec.attn += member.attn;
         rec.meta.pinned |= member.meta.pinned;
-        // The most relevant member speaks for the group (unknown stays unknown).
-        if (!std::isnan(member.intent)) {
-          rec.intent = std::isnan(rec.intent) ? member.intent : std::max(rec.intent, member.intent);
-        }
-        if (!std::isnan(member.importance)) {
-          rec.importance = std::isnan(rec.importance) ? member.importance
-                                                      : std::max(rec.importance, member.importance);
-        }
+        // The most relevant (important) member speaks for the group; unknown
+        // stays unknown.
+        rec.intent = MaxKnown(rec.intent, member.intent);
+        rec.importance = MaxKnown(rec.importance, member.importance);
       }
     }
     out.slots.push_back(rec);

@@ -14,6 +14,8 @@
 // Thread-safety: stateless; thread-safe.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -26,6 +28,12 @@
 #include "policies/session_view.h"
 
 namespace polykv::daemon {
+
+// The larger of two scores where NaN means "not reported yet": a known value
+// beats an unknown one.
+inline float MaxKnown(float a, float b) {
+  return std::isnan(a) ? b : std::isnan(b) ? a : std::max(a, b);
+}
 
 // What the daemon knows about one committed slot of a session.
 struct SlotRecord {

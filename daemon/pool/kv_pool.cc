@@ -972,7 +972,7 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
   for (size_t i = 0; i < r.intent.size(); ++i) slots[r.first_slot + i].intent = r.intent[i];
   for (size_t i = 0; i < r.importance.size(); ++i) {
     float& have = slots[r.first_slot + i].importance;
-    have = std::isnan(have) ? r.importance[i] : std::max(have, r.importance[i]);
+    have = MaxKnown(have, r.importance[i]);
   }
   if (r.current_turn > 0) s.policy.current_turn = static_cast<int32_t>(r.current_turn);
   return absl::OkStatus();

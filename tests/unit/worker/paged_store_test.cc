@@ -294,6 +294,18 @@ TEST(PagedKvStoreTest, PrefillChunksReportTheirAttentionMass) {
   }
 }
 
+// After a probe: the next 8 tokens (from `position` on) give the probed
+// store exactly the logits the unprobed one gets.
+void ExpectSameNextTokens(const LlamaModel& m, KvStore* probed, KvStore* plain, int32_t position) {
+  std::vector<float> a, b;
+  for (int i = 0; i < 8; ++i) {
+    const TokenMeta t{400 + i, position + i, 1, Role::kUser};
+    ASSERT_TRUE(m.Forward(std::span(&t, 1), probed, &a).ok());
+    ASSERT_TRUE(m.Forward(std::span(&t, 1), plain, &b).ok());
+    ASSERT_EQ(a, b) << "token " << i << " after the probe";
+  }
+}
+
 // The intent probe leaves no trace in the cache: a store that probed in the
 // middle of a block (f16 and int4 pages: the block is re-encoded from its own
 // rows) gives the same logits afterwards as one that never probed, and
@@ -331,12 +343,7 @@ TEST(PagedKvStoreTest, AnIntentProbeIsReportedAndLeavesTheCacheAsItWas) {
     EXPECT_GT(sum, 0.5 * layers * heads * 6);
     EXPECT_TRUE(plain_src->intent_.empty());
     // The next tokens see exactly what the unprobed store has.
-    for (int i = 0; i < 8; ++i) {
-      const TokenMeta t{400 + i, 27 + i, 1, Role::kUser};
-      ASSERT_TRUE(m.Forward(std::span(&t, 1), probed.get(), &a).ok());
-      ASSERT_TRUE(m.Forward(std::span(&t, 1), plain.get(), &b).ok());
-      ASSERT_EQ(a, b) << "token " << i << " after the probe";
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectSameNextTokens(m, probed.get(), plain.get(), 27));
   }
 }
 
@@ -414,12 +421,7 @@ TEST(PagedKvStoreTest, AReconstructionProbeReportsTheMostAnyHeadPaid) {
     some_below_sum |= most < 0.9 * sum;
   }
   EXPECT_TRUE(some_below_sum) << "the probe summed instead of taking the most";
-  for (int i = 0; i < 8; ++i) {
-    const TokenMeta t{400 + i, 27 + i, 1, Role::kUser};
-    ASSERT_TRUE(m.Forward(std::span(&t, 1), recon.get(), &a).ok());
-    ASSERT_TRUE(m.Forward(std::span(&t, 1), plain.get(), &c).ok());
-    ASSERT_EQ(a, c) << "token " << i << " after the probe";
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectSameNextTokens(m, recon.get(), plain.get(), 27));
 }
 
 // When the daemon asks for importance, a conversation probes the cache after
