@@ -16,6 +16,12 @@ inline constexpr int kMaxHeadDim = 512;
 // Element type of dense token rows handed to QuantizePage(s).
 enum class SourceType : uint8_t { kF32 = 0, kF16 = 1 };
 
+// How slot_mass (kernels/ops.h) reduces a slot's softmax probabilities over
+// the query heads of its KV head's group and over a chunk's queries: the sum
+// is attention activity (H2O); the most any single query paid is KVzip's
+// reconstruction score, which a slot many queries glance at does not inflate.
+enum class MassReduce : uint8_t { kSum = 0, kMax = 1 };
+
 struct AttentionParams {
   int num_q_heads = 0;   // a positive multiple of shape.num_kv_heads
   float sm_scale = 0.0f;  // 0 means 1 / sqrt(head_dim)
@@ -25,6 +31,7 @@ struct AttentionParams {
   // identical slots. Host memory on the reference and CPU backends, device
   // memory on CUDA. See PagedDecodeAttention in kernels/ops.h.
   const float* slot_bias = nullptr;
+  MassReduce mass_reduce = MassReduce::kSum;  // of slot_mass, when requested
 };
 
 // Compaction plan; see CompactSlots in kernels/ops.h.

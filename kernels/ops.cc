@@ -163,6 +163,10 @@ absl::Status AttentionImpl(const Exec& exec, const PagedKvView& kv, const Attent
                                                    kv.num_tokens));
   }
   if (q == nullptr || out == nullptr) return absl::InvalidArgumentError("null q or out");
+  if (p.mass_reduce != MassReduce::kSum && p.mass_reduce != MassReduce::kMax) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mass_reduce=", static_cast<int>(p.mass_reduce), " unknown"));
+  }
   if (!(p.sm_scale >= 0.0f) || std::isinf(p.sm_scale)) {
     return absl::InvalidArgumentError("sm_scale must be finite and >= 0");
   }
@@ -179,11 +183,12 @@ absl::Status AttentionImpl(const Exec& exec, const PagedKvView& kv, const Attent
   const float scale = p.sm_scale > 0.0f ? p.sm_scale : 1.0f / std::sqrt(float(kv.shape.head_dim));
   switch (exec.backend) {
     case Backend::kReference:
-      ref::Attention(kv, p.num_q_heads, scale, p.slot_bias, num_queries, q, out, lse, slot_mass);
+      ref::Attention(kv, p.num_q_heads, scale, p.slot_bias, num_queries, q, out, lse, slot_mass,
+                     p.mass_reduce);
       return absl::OkStatus();
     case Backend::kCpu:
       cpu::Attention(exec.num_threads, kv, p.num_q_heads, scale, p.slot_bias, num_queries, q, out,
-                     lse, slot_mass);
+                     lse, slot_mass, p.mass_reduce);
       return absl::OkStatus();
     case Backend::kCuda:
       if (slot_mass != nullptr && num_queries > 1) {
@@ -191,7 +196,7 @@ absl::Status AttentionImpl(const Exec& exec, const PagedKvView& kv, const Attent
       }
       POLYKV_CUDA_CALL("attention",
                        cuda::Attention(exec.cuda_stream, kv, p.num_q_heads, scale, p.slot_bias,
-                                       num_queries, q, out, lse, slot_mass));
+                                       num_queries, q, out, lse, slot_mass, p.mass_reduce));
     default:
       return absl::InvalidArgumentError("unknown backend");
   }

@@ -105,7 +105,9 @@ absl::Status DequantizePages(const Exec& exec, const PageShape& shape, KvKind ki
 //              softmax_qh(s) = exp(score_qh,s - lse_qh). Each query head's
 //              softmax sums to 1 over the slots, so row g sums to the group
 //              size (num_q_heads / num_kv_heads). Eviction policies use it as
-//              the slot's attention activity in this step.
+//              the slot's attention activity in this step. With
+//              params.mass_reduce == kMax it is the largest softmax_qh(s)
+//              over the group's query heads instead (each value in [0, 1]).
 // REQUIRES: kv.num_tokens >= 1.
 absl::Status PagedDecodeAttention(const Exec& exec, const PagedKvView& kv,
                                   const AttentionParams& params, const float* q, float* out,
@@ -122,6 +124,8 @@ absl::Status PagedDecodeAttention(const Exec& exec, const PagedKvView& kv,
 //        the chunk's queries too (each query's softmax over its causal
 //        prefix), so row g sums to group size x num_new. It is what H2O-style
 //        scores need from a prefill, which is most of an agent's context.
+//        With kMax, the largest over the group's heads and the chunk's
+//        queries (KVzip's score when the chunk is a reconstruction probe).
 //        CPU and reference backends; CUDA answers UNIMPLEMENTED when asked.
 // REQUIRES: 1 <= num_new <= kv.num_tokens.
 absl::Status PagedPrefillAttention(const Exec& exec, const PagedKvView& kv,

@@ -397,6 +397,11 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
   kernels::AttentionParams params;
   params.num_q_heads = num_heads;
   params.slot_bias = slot_bias_.empty() ? nullptr : slot_bias_.data();  // [total] when set
+  // KVzip's score: the most any single reconstruction query paid a slot, so
+  // that slots every query glances at (delimiters, sink-like tokens) do not
+  // outrank the ones a query copies from.
+  const bool most = probing_ && probe_kind_ == ProbeKind::kReconstruct;
+  if (most) params.mass_reduce = kernels::MassReduce::kMax;
   if (!source_->wants_attention() || (n > 1 && !options_.prefill_attention_mass)) {
     if (n == 1) {
       return kernels::PagedDecodeAttention(options_.exec, view, params, q, out, nullptr, nullptr);
@@ -416,7 +421,6 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
   const double t0 = SteadySeconds();
   float* acc = probing_ ? probe_mass_.data() : mass_.data();
   const int64_t upto = probing_ ? probe_base_ : total;
-  const bool most = probing_ && probe_kind_ == ProbeKind::kReconstruct;
   for (int g = 0; g < kvh; ++g) {
     const float* hm = head_mass_.data() + static_cast<size_t>(g) * total;
     if (most) {

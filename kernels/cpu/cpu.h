@@ -20,7 +20,7 @@ void DequantizePages(int num_threads, const PageShape& shape, KvKind kind, PageF
                      const void* pages, int num_pages, int rows_per_page, float* dst);
 void Attention(int num_threads, const PagedKvView& kv, int num_q_heads, float sm_scale,
                const float* slot_bias, int num_queries, const float* q, float* out, float* lse,
-               float* slot_mass);
+               float* slot_mass, MassReduce mass_reduce);
 void Compact(int num_threads, const PagedKvView& src, const CompactPlan& plan,
              const PagedKvMut& dst);
 void KeyNorms(int num_threads, const PagedKvView& kv, float* norms);

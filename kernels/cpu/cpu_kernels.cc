@@ -83,9 +83,9 @@ void DequantizePages(int num_threads, const PageShape& shape, KvKind kind, PageF
 
 void Attention(int num_threads, const PagedKvView& kv, int num_q_heads, float sm_scale,
                const float* slot_bias, int num_queries, const float* q, float* out, float* lse,
-               float* slot_mass) {
+               float* slot_mass, MassReduce mass_reduce) {
   POLYKV_CPU_DISPATCH(Attention, num_threads, kv, num_q_heads, sm_scale, slot_bias, num_queries, q,
-                      out, lse, slot_mass);
+                      out, lse, slot_mass, mass_reduce);
 }
 
 void Compact(int num_threads, const PagedKvView& src, const CompactPlan& plan,

@@ -8,7 +8,8 @@
 //      writes (max, sum, acc[D]) per query head.
 //   2. CombineKernel merges the splits into out and lse.
 //   3. MassKernel (decode, when slot_mass is requested) turns the raw scores
-//      kept by kernel 1 into per-slot attention mass summed over the group.
+//      kept by kernel 1 into per-slot attention mass summed (or maxed) over
+//      the group.
 #include <math.h>
 
 #include <algorithm>
@@ -146,7 +147,7 @@ __global__ void CombineKernel(AttnArgs a, float* out, float* lse) {
   if (threadIdx.x == 0 && lse) lse[size_t(i) * a.num_q_heads + qh] = m + logf(l);
 }
 
-__global__ void MassKernel(AttnArgs a, const float* lse, float* mass) {
+__global__ void MassKernel(AttnArgs a, const float* lse, bool most, float* mass) {
   const int T = a.kv.num_tokens;
   const size_t total = size_t(a.g.num_kv_heads) * T;
   for (size_t x = blockIdx.x * size_t(blockDim.x) + threadIdx.x; x < total;
@@ -155,7 +156,8 @@ __global__ void MassKernel(AttnArgs a, const float* lse, float* mass) {
     float m = 0.0f;
     for (int hh = 0; hh < a.group; ++hh) {
       const int qh = h * a.group + hh;
-      m += expf(a.scores[size_t(qh) * T + s] - lse[qh]);
+      const float p = expf(a.scores[size_t(qh) * T + s] - lse[qh]);
+      m = most ? fmaxf(m, p) : m + p;
     }
     mass[x] = m;
   }
@@ -165,7 +167,7 @@ __global__ void MassKernel(AttnArgs a, const float* lse, float* mass) {
 
 int Attention(void* stream_ptr, const PagedKvView& kv, int num_q_heads, float sm_scale,
               const float* slot_bias, int num_queries, const float* q, float* out, float* lse,
-              float* slot_mass) {
+              float* slot_mass, MassReduce mass_reduce) {
   const cudaStream_t stream = AsStream(stream_ptr);
   AttnArgs a{};
   a.kv = kv;
@@ -209,7 +211,7 @@ int Attention(void* stream_ptr, const PagedKvView& kv, int num_q_heads, float sm
   }
   if (err == cudaSuccess && slot_mass) {
     MassKernel<<<GridFor(size_t(a.g.num_kv_heads) * kv.num_tokens, 256), 256, 0, stream>>>(
-        a, lse_out, slot_mass);
+        a, lse_out, mass_reduce == MassReduce::kMax, slot_mass);
     err = cudaGetLastError();
   }
   const cudaError_t free_err = cudaFreeAsync(scratch, stream);

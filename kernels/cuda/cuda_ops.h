@@ -29,7 +29,7 @@ int DequantizePages(void* stream, const PageShape& shape, KvKind kind, PageForma
 // Same contract as ref::Attention (ref/ref.h); `kv.blocks` is a device array.
 int Attention(void* stream, const PagedKvView& kv, int num_q_heads, float sm_scale,
               const float* slot_bias, int num_queries, const float* q, float* out, float* lse,
-              float* slot_mass);
+              float* slot_mass, MassReduce mass_reduce);
 int Compact(void* stream, const PagedKvView& src, const CompactPlan& plan, const PagedKvMut& dst);
 int KeyNorms(void* stream, const PagedKvView& kv, float* norms);
 int QkScores(void* stream, const PagedKvView& kv, const float* queries, int num_queries,

@@ -29,7 +29,8 @@ SlotRef Slot(const PagedKvView& kv, int s) {
 }  // namespace
 
 void Attention(const PagedKvView& kv, int num_q_heads, float sm_scale, const float* slot_bias,
-               int num_queries, const float* q, float* out, float* lse, float* slot_mass) {
+               int num_queries, const float* q, float* out, float* lse, float* slot_mass,
+               MassReduce mass_reduce) {
   const PageGeom g = GeomOf(kv.shape);
   const int D = g.head_dim;
   const int group = num_q_heads / g.num_kv_heads;
@@ -61,7 +62,10 @@ void Attention(const PagedKvView& kv, int num_q_heads, float sm_scale, const flo
         for (int d = 0; d < D; ++d) {
           acc[d] += p * DecodeElem(r.v, g, r.vf, KvKind::kValue, r.row, h, d);
         }
-        if (slot_mass) slot_mass[size_t(h) * kv.num_tokens + s] += float(p);
+        if (slot_mass) {
+          float& m = slot_mass[size_t(h) * kv.num_tokens + s];
+          m = mass_reduce == MassReduce::kMax ? std::max(m, float(p)) : m + float(p);
+        }
       }
       float* o = out + (size_t(i) * num_q_heads + qh) * D;
       for (int d = 0; d < D; ++d) o[d] = float(acc[d]);

@@ -331,6 +331,58 @@ TEST(PagedPrefillAttentionTest, MassIsTheSumOfEachQuerysDecodeMass) {
   }
 }
 
+// kMax: KVzip's score. Decode takes the most over the group's query heads;
+// prefill also over the chunk's queries, so it is the most of each query's
+// decode mass. Reference and CPU agree.
+TEST(PagedPrefillAttentionTest, MaxMassIsTheMostOfEachQuerysDecodeMass) {
+  std::mt19937 rng(testing::TestSeed(78));
+  const PageShape shape{16, 3, 64};
+  const int T = 16 * 5 + 7, num_new = 29, Hq = 9;
+  const Data d = MakeData(shape, Hq, T, num_new, true, rng);
+  const testing::PagedKv kv = testing::BuildPaged(shape, d.k, d.v, T, FullPagesIn(
+      PageFormat::kInt4, PageFormat::kInt8, T, 16));
+  AttentionParams most{Hq};
+  most.mass_reduce = MassReduce::kMax;
+  std::vector<float> out(size_t(num_new) * Hq * 64), ref_mass(3 * T), fast_mass(3 * T, -1.0f);
+  ASSERT_TRUE(PagedPrefillAttention(Exec{Backend::kReference}, kv.View(), most, num_new,
+                                    d.q.data(), out.data(), nullptr, ref_mass.data())
+                  .ok());
+  ASSERT_TRUE(PagedPrefillAttention(Exec{Backend::kCpu, 3}, kv.View(), most, num_new, d.q.data(),
+                                    out.data(), nullptr, fast_mass.data())
+                  .ok());
+  EXPECT_LE(testing::MaxAbsDiff(fast_mass, ref_mass), 1e-5);
+  std::vector<float> want(3 * T, 0.0f);
+  for (int i = 0; i < num_new; ++i) {
+    PagedKvView view = kv.View();
+    view.num_tokens = T - num_new + i + 1;
+    view.num_blocks = (view.num_tokens + 15) / 16;
+    std::vector<float> o(Hq * 64), sum(3 * view.num_tokens), max(3 * view.num_tokens);
+    const float* qi = d.q.data() + size_t(i) * Hq * 64;
+    ASSERT_TRUE(PagedDecodeAttention(Exec{Backend::kCpu}, view, AttentionParams{Hq}, qi, o.data(),
+                                     nullptr, sum.data())
+                    .ok());
+    ASSERT_TRUE(
+        PagedDecodeAttention(Exec{Backend::kCpu}, view, most, qi, o.data(), nullptr, max.data())
+            .ok());
+    for (size_t x = 0; x < max.size(); ++x) {
+      // The most of the group's three heads lies between a third of their sum and the sum.
+      EXPECT_LE(max[x], sum[x] + 1e-6f);
+      EXPECT_GE(max[x], sum[x] / 3 - 1e-6f);
+    }
+    for (int h = 0; h < 3; ++h) {
+      for (int s = 0; s < view.num_tokens; ++s) {
+        float& w = want[size_t(h) * T + s];
+        w = std::max(w, max[size_t(h) * view.num_tokens + s]);
+      }
+    }
+  }
+  EXPECT_LE(testing::MaxAbsDiff(fast_mass, want), 1e-5);
+  for (float m : fast_mass) {
+    EXPECT_GE(m, 0.0f);
+    EXPECT_LE(m, 1.0f + 1e-6f);
+  }
+}
+
 // ---- slot bias (merged slots: log(count) added to the slot's score) ----
 
 // Runs decode (num_queries == 1) or prefill attention with an optional bias.
@@ -504,6 +556,12 @@ TEST(PagedAttentionValidationTest, RejectsBadArguments) {
   kv.blocks[1].v_format = PageFormat::kF16;
   EXPECT_EQ(PagedPrefillAttention(exec, kv.View(), AttentionParams{9}, 21, d.q.data(), out.data(),
                                   nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  AttentionParams unknown_reduce{9};
+  unknown_reduce.mass_reduce = static_cast<MassReduce>(7);
+  EXPECT_EQ(PagedDecodeAttention(exec, kv.View(), unknown_reduce, d.q.data(), out.data(), nullptr,
+                                 nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
   if (CudaDeviceCount() == 0) {
