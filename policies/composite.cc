@@ -328,6 +328,7 @@ class CompositePolicy final : public Policy {
   const std::string& spec() const override { return cfg_.spec; }
   bool ReadsKeys() const override { return cfg_.mode != Mode::kSelective; }
   bool ReadsImportance() const override { return cfg_.has("kvzip"); }
+  bool ReadsObservation() const override { return cfg_.has("snapkv"); }
 
   absl::StatusOr<std::vector<int64_t>> LayerBudgets(const SessionView& view,
                                                     const Budget& budget) const override {

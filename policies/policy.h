@@ -71,6 +71,9 @@ class Policy {
   // runs context-reconstruction probes reports (the daemon tells the worker
   // at OpenSession), so a caller knows the stream must be there.
   virtual bool ReadsImportance() const { return false; }
+  // Whether it reads Slot::obs (SnapKV's observation window), which a worker
+  // computes only when asked (OpenSession's wants_observation).
+  virtual bool ReadsObservation() const { return false; }
 
   // Plans one compaction of `view` down to `budget`.
   // REQUIRES: nothing; bad input returns InvalidArgument.

@@ -134,6 +134,9 @@ uint32_t pkv_block_tokens(const pkv_session* s) { return s ? s->impl->info().blo
 int pkv_wants_importance(const pkv_session* s) {
   return s && s->impl->info().wants_importance ? 1 : 0;
 }
+int pkv_wants_observation(const pkv_session* s) {
+  return s && s->impl->info().wants_observation ? 1 : 0;
+}
 
 int pkv_reserve(pkv_session* s, uint64_t n) {
   if (!s) return Report(absl::InvalidArgumentError("null session"));
@@ -224,6 +227,12 @@ int pkv_report_intent(pkv_session* s, uint64_t first, size_t n, const float* rel
 int pkv_report_importance(pkv_session* s, uint64_t first, size_t n, const float* importance) {
   if (!s || (!importance && n)) return Report(absl::InvalidArgumentError("null argument"));
   return Report(s->impl->ReportImportance(first, std::vector<float>(importance, importance + n)));
+}
+
+int pkv_report_observation(pkv_session* s, uint64_t first, size_t n, const float* observation) {
+  if (!s || (!observation && n)) return Report(absl::InvalidArgumentError("null argument"));
+  return Report(
+      s->impl->ReportObservation(first, std::vector<float>(observation, observation + n)));
 }
 
 const char* pkv_last_error(void) { return last_error.c_str(); }

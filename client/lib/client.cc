@@ -132,7 +132,14 @@ class SessionImpl final : public Session {
     return SendReport(first_slot, &req);
   }
 
-  // ReportSlots, ReportIntent and ReportImportance share one RPC: the session, its epoch and
+  absl::Status ReportObservation(uint64_t first_slot,
+                                 const std::vector<float>& observation) override {
+    v1::ReportSlotsRequest req;
+    req.mutable_observation()->Add(observation.begin(), observation.end());
+    return SendReport(first_slot, &req);
+  }
+
+  // ReportSlots and the per-slot score reports share one RPC: the session, its epoch and
   // the first slot go into whatever the caller filled.
   absl::Status SendReport(uint64_t first_slot, v1::ReportSlotsRequest* req) {
     if (closed_) return absl::FailedPreconditionError("session is closed");
@@ -297,6 +304,7 @@ class ClientImpl final : public Client {
     info.key_page_bytes = resp.key_page_bytes();
     info.value_page_bytes = resp.value_page_bytes();
     info.wants_importance = resp.wants_importance();
+    info.wants_observation = resp.wants_observation();
     auto session = std::make_unique<SessionImpl>(
         stub_, info, SessionRef{resp.session_id(), resp.token()}, resp.fd_socket_path());
     // Checked once the session exists, so that its destructor closes it.

@@ -125,10 +125,13 @@ absl::Status Conversation::AddMessage(const ChatMessage& message, std::string_vi
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = ProbeObservation(); !s.ok()) return s;
   if (absl::Status s = ProbeIntent(intent); !s.ok()) return s;
   std::vector<TaggedToken> tokens;
   chat_.AddMessage(message, turn_, &tokens);
   Queue(tokens);
+  observe_next_ = message.role == Role::kUser || message.role == Role::kToolOutput ||
+                  message.role == Role::kError;
   ++turn_;
   return absl::OkStatus();
 }
@@ -150,6 +153,12 @@ absl::Status Conversation::ForwardPending(std::vector<float>* last_logits) {
     if (absl::Status s = m_->model->Forward(chunk, store_, last_logits); !s.ok()) return s;
     if (absl::Status s = ProbeReconstruction(chunk); !s.ok()) return s;
   }
+  const size_t w = static_cast<size_t>(std::max(0, options_.observation_window));
+  last_prefilled_.insert(last_prefilled_.end(),
+                         pending_.end() - std::min(w, pending_.size()), pending_.end());
+  if (last_prefilled_.size() > w) {
+    last_prefilled_.erase(last_prefilled_.begin(), last_prefilled_.end() - w);
+  }
   pending_.clear();
   prefill_seconds_ += SteadySeconds() - t0;
   return absl::OkStatus();
@@ -166,6 +175,8 @@ absl::Status Conversation::BeginGeneratedTurn(std::string_view intent,
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = ProbeObservation(); !s.ok()) return s;
+  observe_next_ = false;
   if (absl::Status s = ProbeIntent(intent); !s.ok()) return s;
   std::vector<TaggedToken> prompt;
   chat_.AddGenerationPrompt(turn_, &prompt);
@@ -381,6 +392,23 @@ absl::Status Conversation::ProbeReconstruction(std::span<const TokenMeta> chunk)
   std::vector<float> logits;
   if (absl::Status s = store_->BeginProbe(ProbeKind::kReconstruct); !s.ok()) return s;
   absl::Status forward = m_->model->Forward(probe, store_, &logits);
+  absl::Status end = store_->EndProbe();
+  return forward.ok() ? end : forward;
+}
+
+absl::Status Conversation::ProbeObservation() {
+  if (!std::exchange(observe_next_, false) || options_.observation_window <= 0 ||
+      !store_->SupportsProbe(ProbeKind::kObservation)) {
+    return absl::OkStatus();
+  }
+  std::vector<float> logits;
+  if (absl::Status s = ForwardPending(&logits); !s.ok()) return s;
+  if (last_prefilled_.empty()) return absl::OkStatus();
+  // The window's tokens at their own positions ask what they asked when they
+  // were prefilled; their mass on the slots before them is SnapKV's score.
+  const std::vector<TokenMeta> window = last_prefilled_;
+  if (absl::Status s = store_->BeginProbe(ProbeKind::kObservation); !s.ok()) return s;
+  absl::Status forward = m_->model->Forward(window, store_, &logits);
   absl::Status end = store_->EndProbe();
   return forward.ok() ? end : forward;
 }

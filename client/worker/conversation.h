@@ -56,6 +56,13 @@ struct ConversationOptions {
   // the chunk's tokens again attend over the cache and report the most
   // attention each slot got. About doubles prefill; decode is untouched.
   bool reconstruct = true;
+  // When the message after a user or tool message (or a generated turn)
+  // starts, SnapKV's observation window, the last `observation_window` tokens
+  // prefilled, runs again at its own positions as a probe over the cache, if
+  // the store supports it (the daemon's policy asked for it at OpenSession):
+  // what `snapkv` policies rank by. Like an intent probe, it prefills what is
+  // queued first. 0: never.
+  int observation_window = 32;
   SamplerOptions sampler;
 };
 
@@ -150,6 +157,9 @@ class Conversation {
   absl::Status ProbeIntent(std::string_view intent);
   // The reconstruction probe over the chunk of pending_ just prefilled.
   absl::Status ProbeReconstruction(std::span<const TokenMeta> chunk);
+  // The observation probe, when the message that just ended was a user or
+  // tool message (observe_next_).
+  absl::Status ProbeObservation();
   // A generated turn's prompt (header, answer prefix) prefilled: `logits`
   // predicts the turn's first token.
   absl::Status BeginGeneratedTurn(std::string_view intent, std::string_view answer_prefix,
@@ -168,6 +178,8 @@ class Conversation {
   ChatTokenizer chat_;  // Rendered and tokenized prompt pieces.
   std::vector<TokenMeta> pending_;
   std::vector<int32_t> repeat_prompt_;  // ProbeReconstruction's prompt, encoded once
+  std::vector<TokenMeta> last_prefilled_;  // up to observation_window, oldest first
+  bool observe_next_ = false;  // the latest message was a user or tool message
   // Prefilled since the last generated turn (its prompt_tokens, prefill_seconds).
   int64_t prefilled_tokens_ = 0;
   double prefill_seconds_ = 0;

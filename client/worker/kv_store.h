@@ -54,9 +54,13 @@ enum class ProbeKind {
   kIntent,
   // KVzip's query-agnostic importance for `kvzip` policies: the tokens are a
   // "repeat the context" prompt and the context just prefilled; each slot
-  // gets the most mass any layer's KV head paid it (summed over the head's
-  // queries), and the daemon keeps the most any probe reported.
+  // gets the most attention any single query of any layer and head paid it,
+  // and the daemon keeps the most any probe reported.
   kReconstruct,
+  // SnapKV's observation window for `snapkv` policies: the tokens are the
+  // last ones of the user or tool message just prefilled, again; the mass is
+  // summed over layers, heads and queries and replaces the previous one.
+  kObservation,
 };
 
 struct KvShape {

@@ -64,6 +64,7 @@ struct Flags {
   int prefill_chunk = 64;
   bool no_intent_probe = false;
   bool no_reconstruct = false;
+  int observation_window = ConversationOptions{}.observation_window;
   int reserve_retry_ms = 30000;
   int threads = 0;
   int64_t max_context = 8192;
@@ -86,6 +87,16 @@ absl::StatusOr<kernels::PageFormat> FormatFlag(const std::string& name, const ch
         flag, " ", name, ": unknown page format (f32, f16, bf16, fp8, int8, int4, int2)"));
   }
   return *f;
+}
+
+ConversationOptions ConversationOptionsOf(const Flags& f) {
+  ConversationOptions co;
+  co.prefill_chunk = f.prefill_chunk;
+  co.intent_probe = !f.no_intent_probe;
+  co.reconstruct = !f.no_reconstruct;
+  co.observation_window = f.observation_window;
+  co.sampler = {f.temperature, f.top_p, f.seed};
+  return co;
 }
 
 absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const Flags& f, const LoadedModel& m) {
@@ -264,12 +275,7 @@ int RunScript(const Flags& f) {
       return Fail(absl::NotFoundError(absl::StrCat(f.logprobs_out, ": cannot write")));
     }
   }
-  ConversationOptions co;
-  co.prefill_chunk = f.prefill_chunk;
-  co.intent_probe = !f.no_intent_probe;
-  co.reconstruct = !f.no_reconstruct;
-  co.sampler = {f.temperature, f.top_p, f.seed};
-  Conversation conv(m->get(), store->get(), co);
+  Conversation conv(m->get(), store->get(), ConversationOptionsOf(f));
   ChatTokenizer chat(&(*m)->chat_template, (*m)->tokenizer.get());
   std::vector<TaggedToken> emitted;
   int count_turn = 0;
@@ -439,12 +445,7 @@ int Chat(const Flags& f) {
   if (!m.ok()) return Fail(m.status());
   auto store = MakeStore(f, **m);
   if (!store.ok()) return Fail(store.status());
-  ConversationOptions co;
-  co.prefill_chunk = f.prefill_chunk;
-  co.intent_probe = !f.no_intent_probe;
-  co.reconstruct = !f.no_reconstruct;
-  co.sampler = {f.temperature, f.top_p, f.seed};
-  Conversation conv(m->get(), store->get(), co);
+  Conversation conv(m->get(), store->get(), ConversationOptionsOf(f));
   std::fprintf(stderr, "polykv-worker chat: %s, cache %s. One message per line; Ctrl-D ends.\n",
                (*m)->model->config().name.c_str(), (*store)->name().c_str());
   std::string line;
@@ -502,6 +503,9 @@ int main(int argc, char** argv) {
         ->check(CLI::NonNegativeNumber);
     c->add_flag("--no-intent-probe", f.no_intent_probe, "--daemon: do not probe each message's \"intent\" over the cache (the daemon's intent policies then rank by attention)");
     c->add_flag("--no-reconstruct", f.no_reconstruct, "--daemon: do not run the context-reconstruction probes the agent's policy asks for (kvzip; they about double prefill); its slots then all rank alike");
+    c->add_option("--observation-window", f.observation_window, "--daemon: tokens at the end of each user or tool message that probe the cache again when the agent's policy ranks by SnapKV's observation window (snapkv); 0 = none, its slots then rank by decayed attention")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
     c->add_option("--threads", f.threads, "threads of the weight products and attention kernels (0 = all cores); use 1 per worker when several share a host")->check(CLI::NonNegativeNumber);
     c->add_option("--max-context", f.max_context, "KV slots of the local cache")->check(CLI::PositiveNumber);
   };

@@ -497,8 +497,11 @@ absl::Status PagedKvStore::EndProbe() {
   }
   std::vector<float> mass = std::move(probe_mass_);
   probe_mass_.clear();
-  RETURN_IF_ERROR_(probe_kind_ == ProbeKind::kIntent ? source_->ReportIntent(mass)
-                                                     : source_->ReportImportance(mass));
+  switch (probe_kind_) {
+    case ProbeKind::kIntent: RETURN_IF_ERROR_(source_->ReportIntent(mass)); break;
+    case ProbeKind::kReconstruct: RETURN_IF_ERROR_(source_->ReportImportance(mass)); break;
+    case ProbeKind::kObservation: RETURN_IF_ERROR_(source_->ReportObservation(mass)); break;
+  }
   signal_cost_.probe_seconds += SteadySeconds() - probe_start_;
   ++signal_cost_.probes;
   return absl::OkStatus();

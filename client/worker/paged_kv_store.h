@@ -99,6 +99,15 @@ class PageSource {
   virtual absl::Status ReportImportance(std::span<const float> importance) {
     return absl::OkStatus();
   }
+  // Whether the daemon's policy ranks by SnapKV's observation window (asked
+  // at OpenSession): the store then supports observation probes.
+  virtual bool wants_observation() const { return false; }
+  // Per-slot attention from the latest observation window, replacing what was
+  // reported before. Default: dropped.
+  //   observation: [committed slots]
+  virtual absl::Status ReportObservation(std::span<const float> observation) {
+    return absl::OkStatus();
+  }
   // Wall seconds spent so far computing the structure tags reported with
   // commits (SlotTagger and the report it builds), for the store's
   // SignalCost. Default: 0, a source that tags nothing.
@@ -118,9 +127,9 @@ class PageSource {
 //          it too.
 //   mass:  summing the kernel's per-KV-head attention mass into the pending
 //          per-slot mass (Attend), and ReportAttention (CommitAndSync).
-//   probe: each probe (intent or reconstruction), from after BeginProbe's
-//          commit to the end of EndProbe: its forward pass, the cache restore
-//          and the report.
+//   probe: each probe (intent, reconstruction, observation), from after
+//          BeginProbe's commit to the end of EndProbe: its forward pass, the
+//          cache restore and the report.
 // Not counted: what computing the slot mass costs inside the attention
 // kernels themselves (only a whole-run A/B sees that), and the timer itself
 // (two steady_clock reads per timed section). All zero for a source that
@@ -218,10 +227,16 @@ class PagedKvStore : public KvStore {
   // Probes: between BeginProbe and EndProbe, steps attend over the cache
   // (and each other) as usual but are never committed; EndProbe drops them,
   // restores the block being filled and reports the mass they gave each slot
-  // (ProbeKind): as its intent relevance (PageSource::ReportIntent) or its
-  // importance (PageSource::ReportImportance).
+  // (ProbeKind): as its intent relevance (PageSource::ReportIntent), its
+  // importance (PageSource::ReportImportance) or its observation
+  // (PageSource::ReportObservation).
   bool SupportsProbe(ProbeKind kind) const override {
-    return kind == ProbeKind::kIntent ? source_->wants_attention() : source_->wants_importance();
+    switch (kind) {
+      case ProbeKind::kIntent: return source_->wants_attention();
+      case ProbeKind::kReconstruct: return source_->wants_importance();
+      case ProbeKind::kObservation: return source_->wants_observation();
+    }
+    return false;
   }
   absl::Status BeginProbe(ProbeKind kind) override;
   absl::Status EndProbe() override;

@@ -71,6 +71,7 @@ class PoolPageSource : public PageSource {
 
   bool wants_attention() const override { return true; }
   bool wants_importance() const override { return session_->info().wants_importance; }
+  bool wants_observation() const override { return session_->info().wants_observation; }
   double tag_seconds() const override { return tag_seconds_; }
 
   absl::Status ReportIntent(std::span<const float> relevance) override {
@@ -81,6 +82,11 @@ class PoolPageSource : public PageSource {
   absl::Status ReportImportance(std::span<const float> importance) override {
     std::vector<float> v = Committed(importance);
     return v.empty() ? absl::OkStatus() : Benign(session_->ReportImportance(0, v));
+  }
+
+  absl::Status ReportObservation(std::span<const float> observation) override {
+    std::vector<float> v = Committed(observation);
+    return v.empty() ? absl::OkStatus() : Benign(session_->ReportObservation(0, v));
   }
 
   absl::Status ReportAttention(std::span<const float> mass) override {

@@ -21,11 +21,13 @@ policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
   layer.slots.resize(slots.size());
   // Slots newer than the last intent probe have no relevance yet: they rank
   // with the most relevant, not below everything (they are the current turn).
-  // Likewise slots no reconstruction probe has scored yet (the newest).
-  float most_relevant = 0.f, most_important = 0.f;
+  // Likewise slots no reconstruction probe or observation window has scored
+  // yet (the newest).
+  float most_relevant = 0.f, most_important = 0.f, most_observed = 0.f;
   bool any_intent = false;
   for (const SlotRecord& r : slots) {
     if (!std::isnan(r.importance)) most_important = std::max(most_important, r.importance);
+    if (!std::isnan(r.obs)) most_observed = std::max(most_observed, r.obs);
     if (std::isnan(r.intent)) continue;
     most_relevant = any_intent ? std::max(most_relevant, r.intent) : r.intent;
     any_intent = true;
@@ -39,6 +41,7 @@ policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
     s.attn = r.attn;
     s.intent = std::isnan(r.intent) ? most_relevant : r.intent;
     s.importance = std::isnan(r.importance) ? most_important : r.importance;
+    s.obs = std::isnan(r.obs) ? most_observed : r.obs;
     const size_t block = i / static_cast<size_t>(std::max(shape.block_tokens, 1));
     s.k_format = formats.key(block);
     s.v_format = formats.value(block);
@@ -69,9 +72,11 @@ absl::StatusOr<CompactionGroups> LowerPlan(const policies::SessionView& view,
     rec.count = lowered->counts[j];
     if (out.group_offsets[j + 1] - out.group_offsets[j] > 1) {
       rec.attn = 0.f;
+      rec.obs = std::numeric_limits<float>::quiet_NaN();
       for (int32_t m = out.group_offsets[j]; m < out.group_offsets[j + 1]; ++m) {
         const SlotRecord& member = slots[size_t(out.members[size_t(m)])];
         rec.attn += member.attn;
+        rec.obs = SumKnown(rec.obs, member.obs);
         rec.meta.pinned |= member.meta.pinned;
         // The most relevant (important) member speaks for the group; unknown
         // stays unknown.

@@ -34,6 +34,8 @@ namespace polykv::daemon {
 inline float MaxKnown(float a, float b) {
   return std::isnan(a) ? b : std::isnan(b) ? a : std::max(a, b);
 }
+// Their sum, with the same rule (attention mass adds up over merged slots).
+inline float SumKnown(float a, float b) { return std::isnan(a) ? b : std::isnan(b) ? a : a + b; }
 
 // What the daemon knows about one committed slot of a session.
 struct SlotRecord {
@@ -45,6 +47,9 @@ struct SlotRecord {
   // Query-agnostic importance (ReportSlots): the most any context-
   // reconstruction probe reported for it; NaN until one did.
   float importance = std::numeric_limits<float>::quiet_NaN();
+  // Attention from the latest observation window (ReportSlots; SnapKV); NaN
+  // until reported, or for slots newer than the window.
+  float obs = std::numeric_limits<float>::quiet_NaN();
 };
 
 // The K/V formats of a session's blocks. A requantized block is coarser than

@@ -235,6 +235,7 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
   if (!qos.policy.empty()) {
     auto policy = policies_.Get(qos.policy);
     out.wants_importance = policy.ok() && (*policy)->ReadsImportance();
+    out.wants_observation = policy.ok() && (*policy)->ReadsObservation();
   }
   out.arenas = blocks_.NewArenas(in.tenant(), in.known_arenas);
   return out;
@@ -926,7 +927,8 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
   }
   const uint64_t committed = s.tables.committed_tokens;
   const uint64_t n =
-      std::max({r.slots.size(), r.attention.size(), r.intent.size(), r.importance.size()});
+      std::max({r.slots.size(), r.attention.size(), r.intent.size(), r.importance.size(),
+                r.observation.size()});
   if (r.first_slot > committed || n > committed - r.first_slot) {
     return absl::InvalidArgumentError(absl::StrCat(
         "slots [", r.first_slot, ", ", r.first_slot + n, ") are not all committed (",
@@ -954,10 +956,13 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
                                                      " is not finite"));
     }
   }
-  for (size_t i = 0; i < r.importance.size(); ++i) {
-    if (!std::isfinite(r.importance[i]) || r.importance[i] < 0.f) {
-      return absl::InvalidArgumentError(absl::StrCat("importance[", i, "] = ", r.importance[i],
-                                                     " is not a finite value >= 0"));
+  for (const auto& [name, values] : {std::pair{"importance", &r.importance},
+                                      std::pair{"observation", &r.observation}}) {
+    for (size_t i = 0; i < values->size(); ++i) {
+      if (!std::isfinite((*values)[i]) || (*values)[i] < 0.f) {
+        return absl::InvalidArgumentError(absl::StrCat(name, "[", i, "] = ", (*values)[i],
+                                                       " is not a finite value >= 0"));
+      }
     }
   }
   if (r.current_turn > static_cast<uint32_t>(INT32_MAX)) {
@@ -970,6 +975,9 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
   }
   for (size_t i = 0; i < r.attention.size(); ++i) slots[r.first_slot + i].attn += r.attention[i];
   for (size_t i = 0; i < r.intent.size(); ++i) slots[r.first_slot + i].intent = r.intent[i];
+  for (size_t i = 0; i < r.observation.size(); ++i) {
+    slots[r.first_slot + i].obs = r.observation[i];
+  }
   for (size_t i = 0; i < r.importance.size(); ++i) {
     float& have = slots[r.first_slot + i].importance;
     have = MaxKnown(have, r.importance[i]);

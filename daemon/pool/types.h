@@ -111,6 +111,9 @@ struct OpenResult {
   // The agent's policy ranks by query-agnostic importance: the worker should
   // run its context-reconstruction probes and report what they find.
   bool wants_importance = false;
+  // The agent's policy ranks by SnapKV's observation window: the worker
+  // should probe it at the end of each user or tool message.
+  bool wants_observation = false;
 };
 
 struct ReserveResult {
@@ -140,6 +143,7 @@ struct ReportSlotsRequest {
   std::vector<float> attention;           // for [first_slot, first_slot + size)
   std::vector<float> intent;              // for [first_slot, first_slot + size); replaces
   std::vector<float> importance;  // for [first_slot, first_slot + size); the slot keeps the max
+  std::vector<float> observation;  // for [first_slot, first_slot + size); replaces
   uint32_t current_turn = 0;          // 0 = unchanged
 };
 

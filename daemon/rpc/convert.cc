@@ -164,6 +164,7 @@ absl::StatusOr<ReportSlotsRequest> FromProto(const v1::ReportSlotsRequest& r) {
   o.attention.assign(r.attention().begin(), r.attention().end());
   o.intent.assign(r.intent().begin(), r.intent().end());
   o.importance.assign(r.importance().begin(), r.importance().end());
+  o.observation.assign(r.observation().begin(), r.observation().end());
   return o;
 }
 
@@ -219,6 +220,7 @@ void ToProto(const OpenResult& in, v1::OpenSessionResponse* out) {
   out->set_epoch(in.epoch);
   ToProto(in.qos, out->mutable_qos());
   out->set_wants_importance(in.wants_importance);
+  out->set_wants_observation(in.wants_observation);
 }
 
 void ToProto(const ModelProfile& in, v1::ModelProfile* out) {

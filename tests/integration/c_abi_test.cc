@@ -20,6 +20,15 @@ namespace {
 using testing::BinDir;
 using testing::Subprocess;
 
+// A per-slot score stream of the C ABI: the flag OpenSession sets for the
+// policies that read it, and the report whose values decide compaction.
+struct ScoreStream {
+  const char* agent;
+  const char* policy;
+  int (*wants)(const pkv_session*);
+  int (*report)(pkv_session*, uint64_t, size_t, const float*);
+};
+
 // A polykvd of its own per test, and the options of a small f32 session.
 class CAbiTest : public ::testing::Test {
  protected:
@@ -46,6 +55,7 @@ class CAbiTest : public ::testing::Test {
     o.dtype = PKV_DTYPE_F32;
     return o;
   }
+  void ExpectTheStreamDecidesCompaction(const ScoreStream& stream);
 
   std::string dir_, sock_;
   std::unique_ptr<Subprocess> daemon_;
@@ -166,29 +176,29 @@ TEST_F(CAbiTest, ReportsReachTheDaemonAndSyncAdoptsItsCompaction) {
   pkv_client_free(client);
 }
 
-// An agent whose policy ranks by importance is told so at open, and what it
-// reports through pkv_report_importance decides its compaction.
-TEST_F(CAbiTest, KvzipAsksForImportanceAndKeepsWhatItReports) {
+// An agent whose policy ranks by the stream is told so at open, and what it
+// reports decides its compaction.
+void CAbiTest::ExpectTheStreamDecidesCompaction(const ScoreStream& stream) {
   auto [code, out] = testing::RunProgram({BinDir() + "/polykvctl", "--socket", sock_, "qos", "set",
-                                          "c-kvzip", "--policy", "kvzip{window.size=4}",
+                                          stream.agent, "--policy", stream.policy,
                                           "--budget-tokens", "32"});
   ASSERT_EQ(code, 0) << out;
   pkv_client* client = nullptr;
   ASSERT_EQ(pkv_connect(sock_.c_str(), &client), 0) << pkv_last_error();
-  const pkv_session_options o = Options("c-kvzip");
+  const pkv_session_options o = Options(stream.agent);
   pkv_session* session = nullptr;
   ASSERT_EQ(pkv_session_open(client, &o, &session), 0) << pkv_last_error();
-  EXPECT_EQ(pkv_wants_importance(session), 1);
-  EXPECT_EQ(pkv_wants_importance(nullptr), 0);
+  EXPECT_EQ(stream.wants(session), 1);
+  EXPECT_EQ(stream.wants(nullptr), 0);
   ASSERT_EQ(pkv_reserve(session, 64), 0) << pkv_last_error();
   ASSERT_EQ(pkv_commit(session, 64), 0) << pkv_last_error();
   const float negative = -1.f;
-  EXPECT_EQ(pkv_report_importance(session, 0, 1, &negative), 3);  // values must be >= 0
-  EXPECT_EQ(pkv_report_importance(session, 0, 1, nullptr), 3);
-  float importance[64];
-  for (float& x : importance) x = 0.01f;
-  importance[20] = importance[21] = 9.f;
-  ASSERT_EQ(pkv_report_importance(session, 0, 64, importance), 0) << pkv_last_error();
+  EXPECT_EQ(stream.report(session, 0, 1, &negative), 3);  // values must be >= 0
+  EXPECT_EQ(stream.report(session, 0, 1, nullptr), 3);
+  float scores[64];
+  for (float& x : scores) x = 0.01f;
+  scores[20] = scores[21] = 9.f;
+  ASSERT_EQ(stream.report(session, 0, 64, scores), 0) << pkv_last_error();
   int changed = -1;
   ASSERT_EQ(pkv_sync(session, &changed), 0) << pkv_last_error();
   EXPECT_EQ(changed, 1);
@@ -205,6 +215,17 @@ TEST_F(CAbiTest, KvzipAsksForImportanceAndKeepsWhatItReports) {
   EXPECT_TRUE(has20 && has21);
   EXPECT_EQ(pkv_session_close(session), 0) << pkv_last_error();
   pkv_client_free(client);
+}
+
+TEST_F(CAbiTest, KvzipAsksForImportanceAndKeepsWhatItReports) {
+  ExpectTheStreamDecidesCompaction(
+      {"c-kvzip", "kvzip{window.size=4}", pkv_wants_importance, pkv_report_importance});
+}
+
+TEST_F(CAbiTest, SnapkvAsksForItsObservationWindowAndKeepsWhatItReports) {
+  ExpectTheStreamDecidesCompaction(
+      {"c-snapkv", "snapkv{window.size=4,snapkv.kernel=1}", pkv_wants_observation,
+       pkv_report_observation});
 }
 
 }  // namespace

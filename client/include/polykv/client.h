@@ -86,6 +86,9 @@ struct SessionInfo {
   // The agent's policy ranks by query-agnostic importance: report it
   // (ReportImportance) from context-reconstruction probes.
   bool wants_importance = false;
+  // The agent's policy ranks by SnapKV's observation window: report it
+  // (ReportObservation) at the end of each user or tool message.
+  bool wants_observation = false;
 };
 
 class Client;
@@ -154,6 +157,16 @@ class Session {
   virtual absl::Status ReportImportance(uint64_t first_slot,
                                         const std::vector<float>& importance) {
     return absl::UnimplementedError("ReportImportance");
+  }
+  // Reports the attention each slot got from the observation window at the
+  // end of the latest user or tool message (SnapKV: the window's queries,
+  // summed) for [first_slot, first_slot + observation.size()), replacing
+  // earlier values: what `snapkv` policies rank by. Slots must be committed;
+  // values finite and >= 0. FAILED_PRECONDITION when the daemon's epoch
+  // moved (Sync first).
+  virtual absl::Status ReportObservation(uint64_t first_slot,
+                                         const std::vector<float>& observation) {
+    return absl::UnimplementedError("ReportObservation");
   }
 };
 

@@ -72,6 +72,9 @@ uint64_t pkv_session_id(const pkv_session* session);
 uint32_t pkv_block_tokens(const pkv_session* session);
 /* 1 when the agent's policy ranks by importance (pkv_report_importance). */
 int pkv_wants_importance(const pkv_session* session);
+/* 1 when the agent's policy ranks by SnapKV's observation window
+ * (pkv_report_observation). */
+int pkv_wants_observation(const pkv_session* session);
 /* Reserves pages for num_tokens more tokens. */
 int pkv_reserve(pkv_session* session, uint64_t num_tokens);
 int pkv_commit(pkv_session* session, uint64_t committed_tokens);
@@ -136,6 +139,12 @@ int pkv_report_intent(pkv_session* session, uint64_t first, size_t n, const floa
  * keeps each slot's largest: what `kvzip` policies rank by. Values must be
  * finite and >= 0. */
 int pkv_report_importance(pkv_session* session, uint64_t first, size_t n, const float* importance);
+/* Reports the attention each slot got from the observation window at the end
+ * of the latest user or tool message for [first, first + n), replacing
+ * earlier values: what `snapkv` policies rank by. Values must be finite and
+ * >= 0. */
+int pkv_report_observation(pkv_session* session, uint64_t first, size_t n,
+                           const float* observation);
 
 /* Message of this thread's last failed call ("" if none). */
 const char* pkv_last_error(void);

@@ -70,6 +70,7 @@ class CompactionTest : public ::testing::Test {
     std::vector<int64_t> positions;  // [committed]
     std::vector<uint32_t> counts;    // [committed] tokens each slot stands for
     bool wants_importance = false;   // OpenResult: the policy ranks by importance
+    bool wants_observation = false;  // OpenResult: the policy ranks by SnapKV's window
   };
 
   void SetQos(const std::string& agent, const std::string& policy, uint64_t budget,
@@ -98,6 +99,7 @@ class CompactionTest : public ::testing::Test {
     Map(o->session_id, o->token, o->arenas);
     Sess out{o->session_id, o->token};
     out.wants_importance = o->wants_importance;
+    out.wants_observation = o->wants_observation;
     return out;
   }
 
@@ -519,6 +521,40 @@ TEST_F(CompactionTest, KvzipKeepsTheSlotsItsReconstructionFoundImportant) {
   Check();
 }
 
+// `snapkv` ranks by the observation window the worker probes at the end of
+// each user or tool message (ReportSlots.observation), not by the decayed
+// attention; slots newer than the window rank with the most observed.
+TEST_F(CompactionTest, SnapkvKeepsWhatItsObservationWindowAttended) {
+  SetQos("a", "snapkv{window.size=4,snapkv.kernel=1}", 32);
+  SetQos("b", "h2o", 32);
+  Sess s = Open("a");
+  EXPECT_TRUE(s.wants_observation);
+  EXPECT_FALSE(s.wants_importance);
+  EXPECT_FALSE(Open("b").wants_observation);
+  ASSERT_TRUE(Append(s, 60).ok());
+  ReportSlotsRequest attention;
+  attention.attention.assign(60, 0.f);
+  for (int i = 20; i < 28; ++i) attention.attention[i] = 50.f;  // heavy, but not observed
+  ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, attention).ok());
+  ReportSlotsRequest first;
+  first.observation.assign(52, 0.01f);
+  for (int i = 30; i < 34; ++i) first.observation[i] = 5.f;
+  ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, first).ok());
+  // A later window replaces the first: 30..33 fall back among the rest.
+  ReportSlotsRequest later;
+  later.observation.assign(52, 0.01f);  // slots 52..59: after the window
+  for (int i = 10; i < 18; ++i) later.observation[i] = 2.f;
+  ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, later).ok());
+  ASSERT_TRUE(Sync(s).value());
+  EXPECT_LE(s.committed, 32u);
+  std::set<int64_t> kept(s.positions.begin(), s.positions.end());
+  for (int64_t p = 10; p < 18; ++p) EXPECT_TRUE(kept.contains(p)) << "observed " << p;
+  for (int64_t p = 52; p < 60; ++p) EXPECT_TRUE(kept.contains(p)) << "after the window " << p;
+  for (int64_t p = 20; p < 28; ++p) EXPECT_FALSE(kept.contains(p)) << "only attended " << p;
+  for (int64_t p = 30; p < 34; ++p) EXPECT_FALSE(kept.contains(p)) << "observed before " << p;
+  Check();
+}
+
 TEST_F(CompactionTest, BadReportSlotsChangesNothing) {
   SetQos("a", "window", 32);
   Sess s = Open("a");
@@ -547,6 +583,11 @@ TEST_F(CompactionTest, BadReportSlotsChangesNothing) {
   bad.importance = {0.5f, std::nanf("")};
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
   bad.importance.clear();
+  bad.observation = {0.5f, -0.5f};
+  EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.observation = {std::numeric_limits<float>::infinity()};
+  EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.observation.clear();
   bad.first_slot = 39;  // slots 39, 40: 40 is not committed
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
   bad.first_slot = 3;

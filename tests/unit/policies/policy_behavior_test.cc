@@ -284,6 +284,16 @@ TEST(KvzipPolicyTest, KeepsTheMostImportantSlotsBesideSinksAndWindow) {
   EXPECT_TRUE(Make("sinks+kvzip+h2o")->ReadsImportance());
 }
 
+// Only policies with a snapkv component ask the worker for the observation
+// window's stream.
+TEST(SnapkvPolicyTest, OnlySnapkvReadsTheObservationWindow) {
+  EXPECT_TRUE(Make("snapkv")->ReadsObservation());
+  EXPECT_TRUE(Make("sinks+snapkv+h2o")->ReadsObservation());
+  for (const char* other : {"h2o", "kvzip", "hybrid", "merge", "structural", "intent", "full"}) {
+    EXPECT_FALSE(Make(other)->ReadsObservation()) << other;
+  }
+}
+
 TEST(CompositeTest, WeightsCombineComponents) {
   SessionView v = MakeView(10);
   v.current_turn = 9;

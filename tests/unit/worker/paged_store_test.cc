@@ -163,6 +163,15 @@ class RepublishingSource : public PageSource {
   bool wants_importance_ = false;
   std::vector<float> importance_;
   int importance_reports_ = 0;
+  absl::Status ReportObservation(std::span<const float> observation) override {
+    observation_.assign(observation.begin(), observation.end());
+    ++observation_reports_;
+    return absl::OkStatus();
+  }
+  bool wants_observation() const override { return wants_observation_; }
+  bool wants_observation_ = false;
+  std::vector<float> observation_;
+  int observation_reports_ = 0;
   int64_t bytes() const override { return inner_->bytes(); }
   std::string name() const override { return "republishing"; }
   bool wants_attention() const override { return true; }
@@ -455,6 +464,52 @@ TEST(PagedKvStoreTest, AConversationReconstructsEachPrefillChunk) {
   // The last chunk's probe scored every slot, its own chunk's included.
   ASSERT_EQ(static_cast<int>(src->importance_.size()), a->prompt_tokens);
   for (float x : src->importance_) EXPECT_GT(x, 0.0f);
+}
+
+// When the daemon asks for SnapKV's observation window, a conversation
+// probes the last tokens of each user or tool message when the next message
+// (or the generated turn) starts, over everything cached, and answers as a
+// store that cannot probe (both prefill at every message: each has an intent).
+TEST(PagedKvStoreTest, AConversationObservesTheEndOfEachUserOrToolMessage) {
+  POLYKV_REQUIRE_MODEL();
+  const LlamaModel& m = *model->model;
+  const int layers = m.config().num_layers, heads = m.config().num_heads;
+  auto [src, store] = NewRecorded(m, {});
+  src->wants_observation_ = true;
+  auto plain = NewPaged(m, PageFormat::kF32, PageFormat::kF32);  // heap pages: no probe
+  ASSERT_FALSE(plain->SupportsProbe(ProbeKind::kObservation));
+  ConversationOptions co;
+  co.observation_window = 6;
+  Conversation observing(model, store.get(), co);
+  Conversation not_observing(model, plain.get(), co);
+  int cached_before_answer = 0;
+  for (Conversation* c : {&observing, &not_observing}) {
+    ASSERT_TRUE(c->AddMessage(Role::kSystem, "You are a build assistant.", "system: set up").ok());
+    ASSERT_TRUE(c->AddMessage(Role::kUser, "The build fails in parse_config: a KeyError on 'port'.",
+                              "user: reports a failing build").ok());
+    ASSERT_TRUE(c->AddMessage(Role::kToolOutput, "{\"file\": \"config.yaml\", \"keys\": [\"host\"]}",
+                              "tool: the config's keys").ok());
+  }
+  // The user message was observed when the tool output started; the system
+  // message was not.
+  EXPECT_EQ(src->observation_reports_, 1);
+  cached_before_answer = static_cast<int>(store->num_slots());
+  EXPECT_EQ(static_cast<int>(src->observation_.size()), cached_before_answer);
+  auto a = observing.Generate(8, "plan: find the missing key");
+  auto b = not_observing.Generate(8, "plan: find the missing key");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(src->observation_reports_, 2) << "the tool output, when the answer started";
+  EXPECT_GT(static_cast<int>(src->observation_.size()), cached_before_answer);
+  // Six probe tokens' softmax over the cache and the probe rows before them
+  // sums to 1 per layer and query head; the cached slots get most of it.
+  double sum = 0;
+  for (float x : src->observation_) {
+    EXPECT_GE(x, 0.0f);
+    sum += x;
+  }
+  EXPECT_LE(sum, double(layers) * heads * 6 + 1e-2);
+  EXPECT_GT(sum, 0.5 * layers * heads * 6);
+  EXPECT_EQ(a->tokens, b->tokens);
 }
 
 TEST(PagedKvStoreTest, ReservationFailureIsReported) {
