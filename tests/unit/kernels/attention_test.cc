@@ -290,23 +290,27 @@ TEST(PagedPrefillAttentionTest, ChunkIsCausalAndMatchesDecodeAndDense) {
 
 // A prefill's slot mass is the sum of the decode masses of its queries, each
 // over its causal prefix: what the worker reports for H2O-style scores.
-TEST(PagedPrefillAttentionTest, MassIsTheSumOfEachQuerysDecodeMass) {
-  std::mt19937 rng(testing::TestSeed(77));
+// A chunk's slot mass against one decode per query of the chunk: their sum
+// (kSum), or the most of them (kMax, KVzip's score: decode takes the most over
+// the group's heads, prefill also over the queries). Reference and CPU agree.
+// Returns the CPU's mass.
+std::vector<float> ExpectPrefillMassFromDecodes(MassReduce reduce, int T, int num_new,
+                                                uint32_t seed) {
+  std::mt19937 rng(testing::TestSeed(seed));
   const PageShape shape{16, 3, 64};
-  const int T = 16 * 6 + 9, num_new = 37;  // the chunk spans three pages
-  const Data d = MakeData(shape, 9, T, num_new, true, rng);
-  const testing::FormatFn formats = [](int b) {
-    return b < 2 ? std::make_pair(PageFormat::kInt4, PageFormat::kInt8)
-                 : std::make_pair(PageFormat::kF16, PageFormat::kF16);
-  };
-  const testing::PagedKv kv = testing::BuildPaged(shape, d.k, d.v, T, formats);
-  const size_t n = size_t(num_new) * 9 * 64;
-  std::vector<float> out(n), ref_mass(3 * T), fast_mass(3 * T, -1.0f);
-  ASSERT_TRUE(PagedPrefillAttention(Exec{Backend::kReference}, kv.View(), AttentionParams{9},
-                                    num_new, d.q.data(), out.data(), nullptr, ref_mass.data())
+  const int Hq = 9;
+  const Data d = MakeData(shape, Hq, T, num_new, true, rng);
+  const testing::PagedKv kv =
+      testing::BuildPaged(shape, d.k, d.v, T, FullPagesIn(PageFormat::kInt4, PageFormat::kInt8, T, 16));
+  AttentionParams p{Hq};
+  p.mass_reduce = reduce;
+  const bool most = reduce == MassReduce::kMax;
+  std::vector<float> out(size_t(num_new) * Hq * 64), ref_mass(3 * T), fast_mass(3 * T, -1.0f);
+  EXPECT_TRUE(PagedPrefillAttention(Exec{Backend::kReference}, kv.View(), p, num_new, d.q.data(),
+                                    out.data(), nullptr, ref_mass.data())
                   .ok());
-  ASSERT_TRUE(PagedPrefillAttention(Exec{Backend::kCpu, 3}, kv.View(), AttentionParams{9},
-                                    num_new, d.q.data(), out.data(), nullptr, fast_mass.data())
+  EXPECT_TRUE(PagedPrefillAttention(Exec{Backend::kCpu, 3}, kv.View(), p, num_new, d.q.data(),
+                                    out.data(), nullptr, fast_mass.data())
                   .ok());
   EXPECT_LE(testing::MaxAbsDiff(fast_mass, ref_mass), 1e-4);
   std::vector<float> want(3 * T, 0.0f);
@@ -314,70 +318,43 @@ TEST(PagedPrefillAttentionTest, MassIsTheSumOfEachQuerysDecodeMass) {
     PagedKvView view = kv.View();
     view.num_tokens = T - num_new + i + 1;
     view.num_blocks = (view.num_tokens + 15) / 16;
-    std::vector<float> o(9 * 64), mass(3 * view.num_tokens);
-    ASSERT_TRUE(PagedDecodeAttention(Exec{Backend::kCpu}, view, AttentionParams{9},
-                                     d.q.data() + size_t(i) * 9 * 64, o.data(), nullptr,
+    std::vector<float> o(Hq * 64), mass(3 * view.num_tokens), sum(3 * view.num_tokens);
+    const float* qi = d.q.data() + size_t(i) * Hq * 64;
+    EXPECT_TRUE(PagedDecodeAttention(Exec{Backend::kCpu}, view, p, qi, o.data(), nullptr,
                                      mass.data())
                     .ok());
+    EXPECT_TRUE(PagedDecodeAttention(Exec{Backend::kCpu}, view, AttentionParams{Hq}, qi, o.data(),
+                                     nullptr, sum.data())
+                    .ok());
     for (int h = 0; h < 3; ++h) {
-      for (int s = 0; s < view.num_tokens; ++s) want[size_t(h) * T + s] += mass[size_t(h) * view.num_tokens + s];
+      for (int s = 0; s < view.num_tokens; ++s) {
+        const size_t x = size_t(h) * view.num_tokens + s;
+        float& w = want[size_t(h) * T + s];
+        w = most ? std::max(w, mass[x]) : w + mass[x];
+        if (most) {
+          // The most of a group's three heads: between a third of their sum and the sum.
+          EXPECT_LE(mass[x], sum[x] + 1e-6f);
+          EXPECT_GE(mass[x], sum[x] / 3 - 1e-6f);
+        }
+      }
     }
   }
   EXPECT_LE(testing::MaxAbsDiff(fast_mass, want), 1e-4);
+  return fast_mass;
+}
+
+TEST(PagedPrefillAttentionTest, MassIsTheSumOfEachQuerysDecodeMass) {
+  const int T = 16 * 6 + 9, num_new = 37;  // the chunk spans three pages
+  const std::vector<float> mass = ExpectPrefillMassFromDecodes(MassReduce::kSum, T, num_new, 77);
   for (int h = 0; h < 3; ++h) {
     double sum = 0;
-    for (int s = 0; s < T; ++s) sum += fast_mass[size_t(h) * T + s];
+    for (int s = 0; s < T; ++s) sum += mass[size_t(h) * T + s];
     EXPECT_NEAR(sum, 3.0 * num_new, 1e-3) << "kv head " << h << ": group size x queries";
   }
 }
 
-// kMax: KVzip's score. Decode takes the most over the group's query heads;
-// prefill also over the chunk's queries, so it is the most of each query's
-// decode mass. Reference and CPU agree.
 TEST(PagedPrefillAttentionTest, MaxMassIsTheMostOfEachQuerysDecodeMass) {
-  std::mt19937 rng(testing::TestSeed(78));
-  const PageShape shape{16, 3, 64};
-  const int T = 16 * 5 + 7, num_new = 29, Hq = 9;
-  const Data d = MakeData(shape, Hq, T, num_new, true, rng);
-  const testing::PagedKv kv = testing::BuildPaged(shape, d.k, d.v, T, FullPagesIn(
-      PageFormat::kInt4, PageFormat::kInt8, T, 16));
-  AttentionParams most{Hq};
-  most.mass_reduce = MassReduce::kMax;
-  std::vector<float> out(size_t(num_new) * Hq * 64), ref_mass(3 * T), fast_mass(3 * T, -1.0f);
-  ASSERT_TRUE(PagedPrefillAttention(Exec{Backend::kReference}, kv.View(), most, num_new,
-                                    d.q.data(), out.data(), nullptr, ref_mass.data())
-                  .ok());
-  ASSERT_TRUE(PagedPrefillAttention(Exec{Backend::kCpu, 3}, kv.View(), most, num_new, d.q.data(),
-                                    out.data(), nullptr, fast_mass.data())
-                  .ok());
-  EXPECT_LE(testing::MaxAbsDiff(fast_mass, ref_mass), 1e-5);
-  std::vector<float> want(3 * T, 0.0f);
-  for (int i = 0; i < num_new; ++i) {
-    PagedKvView view = kv.View();
-    view.num_tokens = T - num_new + i + 1;
-    view.num_blocks = (view.num_tokens + 15) / 16;
-    std::vector<float> o(Hq * 64), sum(3 * view.num_tokens), max(3 * view.num_tokens);
-    const float* qi = d.q.data() + size_t(i) * Hq * 64;
-    ASSERT_TRUE(PagedDecodeAttention(Exec{Backend::kCpu}, view, AttentionParams{Hq}, qi, o.data(),
-                                     nullptr, sum.data())
-                    .ok());
-    ASSERT_TRUE(
-        PagedDecodeAttention(Exec{Backend::kCpu}, view, most, qi, o.data(), nullptr, max.data())
-            .ok());
-    for (size_t x = 0; x < max.size(); ++x) {
-      // The most of the group's three heads lies between a third of their sum and the sum.
-      EXPECT_LE(max[x], sum[x] + 1e-6f);
-      EXPECT_GE(max[x], sum[x] / 3 - 1e-6f);
-    }
-    for (int h = 0; h < 3; ++h) {
-      for (int s = 0; s < view.num_tokens; ++s) {
-        float& w = want[size_t(h) * T + s];
-        w = std::max(w, max[size_t(h) * view.num_tokens + s]);
-      }
-    }
-  }
-  EXPECT_LE(testing::MaxAbsDiff(fast_mass, want), 1e-5);
-  for (float m : fast_mass) {
+  for (float m : ExpectPrefillMassFromDecodes(MassReduce::kMax, 16 * 5 + 7, 29, 78)) {
     EXPECT_GE(m, 0.0f);
     EXPECT_LE(m, 1.0f + 1e-6f);
   }
