@@ -232,6 +232,10 @@ absl::StatusOr<Config> Resolve(std::string_view spec, const PolicyParams& overri
     cfg.cold_v = ck != "k";
   }
   cfg.trigger = cfg.num("trigger");
+  if (!(cfg.trigger >= 1.0) || std::isinf(cfg.trigger)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trigger must be a finite ratio >= 1, got ", cfg.values["trigger"]));
+  }
   std::vector<std::string> kv;
   for (const auto& [k, v] : cfg.values) kv.push_back(absl::StrCat(k, "=", v));
   cfg.spec = absl::StrCat(cfg.full ? "full" : absl::StrJoin(cfg.components, "+"), "{",
@@ -370,6 +374,7 @@ class CompositePolicy final : public Policy {
     return AllocateLayerBudgets(cfg_.layers, total, sizes, ent, cfg_.skew);
   }
 
+  double Trigger() const override { return cfg_.trigger; }
   bool NeedsCompaction(const SessionView& view, const Budget& budget) const override {
     if (cfg_.full) return false;
     auto b = LayerBudgets(view, budget);

@@ -87,6 +87,9 @@ class Policy {
   // `trigger`, default 1.10 — compact at 110% of budget, then down to 100%),
   // so compaction runs in batches rather than on every token.
   virtual bool NeedsCompaction(const SessionView& view, const Budget& budget) const = 0;
+  // That trigger ratio, for a caller that counts a session's tokens itself
+  // (the daemon's compaction trigger) instead of building a view.
+  virtual double Trigger() const { return 1.10; }
 
   // Per-layer token budgets this policy plans for (its layer allocator applied
   // to a total budget; bytes converted to tokens).

@@ -9,8 +9,10 @@ namespace polykv::daemon {
 uint64_t CompactionTarget(const TargetInputs& in) {
   if (!in.compacting_policy || in.committed_tokens == 0) return 0;
   uint64_t target = 0;
-  if (in.budget_tokens > 0 &&
-      in.committed_tokens > in.budget_tokens + std::max<uint64_t>(in.budget_tokens / 10, 1)) {
+  const double ratio = std::max(in.trigger, 1.0) - 1.0;
+  const uint64_t slack = std::max<uint64_t>(
+      static_cast<uint64_t>(static_cast<double>(in.budget_tokens) * ratio), 1);
+  if (in.budget_tokens > 0 && in.committed_tokens > in.budget_tokens + slack) {
     target = in.budget_tokens;
   }
   if (in.want_tokens > 0 && in.committed_tokens > in.want_tokens) {

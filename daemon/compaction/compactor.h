@@ -31,10 +31,12 @@ struct TargetInputs {
   uint32_t block_tokens = 16;
   uint64_t budget_tokens = 0;  // QoS budget; 0 = none
   uint64_t want_tokens = 0;    // the pressure ladder's ask; 0 = none
+  double trigger = 1.10;       // the policy's Trigger()
 };
 
 // Tokens to compact down to now; 0 = no compaction. A session is compacted
-// past budget + budget/10 (so in batches, not every token) or when the ladder
+// past budget + max(floor(budget x (trigger - 1)), 1) — by default past
+// budget + budget/10, so in batches, not every token — or when the ladder
 // asks for fewer tokens; the target is rounded so that whole blocks are
 // dropped, which lets window-like policies share every kept block.
 uint64_t CompactionTarget(const TargetInputs& in);

@@ -22,6 +22,21 @@ TEST(CompactionTargetTest, FullPolicyAndEmptySessionsAreNeverCompacted) {
   EXPECT_EQ(CompactionTarget(Inputs(1000, 0, 0)), 0u);  // no budget, no ask
 }
 
+// The policy's `trigger` moves the threshold: 1.0 compacts past budget + 1,
+// 1.5 past budget + budget/2.
+TEST(CompactionTargetTest, ThePolicysTriggerSetsTheMargin) {
+  TargetInputs at = Inputs(322, 320);
+  at.trigger = 1.0;
+  EXPECT_EQ(CompactionTarget(at), 306u);  // 2 over -> one block
+  at.committed_tokens = 321;
+  EXPECT_EQ(CompactionTarget(at), 0u);
+  at.trigger = 1.5;
+  at.committed_tokens = 480;
+  EXPECT_EQ(CompactionTarget(at), 0u);
+  at.committed_tokens = 481;
+  EXPECT_EQ(CompactionTarget(at), 305u);  // 161 over -> eleven blocks
+}
+
 TEST(CompactionTargetTest, BudgetTriggersPastTenPercentAndDropsWholeBlocks) {
   // budget 32: trigger past 32 + 3.
   EXPECT_EQ(CompactionTarget(Inputs(32, 32)), 0u);

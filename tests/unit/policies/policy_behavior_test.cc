@@ -315,8 +315,17 @@ TEST(CompositeTest, RejectsUnknownNamesAndParameters) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakePolicy("h2o", {{"trigger", "-1"}}).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // Compacting before the budget is reached would never end.
+  EXPECT_EQ(MakePolicy("h2o", {{"trigger", "0.9"}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakePolicy("h2o+h2o").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(ParseParams("a=1,b").ok());
+}
+
+// The daemon reads the trigger ratio without a view (its compaction trigger).
+TEST(CompositeTest, TriggerIsTheParameter) {
+  EXPECT_DOUBLE_EQ(Make("h2o")->Trigger(), 1.10);
+  EXPECT_DOUBLE_EQ(Make("kvzip", {{"trigger", "1.02"}})->Trigger(), 1.02);
 }
 
 TEST(CompositeTest, PolicyFromTextTakesBracedParameters) {
