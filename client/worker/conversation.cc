@@ -406,9 +406,8 @@ absl::Status Conversation::ProbeObservation() {
   if (last_prefilled_.empty()) return absl::OkStatus();
   // The window's tokens at their own positions ask what they asked when they
   // were prefilled; their mass on the slots before them is SnapKV's score.
-  const std::vector<TokenMeta> window = last_prefilled_;
   if (absl::Status s = store_->BeginProbe(ProbeKind::kObservation); !s.ok()) return s;
-  absl::Status forward = m_->model->Forward(window, store_, &logits);
+  absl::Status forward = m_->model->Forward(last_prefilled_, store_, &logits);
   absl::Status end = store_->EndProbe();
   return forward.ok() ? end : forward;
 }

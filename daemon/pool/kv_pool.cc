@@ -332,12 +332,15 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     // current tables and has acknowledged the previous ones.
     if (known_epoch == s.tables.epoch && s.tables.pending.empty() && !s.busy) {
       const QosRecord& qos = admission_.For(s.agent_id());
-      // A policy the registry refuses compacts at the default trigger; Compact
-      // reports the error.
-      const auto policy = policies_.Get(qos.policy);
-      const uint64_t target = CompactionTarget(
-          {qos.policy != "full", s.tables.committed_tokens, s.block_tokens, qos.budget_tokens,
-           s.policy.want_tokens, policy.ok() ? (*policy)->Trigger() : TargetInputs{}.trigger});
+      TargetInputs in{qos.policy != "full", s.tables.committed_tokens, s.block_tokens,
+                      qos.budget_tokens, s.policy.want_tokens};
+      // Only a budget reads the policy's trigger, so a Sync without one looks
+      // nothing up. A policy the registry refuses keeps the default trigger;
+      // Compact reports the error.
+      if (in.compacting_policy && in.budget_tokens > 0) {
+        if (auto policy = policies_.Get(qos.policy); policy.ok()) in.trigger = (*policy)->Trigger();
+      }
+      const uint64_t target = CompactionTarget(in);
       if (target > 0) {
         auto st = Compact(s, qos.policy, target);  // releases mu_ while it decides and copies
         if (absl::IsNotFound(st)) return st;  // closed or evicted meanwhile
