@@ -618,6 +618,10 @@ def main(argv=None) -> int:
         if not os.path.exists(results) or os.path.getsize(results) == 0:
             die(f"the live run wrote no records to {results}")
     else:
+        live_only = [c for c in configs if re.search(r"/F\d+(/|$)", c)]
+        if live_only:
+            die(f"{live_only[0]}: /F<n> is a fractional budget (the QoS's budget_fraction), "
+                "which only polykvd runs: add --live")
         step(f"run: polykv-eval, {len(configs)} configs, {args.threads} threads")
         run([binary, "--tasks", tasks_dir, "--configs-file", configs_txt, "--out", results,
              "--model", model, "--threads", str(args.threads)]

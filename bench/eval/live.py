@@ -16,7 +16,9 @@ The budget: round(budget x context tokens), the context being every message
 before the question, counted as polykv-eval counts it (its EvalKvStore's
 slots after the context is flushed): `polykv-worker run TASK --count-tokens`
 renders and tokenizes the task with the same chat tokenizer and reports the
-question line's position.
+question line's position. A config with /F<n> sets the budget as the
+daemon's default QoS would instead: `--budget-fraction budget --budget-tokens
+n`, a share of the context as it grows, never below n tokens.
 
 Stdlib only; eval.py imports it. The pure helpers are tested offline in
 tests/eval/test_live.py, the whole path in tests/eval/live_e2e.py.
@@ -89,34 +91,48 @@ class Config:
     v_format: str
     f16_tail: int = 0  # the f16 recent window: the worker's --recent-f16-tokens
     block_tokens: int = DEFAULT_BLOCK_TOKENS  # the agent's QoS --block-tokens
+    # /F<n> (live only): the budget is the QoS's budget_fraction, a share of
+    # the context so far, with this floor in tokens; None: a fixed budget of
+    # round(budget x context) tokens.
+    budget_floor: int | None = None
 
     @property
     def full(self) -> bool:
         return self.policy == "full"
+
+    @property
+    def fractional(self) -> bool:
+        return self.budget_floor is not None
 
 
 _INT_BITS = {"8": "int8", "4": "int4", "2": "int2"}
 
 
 def parse_config(text: str) -> Config:
-    """policy@budget/formats[/T<n>][/R<n>], exactly as bench/eval/cache_config.cc parses it."""
+    """policy@budget/formats[/T<n>][/R<n>][/F<n>], as bench/eval/cache_config.cc
+    parses it, plus /F<n>, which only a live run has: the budget is a share of
+    the session's context as it grows (QoS budget_fraction), n tokens its
+    floor (QoS budget_tokens)."""
     def fail(why):
         raise ValueError(f'cache config "{text}": {why} (expected '
-                         "policy@budget/formats[/T<n>][/R<n>], e.g. h2o@0.25/K8V4)")
+                         "policy@budget/formats[/T<n>][/R<n>][/F<n>], e.g. h2o@0.25/K8V4)")
     text = text.strip()
-    spec, block, recent = text, DEFAULT_BLOCK_TOKENS, None
+    spec, block, recent, floor = text, DEFAULT_BLOCK_TOKENS, None, None
     seen = set()
-    while True:  # trailing /T<n> and /R<n>, each at most once, in either order
+    while True:  # trailing /T<n>, /R<n> and /F<n>, each at most once, in any order
         slash = spec.rfind("/")
         what = spec[slash + 1:slash + 2] if slash >= 0 else ""
-        if what not in ("T", "R"):
+        if what not in ("T", "R", "F"):
             break
         n = spec[slash + 2:]
         if what in seen or not n.isdigit():
-            fail("T<n>: a number of tokens per page, given once" if what == "T" else
-                 "R<n>: a number of recent tokens kept in f16, given once")
+            fail({"T": "T<n>: a number of tokens per page, given once",
+                  "R": "R<n>: a number of recent tokens kept in f16, given once",
+                  "F": "F<n>: the fractional budget's floor in tokens, given once"}[what])
         seen.add(what)
-        if what == "T":
+        if what == "F":
+            floor = int(n)
+        elif what == "T":
             block = int(n)
             if not 1 <= block <= 256 or block & (block - 1):
                 fail("T<n>: tokens per page must be a power of two in 1..256")
@@ -157,7 +173,11 @@ def parse_config(text: str) -> Config:
     if recent is not None and recent != tail:
         name += f"/R{recent}"
         tail = recent
-    return Config(name, policy, budget, formats, k, v, tail, block)
+    if floor is not None and policy == "full":
+        fail("F<n> is a budget: the full policy has none")
+    if floor is not None:
+        name += f"/F{floor}"
+    return Config(name, policy, budget, formats, k, v, tail, block, floor)
 
 
 def budget_tokens(budget: float, context_tokens: int) -> int:
@@ -263,14 +283,19 @@ def bytes_per_token_f16(geometry: dict) -> int:
 
 def compaction_expected(budget: int, turns: list[dict], chunk: int = PREFILL_CHUNK,
                         sync_every: int = WORKER_SYNC_EVERY_STEPS,
-                        sync_tokens: int = WORKER_SYNC_EVERY_TOKENS) -> bool:
-    """Whether the daemon must have compacted a session with this budget that
+                        sync_tokens: int = WORKER_SYNC_EVERY_TOKENS,
+                        fraction: float = 0.0) -> bool:
+    """Whether the daemon must have compacted a session with this budget (with
+    a fraction: its floor; daemon/compaction/compactor.cc SessionBudget) that
     wrote these turns: some Sync of the last turn saw more committed tokens
-    than the trigger, had nothing been dropped before. Earlier turns count
-    as already committed (their slots are cached before the last one)."""
+    than the trigger at 110%, had nothing been dropped before. Earlier turns
+    count as already committed (their slots are cached before the last one)."""
     if not turns:
         return False
-    trigger = budget + max(budget // 10, 1)
+
+    def trigger(committed: int) -> int:
+        b = max(budget, math.ceil(fraction * committed)) if fraction > 0 else budget
+        return b + max(b // 10, 1)
     last = turns[-1]
     before = sum(t["prompt_tokens"] + t["completion_tokens"] - 1 for t in turns[:-1])
     steps = [chunk] * (last["prompt_tokens"] // chunk)
@@ -281,7 +306,7 @@ def compaction_expected(budget: int, turns: list[dict], chunk: int = PREFILL_CHU
     since_steps, since_tokens = sync_every, 0  # a sync before the first step
     for n in steps:
         if since_steps >= sync_every or since_tokens >= sync_tokens:
-            if committed > trigger:
+            if committed > trigger(committed):
                 return True
             since_steps, since_tokens = 0, 0
         committed += n
@@ -297,6 +322,8 @@ def base_record(task: Task, cfg: Config, context: int | None, bpt: int | None) -
            "block_tokens": cfg.block_tokens, "recent_f16_tokens": cfg.f16_tail,
            "context_tokens": context,
            "bytes_per_token_f16": bpt, "eval": task.eval, "mode": "live"}
+    if cfg.fractional:
+        rec["budget_fraction"] = num6(cfg.budget)
     if cfg.f16_tail:
         rec["live_notes"] = [
             f"the f16 recent window: polykv-eval keeps the latest {cfg.f16_tail} context slots "
@@ -330,9 +357,12 @@ def live_record(task: Task, cfg: Config, context: int, bpt: int, budget: int | N
     if "tokens" not in last:
         rec["error"] = "polykv-worker printed no token ids (rebuild it: this run's is too old)"
         return rec
+    fraction = cfg.budget if cfg.fractional else 0.0
     if (budget is not None and not last.get("epoch")
-            and compaction_expected(budget, turns)):
-        rec["error"] = (f"polykvd never compacted the session (budget {budget} tokens, "
+            and compaction_expected(budget, turns, fraction=fraction)):
+        what = (f"budget {cfg.budget:g} of the context, at least {budget} tokens"
+                if cfg.fractional else f"budget {budget} tokens")
+        rec["error"] = (f"polykvd never compacted the session ({what}, "
                         f"{last.get('cached_tokens')} cached at the end); see polykvd.log and "
                         "polykv_ladder_steps_total{step=\"compaction_failed\"}")
         return rec
@@ -609,11 +639,15 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
             rec["error"] = (f"the reference {REFERENCE} failed for this task: "
                             + (ref or {}).get("error", "no record"))
             return rec
-        budget = None if c.full else budget_tokens(c.budget, ctx)
+        # budget_tokens: the budget, or with /F<n> the fractional budget's
+        # floor (a default QoS knows no context length).
+        budget = (None if c.full else c.budget_floor if c.fractional
+                  else budget_tokens(c.budget, ctx))
         # Everything the daemon stores through the agent's QoS (the Admin
         # API), as an operator sets it: the worker asks for nothing.
         qos = [bins.ctl, "--socket", daemon.socket, "qos", "set", agent,
                "--policy", c.policy, "--budget-tokens", str(budget or 0),
+               "--budget-fraction", f"{c.budget:g}" if c.fractional else "0",
                "--key-format", c.k_format, "--value-format", c.v_format,
                "--block-tokens", str(c.block_tokens)]
         p = subprocess.run(qos, capture_output=True, text=True)

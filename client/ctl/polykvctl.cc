@@ -9,6 +9,7 @@
 #include <tuple>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "policies/byte_size.h"
 #include "polykv/admin.h"
@@ -97,6 +98,12 @@ void PrintQos(const polykv::v1::QosRecord& q) {
   std::printf("policy              %s\n", q.policy().c_str());
   std::printf("budget_tokens       %s\n",
               q.budget_tokens() ? std::to_string(q.budget_tokens()).c_str() : "none");
+  if (q.budget_fraction() > 0) {
+    std::printf("budget_fraction     %g of each session's context (budget_tokens: its floor)\n",
+                q.budget_fraction());
+  } else {
+    std::printf("budget_fraction     none\n");
+  }
   if (!q.policy_note().empty()) std::printf("note                %s\n", q.policy_note().c_str());
 }
 
@@ -144,7 +151,12 @@ int main(int argc, char** argv) {
   qos_set->add_option("--policy", policy, "Compression policy name, e.g. full, h2o");
   std::string budget_tokens;
   qos_set->add_option("--budget-tokens", budget_tokens,
-                      "Tokens per session the policy compacts down to (0 = no budget)");
+                      "Tokens per session the policy compacts down to (0 = no budget); with "
+                      "--budget-fraction, the budget's floor");
+  std::string budget_fraction;
+  qos_set->add_option("--budget-fraction", budget_fraction,
+                      "The budget as a share of each session's context so far, in (0, 1] "
+                      "(0 = none): the session keeps max(budget-tokens, fraction x context)");
 
   auto* evict = app.add_subcommand("evict", "Evict a session and free its pages");
   uint64_t session_id = 0;
@@ -274,6 +286,14 @@ int main(int argc, char** argv) {
         return bad("--budget-tokens: not a token count");
       }
       q.set_budget_tokens(std::stoull(budget_tokens));
+    }
+    if (!budget_fraction.empty()) {
+      // The daemon checks the range; here only that it is a number at all.
+      double f = 0;
+      if (!absl::SimpleAtod(budget_fraction, &f)) {
+        return bad("--budget-fraction: a number in (0, 1], or 0 for none");
+      }
+      q.set_budget_fraction(f);
     }
     auto out = c.SetQos(q);
     if (!out.ok()) return Fail(out.status());

@@ -1,10 +1,17 @@
 #include "daemon/compaction/compactor.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "policies/lowering.h"
 
 namespace polykv::daemon {
+
+uint64_t SessionBudget(uint64_t budget_tokens, double fraction, uint64_t context_tokens) {
+  if (!(fraction > 0)) return budget_tokens;
+  const double share = std::ceil(std::min(fraction, 1.0) * static_cast<double>(context_tokens));
+  return std::max(budget_tokens, static_cast<uint64_t>(share));
+}
 
 uint64_t CompactionTarget(const TargetInputs& in) {
   if (!in.compacting_policy || in.committed_tokens == 0) return 0;

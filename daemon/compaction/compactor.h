@@ -24,12 +24,18 @@
 
 namespace polykv::daemon {
 
+// A session's token budget now: max(budget_tokens, ceil(fraction x
+// context_tokens)), context_tokens being every token it has committed so far
+// (dropped ones too); 0 = none. With a fraction the budget grows with the
+// session, and budget_tokens is its floor (QosRecord).
+uint64_t SessionBudget(uint64_t budget_tokens, double fraction, uint64_t context_tokens);
+
 // What the compaction trigger looks at.
 struct TargetInputs {
   bool compacting_policy = false;  // the agent's policy is not "full"
   uint64_t committed_tokens = 0;
   uint32_t block_tokens = 16;
-  uint64_t budget_tokens = 0;  // QoS budget; 0 = none
+  uint64_t budget_tokens = 0;  // SessionBudget; 0 = none
   uint64_t want_tokens = 0;    // the pressure ladder's ask; 0 = none
   double trigger = 1.10;       // the policy's Trigger()
 };

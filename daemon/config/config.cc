@@ -24,7 +24,7 @@ absl::StatusOr<QosRecord> ParseQos(const YAML::Node& n, QosRecord base, const st
                                               "max_bytes", "key_precision_floor",
                                               "value_precision_floor", "key_format",
                                               "value_format", "block_tokens", "policy",
-                                              "budget_tokens"};
+                                              "budget_tokens", "budget_fraction"};
   for (const auto& kv : n) {
     const std::string k = kv.first.as<std::string>();
     if (!kKeys.contains(k)) return KeyError(absl::StrCat(where, ".", k), "unknown key");
@@ -60,6 +60,12 @@ absl::StatusOr<QosRecord> ParseQos(const YAML::Node& n, QosRecord base, const st
   }
   if (n["policy"]) base.policy = n["policy"].as<std::string>();
   if (n["budget_tokens"]) base.budget_tokens = n["budget_tokens"].as<uint64_t>();
+  if (n["budget_fraction"]) {
+    base.budget_fraction = n["budget_fraction"].as<double>();
+    if (auto s = ValidateBudgetFraction(base.budget_fraction); !s.ok()) {
+      return KeyError(where + ".budget_fraction", std::string(s.message()));
+    }
+  }
   return base;
 }
 

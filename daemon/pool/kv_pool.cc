@@ -332,8 +332,12 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     // current tables and has acknowledged the previous ones.
     if (known_epoch == s.tables.epoch && s.tables.pending.empty() && !s.busy) {
       const QosRecord& qos = admission_.For(s.agent_id());
-      TargetInputs in{qos.policy != "full", s.tables.committed_tokens, s.block_tokens,
-                      qos.budget_tokens, s.policy.want_tokens};
+      TargetInputs in{.compacting_policy = qos.policy != "full",
+                      .committed_tokens = s.tables.committed_tokens,
+                      .block_tokens = s.block_tokens,
+                      .budget_tokens = SessionBudget(qos.budget_tokens, qos.budget_fraction,
+                                                     s.policy.next_position),
+                      .want_tokens = s.policy.want_tokens};
       // Only a budget reads the policy's trigger, so a Sync without one looks
       // nothing up. A policy the registry refuses keeps the default trigger;
       // Compact reports the error.
@@ -839,6 +843,7 @@ absl::StatusOr<QosRecord> KvPool::SetQos(const QosRecord& qos) {
     return absl::InvalidArgumentError("policy must be 1..256 characters (e.g. 'full')");
   }
   if (auto s = ValidatePolicyName(qos.policy); !s.ok()) return s;
+  if (auto s = ValidateBudgetFraction(qos.budget_fraction); !s.ok()) return s;
   if (qos.block_tokens != 0) {
     if (auto s = ValidateBlockTokens(qos.block_tokens); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("qos.", s.message()));

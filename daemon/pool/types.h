@@ -47,9 +47,13 @@ struct QosRecord {
   std::optional<PageFormat> value_format;
   uint32_t block_tokens = 0;
   std::string policy = "full";
-  // Tokens per session the policy compacts down to (0 = no budget). A
-  // session is compacted when it holds more than budget + budget/10 tokens.
+  // Tokens per session the policy compacts down to (0 = no budget), and the
+  // share of the session's context it may keep (0 = none): the budget is
+  // max(budget_tokens, ceil(budget_fraction x context)) (compactor.h
+  // SessionBudget). A session is compacted past the budget times the
+  // policy's trigger.
   uint64_t budget_tokens = 0;
+  double budget_fraction = 0;
 };
 
 // Who is on the other end of a connection (SO_PEERCRED at accept time).

@@ -50,4 +50,14 @@ absl::Status ValidateBlockTokens(uint32_t b) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateBudgetFraction(double fraction) {
+  // Written as a negated range so that NaN fails too.
+  if (!(fraction >= 0 && fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "budget_fraction must be 0 (none) or in (0, 1], the share of a session's context its "
+        "policy keeps (got ", fraction, ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace polykv::daemon

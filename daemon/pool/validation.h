@@ -14,5 +14,7 @@ absl::Status ValidateName(absl::string_view what, absl::string_view value, size_
 absl::Status ValidateProfile(const ModelProfile& profile);
 // Power of two in [1, 256].
 absl::Status ValidateBlockTokens(uint32_t block_tokens);
+// 0 (none) or in (0, 1]; NaN and infinities refused.
+absl::Status ValidateBudgetFraction(double fraction);
 
 }  // namespace polykv::daemon

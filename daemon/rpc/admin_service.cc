@@ -3,8 +3,18 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/log.h"
 #include "daemon/rpc/convert.h"
+#include "kernels/page_format.h"
 
 namespace polykv::daemon {
+
+namespace {
+
+// A QoS format the worker may leave to the model's dtype.
+std::string FormatOrDefault(const std::optional<PageFormat>& f) {
+  return f ? std::string(kernels::FormatShortName(*f)) : "default";
+}
+
+}  // namespace
 
 template <typename Fn>
 grpc::Status AdminService::AdminHandle(grpc::ServerContext* c, const std::string& rpc, Fn&& fn) {
@@ -55,9 +65,12 @@ grpc::Status AdminService::SetQos(grpc::ServerContext* c, const v1::SetQosReques
     if (!q.ok()) return q.status();
     auto out = ctx_.pool->SetQos(*q);
     if (!out.ok()) return out.status();
-    DaemonLogger()->info("qos of agent {} set: priority {}, max_bytes {}, guaranteed_bytes {}, policy {}",
-                         out->agent_id, std::string(PriorityName(out->priority)), out->max_bytes,
-                         out->guaranteed_bytes, out->policy);
+    DaemonLogger()->info(
+        "qos of agent {} set: priority {}, max_bytes {}, guaranteed_bytes {}, policy {}, "
+        "budget_tokens {}, budget_fraction {}, formats {}/{}, block_tokens {}",
+        out->agent_id, std::string(PriorityName(out->priority)), out->max_bytes,
+        out->guaranteed_bytes, out->policy, out->budget_tokens, out->budget_fraction,
+        FormatOrDefault(out->key_format), FormatOrDefault(out->value_format), out->block_tokens);
     ToProto(*out, resp);
     if (!resp->policy_note().empty()) {
       DaemonLogger()->warn("qos of agent {}: policy {}: {}", out->agent_id, out->policy,

@@ -131,6 +131,7 @@ absl::StatusOr<QosRecord> FromProto(const v1::QosRecord& q) {
   o.block_tokens = q.block_tokens();
   o.policy = q.policy().empty() ? "full" : q.policy();
   o.budget_tokens = q.budget_tokens();
+  o.budget_fraction = q.budget_fraction();
   return o;
 }
 
@@ -180,6 +181,7 @@ void ToProto(const QosRecord& in, v1::QosRecord* out) {
   out->set_block_tokens(in.block_tokens);
   out->set_policy(in.policy);
   out->set_budget_tokens(in.budget_tokens);
+  out->set_budget_fraction(in.budget_fraction);
   out->set_policy_note(PolicyNote(in.policy));
 }
 

@@ -85,10 +85,17 @@ class ConfigTest(unittest.TestCase):
         c = live.parse_config("full@1/K2V2/R0")
         self.assertEqual((c.text, c.f16_tail), ("full@1/K2V2/R0", 0))
         self.assertEqual(live.parse_config("full@1/f16/R0").text, "full@1/f16")
+        # F<n>: a fractional budget with a floor of n tokens (live only)
+        c = live.parse_config("kvzip@0.75/K4V4/F512/T64")
+        self.assertEqual((c.text, c.fractional, c.budget_floor, c.budget, c.block_tokens),
+                         ("kvzip@0.75/K4V4/T64/F512", True, 512, 0.75, 64))
+        self.assertFalse(live.parse_config("kvzip@0.75/K4V4").fractional)
+        self.assertEqual(live.parse_config("h2o@0.5/f16/F0").budget_floor, 0)
         for bad in ("h2o", "@0.5/f16", "h2o@0/f16", "h2o@1.5/f16", "h2o@x/f16", "h2o@0.5/K3V4",
                     "h2o@0.5/bf16", "full@1/K4V4/T48", "full@1/K4V4/T512", "full@1/K4V4/T",
                     "full@1/T64", "full@1/K4V4/T64/T64", "full@1/f16/R128", "full@1/K4V4/R-1",
-                    "full@1/K4V4/R128/R64", "full@1/K4V4/Rx"):
+                    "full@1/K4V4/R128/R64", "full@1/K4V4/Rx", "h2o@0.5/f16/F",
+                    "h2o@0.5/f16/F-1", "h2o@0.5/f16/F8/F8", "full@1/K4V4/F0"):
             with self.assertRaises(ValueError, msg=bad):
                 live.parse_config(bad)
 
@@ -160,6 +167,15 @@ class TaskTest(unittest.TestCase):
         # earlier turns are already committed at the last turn's first Sync
         self.assertTrue(live.compaction_expected(100, [turn(200, 5, []), turn(10, 2, [])]))
         self.assertFalse(live.compaction_expected(100, []))
+
+    def test_compaction_expected_with_a_fractional_budget(self):
+        # 3/4 of what is held, nothing dropped: past 110% of it at the Sync
+        # after the first chunk (128 > 96 + 9), whatever the context's length
+        self.assertTrue(live.compaction_expected(0, [turn(300, 1, [])], fraction=0.75))
+        # the floor holds it off: 2000 + 200 is never reached in 1050 + 24
+        self.assertFalse(live.compaction_expected(2000, [turn(1050, 24, [])], fraction=0.75))
+        # 0.95 x 110% > 1: a session that drops nothing never outgrows its trigger
+        self.assertFalse(live.compaction_expected(0, [turn(1050, 24, [])], fraction=0.95))
 
 
 class RecordTest(unittest.TestCase):

@@ -146,6 +146,30 @@ TEST_F(DaemonIntegrationTest, QosSetLowersMaxBytesAndTheNextReservationFails) {
   EXPECT_EQ(UsedBytes(), 0u);
 }
 
+// The budget as a share of the context, set as an operator would; the
+// daemon refuses a share outside (0, 1] and keeps the one it had.
+TEST_F(DaemonIntegrationTest, QosSetTakesABudgetFractionAndRefusesABadOne) {
+  const std::string ctl = BinDir() + "/polykvctl";
+  auto [code, out] = RunProgram({ctl, "--socket", socket_, "qos", "set", "share", "--policy",
+                                 "window", "--budget-fraction", "0.75", "--budget-tokens", "64",
+                                 "--json"});
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_EQ(Field(out, "budget_fraction"), "0.75") << out;
+  EXPECT_EQ(Field(out, "budget_tokens"), "64") << out;
+  // polykvctl reports on stderr: through a shell, to read it.
+  std::tie(code, out) = RunProgram({"/bin/sh", "-c",
+                                    ctl + " --socket " + socket_ +
+                                        " qos set share --budget-fraction 1.5 2>&1"});
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("budget_fraction must be"), std::string::npos) << out;
+  std::tie(code, out) =
+      RunProgram({ctl, "--socket", socket_, "qos", "set", "share", "--budget-fraction", "most"});
+  EXPECT_EQ(code, 2) << out;
+  std::tie(code, out) = RunProgram({ctl, "--socket", socket_, "qos", "get", "share"});
+  EXPECT_NE(out.find("budget_fraction     0.75 of each session's context"), std::string::npos)
+      << out;
+}
+
 // Finding 11 of issue 14: a worker holding arena fds was dumpable, so any
 // process of its uid could take the fds from /proc/<worker>/fd and map another
 // session's pages. libpolykv_client makes the process non-dumpable before it

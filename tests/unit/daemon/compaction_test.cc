@@ -279,6 +279,45 @@ TEST_F(CompactionTest, BudgetCompactionPublishesNewEpochAndOldPagesWaitForAck) {
   Check();
 }
 
+// budget_fraction: the session keeps a share of what it has seen, so its
+// budget grows as it does (budget_tokens its floor); a bad fraction is
+// refused and leaves the QoS as it was.
+TEST_F(CompactionTest, FractionalBudgetGrowsWithTheSessionAndBadFractionsAreRefused) {
+  QosRecord q;
+  q.agent_id = "a";
+  q.policy = "window";
+  q.budget_tokens = 32;  // the floor
+  q.budget_fraction = 0.5;
+  ASSERT_TRUE(pool_->SetQos(q).ok());
+  for (double bad : {-0.1, 1.5, std::nan(""), HUGE_VAL}) {
+    QosRecord b = q;
+    b.budget_fraction = bad;
+    auto r = pool_->SetQos(b);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("budget_fraction"), absl::string_view::npos);
+  }
+  EXPECT_EQ(pool_->GetQos("a").budget_fraction, 0.5);
+  Sess s = Open("a");
+  // 48 seen: the budget is the floor, 32; 48 > 32 + 3 -> one block goes.
+  ASSERT_TRUE(Append(s, 48).ok());
+  ASSERT_TRUE(Sync(s).value());
+  EXPECT_EQ(s.committed, 32u);
+  // 96 seen, 80 held: budget 48, 80 > 48 + 4 -> two blocks go.
+  ASSERT_TRUE(Append(s, 48).ok());
+  ASSERT_TRUE(Sync(s).value());
+  EXPECT_EQ(s.committed, 48u);
+  EXPECT_EQ(s.positions.front(), 48);
+  // 104 seen, 56 held: budget 52, within its 10% margin.
+  ASSERT_TRUE(Append(s, 8).ok());
+  EXPECT_FALSE(Sync(s).value());
+  // 200 seen, 152 held: budget 100 -> 52 over, four blocks.
+  ASSERT_TRUE(Append(s, 96).ok());
+  ASSERT_TRUE(Sync(s).value());
+  EXPECT_EQ(s.committed, 88u);
+  EXPECT_EQ(s.positions.back(), 199);
+  Check();
+}
+
 TEST_F(CompactionTest, WorkerThatNeverAcksKeepsOldPagesUntilSessionEnds) {
   SetQos("a", "streaming", 32);
   Sess s = Open("a");

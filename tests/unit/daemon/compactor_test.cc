@@ -37,6 +37,35 @@ TEST(CompactionTargetTest, ThePolicysTriggerSetsTheMargin) {
   EXPECT_EQ(CompactionTarget(at), 305u);  // 161 over -> eleven blocks
 }
 
+// A fractional budget grows with the session's context; budget_tokens is
+// its floor, and without a fraction the budget is budget_tokens alone.
+TEST(SessionBudgetTest, FractionOfTheContextWithTheTokensAsFloor) {
+  EXPECT_EQ(SessionBudget(0, 0, 5000), 0u);  // no budget
+  EXPECT_EQ(SessionBudget(300, 0, 5000), 300u);
+  EXPECT_EQ(SessionBudget(0, 0.75, 1000), 750u);
+  EXPECT_EQ(SessionBudget(0, 0.75, 1001), 751u);  // 750.75 rounds up
+  EXPECT_EQ(SessionBudget(0, 0.75, 1), 1u);
+  EXPECT_EQ(SessionBudget(0, 0.75, 0), 0u);
+  EXPECT_EQ(SessionBudget(1024, 0.75, 1000), 1024u);  // below the floor
+  EXPECT_EQ(SessionBudget(1024, 0.75, 4000), 3000u);
+  EXPECT_EQ(SessionBudget(0, 1.0, 4000), 4000u);
+}
+
+TEST(CompactionTargetTest, AFractionalBudgetCompactsAsTheContextGrows) {
+  // 3/4 of 400 tokens seen, all still held: past 300 + 1 at trigger 1.
+  TargetInputs at = Inputs(400, SessionBudget(0, 0.75, 400));
+  at.trigger = 1.0;
+  EXPECT_EQ(CompactionTarget(at), 288u);  // 100 over -> seven blocks
+  // After it, 288 held of 400 seen; 48 more tokens: 336 held, budget 336.
+  at.committed_tokens = 336;
+  at.budget_tokens = SessionBudget(0, 0.75, 448);
+  EXPECT_EQ(CompactionTarget(at), 0u);
+  // 64 more: 400 held, budget 384 -> 16 over, one block.
+  at.committed_tokens = 400;
+  at.budget_tokens = SessionBudget(0, 0.75, 512);
+  EXPECT_EQ(CompactionTarget(at), 384u);
+}
+
 TEST(CompactionTargetTest, BudgetTriggersPastTenPercentAndDropsWholeBlocks) {
   // budget 32: trigger past 32 + 3.
   EXPECT_EQ(CompactionTarget(Inputs(32, 32)), 0u);

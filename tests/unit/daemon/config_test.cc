@@ -90,6 +90,24 @@ TEST(ConfigTest, PolicyBudgetAndLowWatermark) {
   ASSERT_EQ(c->agents.size(), 1u);
   EXPECT_EQ(c->agents[0].policy, "h2o{window.ratio=0.25}");
   EXPECT_EQ(c->agents[0].budget_tokens, 4096u);
+  EXPECT_EQ(c->agents[0].budget_fraction, 0);
+}
+
+TEST(ConfigTest, BudgetFractionIsReadAndChecked) {
+  auto c = LoadConfigFile(
+      WriteTemp("default_qos: {policy: kvzip, budget_fraction: 0.75, budget_tokens: 512}\n"),
+      DaemonConfig());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->default_qos.budget_fraction, 0.75);
+  EXPECT_EQ(c->default_qos.budget_tokens, 512u);
+  for (const char* bad : {"default_qos: {budget_fraction: 1.5}\n",
+                          "default_qos: {budget_fraction: -0.25}\n",
+                          "default_qos: {budget_fraction: .nan}\n"}) {
+    auto b = LoadConfigFile(WriteTemp(bad), DaemonConfig());
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_NE(b.status().message().find("default_qos.budget_fraction"), absl::string_view::npos)
+        << b.status();
+  }
 }
 
 TEST(ConfigTest, QosFormatsAndPages) {
