@@ -166,6 +166,9 @@ class SessionImpl final : public Session {
     for (const auto& a : resp.new_arenas()) {
       if (auto s = mapper_.Add(a); !s.ok()) return s;
     }
+    // The agent's QoS may have changed since Open: the streams follow it.
+    info_.wants_importance = resp.wants_importance();
+    info_.wants_observation = resp.wants_observation();
     if (!resp.changed()) return false;
     std::vector<Block> blocks;
     for (const auto& b : resp.blocks()) {
@@ -254,7 +257,7 @@ class SessionImpl final : public Session {
   }
 
   const std::shared_ptr<v1::Session::Stub> stub_;
-  const SessionInfo info_;
+  SessionInfo info_;  // const but for the wanted streams, which Sync updates
   const SessionRef ref_;
   internal::ArenaMapper mapper_;
   std::vector<Block> blocks_;

@@ -27,10 +27,18 @@ absl::Status ValidatePolicyName(const std::string& text);
 // so a per-layer allocator acts layer-uniform.
 std::string PolicyNote(const std::string& text);
 
+// The score streams a policy reads from the worker beyond attention.
+struct PolicyStreams {
+  bool importance = false;   // ReportSlots.importance (KVzip's probe)
+  bool observation = false;  // ReportSlots.observation (SnapKV's window)
+};
+
 class PolicyRegistry {
  public:
   // The policy for `text`; the pointer stays valid as long as the registry.
   absl::StatusOr<const policies::Policy*> Get(const std::string& text) ABSL_LOCKS_EXCLUDED(mu_);
+  // Of the policy for `text`; none for a text Get refuses.
+  PolicyStreams Streams(const std::string& text) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   absl::Mutex mu_;

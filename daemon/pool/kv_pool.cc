@@ -232,11 +232,9 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
   out.epoch = in.tables.epoch;
   out.qos = qos;
   out.qos.agent_id = r.agent_id;
-  if (!qos.policy.empty()) {
-    auto policy = policies_.Get(qos.policy);
-    out.wants_importance = policy.ok() && (*policy)->ReadsImportance();
-    out.wants_observation = policy.ok() && (*policy)->ReadsObservation();
-  }
+  const PolicyStreams streams = policies_.Streams(qos.policy);
+  in.policy.wants_importance = out.wants_importance = streams.importance;
+  in.policy.wants_observation = out.wants_observation = streams.observation;
   out.arenas = blocks_.NewArenas(in.tenant(), in.known_arenas);
   return out;
 }
@@ -374,6 +372,8 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     }
     out.epoch = s.tables.epoch;
     out.committed_tokens = s.tables.committed_tokens;
+    out.wants_importance = s.policy.wants_importance;
+    out.wants_observation = s.policy.wants_observation;
     out.changed = known_epoch != s.tables.epoch;
     if (out.changed) {
       tables = s.tables.blocks;
@@ -849,11 +849,14 @@ absl::StatusOr<QosRecord> KvPool::SetQos(const QosRecord& qos) {
       return absl::InvalidArgumentError(absl::StrCat("qos.", s.message()));
     }
   }
+  const PolicyStreams streams = policies_.Streams(qos.policy);
   absl::MutexLock lock(&mu_);
   if (auto st = admission_.Set(qos); !st.ok()) return st;
   for (auto& [id, s] : sessions_) {
     if (s.agent_id() != qos.agent_id) continue;
     s.priority = qos.priority;
+    s.policy.wants_importance = streams.importance;
+    s.policy.wants_observation = streams.observation;
     s.events->Push({SessionEventMsg::Type::kQos, s.tables.epoch, "QoS changed"});
   }
   return qos;

@@ -66,6 +66,10 @@ struct PolicyInputs {
   // Committed tokens when a requantization step last found nothing to do:
   // the ladder asks again only once a new full block is past it.
   uint64_t requant_idle_at = 0;
+  // The score streams the agent's policy reads (set at Open and by SetQos;
+  // Sync tells the worker).
+  bool wants_importance = false;
+  bool wants_observation = false;
 };
 
 struct Session {

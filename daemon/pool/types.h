@@ -137,6 +137,10 @@ struct SyncResult {
   // each slot of the new tables.
   std::vector<int64_t> slot_positions;
   std::vector<uint32_t> slot_counts;
+  // The score streams the agent's policy reads now (its QoS may have changed
+  // since Open).
+  bool wants_importance = false;
+  bool wants_observation = false;
 };
 
 struct ReportSlotsRequest {

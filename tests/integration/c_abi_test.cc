@@ -6,6 +6,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -213,6 +214,32 @@ void CAbiTest::ExpectTheStreamDecidesCompaction(const ScoreStream& stream) {
     has21 |= pos[i] == 21;
   }
   EXPECT_TRUE(has20 && has21);
+  EXPECT_EQ(pkv_session_close(session), 0) << pkv_last_error();
+  pkv_client_free(client);
+}
+
+// The operator switches the agent to kvzip mid-session: the worker learns
+// at its next pkv_sync that the policy now reads importance.
+TEST_F(CAbiTest, AQosChangeMidSessionReachesTheWorkerAtItsNextSync) {
+  const std::string ctl = BinDir() + "/polykvctl";
+  auto [code, out] =
+      testing::RunProgram({ctl, "--socket", sock_, "qos", "set", "c-switch", "--policy", "h2o"});
+  ASSERT_EQ(code, 0) << out;
+  pkv_client* client = nullptr;
+  ASSERT_EQ(pkv_connect(sock_.c_str(), &client), 0) << pkv_last_error();
+  const pkv_session_options o = Options("c-switch");
+  pkv_session* session = nullptr;
+  ASSERT_EQ(pkv_session_open(client, &o, &session), 0) << pkv_last_error();
+  EXPECT_EQ(pkv_wants_importance(session), 0);
+  std::tie(code, out) =
+      testing::RunProgram({ctl, "--socket", sock_, "qos", "set", "c-switch", "--policy", "kvzip"});
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_EQ(pkv_wants_importance(session), 0);  // not before it asks
+  int changed = -1;
+  ASSERT_EQ(pkv_sync(session, &changed), 0) << pkv_last_error();
+  EXPECT_EQ(changed, 0);
+  EXPECT_EQ(pkv_wants_importance(session), 1);
+  EXPECT_EQ(pkv_wants_observation(session), 0);
   EXPECT_EQ(pkv_session_close(session), 0) << pkv_last_error();
   pkv_client_free(client);
 }

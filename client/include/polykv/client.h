@@ -84,7 +84,8 @@ struct SessionInfo {
   uint32_t key_page_bytes = 0;
   uint32_t value_page_bytes = 0;
   // The agent's policy ranks by query-agnostic importance: report it
-  // (ReportImportance) from context-reconstruction probes.
+  // (ReportImportance) from context-reconstruction probes. Both streams are
+  // as of the last Sync (the agent's QoS may change mid-session).
   bool wants_importance = false;
   // The agent's policy ranks by SnapKV's observation window: report it
   // (ReportObservation) at the end of each user or tool message.

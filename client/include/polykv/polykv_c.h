@@ -70,10 +70,11 @@ int pkv_session_close(pkv_session* session);
 
 uint64_t pkv_session_id(const pkv_session* session);
 uint32_t pkv_block_tokens(const pkv_session* session);
-/* 1 when the agent's policy ranks by importance (pkv_report_importance). */
+/* 1 when the agent's policy ranks by importance (pkv_report_importance), as
+ * of the last pkv_sync (the agent's QoS may change mid-session). */
 int pkv_wants_importance(const pkv_session* session);
 /* 1 when the agent's policy ranks by SnapKV's observation window
- * (pkv_report_observation). */
+ * (pkv_report_observation), as of the last pkv_sync. */
 int pkv_wants_observation(const pkv_session* session);
 /* Reserves pages for num_tokens more tokens. */
 int pkv_reserve(pkv_session* session, uint64_t num_tokens);

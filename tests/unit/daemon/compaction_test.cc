@@ -529,6 +529,29 @@ TEST_F(CompactionTest, IntentKeepsTheSlotsMostRelevantToTheReportedIntent) {
 // `kvzip` ranks by the importance the worker's reconstruction probes report
 // (ReportSlots.importance); each slot keeps the most it was ever given, and
 // slots no probe scored yet rank with the most important.
+// An operator switches the agent's policy mid-session: the next Sync tells
+// the worker which score streams the new policy reads.
+TEST_F(CompactionTest, AQosChangeMidSessionChangesTheStreamsSyncAsksFor) {
+  SetQos("a", "h2o", 0);
+  Sess s = Open("a");
+  EXPECT_FALSE(s.wants_importance);
+  auto r = pool_->Sync(s.id, s.token, peer_, s.epoch);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->wants_importance || r->wants_observation);
+  SetQos("a", "kvzip", 0);
+  r = pool_->Sync(s.id, s.token, peer_, s.epoch);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->wants_importance);
+  EXPECT_FALSE(r->wants_observation);
+  SetQos("a", "snapkv", 0);
+  r = pool_->Sync(s.id, s.token, peer_, s.epoch);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->wants_importance);
+  EXPECT_TRUE(r->wants_observation);
+  EXPECT_FALSE(r->changed);
+  Check();
+}
+
 TEST_F(CompactionTest, KvzipKeepsTheSlotsItsReconstructionFoundImportant) {
   SetQos("a", "kvzip{window.size=4}", 32);
   SetQos("b", "h2o", 32);
