@@ -509,6 +509,15 @@ def parse_args(argv):
     return ap.parse_args(argv)
 
 
+def is_fractional(config: str) -> bool:
+    """A /F<n> config (live.parse_config's grammar); one it refuses is left to
+    polykv-eval to report."""
+    try:
+        return live.parse_config(config).fractional
+    except ValueError:
+        return False
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     # The commit the tasks and binaries come from: taken now, since a long run
@@ -618,7 +627,7 @@ def main(argv=None) -> int:
         if not os.path.exists(results) or os.path.getsize(results) == 0:
             die(f"the live run wrote no records to {results}")
     else:
-        live_only = [c for c in configs if re.search(r"/F\d+(/|$)", c)]
+        live_only = [c for c in configs if is_fractional(c)]
         if live_only:
             die(f"{live_only[0]}: /F<n> is a fractional budget (the QoS's budget_fraction), "
                 "which only polykvd runs: add --live")

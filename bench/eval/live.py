@@ -294,7 +294,7 @@ def compaction_expected(budget: int, turns: list[dict], chunk: int = PREFILL_CHU
         return False
 
     def trigger(committed: int) -> int:
-        b = max(budget, math.ceil(fraction * committed)) if fraction > 0 else budget
+        b = max(budget, math.ceil(fraction * committed))
         return b + max(b // 10, 1)
     last = turns[-1]
     before = sum(t["prompt_tokens"] + t["completion_tokens"] - 1 for t in turns[:-1])
