@@ -41,6 +41,10 @@ constexpr ParamDef kParams[] = {
      "(1-merge.share) of the score-ranked budget, merge within blocks below it)"},
     {"layers", "uniform", nullptr,
      "layer allocator for a total budget: uniform | pyramid | entropy"},
+    {"select", "session", nullptr,
+     "for a caller with one slot list for all layers (the daemon): session (one selection "
+     "for every layer, by the most over layers) | layer (each layer its own slots, by its "
+     "own importance: kvzip-scored, mode=selective, no other scoring component)"},
     {"layers.skew", "0.5", nullptr, "pyramid: low layers get (1+skew)x, top (1-skew)x"},
     {"trigger", "1.10", nullptr,
      "NeedsCompaction when a layer exceeds trigger x budget (seed 001)"},
@@ -122,6 +126,7 @@ struct Config {
   double skew = 0.5, trigger = 1.1, merge_share = 0.3, merge_span = 4, cold_fraction = 0;
   int64_t pool = 0;
   bool fill = true, merge_bias = true;
+  bool per_layer = false;  // select=layer
   MergeOptions merge;
   std::optional<kernels::PageFormat> cold_format;
   bool cold_k = false, cold_v = true;
@@ -183,7 +188,9 @@ absl::StatusOr<Config> Resolve(std::string_view spec, const PolicyParams& overri
     cfg.values[k] = v;
   }
   for (const auto& [k, v] : cfg.values) {
-    if (k == "mode" || k == "layers" || k == "cold.format" || k == "cold.kind") continue;
+    if (k == "mode" || k == "layers" || k == "select" || k == "cold.format" || k == "cold.kind") {
+      continue;
+    }
     if (k == "window.size" && v == "auto") continue;
     double d;
     if (!absl::SimpleAtod(v, &d) || !std::isfinite(d) || d < 0) {
@@ -208,6 +215,29 @@ absl::StatusOr<Config> Resolve(std::string_view spec, const PolicyParams& overri
           absl::StrCat("layers '", cfg.values["layers"], "' unknown (uniform|pyramid|entropy)"));
     }
     cfg.layers = *alloc;
+    const std::string& select = cfg.values["select"];
+    if (select != "session" && select != "layer") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("select '", select, "' unknown (session|layer)"));
+    }
+    cfg.per_layer = select == "layer";
+    if (cfg.per_layer) {
+      // Per-layer slots need per-layer scores: only the reconstruction probe
+      // reports them per layer; the other streams are sums over layers.
+      for (const std::string& c : cfg.components) {
+        if (IsScoring(c) && c != "kvzip") {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "select=layer ranks by per-layer importance only; component '", c,
+              "' reads a stream summed over layers"));
+        }
+      }
+      if (!cfg.has("kvzip")) {
+        return absl::InvalidArgumentError("select=layer needs the kvzip component");
+      }
+      if (cfg.mode != Mode::kSelective) {
+        return absl::InvalidArgumentError("select=layer needs mode=selective");
+      }
+    }
     cfg.skew = cfg.num("layers.skew");
     cfg.pool = static_cast<int64_t>(cfg.num("pool"));
     cfg.fill = cfg.num("fill") != 0;
@@ -333,6 +363,7 @@ class CompositePolicy final : public Policy {
   bool ReadsKeys() const override { return cfg_.mode != Mode::kSelective; }
   bool ReadsImportance() const override { return cfg_.has("kvzip"); }
   bool ReadsObservation() const override { return cfg_.has("snapkv"); }
+  bool SelectsPerLayer() const override { return cfg_.per_layer; }
 
   absl::StatusOr<std::vector<int64_t>> LayerBudgets(const SessionView& view,
                                                     const Budget& budget) const override {

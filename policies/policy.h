@@ -74,6 +74,12 @@ class Policy {
   // Whether it reads Slot::obs (SnapKV's observation window), which a worker
   // computes only when asked (OpenSession's wants_observation).
   virtual bool ReadsObservation() const { return false; }
+  // Whether a caller that keeps one slot list for all layers (the daemon,
+  // until the policy asks otherwise) should give each layer its own: then
+  // each layer keeps its own slots by its own importance (parameter
+  // select=layer). Such a policy ranks by nothing but per-layer importance,
+  // positions and structure (no attention stream a worker sums over layers).
+  virtual bool SelectsPerLayer() const { return false; }
 
   // Plans one compaction of `view` down to `budget`.
   // REQUIRES: nothing; bad input returns InvalidArgument.

@@ -87,6 +87,8 @@ class Engine:
             return AdaKVPress(ExpectedAttentionPress(compression_ratio=ratio))
         if name == "kvzip":
             return KVzipPress(compression_ratio=ratio)
+        if name == "kvzip-lw":
+            return KVzipPress(compression_ratio=ratio, layerwise=True)
         raise ValueError(name)
 
     # -- per task ----------------------------------------------------------
@@ -146,10 +148,14 @@ class Engine:
         the modules; returns (cache, kept fraction of the context's pairs)."""
         cache = copy.deepcopy(full_cache)
         ctx = full_cache.layers[0].keys.shape[2]
-        press = self.make_press(name, keep)
+        press = None if name in TOKEN_SELECTIONS else self.make_press(name, keep)
         self.clear_masks()
         with self.torch.inference_mode():
-            if name == "kvzip":
+            if name in TOKEN_SELECTIONS:
+                for m, idx in zip(self.attn_modules(),
+                                  token_masks(self.torch, kvzip_scores, keep, name)):
+                    m.masked_key_indices = idx
+            elif name.startswith("kvzip"):
                 press.post_init_from_model(self.model)
                 press.score_val = kvzip_scores.clone()
                 press.compress_post(self.model)
@@ -232,6 +238,45 @@ class Engine:
         top1 = (ref_lp.argmax(-1) == lp.argmax(-1)).float()
         return {"forced_positions": int(kl.numel()), "kl_mean": round(float(kl.mean()), 8),
                 "kl_max": round(float(kl.max()), 6), "top1_agreement": round(float(top1.mean()), 6)}
+
+
+# KVzip's scores with coarser selections than kvpress's (which drops single
+# (layer, KV head, token) pairs under one threshold): what polykv's paged
+# tables can hold. A page holds all KV heads of one layer, so a token is kept
+# or dropped in all heads of a layer at once; its score in a layer is the most
+# any head gave it.
+#   kvzip-layer:    each layer keeps its own tokens, the same count per layer
+#                   (per-layer block tables of one length);
+#   kvzip-layervar: each layer keeps its own tokens, counts from one
+#                   threshold over all layers (per-layer tables of any length);
+#   kvzip-one:      one selection for every layer, by the most over layers
+#                   (polykv's layer-uniform compaction today).
+TOKEN_SELECTIONS = ("kvzip-layer", "kvzip-layervar", "kvzip-one")
+
+
+def token_masks(torch, scores, keep: float, mode: str) -> list:
+    """Per layer, the masked_key_indices (batch, head, position) of a
+    token-level selection of KVzip's scores [layers, 1, kv_heads, ctx]."""
+    layers, _, heads, ctx = scores.shape
+    per_token = scores[:, 0].amax(dim=1)  # [layers, ctx]
+    drop = ctx - min(ctx, max(1, round(keep * ctx)))
+    if mode == "kvzip-one":
+        order = torch.argsort(per_token.amax(dim=0))
+        dropped = [order[:drop]] * layers
+    elif mode == "kvzip-layer":
+        dropped = [torch.argsort(per_token[l])[:drop] for l in range(layers)]
+    elif mode == "kvzip-layervar":
+        flat = torch.argsort(per_token.reshape(-1))[:drop * layers]
+        dropped = [flat[flat // ctx == l] % ctx for l in range(layers)]
+    else:
+        raise ValueError(mode)
+    out = []
+    for pos in dropped:
+        pos = pos.sort().values
+        n = int(pos.numel())
+        out.append((torch.zeros(n * heads, dtype=torch.long),
+                    torch.arange(heads).repeat_interleave(n), pos.repeat(heads)))
+    return out
 
 
 def mask_set(module) -> set:

@@ -72,6 +72,9 @@ REFERENCE = "full@1/f16"
 DEFAULT_MODEL = os.path.expanduser("~/.cache/polykv/models/Qwen2.5-Coder-0.5B-Instruct.gguf")
 # The strongest presses. Each name maps to a constructor in make_press.
 PRESSES = ("streaming", "snapkv", "expected", "adakv-expected", "kvzip")
+# KVzip's scores, selected other ways (kvpress_engine.py, TOKEN_SELECTIONS):
+# kvpress's layerwise option, and selections polykv's paged tables can hold.
+KVZIP_VARIANTS = ("kvzip-lw", "kvzip-layer", "kvzip-layervar", "kvzip-one")
 DEFAULT_KEEP = (0.30, 0.25, 0.10)
 
 
@@ -201,7 +204,7 @@ def run_task(eng: Engine, task, configs: list[tuple[str, float]], done: set, arg
     todo = [c for c in [(REFERENCE, 1.0)] + configs if (task.id, c[0]) not in done]
     if not todo:
         return
-    kvzip_keeps = [k for (n, k) in configs if n.startswith("kvpress-kvzip@")]
+    kvzip_keeps = [k for (n, k) in configs if n.startswith("kvpress-kvzip")]
     t0 = time.time()
     full, recorded, kz = eng.prefill(ctx_ids, kvzip_keeps, args.out)
     prefill_s = time.time() - t0
@@ -224,7 +227,7 @@ def run_task(eng: Engine, task, configs: list[tuple[str, float]], done: set, arg
             press = name.split("@")[0][len("kvpress-"):]
             cache, kept = eng.compress(press, keep, full, recorded, kz)
             tf_cache = copy.deepcopy(cache)
-            check = copy.deepcopy(cache) if check_replay and press != "kvzip" else None
+            check = copy.deepcopy(cache) if check_replay and not press.startswith("kvzip") else None
             tokens, _ = eng.answer(cache, ctx, q_ids, max_new)
             measures = eng.forced_measures(ref_lp, eng.forced_logprobs(tf_cache, ctx, q_ids,
                                                                        ref_tokens))
@@ -264,7 +267,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="output folder (created)")
     ap.add_argument("--model", default=DEFAULT_MODEL, help="Qwen2 GGUF (default: %(default)s)")
     ap.add_argument("--presses", default=",".join(PRESSES),
-                    help="comma-separated, of: " + ", ".join(PRESSES))
+                    help="comma-separated, of: " + ", ".join(PRESSES + KVZIP_VARIANTS))
     ap.add_argument("--keep", default=",".join(f"{k:g}" for k in DEFAULT_KEEP),
                     help="kept fractions of the context (default %(default)s)")
     ap.add_argument("--worker", help="polykv-worker binary: check the token counts against it")
@@ -279,7 +282,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-plots", action="store_true", help="report without plots")
     args = ap.parse_args(argv)
 
-    presses = parse_list(args.presses, PRESSES)
+    presses = parse_list(args.presses, PRESSES + KVZIP_VARIANTS)
     keeps = parse_keep(args.keep)
     configs = [(config_name(p, k), k) for p in presses for k in keeps]
     for f in args.tasks:

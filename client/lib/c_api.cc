@@ -13,6 +13,7 @@ struct pkv_client {
 };
 struct pkv_session {
   std::unique_ptr<polykv::Session> impl;
+  uint32_t num_layers = 0;  // of the profile it was opened with
 };
 
 namespace {
@@ -118,7 +119,7 @@ int pkv_session_open(pkv_client* client, const pkv_session_options* o, pkv_sessi
   so.block_tokens = o->block_tokens;
   auto s = client->impl->OpenSession(so);
   if (!s.ok()) return Report(s.status());
-  *out = new pkv_session{*std::move(s)};
+  *out = new pkv_session{*std::move(s), o->num_layers};
   return Report(absl::OkStatus());
 }
 
@@ -136,6 +137,9 @@ int pkv_wants_importance(const pkv_session* s) {
 }
 int pkv_wants_observation(const pkv_session* s) {
   return s && s->impl->info().wants_observation ? 1 : 0;
+}
+int pkv_wants_layer_importance(const pkv_session* s) {
+  return s && s->impl->info().wants_layer_importance ? 1 : 0;
 }
 
 int pkv_reserve(pkv_session* s, uint64_t n) {
@@ -185,6 +189,25 @@ uint64_t pkv_committed_tokens(const pkv_session* s) {
   return s ? s->impl->committed_tokens() : 0;
 }
 
+int pkv_layer_slot_info(const pkv_session* s, uint32_t layer, uint64_t first, size_t n,
+                        int64_t* positions) {
+  if (!s) return Report(absl::InvalidArgumentError("null session"));
+  const auto& all = s->impl->layer_slot_positions();
+  if (all.empty()) return layer < s->num_layers ? pkv_slot_info(s, first, n, positions, nullptr)
+                                                : Report(absl::OutOfRangeError("no such layer"));
+  const size_t per = s->impl->slot_positions().size();
+  if (layer >= s->num_layers || per * s->num_layers != all.size()) {
+    return Report(absl::OutOfRangeError(absl::StrCat("no layer ", layer, " of ", s->num_layers)));
+  }
+  if (first > per || n > per - first) {
+    return Report(absl::OutOfRangeError(absl::StrCat("slots [", first, ", ", first + n,
+                                                     ") past the ", per,
+                                                     " the last changed sync described")));
+  }
+  for (size_t i = 0; i < n && positions; ++i) positions[i] = all[layer * per + first + i];
+  return Report(absl::OkStatus());
+}
+
 int pkv_slot_info(const pkv_session* s, uint64_t first, size_t n, int64_t* positions,
                   uint32_t* counts) {
   if (!s) return Report(absl::InvalidArgumentError("null session"));
@@ -227,6 +250,15 @@ int pkv_report_intent(pkv_session* s, uint64_t first, size_t n, const float* rel
 int pkv_report_importance(pkv_session* s, uint64_t first, size_t n, const float* importance) {
   if (!s || (!importance && n)) return Report(absl::InvalidArgumentError("null argument"));
   return Report(s->impl->ReportImportance(first, std::vector<float>(importance, importance + n)));
+}
+int pkv_report_layer_importance(pkv_session* s, uint64_t first, size_t num_layers, size_t n,
+                                const float* importance) {
+  if (!s || (!importance && n && num_layers)) return Report(absl::InvalidArgumentError("null argument"));
+  if (num_layers != 0 && n > SIZE_MAX / num_layers) {
+    return Report(absl::InvalidArgumentError("num_layers x n overflows"));
+  }
+  return Report(s->impl->ReportLayerImportance(
+      first, std::vector<float>(importance, importance + num_layers * n)));
 }
 
 int pkv_report_observation(pkv_session* s, uint64_t first, size_t n, const float* observation) {

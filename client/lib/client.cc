@@ -98,6 +98,9 @@ class SessionImpl final : public Session {
 
   uint64_t committed_tokens() const override { return committed_; }
   const std::vector<int64_t>& slot_positions() const override { return slot_positions_; }
+  const std::vector<int64_t>& layer_slot_positions() const override {
+    return layer_slot_positions_;
+  }
   const std::vector<uint32_t>& slot_counts() const override { return slot_counts_; }
 
   absl::Status ReportSlots(uint64_t first_slot, const std::vector<SlotMeta>& meta,
@@ -129,6 +132,13 @@ class SessionImpl final : public Session {
                                 const std::vector<float>& importance) override {
     v1::ReportSlotsRequest req;
     req.mutable_importance()->Add(importance.begin(), importance.end());
+    return SendReport(first_slot, &req);
+  }
+
+  absl::Status ReportLayerImportance(uint64_t first_slot,
+                                     const std::vector<float>& importance) override {
+    v1::ReportSlotsRequest req;
+    req.mutable_layer_importance()->Add(importance.begin(), importance.end());
     return SendReport(first_slot, &req);
   }
 
@@ -169,6 +179,7 @@ class SessionImpl final : public Session {
     // The agent's QoS may have changed since Open: the streams follow it.
     info_.wants_importance = resp.wants_importance();
     info_.wants_observation = resp.wants_observation();
+    info_.wants_layer_importance = resp.wants_layer_importance();
     if (!resp.changed()) return false;
     std::vector<Block> blocks;
     for (const auto& b : resp.blocks()) {
@@ -181,6 +192,8 @@ class SessionImpl final : public Session {
     committed_ = resp.committed_tokens();
     slot_positions_.assign(resp.slot_positions().begin(), resp.slot_positions().end());
     slot_counts_.assign(resp.slot_counts().begin(), resp.slot_counts().end());
+    layer_slot_positions_.assign(resp.layer_slot_positions().begin(),
+                                 resp.layer_slot_positions().end());
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     v1::AckRequest ack;
@@ -264,6 +277,7 @@ class SessionImpl final : public Session {
   uint64_t epoch_ = 0;
   uint64_t committed_ = 0;
   std::vector<int64_t> slot_positions_;
+  std::vector<int64_t> layer_slot_positions_;
   std::vector<uint32_t> slot_counts_;
   bool closed_ = false;
 
@@ -308,6 +322,7 @@ class ClientImpl final : public Client {
     info.value_page_bytes = resp.value_page_bytes();
     info.wants_importance = resp.wants_importance();
     info.wants_observation = resp.wants_observation();
+    info.wants_layer_importance = resp.wants_layer_importance();
     auto session = std::make_unique<SessionImpl>(
         stub_, info, SessionRef{resp.session_id(), resp.token()}, resp.fd_socket_path());
     // Checked once the session exists, so that its destructor closes it.

@@ -419,7 +419,9 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
   }
   // A probe's attention scores the slots it began with.
   const double t0 = SteadySeconds();
-  float* acc = probing_ ? probe_mass_.data() : mass_.data();
+  float* acc = !probing_          ? mass_.data()
+               : probe_per_layer_ ? probe_mass_.data() + static_cast<size_t>(layer) * probe_base_
+                                  : probe_mass_.data();
   const int64_t upto = probing_ ? probe_base_ : total;
   for (int g = 0; g < kvh; ++g) {
     const float* hm = head_mass_.data() + static_cast<size_t>(g) * total;
@@ -468,7 +470,10 @@ absl::Status PagedKvStore::BeginProbe(ProbeKind kind) {
   probe_k_residual_ = k_residual_;
   probe_v_residual_ = v_residual_;
   probe_recent_ = recent_buf_;  // The probe's rows may take ring slots of window blocks.
-  probe_mass_.assign(static_cast<size_t>(num_slots_), 0.0f);
+  probe_per_layer_ = kind == ProbeKind::kReconstruct && source_->wants_layer_importance();
+  probe_mass_.assign(static_cast<size_t>(num_slots_) *
+                         (probe_per_layer_ ? options_.shape.num_layers : 1),
+                     0.0f);
   return absl::OkStatus();
 }
 
@@ -499,7 +504,11 @@ absl::Status PagedKvStore::EndProbe() {
   probe_mass_.clear();
   switch (probe_kind_) {
     case ProbeKind::kIntent: RETURN_IF_ERROR_(source_->ReportIntent(mass)); break;
-    case ProbeKind::kReconstruct: RETURN_IF_ERROR_(source_->ReportImportance(mass)); break;
+    case ProbeKind::kReconstruct:
+      RETURN_IF_ERROR_(probe_per_layer_
+                           ? source_->ReportLayerImportance(mass, options_.shape.num_layers)
+                           : source_->ReportImportance(mass));
+      break;
     case ProbeKind::kObservation: RETURN_IF_ERROR_(source_->ReportObservation(mass)); break;
   }
   signal_cost_.probe_seconds += SteadySeconds() - probe_start_;

@@ -99,6 +99,14 @@ class PageSource {
   virtual absl::Status ReportImportance(std::span<const float> importance) {
     return absl::OkStatus();
   }
+  // Whether the daemon's policy selects per layer (select=layer): importance
+  // is then reported per layer, through ReportLayerImportance.
+  virtual bool wants_layer_importance() const { return false; }
+  // Importance per layer: [num_layers x slots] layer-major, each the most any
+  // KV head of the layer paid the slot. Default: dropped.
+  virtual absl::Status ReportLayerImportance(std::span<const float> importance, int num_layers) {
+    return absl::OkStatus();
+  }
   // Whether the daemon's policy ranks by SnapKV's observation window (asked
   // at OpenSession): the store then supports observation probes.
   virtual bool wants_observation() const { return false; }
@@ -315,7 +323,10 @@ class PagedKvStore : public KvStore {
   int64_t probe_residual_block_ = 0;
   std::vector<std::vector<float>> probe_k_residual_, probe_v_residual_;
   std::vector<uint8_t> probe_recent_;  // The recent window as the probe found it.
-  std::vector<float> probe_mass_;  // [probe_base_]
+  // [probe_base_], or [num_layers][probe_base_] for a reconstruction probe
+  // whose source wants_layer_importance() (probe_per_layer_).
+  std::vector<float> probe_mass_;
+  bool probe_per_layer_ = false;
   double probe_start_ = 0;         // steady_clock seconds, after BeginProbe's commit
   // Signal cost, and the phase it goes to: the current step has one token.
   SignalCost signal_cost_;

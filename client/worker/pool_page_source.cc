@@ -84,6 +84,24 @@ class PoolPageSource : public PageSource {
     return v.empty() ? absl::OkStatus() : Benign(session_->ReportImportance(0, v));
   }
 
+  bool wants_layer_importance() const override {
+    return session_->info().wants_layer_importance;
+  }
+  absl::Status ReportLayerImportance(std::span<const float> importance,
+                                     int num_layers) override {
+    // Each layer's row trimmed to the committed slots, as the others are.
+    const size_t per = num_layers > 0 ? importance.size() / static_cast<size_t>(num_layers) : 0;
+    const size_t n = std::min(per, static_cast<size_t>(committed_));
+    if (n == 0) return absl::OkStatus();
+    std::vector<float> v;
+    v.reserve(n * static_cast<size_t>(num_layers));
+    for (int l = 0; l < num_layers; ++l) {
+      const auto row = importance.subspan(static_cast<size_t>(l) * per, n);
+      v.insert(v.end(), row.begin(), row.end());
+    }
+    return Benign(session_->ReportLayerImportance(0, v));
+  }
+
   absl::Status ReportObservation(std::span<const float> observation) override {
     std::vector<float> v = Committed(observation);
     return v.empty() ? absl::OkStatus() : Benign(session_->ReportObservation(0, v));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "policies/lowering.h"
 
 namespace polykv::daemon {
@@ -53,6 +54,14 @@ void ApplyStorageRules(const CompactionInputs& in, CompactionGroups& g) {
   }
 }
 
+// The median of `f` by precision (FinerFormat's order), ties to the finer.
+kernels::PageFormat MedianFormat(std::vector<kernels::PageFormat>& f) {
+  std::sort(f.begin(), f.end(), [](kernels::PageFormat a, kernels::PageFormat b) {
+    return a != b && policies::FinerFormat(a, b) == b;
+  });
+  return f[f.size() / 2];
+}
+
 }  // namespace
 
 size_t CompactionPlan::shared_blocks() const {
@@ -63,59 +72,125 @@ size_t CompactionPlan::shared_blocks() const {
 absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
                                               const std::vector<SlotRecord>& slots,
                                               const CompactionInputs& in) {
-  policies::SessionView view = BuildView(slots, in.shape, in.formats, in.current_turn);
-  if (in.key_dim > 0) {
-    view.key_dim = in.key_dim;
-    view.layers[0].keys = in.keys;
+  return PlanCompaction(policy, slots, {}, in);
+}
+
+absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
+                                              const std::vector<SlotRecord>& slots,
+                                              const std::vector<std::vector<SlotRecord>>& upper,
+                                              const CompactionInputs& in) {
+  for (const auto& u : upper) {
+    if (u.size() != slots.size()) {
+      return absl::InternalError(absl::StrCat("a layer has ", u.size(), " slot records, layer 0 ",
+                                              slots.size()));
+    }
   }
-  auto plan = policy.Decide(
-      view, policies::Budget::TokensPerLayer(1, static_cast<int64_t>(in.target_tokens)));
+  const bool per_layer = !upper.empty() && policy.SelectsPerLayer();
+  policies::SessionView view;
+  if (per_layer) {
+    std::vector<const std::vector<SlotRecord>*> records{&slots};
+    for (const auto& u : upper) records.push_back(&u);
+    view = BuildLayerView(records, in.shape, in.formats, in.current_turn);
+  } else {
+    view = BuildView(slots, in.shape, in.formats, in.current_turn);
+    if (in.key_dim > 0) {
+      view.key_dim = in.key_dim;
+      view.layers[0].keys = in.keys;
+    }
+  }
+  auto plan = policy.Decide(view, policies::Budget::TokensPerLayer(
+                                      view.num_layers(), static_cast<int64_t>(in.target_tokens)));
   if (!plan.ok()) return plan.status();
   CompactionPlan out;
   if (!plan->changes()) return out;
-  auto groups = LowerPlan(view, slots, *plan);
-  if (!groups.ok()) return groups.status();
+  std::vector<CompactionGroups> layers;  // [1 + upper.size()]
+  if (per_layer) {
+    for (int l = 0; l < view.num_layers(); ++l) {
+      auto g = LowerPlanLayer(view, l, l == 0 ? slots : upper[size_t(l) - 1], *plan);
+      if (!g.ok()) return g.status();
+      if (l > 0 && g->num_out() != layers[0].num_out()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "select=layer: layer ", l, " keeps ", g->num_out(), " slots and layer 0 ",
+            layers[0].num_out(), "; a session's layers must hold as many slots each"));
+      }
+      layers.push_back(*std::move(g));
+    }
+    // One shape per block: the median format over layers.
+    for (size_t b = 0; b < layers[0].block_k_formats.size(); ++b) {
+      std::vector<kernels::PageFormat> k, v;
+      for (const CompactionGroups& g : layers) {
+        k.push_back(g.block_k_formats[b]);
+        v.push_back(g.block_v_formats[b]);
+      }
+      layers[0].block_k_formats[b] = MedianFormat(k);
+      layers[0].block_v_formats[b] = MedianFormat(v);
+    }
+  } else {
+    auto g = LowerPlan(view, slots, *plan);
+    if (!g.ok()) return g.status();
+    layers.push_back(*std::move(g));
+    for (const auto& u : upper) {
+      CompactionGroups& gl = layers.emplace_back(layers[0]);
+      gl.slots = OutputRecords(layers[0], u);
+    }
+  }
+  ApplyStorageRules(in, layers[0]);
+  for (CompactionGroups& g : layers) {
+    g.block_k_formats = layers[0].block_k_formats;
+    g.block_v_formats = layers[0].block_v_formats;
+    // Room for the tokens committed until the next compaction (at +10%), so
+    // that Commit, under the pool lock, appends without reallocating.
+    g.slots.reserve(g.slots.size() + g.slots.size() / 8 + 64);
+  }
   out.changes = true;
-  out.groups = *std::move(groups);
-  ApplyStorageRules(in, out.groups);
-  // Room for the tokens committed until the next compaction (at +10%), so
-  // that Commit, under the pool lock, appends without reallocating.
-  out.groups.slots.reserve(out.groups.slots.size() + out.groups.slots.size() / 8 + 64);
 
-  // An output block whose every slot is a plain copy of the same row of one
-  // source block IS that block: the new table shares its pages instead of
-  // copying them (the worker only appends to them after adopting the new
-  // table, and nobody reads the old one after that).
-  const CompactionGroups& g = out.groups;
+  // An output block whose every slot, in every layer, is a plain copy of the
+  // same row of one source block IS that block: the new table shares its
+  // pages instead of copying them (the worker only appends to them after
+  // adopting the new table, and nobody reads the old one after that).
+  const CompactionGroups& g0 = layers[0];
   const int bt = in.shape.block_tokens;
-  const int num_out = g.num_out();
+  const int num_out = g0.num_out();
   const size_t out_blocks = (static_cast<size_t>(num_out) + bt - 1) / bt;
   out.shared.assign(out_blocks, -1);
-  out.copy.group_offsets.push_back(0);
+  std::vector<CompactionGroups> copies(layers.size());
+  for (CompactionGroups& c : copies) c.group_offsets.push_back(0);
   for (size_t j = 0; j < out_blocks; ++j) {
     const int first = static_cast<int>(j) * bt;
     const int last = std::min(num_out, first + bt);
-    const int32_t m0 = g.members[g.group_offsets[first]];
-    bool same = m0 % bt == 0 && g.block_k_formats[j] == in.formats.key(size_t(m0 / bt)) &&
-                g.block_v_formats[j] == in.formats.value(size_t(m0 / bt));
-    for (int o = first; o < last && same; ++o) {
-      same = g.group_offsets[o + 1] - g.group_offsets[o] == 1 &&
-             g.members[g.group_offsets[o]] == m0 + (o - first);
+    const int32_t m0 = g0.members[g0.group_offsets[first]];
+    bool same = m0 % bt == 0 && g0.block_k_formats[j] == in.formats.key(size_t(m0 / bt)) &&
+                g0.block_v_formats[j] == in.formats.value(size_t(m0 / bt));
+    for (const CompactionGroups& g : layers) {
+      for (int o = first; o < last && same; ++o) {
+        same = g.group_offsets[o + 1] - g.group_offsets[o] == 1 &&
+               g.members[g.group_offsets[o]] == m0 + (o - first);
+      }
     }
     if (same) {
       out.shared[j] = m0 / bt;
       continue;
     }
-    for (int o = first; o < last; ++o) {
-      for (int k = g.group_offsets[o]; k < g.group_offsets[o + 1]; ++k) {
-        out.copy.members.push_back(g.members[k]);
-        out.copy.weights.push_back(g.weights[k]);
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const CompactionGroups& g = layers[l];
+      CompactionGroups& c = copies[l];
+      for (int o = first; o < last; ++o) {
+        for (int k = g.group_offsets[o]; k < g.group_offsets[o + 1]; ++k) {
+          c.members.push_back(g.members[k]);
+          c.weights.push_back(g.weights[k]);
+        }
+        c.group_offsets.push_back(static_cast<int32_t>(c.members.size()));
+        c.slots.push_back(g.slots[o]);
       }
-      out.copy.group_offsets.push_back(static_cast<int32_t>(out.copy.members.size()));
-      out.copy.slots.push_back(g.slots[o]);
+      c.block_k_formats.push_back(g.block_k_formats[j]);
+      c.block_v_formats.push_back(g.block_v_formats[j]);
     }
-    out.copy.block_k_formats.push_back(g.block_k_formats[j]);
-    out.copy.block_v_formats.push_back(g.block_v_formats[j]);
+  }
+  out.groups = std::move(layers[0]);
+  out.copy = std::move(copies[0]);
+  for (size_t l = 1; l < layers.size(); ++l) {
+    out.upper_groups.push_back(std::move(layers[l]));
+    out.upper_copy.push_back(std::move(copies[l]));
   }
   return out;
 }

@@ -71,13 +71,30 @@ struct CompactionPlan {
   // The groups of the output blocks that are not shared (block formats: of
   // those blocks, in order).
   CompactionGroups copy;
+  // A session whose layers hold their own slots (PlanCompaction's `upper`):
+  // layer l's groups and copy groups at [l - 1], for l >= 1; `groups` and
+  // `copy` are layer 0's. Every layer has the same output slots count and
+  // block formats. Empty: every layer runs `groups`.
+  std::vector<CompactionGroups> upper_groups, upper_copy;
   size_t out_blocks() const { return shared.size(); }
   size_t shared_blocks() const;
 };
 
-// slots: [committed tokens], the session's records.
+// slots: [committed tokens], the session's records (layer 0's when `upper`
+// is given). upper: the records of layers 1.. of a session whose layers keep
+// their own slots (each [committed tokens]). A policy that SelectsPerLayer
+// then decides over one view layer per layer, every layer to the target; any
+// other decides once, over layer 0's records, for all. The output blocks'
+// formats are one per block for all layers (a block's pages share a shape):
+// per block the median of the layers' formats by bits, ties to the finer.
+// An output block is shared only where every layer's rows are one source
+// block's.
 absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
                                               const std::vector<SlotRecord>& slots,
+                                              const CompactionInputs& in);
+absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
+                                              const std::vector<SlotRecord>& slots,
+                                              const std::vector<std::vector<SlotRecord>>& upper,
                                               const CompactionInputs& in);
 
 }  // namespace polykv::daemon

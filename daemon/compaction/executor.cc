@@ -9,15 +9,13 @@
 
 namespace polykv::daemon {
 
-policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
-                                const kernels::PageShape& shape, const TableFormats& formats,
-                                int32_t current_turn) {
-  policies::SessionView v;
-  v.shape = shape;
-  v.current_turn = current_turn;
-  v.tokens.resize(slots.size());
-  v.layers.resize(1);
-  auto& layer = v.layers[0];
+namespace {
+
+// Layer `l` of `v` from `slots`, whose tokens start at v.tokens[first_token].
+void FillLayer(const std::vector<SlotRecord>& slots, size_t first_token,
+               const kernels::PageShape& shape, const TableFormats& formats,
+               policies::SessionView& v, size_t l) {
+  auto& layer = v.layers[l];
   layer.slots.resize(slots.size());
   // Slots newer than the last intent probe have no relevance yet: they rank
   // with the most relevant, not below everything (they are the current turn).
@@ -34,9 +32,9 @@ policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
   }
   for (size_t i = 0; i < slots.size(); ++i) {
     const SlotRecord& r = slots[i];
-    v.tokens[i] = r.meta;
+    v.tokens[first_token + i] = r.meta;
     policies::Slot& s = layer.slots[i];
-    s.token = static_cast<uint32_t>(i);
+    s.token = static_cast<uint32_t>(first_token + i);
     s.count = std::max<uint32_t>(r.count, 1);
     s.attn = r.attn;
     s.intent = std::isnan(r.intent) ? most_relevant : r.intent;
@@ -45,6 +43,52 @@ policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
     const size_t block = i / static_cast<size_t>(std::max(shape.block_tokens, 1));
     s.k_format = formats.key(block);
     s.v_format = formats.value(block);
+  }
+}
+
+// Output slot j's record: its source's, with `count`; a merge group's adds
+// up attention and observation and takes the most intent and importance.
+SlotRecord OutputRecord(const CompactionGroups& g, size_t j, uint32_t count,
+                        const std::vector<SlotRecord>& slots) {
+  SlotRecord rec = slots[g.sources[j]];
+  rec.count = count;
+  if (g.group_offsets[j + 1] - g.group_offsets[j] > 1) {
+    rec.attn = 0.f;
+    rec.obs = std::numeric_limits<float>::quiet_NaN();
+    for (int32_t m = g.group_offsets[j]; m < g.group_offsets[j + 1]; ++m) {
+      const SlotRecord& member = slots[size_t(g.members[size_t(m)])];
+      rec.attn += member.attn;
+      rec.obs = SumKnown(rec.obs, member.obs);
+      rec.meta.pinned |= member.meta.pinned;
+      // The most relevant (important) member speaks for the group; unknown
+      // stays unknown.
+      rec.intent = MaxKnown(rec.intent, member.intent);
+      rec.importance = MaxKnown(rec.importance, member.importance);
+    }
+  }
+  return rec;
+}
+
+}  // namespace
+
+policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
+                                const kernels::PageShape& shape, const TableFormats& formats,
+                                int32_t current_turn) {
+  return BuildLayerView({&slots}, shape, formats, current_turn);
+}
+
+policies::SessionView BuildLayerView(const std::vector<const std::vector<SlotRecord>*>& layers,
+                                     const kernels::PageShape& shape, const TableFormats& formats,
+                                     int32_t current_turn) {
+  policies::SessionView v;
+  v.shape = shape;
+  v.current_turn = current_turn;
+  size_t tokens = 0;
+  for (const auto* l : layers) tokens += l->size();
+  v.tokens.resize(tokens);
+  v.layers.resize(layers.size());
+  for (size_t l = 0, first = 0; l < layers.size(); first += layers[l]->size(), ++l) {
+    FillLayer(*layers[l], first, shape, formats, v, l);
   }
   return v;
 }
@@ -55,7 +99,19 @@ absl::StatusOr<CompactionGroups> LowerPlan(const policies::SessionView& view,
   if (plan.layers.size() != 1 || view.layers.size() != 1) {
     return absl::InternalError(absl::StrCat("daemon plans are one-layer; got ", plan.layers.size()));
   }
-  auto lowered = policies::LowerLayer(plan.layers[0], view.layers[0], view.shape.block_tokens);
+  return LowerPlanLayer(view, 0, slots, plan);
+}
+
+absl::StatusOr<CompactionGroups> LowerPlanLayer(const policies::SessionView& view, int layer,
+                                                const std::vector<SlotRecord>& slots,
+                                                const policies::Plan& plan) {
+  const size_t l = static_cast<size_t>(layer);
+  if (layer < 0 || l >= plan.layers.size() || l >= view.layers.size() ||
+      view.layers[l].slots.size() != slots.size()) {
+    return absl::InternalError(absl::StrCat("no layer ", layer, " of ", plan.layers.size(),
+                                            " to lower over ", slots.size(), " records"));
+  }
+  auto lowered = policies::LowerLayer(plan.layers[l], view.layers[l], view.shape.block_tokens);
   if (!lowered.ok()) return absl::InternalError(lowered.status().message());
   CompactionGroups out;
   out.block_k_formats = std::move(lowered->block_k_formats);
@@ -66,25 +122,20 @@ absl::StatusOr<CompactionGroups> LowerPlan(const policies::SessionView& view,
   out.evicted_tokens = lowered->evicted_tokens;
   out.merged_tokens = lowered->merged_tokens;
   out.log_count_bias = plan.log_count_bias;
+  out.sources.assign(lowered->sources.begin(), lowered->sources.end());
   out.slots.reserve(lowered->num_out());
   for (size_t j = 0; j < lowered->num_out(); ++j) {
-    SlotRecord rec = slots[lowered->sources[j]];
-    rec.count = lowered->counts[j];
-    if (out.group_offsets[j + 1] - out.group_offsets[j] > 1) {
-      rec.attn = 0.f;
-      rec.obs = std::numeric_limits<float>::quiet_NaN();
-      for (int32_t m = out.group_offsets[j]; m < out.group_offsets[j + 1]; ++m) {
-        const SlotRecord& member = slots[size_t(out.members[size_t(m)])];
-        rec.attn += member.attn;
-        rec.obs = SumKnown(rec.obs, member.obs);
-        rec.meta.pinned |= member.meta.pinned;
-        // The most relevant (important) member speaks for the group; unknown
-        // stays unknown.
-        rec.intent = MaxKnown(rec.intent, member.intent);
-        rec.importance = MaxKnown(rec.importance, member.importance);
-      }
-    }
-    out.slots.push_back(rec);
+    out.slots.push_back(OutputRecord(out, j, lowered->counts[j], slots));
+  }
+  return out;
+}
+
+std::vector<SlotRecord> OutputRecords(const CompactionGroups& groups,
+                                      const std::vector<SlotRecord>& slots) {
+  std::vector<SlotRecord> out;
+  out.reserve(groups.slots.size());
+  for (size_t j = 0; j < groups.slots.size(); ++j) {
+    out.push_back(OutputRecord(groups, j, groups.slots[j].count, slots));
   }
   return out;
 }
@@ -138,17 +189,28 @@ absl::Status ReadKeySummaries(const kernels::PageShape& shape, int num_slots,
 
 absl::Status ExecuteCompaction(const kernels::PageShape& shape, int num_src,
                                const std::vector<LayerTables>& layers,
-                               const CompactionGroups& groups) {
+                               const CompactionGroups& groups,
+                               const std::vector<const CompactionGroups*>& per_layer) {
   if (groups.num_out() == 0) return absl::OkStatus();
-  kernels::CompactPlan plan;
-  plan.num_out = groups.num_out();
-  plan.group_offsets = groups.group_offsets.data();
-  plan.members = groups.members.data();
-  plan.weights = groups.weights.data();
+  if (!per_layer.empty() && per_layer.size() != layers.size()) {
+    return absl::InternalError(absl::StrCat("groups for ", per_layer.size(), " of ",
+                                            layers.size(), " layers"));
+  }
   kernels::Exec exec;
   exec.backend = kernels::Backend::kCpu;
   exec.num_threads = 1;  // The daemon's cores serve RPCs; sessions are small per call.
-  for (const LayerTables& l : layers) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerTables& l = layers[i];
+    const CompactionGroups& g = per_layer.empty() ? groups : *per_layer[i];
+    if (g.num_out() != groups.num_out()) {
+      return absl::InternalError(absl::StrCat("layer ", i, " has ", g.num_out(), " output slots, ",
+                                              "layer 0 ", groups.num_out()));
+    }
+    kernels::CompactPlan plan;
+    plan.num_out = g.num_out();
+    plan.group_offsets = g.group_offsets.data();
+    plan.members = g.members.data();
+    plan.weights = g.weights.data();
     kernels::PagedKvView src;
     src.shape = shape;
     src.base = nullptr;  // entries hold absolute addresses

@@ -4,12 +4,15 @@
 // over plain data; the pool (daemon/pool/kv_pool.cc) owns locking, page
 // allocation and epochs.
 //
-// Decisions are layer-uniform: the daemon builds a ONE-layer SessionView whose
-// scores are the worker's attention mass summed over layers (what
-// ReportSlots carries), and applies that layer's plan to every layer, so all
-// layers keep the same slots and one block table with one committed count
-// describes the session. Per-layer selection would need per-layer block
-// tables (not in the wire format yet).
+// Decisions are layer-uniform unless the policy selects per layer: the daemon
+// builds a ONE-layer SessionView whose scores are the worker's attention mass
+// summed over layers (what ReportSlots carries), and applies that layer's
+// plan to every layer. A policy with select=layer instead gets one view
+// layer per model layer, built from that layer's own slot records (each with
+// its own importance), and each layer keeps its own slots. Either way every
+// layer holds the same NUMBER of slots, so one block table (a block has a
+// page per layer) and one committed count still describe the session; only
+// which token a layer's slot i holds differs.
 //
 // Thread-safety: stateless; thread-safe.
 #pragma once
@@ -68,6 +71,12 @@ struct TableFormats {
 policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
                                 const kernels::PageShape& shape, const TableFormats& formats,
                                 int32_t current_turn);
+// A view with one layer per entry of `layers` (each a layer's records, all
+// of one length): view layer l is BuildView's layer of *layers[l], its
+// tokens the records' own (so view.tokens holds every layer's, in turn).
+policies::SessionView BuildLayerView(const std::vector<const std::vector<SlotRecord>*>& layers,
+                                     const kernels::PageShape& shape, const TableFormats& formats,
+                                     int32_t current_turn);
 
 // Keys for the daemon's one-layer view (merging clusters slots by key
 // similarity). The layers whose keys summarise a slot: up to 4, evenly
@@ -91,6 +100,7 @@ struct CompactionGroups {
   std::vector<int32_t> members;        // [group_offsets[num_out]] source slots
   std::vector<float> weights;          // same length as members
   std::vector<SlotRecord> slots;       // [num_out] records of the output slots
+  std::vector<uint32_t> sources;       // [num_out] the source slot whose record each takes
   // [output block] formats of each output block (policies::LowerLayer's).
   std::vector<kernels::PageFormat> block_k_formats, block_v_formats;
   uint64_t evicted_tokens = 0;         // tokens dropped (multiplicity counted)
@@ -110,6 +120,19 @@ struct CompactionGroups {
 absl::StatusOr<CompactionGroups> LowerPlan(const policies::SessionView& view,
                                            const std::vector<SlotRecord>& slots,
                                            const policies::Plan& plan);
+// The same for layer `layer` of a multi-layer view and plan (BuildLayerView),
+// `slots` being that layer's records.
+absl::StatusOr<CompactionGroups> LowerPlanLayer(const policies::SessionView& view, int layer,
+                                                const std::vector<SlotRecord>& slots,
+                                                const policies::Plan& plan);
+// The output records another layer's `slots` get from `groups` (lowered for
+// a different layer's records): as LowerPlan's, each output slot takes its
+// source's record with the groups' count; a merge group adds up attention
+// and observation and takes the most intent and importance. What a
+// layer-uniform plan gives the other layers of a session whose layers were
+// compacted apart. REQUIRES: groups from LowerPlan(Layer) (sources set).
+std::vector<SlotRecord> OutputRecords(const CompactionGroups& groups,
+                                      const std::vector<SlotRecord>& slots);
 
 // Pages of one layer: the K/V page addresses of each block (absolute host
 // addresses in BlockEntry offsets; formats set).
@@ -118,11 +141,14 @@ struct LayerTables {
   std::vector<kernels::BlockEntry> dst;  // [ceil(num_out / block_tokens)]
 };
 
-// Runs CompactSlots for every layer: dst slot j of each layer = group j of
-// that layer's src slots [0, num_src).
+// Runs CompactSlots for every layer: dst slot j of layer l = group j of
+// that layer's src slots [0, num_src), the groups being `groups` for every
+// layer, or per_layer[l] when given ([layers.size()], each of groups'
+// num_out).
 // REQUIRES: host-addressable pages; dst pages disjoint from src pages.
 absl::Status ExecuteCompaction(const kernels::PageShape& shape, int num_src,
                                const std::vector<LayerTables>& layers,
-                               const CompactionGroups& groups);
+                               const CompactionGroups& groups,
+                               const std::vector<const CompactionGroups*>& per_layer = {});
 
 }  // namespace polykv::daemon

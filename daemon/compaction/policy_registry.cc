@@ -16,6 +16,12 @@ std::string PolicyNote(const std::string& text) {
   const size_t end = spec.find_first_of(",}", at);
   const std::string allocator = spec.substr(at + 7, end == std::string::npos ? end : end - at - 7);
   if (allocator == "uniform") return "";
+  if ((*p)->SelectsPerLayer()) {
+    return "layers=" + allocator +
+           " acts uniform here: each layer selects its own slots, but every layer gets the same "
+           "budget (a session's layers hold as many slots each), while the evaluation harness "
+           "gives each layer its own budget";
+  }
   return "layers=" + allocator +
          " acts layer-uniform here: the daemon plans one layer for all layers (a session has "
          "one block table), while the evaluation harness gives each layer its own budget";
@@ -33,7 +39,7 @@ absl::StatusOr<const policies::Policy*> PolicyRegistry::Get(const std::string& t
 PolicyStreams PolicyRegistry::Streams(const std::string& text) {
   auto p = Get(text);
   if (!p.ok()) return {};
-  return {(*p)->ReadsImportance(), (*p)->ReadsObservation()};
+  return {(*p)->ReadsImportance(), (*p)->ReadsObservation(), (*p)->SelectsPerLayer()};
 }
 
 }  // namespace polykv::daemon

@@ -24,13 +24,17 @@ absl::Status ValidatePolicyName(const std::string& text);
 // How the daemon runs the policy `text` differently from its spec, in words
 // (QosRecord.policy_note); empty when it runs it as written or the text is
 // not a policy. The daemon decides once for all layers (docs/compaction.md),
-// so a per-layer allocator acts layer-uniform.
+// or per layer with one budget for each (select=layer), so a per-layer
+// allocator acts uniform.
 std::string PolicyNote(const std::string& text);
 
 // The score streams a policy reads from the worker beyond attention.
 struct PolicyStreams {
   bool importance = false;   // ReportSlots.importance (KVzip's probe)
   bool observation = false;  // ReportSlots.observation (SnapKV's window)
+  // ReportSlots.layer_importance: the policy selects per layer
+  // (Policy::SelectsPerLayer), so each layer keeps its own slot records.
+  bool layer_importance = false;
 };
 
 class PolicyRegistry {

@@ -116,6 +116,18 @@ absl::Status KvPool::CheckInvariants() const {
                                               " slot records for ", s.tables.committed_tokens,
                                               " committed tokens"));
     }
+    if (!s.policy.upper_layers.empty() &&
+        s.policy.upper_layers.size() + 1 != s.profile.num_layers) {
+      return absl::InternalError(absl::StrCat(who, ": records of ", s.policy.upper_layers.size() + 1,
+                                              " layers for ", s.profile.num_layers));
+    }
+    for (const auto& u : s.policy.upper_layers) {
+      if (u.size() != s.tables.committed_tokens) {
+        return absl::InternalError(absl::StrCat(who, ": a layer has ", u.size(),
+                                                " slot records for ", s.tables.committed_tokens,
+                                                " committed tokens"));
+      }
+    }
     pending_total += pending;
     session_bytes += b;
     by_agent[s.agent_id()] += b;
@@ -235,6 +247,7 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
   const PolicyStreams streams = policies_.Streams(qos.policy);
   in.policy.wants_importance = out.wants_importance = streams.importance;
   in.policy.wants_observation = out.wants_observation = streams.observation;
+  in.policy.wants_layer_importance = out.wants_layer_importance = streams.layer_importance;
   out.arenas = blocks_.NewArenas(in.tenant(), in.known_arenas);
   return out;
 }
@@ -306,6 +319,7 @@ absl::StatusOr<uint64_t> KvPool::Commit(uint64_t session_id, absl::string_view t
     r.meta.turn = s.policy.current_turn;
     r.meta.role = policies::Role::kAssistant;  // until the worker reports otherwise
     slots.push_back(r);
+    for (auto& u : s.policy.upper_layers) u.push_back(r);  // new tokens: the same in every layer
   }
   s.tables.committed_tokens = committed;
   return committed;
@@ -329,6 +343,7 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     // this is where a compaction publishes: only when the worker holds the
     // current tables and has acknowledged the previous ones.
     if (known_epoch == s.tables.epoch && s.tables.pending.empty() && !s.busy) {
+      if (s.policy.wants_layer_importance) SplitLayerRecords(s);
       const QosRecord& qos = admission_.For(s.agent_id());
       TargetInputs in{.compacting_policy = qos.policy != "full",
                       .committed_tokens = s.tables.committed_tokens,
@@ -374,6 +389,7 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     out.committed_tokens = s.tables.committed_tokens;
     out.wants_importance = s.policy.wants_importance;
     out.wants_observation = s.policy.wants_observation;
+    out.wants_layer_importance = s.policy.wants_layer_importance;
     out.changed = known_epoch != s.tables.epoch;
     if (out.changed) {
       tables = s.tables.blocks;
@@ -382,6 +398,12 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
       for (const SlotRecord& r : s.policy.slots) {
         out.slot_positions.push_back(r.meta.position);
         out.slot_counts.push_back(s.policy.log_count_bias ? r.count : 1);
+      }
+      if (!s.policy.upper_layers.empty()) {
+        out.layer_slot_positions.reserve(s.policy.slots.size() * s.profile.num_layers);
+        s.policy.ForEachLayer([&](const std::vector<SlotRecord>& records) {
+          for (const SlotRecord& r : records) out.layer_slot_positions.push_back(r.meta.position);
+        });
       }
     }
     out.new_arenas = blocks_.NewArenas(s.tenant(), s.known_arenas);
@@ -524,7 +546,7 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
     if (keys_read.ok()) in.key_dim = static_cast<int>(key_tables.size()) * in.shape.head_dim;
   }
   absl::StatusOr<CompactionPlan> plan =
-      keys_read.ok() ? PlanCompaction(**policy, s.policy.slots, in)
+      keys_read.ok() ? PlanCompaction(**policy, s.policy.slots, s.policy.upper_layers, in)
                      : absl::StatusOr<CompactionPlan>(keys_read);
   mu_.Lock();
   if (s.doomed) return FinishDoomed(s);
@@ -581,7 +603,12 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
   if (failure.ok() && plan->copy.num_out() > 0) {
     const auto shape = ShapeOf(s);
     mu_.Unlock();
-    failure = ExecuteCompaction(shape, num_src, tables, plan->copy);
+    std::vector<const CompactionGroups*> per_layer;
+    if (!plan->upper_copy.empty()) {
+      per_layer.push_back(&plan->copy);
+      for (const CompactionGroups& g : plan->upper_copy) per_layer.push_back(&g);
+    }
+    failure = ExecuteCompaction(shape, num_src, tables, plan->copy, per_layer);
     mu_.Lock();
     if (s.doomed) return FinishDoomed(s);
   }
@@ -620,6 +647,9 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
   t.pending_epoch = t.epoch;
   t.committed_tokens = static_cast<uint64_t>(plan->groups.num_out());
   s.policy.slots = std::move(plan->groups.slots);
+  for (size_t l = 0; l < plan->upper_groups.size(); ++l) {
+    s.policy.upper_layers[l] = std::move(plan->upper_groups[l].slots);
+  }
   s.policy.log_count_bias = plan->groups.log_count_bias;
   s.policy.want_tokens = 0;
   s.busy = false;
@@ -630,6 +660,11 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
                   absl::StrCat("compacted by policy '", policy_name, "' to ", t.committed_tokens,
                                " slots; Sync then Ack")});
   return absl::OkStatus();
+}
+
+void KvPool::SplitLayerRecords(Session& s) {
+  if (!s.policy.upper_layers.empty() || s.profile.num_layers < 2) return;
+  s.policy.upper_layers.assign(s.profile.num_layers - 1, s.policy.slots);
 }
 
 void KvPool::FreePending(Session& s) {
@@ -680,7 +715,7 @@ absl::StatusOr<ReleaseResult> KvPool::Release(uint64_t session_id, absl::string_
     s.tables.blocks.pop_back();
   }
   s.tables.committed_tokens = std::min(s.tables.committed_tokens, keep_tokens);
-  s.policy.slots.resize(s.tables.committed_tokens);
+  s.policy.ForEachLayer([&](auto& records) { records.resize(s.tables.committed_tokens); });
   return ReleaseResult{s.reserved_tokens(), s.tables.committed_tokens, s.account.bytes};
 }
 
@@ -857,6 +892,7 @@ absl::StatusOr<QosRecord> KvPool::SetQos(const QosRecord& qos) {
     s.priority = qos.priority;
     s.policy.wants_importance = streams.importance;
     s.policy.wants_observation = streams.observation;
+    s.policy.wants_layer_importance = streams.layer_importance;
     s.events->Push({SessionEventMsg::Type::kQos, s.tables.epoch, "QoS changed"});
   }
   return qos;
@@ -940,9 +976,20 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
         s.tables.epoch, "; Sync, then report slots of the new tables"));
   }
   const uint64_t committed = s.tables.committed_tokens;
+  const uint64_t layers = s.profile.num_layers;
+  if (r.layer_importance.size() % layers != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer_importance has ", r.layer_importance.size(), " values, not a multiple of the ",
+        layers, " layers (layer-major, [layers x slots])"));
+  }
+  if (!r.layer_importance.empty() && !r.importance.empty()) {
+    return absl::InvalidArgumentError(
+        "report importance or layer_importance, not both in one request");
+  }
+  const uint64_t layer_n = r.layer_importance.size() / layers;
   const uint64_t n =
       std::max({r.slots.size(), r.attention.size(), r.intent.size(), r.importance.size(),
-                r.observation.size()});
+                r.observation.size(), layer_n});
   if (r.first_slot > committed || n > committed - r.first_slot) {
     return absl::InvalidArgumentError(absl::StrCat(
         "slots [", r.first_slot, ", ", r.first_slot + n, ") are not all committed (",
@@ -971,7 +1018,8 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
     }
   }
   for (const auto& [name, values] : {std::pair{"importance", &r.importance},
-                                      std::pair{"observation", &r.observation}}) {
+                                      std::pair{"observation", &r.observation},
+                                      std::pair{"layer_importance", &r.layer_importance}}) {
     for (size_t i = 0; i < values->size(); ++i) {
       if (!std::isfinite((*values)[i]) || (*values)[i] < 0.f) {
         return absl::InvalidArgumentError(absl::StrCat(name, "[", i, "] = ", (*values)[i],
@@ -982,19 +1030,36 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
   if (r.current_turn > static_cast<uint32_t>(INT32_MAX)) {
     return absl::InvalidArgumentError("current_turn out of range");
   }
-  auto& slots = s.policy.slots;
-  for (size_t i = 0; i < r.slots.size(); ++i) {
-    // Assigns the SlotMeta part only: the position stays the daemon's.
-    static_cast<policies::SlotMeta&>(slots[r.first_slot + i].meta) = r.slots[i];
-  }
-  for (size_t i = 0; i < r.attention.size(); ++i) slots[r.first_slot + i].attn += r.attention[i];
-  for (size_t i = 0; i < r.intent.size(); ++i) slots[r.first_slot + i].intent = r.intent[i];
-  for (size_t i = 0; i < r.observation.size(); ++i) {
-    slots[r.first_slot + i].obs = r.observation[i];
-  }
-  for (size_t i = 0; i < r.importance.size(); ++i) {
-    float& have = slots[r.first_slot + i].importance;
-    have = MaxKnown(have, r.importance[i]);
+  // Valid: from here on nothing fails.
+  if (!r.layer_importance.empty() && s.policy.wants_layer_importance) SplitLayerRecords(s);
+  // The streams other than layer_importance are per slot index, the same for
+  // every layer: where the layers were compacted apart, a select=layer policy
+  // reads none of them but the metadata of new slots (the same token in
+  // every layer).
+  s.policy.ForEachLayer([&](std::vector<SlotRecord>& slots) {
+    for (size_t i = 0; i < r.slots.size(); ++i) {
+      // Assigns the SlotMeta part only: the position stays the daemon's.
+      static_cast<policies::SlotMeta&>(slots[r.first_slot + i].meta) = r.slots[i];
+    }
+    for (size_t i = 0; i < r.attention.size(); ++i) slots[r.first_slot + i].attn += r.attention[i];
+    for (size_t i = 0; i < r.intent.size(); ++i) slots[r.first_slot + i].intent = r.intent[i];
+    for (size_t i = 0; i < r.observation.size(); ++i) {
+      slots[r.first_slot + i].obs = r.observation[i];
+    }
+    for (size_t i = 0; i < r.importance.size(); ++i) {
+      float& have = slots[r.first_slot + i].importance;
+      have = MaxKnown(have, r.importance[i]);
+    }
+  });
+  // Per layer where each layer has its records, else the most over layers.
+  for (uint64_t l = 0; l < (layer_n > 0 ? layers : 0); ++l) {
+    auto& slots = s.policy.upper_layers.empty() || l == 0 ? s.policy.slots
+                                                          : s.policy.upper_layers[l - 1];
+    const float* values = r.layer_importance.data() + l * layer_n;
+    for (size_t i = 0; i < layer_n; ++i) {
+      float& have = slots[r.first_slot + i].importance;
+      have = MaxKnown(have, values[i]);
+    }
   }
   if (r.current_turn > 0) s.policy.current_turn = static_cast<int32_t>(r.current_turn);
   return absl::OkStatus();

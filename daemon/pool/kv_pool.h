@@ -230,6 +230,11 @@ class KvPool {
   bool FreeGradually(Session& s, std::vector<Block>& blocks, bool pending = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreePending(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives each layer its own slot records, for a policy that selects per
+  // layer: copies of the session's (until then every layer holds the same
+  // tokens). No-op once split. REQUIRES: !s.busy (Compact reads the records
+  // without the lock).
+  void SplitLayerRecords(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finishes a destruction deferred while `s` was busy.
   absl::Status FinishDoomed(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

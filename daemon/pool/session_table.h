@@ -52,9 +52,21 @@ struct BlockTables {
   std::vector<Block> staged;
 };
 
-// What the policy ranks: one record per committed token.
+// What the policy ranks: one record per committed slot.
 struct PolicyInputs {
-  std::vector<SlotRecord> slots;  // [committed_tokens]
+  std::vector<SlotRecord> slots;  // [committed_tokens]; layer 0's when `upper_layers` is set
+  // Layers 1.. of a session whose policy selects per layer (select=layer):
+  // layer l's records at [l - 1], each [committed_tokens]. Once set (at the
+  // first per-layer report or compaction) it stays, even if the QoS changes
+  // back: the layers' slots may differ from then on. Empty: every layer
+  // holds the tokens of `slots`.
+  std::vector<std::vector<SlotRecord>> upper_layers;
+  // All layers' records: `slots`, then `upper_layers`.
+  template <typename F>
+  void ForEachLayer(F f) {
+    f(slots);
+    for (auto& u : upper_layers) f(u);
+  }
   // The last compaction's Plan::log_count_bias: false (merge.bias=0) sends
   // the worker counts of 1, so a merged slot attends as one token; the
   // records keep their true counts for the next plan.
@@ -70,6 +82,7 @@ struct PolicyInputs {
   // Sync tells the worker).
   bool wants_importance = false;
   bool wants_observation = false;
+  bool wants_layer_importance = false;  // the policy selects per layer
 };
 
 struct Session {

@@ -118,6 +118,8 @@ struct OpenResult {
   // The agent's policy ranks by SnapKV's observation window: the worker
   // should probe it at the end of each user or tool message.
   bool wants_observation = false;
+  // The policy selects per layer: importance is wanted per layer.
+  bool wants_layer_importance = false;
 };
 
 struct ReserveResult {
@@ -141,6 +143,10 @@ struct SyncResult {
   // since Open).
   bool wants_importance = false;
   bool wants_observation = false;
+  bool wants_layer_importance = false;
+  // When changed and the layers hold their own slots: [num_layers x
+  // committed_tokens] positions, layer-major; else empty.
+  std::vector<int64_t> layer_slot_positions;
 };
 
 struct ReportSlotsRequest {
@@ -152,6 +158,8 @@ struct ReportSlotsRequest {
   std::vector<float> intent;              // for [first_slot, first_slot + size); replaces
   std::vector<float> importance;  // for [first_slot, first_slot + size); the slot keeps the max
   std::vector<float> observation;  // for [first_slot, first_slot + size); replaces
+  // [num_layers x n], layer-major: per layer, as `importance` (the max kept).
+  std::vector<float> layer_importance;
   uint32_t current_turn = 0;          // 0 = unchanged
 };
 

@@ -166,6 +166,7 @@ absl::StatusOr<ReportSlotsRequest> FromProto(const v1::ReportSlotsRequest& r) {
   o.intent.assign(r.intent().begin(), r.intent().end());
   o.importance.assign(r.importance().begin(), r.importance().end());
   o.observation.assign(r.observation().begin(), r.observation().end());
+  o.layer_importance.assign(r.layer_importance().begin(), r.layer_importance().end());
   return o;
 }
 
@@ -223,6 +224,7 @@ void ToProto(const OpenResult& in, v1::OpenSessionResponse* out) {
   ToProto(in.qos, out->mutable_qos());
   out->set_wants_importance(in.wants_importance);
   out->set_wants_observation(in.wants_observation);
+  out->set_wants_layer_importance(in.wants_layer_importance);
 }
 
 void ToProto(const ModelProfile& in, v1::ModelProfile* out) {

@@ -69,6 +69,9 @@ grpc::Status SessionService::Sync(grpc::ServerContext* c, const v1::SyncRequest*
     resp->mutable_slot_counts()->Add(out->slot_counts.begin(), out->slot_counts.end());
     resp->set_wants_importance(out->wants_importance);
     resp->set_wants_observation(out->wants_observation);
+    resp->set_wants_layer_importance(out->wants_layer_importance);
+    resp->mutable_layer_slot_positions()->Add(out->layer_slot_positions.begin(),
+                                              out->layer_slot_positions.end());
     return absl::OkStatus();
   });
 }

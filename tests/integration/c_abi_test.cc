@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -214,6 +215,55 @@ void CAbiTest::ExpectTheStreamDecidesCompaction(const ScoreStream& stream) {
     has21 |= pos[i] == 21;
   }
   EXPECT_TRUE(has20 && has21);
+  EXPECT_EQ(pkv_session_close(session), 0) << pkv_last_error();
+  pkv_client_free(client);
+}
+
+// kvzip{select=layer}: the worker reports importance per layer, and each
+// layer keeps the slots its own report ranked highest.
+TEST_F(CAbiTest, PerLayerSelectionKeepsEachLayersReportedSlots) {
+  auto [code, out] = testing::RunProgram(
+      {BinDir() + "/polykvctl", "--socket", sock_, "qos", "set", "c-layer", "--policy",
+       "kvzip{select=layer,window.size=4}", "--budget-tokens", "32"});
+  ASSERT_EQ(code, 0) << out;
+  pkv_client* client = nullptr;
+  ASSERT_EQ(pkv_connect(sock_.c_str(), &client), 0) << pkv_last_error();
+  const pkv_session_options o = Options("c-layer");
+  pkv_session* session = nullptr;
+  ASSERT_EQ(pkv_session_open(client, &o, &session), 0) << pkv_last_error();
+  EXPECT_EQ(pkv_wants_importance(session), 1);
+  EXPECT_EQ(pkv_wants_layer_importance(session), 1);
+  EXPECT_EQ(pkv_wants_layer_importance(nullptr), 0);
+  ASSERT_EQ(pkv_reserve(session, 64), 0) << pkv_last_error();
+  ASSERT_EQ(pkv_commit(session, 64), 0) << pkv_last_error();
+  float scores[2 * 64];
+  for (float& x : scores) x = 0.01f;
+  // Old slots (ties among the rest go to the recent ones).
+  scores[5] = scores[6] = 9.f;              // layer 0
+  scores[64 + 10] = scores[64 + 11] = 9.f;  // layer 1
+  EXPECT_EQ(pkv_report_layer_importance(session, 0, 3, 1, scores), 3);  // 3 layers: 2 here
+  scores[64] = -1.f;
+  EXPECT_EQ(pkv_report_layer_importance(session, 0, 2, 64, scores), 3);  // values >= 0
+  scores[64] = 0.01f;
+  ASSERT_EQ(pkv_report_layer_importance(session, 0, 2, 64, scores), 0) << pkv_last_error();
+  int changed = -1;
+  ASSERT_EQ(pkv_sync(session, &changed), 0) << pkv_last_error();
+  ASSERT_EQ(changed, 1);
+  const uint64_t kept = pkv_committed_tokens(session);
+  ASSERT_GT(kept, 0u);
+  ASSERT_LT(kept, 64u);
+  for (uint32_t layer : {0u, 1u}) {
+    int64_t pos[64];
+    ASSERT_EQ(pkv_layer_slot_info(session, layer, 0, kept, pos), 0) << pkv_last_error();
+    const std::set<int64_t> held(pos, pos + kept);
+    const int64_t mine = layer == 0 ? 5 : 10, other = layer == 0 ? 10 : 5;
+    EXPECT_TRUE(held.contains(mine) && held.contains(mine + 1)) << "layer " << layer;
+    EXPECT_FALSE(held.contains(other)) << "layer " << layer;
+  }
+  int64_t pos0[64];
+  ASSERT_EQ(pkv_slot_info(session, 0, kept, pos0, nullptr), 0) << pkv_last_error();
+  EXPECT_TRUE(std::set<int64_t>(pos0, pos0 + kept).contains(5));  // layer 0's
+  EXPECT_EQ(pkv_layer_slot_info(session, 2, 0, 1, pos0), 11);     // OUT_OF_RANGE
   EXPECT_EQ(pkv_session_close(session), 0) << pkv_last_error();
   pkv_client_free(client);
 }

@@ -90,6 +90,9 @@ struct SessionInfo {
   // The agent's policy ranks by SnapKV's observation window: report it
   // (ReportObservation) at the end of each user or tool message.
   bool wants_observation = false;
+  // The policy selects per layer: report importance per layer
+  // (ReportLayerImportance) instead of its most over layers.
+  bool wants_layer_importance = false;
 };
 
 class Client;
@@ -131,6 +134,14 @@ class Session {
     static const std::vector<uint32_t> kEmpty;
     return kEmpty;
   }
+  // Where the session's layers hold their own slots (a select=layer policy
+  // compacted them apart): every layer's positions, [num_layers x
+  // committed_tokens()] layer-major, slot_positions() being layer 0's. Empty
+  // while every layer holds slot_positions().
+  virtual const std::vector<int64_t>& layer_slot_positions() const {
+    static const std::vector<int64_t> kEmpty;
+    return kEmpty;
+  }
   // Reports metadata for slots [first_slot, first_slot + meta.size()) and
   // attention mass (summed over layers and query heads since the last report)
   // for [first_slot, first_slot + attention.size()), in the tables of epoch().
@@ -158,6 +169,14 @@ class Session {
   virtual absl::Status ReportImportance(uint64_t first_slot,
                                         const std::vector<float>& importance) {
     return absl::UnimplementedError("ReportImportance");
+  }
+  // ReportImportance per layer (SessionInfo::wants_layer_importance):
+  // importance is [num_layers x n] layer-major, n slots from first_slot, each
+  // the most any KV head of the layer gave the slot; each layer's slot keeps
+  // its largest value.
+  virtual absl::Status ReportLayerImportance(uint64_t first_slot,
+                                             const std::vector<float>& importance) {
+    return absl::UnimplementedError("ReportLayerImportance");
   }
   // Reports the attention each slot got from the observation window at the
   // end of the latest user or tool message (SnapKV: the window's queries,

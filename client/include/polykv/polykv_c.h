@@ -76,6 +76,9 @@ int pkv_wants_importance(const pkv_session* session);
 /* 1 when the agent's policy ranks by SnapKV's observation window
  * (pkv_report_observation), as of the last pkv_sync. */
 int pkv_wants_observation(const pkv_session* session);
+/* 1 when the agent's policy selects per layer: report importance per layer
+ * (pkv_report_layer_importance), as of the last pkv_sync. */
+int pkv_wants_layer_importance(const pkv_session* session);
 /* Reserves pages for num_tokens more tokens. */
 int pkv_reserve(pkv_session* session, uint64_t num_tokens);
 int pkv_commit(pkv_session* session, uint64_t committed_tokens);
@@ -101,6 +104,13 @@ uint64_t pkv_committed_tokens(const pkv_session* session);
  * last changed sync described (none before one). */
 int pkv_slot_info(const pkv_session* session, uint64_t first, size_t n, int64_t* positions,
                   uint32_t* counts);
+/* pkv_slot_info's positions of one layer's slots: where a select=layer policy
+ * compacted the layers apart, each layer holds its own tokens (layer 0's are
+ * pkv_slot_info's); before that, every layer's are pkv_slot_info's.
+ * OUT_OF_RANGE for a layer past the session's or slots past the last changed
+ * sync. */
+int pkv_layer_slot_info(const pkv_session* session, uint32_t layer, uint64_t first, size_t n,
+                        int64_t* positions);
 
 /* Values of pkv_slot_meta.role (policies/session_view.h Role). */
 enum {
@@ -140,6 +150,10 @@ int pkv_report_intent(pkv_session* session, uint64_t first, size_t n, const floa
  * keeps each slot's largest: what `kvzip` policies rank by. Values must be
  * finite and >= 0. */
 int pkv_report_importance(pkv_session* session, uint64_t first, size_t n, const float* importance);
+/* pkv_report_importance per layer: importance is [num_layers x n],
+ * layer-major (layer l's values for [first, first + n) at l * n). */
+int pkv_report_layer_importance(pkv_session* session, uint64_t first, size_t num_layers, size_t n,
+                                const float* importance);
 /* Reports the attention each slot got from the observation window at the end
  * of the latest user or tool message for [first, first + n), replacing
  * earlier values: what `snapkv` policies rank by. Values must be finite and

@@ -71,6 +71,12 @@ class CompactionTest : public ::testing::Test {
     std::vector<uint32_t> counts;    // [committed] tokens each slot stands for
     bool wants_importance = false;   // OpenResult: the policy ranks by importance
     bool wants_observation = false;  // OpenResult: the policy ranks by SnapKV's window
+    bool wants_layer_importance = false;  // OpenResult: the policy selects per layer
+    // [kLayers x committed] once the layers hold their own slots; else empty.
+    std::vector<int64_t> layer_positions;
+    int64_t position(int layer, size_t slot) const {
+      return layer_positions.empty() ? positions[slot] : layer_positions[layer * committed + slot];
+    }
   };
 
   void SetQos(const std::string& agent, const std::string& policy, uint64_t budget,
@@ -100,6 +106,7 @@ class CompactionTest : public ::testing::Test {
     Sess out{o->session_id, o->token};
     out.wants_importance = o->wants_importance;
     out.wants_observation = o->wants_observation;
+    out.wants_layer_importance = o->wants_layer_importance;
     return out;
   }
 
@@ -167,6 +174,11 @@ class CompactionTest : public ::testing::Test {
     s.committed = r->committed_tokens;
     s.positions = r->slot_positions;
     s.counts = r->slot_counts;
+    s.layer_positions = r->layer_slot_positions;
+    if (!s.layer_positions.empty()) {
+      EXPECT_EQ(s.layer_positions.size(), kLayers * r->committed_tokens);
+      EXPECT_TRUE(std::equal(s.positions.begin(), s.positions.end(), s.layer_positions.begin()));
+    }
     EXPECT_EQ(r->slot_positions.size(), r->committed_tokens);
     EXPECT_EQ(r->slot_counts.size(), r->committed_tokens);
     VerifyContent(s);
@@ -195,7 +207,7 @@ class CompactionTest : public ::testing::Test {
               kernels::DequantizePage(exec, shape, kind, page.format, Addr(page), n, rows.data())
                   .ok());
           for (int t = 0; t < n; ++t) {
-            const int64_t pos = s.positions[b * kBlock + t];
+            const int64_t pos = s.position(l, b * kBlock + t);
             for (int h = 0; h < kHeads; ++h) {
               for (int d = 0; d < kDim; ++d) pattern[t * row + h * kDim + d] = pattern_(pos, l, v, h, d);
             }
@@ -212,7 +224,7 @@ class CompactionTest : public ::testing::Test {
               continue;  // a merged slot: the weighted mean of its members
             }
             ASSERT_EQ(rows[i], want[i]) << "slot " << b * kBlock + i / row << " position "
-                                        << s.positions[b * kBlock + i / row] << " layer " << l;
+                                        << s.position(l, b * kBlock + i / row) << " layer " << l;
           }
         }
       }
@@ -583,6 +595,55 @@ TEST_F(CompactionTest, KvzipKeepsTheSlotsItsReconstructionFoundImportant) {
   Check();
 }
 
+// kvzip{select=layer}: each layer keeps the slots ITS reconstruction found
+// important (ReportSlots.layer_importance), as many in every layer, so the
+// layers' pages then hold different tokens; Sync says which
+// (layer_slot_positions). A later QoS without select=layer applies layer 0's
+// plan to every layer, each keeping its own tokens.
+TEST_F(CompactionTest, PerLayerSelectionKeepsEachLayersOwnImportantSlots) {
+  SetQos("a", "kvzip{select=layer,window.size=16}", 40);
+  Sess s = Open("a");
+  EXPECT_TRUE(s.wants_importance);
+  EXPECT_TRUE(s.wants_layer_importance);
+  EXPECT_FALSE(Open("b").wants_layer_importance);
+  ASSERT_TRUE(Append(s, 60).ok());
+  ReportSlotsRequest r;
+  r.layer_importance.assign(kLayers * 60, 0.01f);
+  for (int i = 8; i < 24; ++i) r.layer_importance[i] = 2.f;        // layer 0
+  for (int i = 28; i < 44; ++i) r.layer_importance[60 + i] = 2.f;  // layer 1
+  ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
+  Check();  // the layers' records: one per slot, each
+  ASSERT_TRUE(Append(s, 8).ok());  // 68 > 40 + 4: down to 36 (whole blocks go)
+  ASSERT_TRUE(Sync(s).value());    // VerifyContent checks every layer's pages
+  ASSERT_EQ(s.committed, 36u);
+  ASSERT_EQ(s.layer_positions.size(), kLayers * 36u);
+  // 4 sinks, 16 of the layer's own important slots, the 16-slot window.
+  for (int l = 0; l < kLayers; ++l) {
+    std::vector<int64_t> want = {0, 1, 2, 3};
+    for (int64_t p = l == 0 ? 8 : 28; p < (l == 0 ? 24 : 44); ++p) want.push_back(p);
+    for (int64_t p = 52; p < 68; ++p) want.push_back(p);
+    const std::vector<int64_t> got(s.layer_positions.begin() + l * 36,
+                                   s.layer_positions.begin() + (l + 1) * 36);
+    EXPECT_EQ(got, want) << "layer " << l;
+  }
+  Check();
+
+  // New tokens go to every layer; a layer-uniform policy now decides by
+  // layer 0's records and every layer keeps its slots of the same indices.
+  SetQos("a", "kvzip{window.size=16}", 24);
+  ASSERT_TRUE(Append(s, 20).ok());  // 56 > 24 + 2: down to 24
+  ASSERT_TRUE(Sync(s).value());
+  ASSERT_EQ(s.committed, 24u);
+  ASSERT_EQ(s.layer_positions.size(), kLayers * 24u);  // still apart
+  for (size_t i = 0; i < 24; ++i) {
+    const int64_t p0 = s.position(0, i), p1 = s.position(1, i);
+    // Where layer 0 keeps one of its important slots, layer 1 keeps its own.
+    if (p0 >= 8 && p0 < 24) EXPECT_EQ(p1, p0 + 20) << "slot " << i;
+    if (p0 < 4 || p0 >= 52) EXPECT_EQ(p1, p0) << "slot " << i;
+  }
+  Check();
+}
+
 // `snapkv` ranks by the observation window the worker probes at the end of
 // each user or tool message (ReportSlots.observation), not by the decayed
 // attention; slots newer than the window rank with the most observed.
@@ -650,6 +711,15 @@ TEST_F(CompactionTest, BadReportSlotsChangesNothing) {
   bad.observation = {std::numeric_limits<float>::infinity()};
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
   bad.observation.clear();
+  bad.layer_importance = {0.5f, 0.5f, 0.5f};  // not [layers x n]
+  EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.layer_importance = {0.5f, 0.5f, -0.5f, 0.5f};
+  EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.layer_importance = {0.5f, 0.5f, 0.5f, 0.5f};
+  bad.importance = {0.5f, 0.5f};  // one or the other
+  EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.importance.clear();
+  bad.layer_importance.clear();
   bad.first_slot = 39;  // slots 39, 40: 40 is not committed
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
   bad.first_slot = 3;

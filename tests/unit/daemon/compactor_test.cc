@@ -352,5 +352,90 @@ TEST(PlanCompactionTest, NoBlockIsStoredBelowTheQosFloorOrTheFillFormatWhileFill
   ExpectConsistent(*window);
 }
 
+// Importance per layer: `high` slots at 3, `mid` at 2, the rest at 0.1.
+std::vector<SlotRecord> Scored(int n, int64_t first, std::pair<int, int> high,
+                               std::pair<int, int> mid = {0, 0}) {
+  std::vector<SlotRecord> s = Slots(n, first);
+  for (int i = 0; i < n; ++i) {
+    s[i].importance = i >= high.first && i < high.second ? 3.f
+                      : i >= mid.first && i < mid.second ? 2.f
+                                                         : 0.1f;
+  }
+  return s;
+}
+
+// select=layer over a session whose layers keep their own records: each
+// layer keeps its own most important slots, as many per layer; an output
+// block is shared only where every layer's rows are one source block's.
+TEST(PlanCompactionTest, PerLayerSelectionKeepsEachLayersOwnSlots) {
+  auto kvzip = Policy("kvzip", {{"select", "layer"}, {"window.size", "16"}, {"sinks.count", "0"}});
+  // Layers 0 and 1 value slots 0..15, layer 2 slots 16..31; the window is 48..63.
+  const std::vector<SlotRecord> layer0 = Scored(64, 100, {0, 16});
+  const std::vector<std::vector<SlotRecord>> upper = {Scored(64, 100, {0, 16}),
+                                                      Scored(64, 100, {16, 32})};
+  auto plan = PlanCompaction(*kvzip, layer0, upper, In(32));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->upper_groups.size(), 2u);
+  ASSERT_EQ(plan->upper_copy.size(), 2u);
+  std::vector<int32_t> low = Range(0, 16), high = Range(16, 32), window = Range(48, 64);
+  low.insert(low.end(), window.begin(), window.end());
+  high.insert(high.end(), window.begin(), window.end());
+  EXPECT_EQ(plan->groups.members, low);
+  EXPECT_EQ(plan->upper_groups[0].members, low);
+  EXPECT_EQ(plan->upper_groups[1].members, high);
+  EXPECT_EQ(Positions(plan->upper_groups[1]).front(), 116);
+  // Output block 0 is source block 0 in layers 0-1 but block 1 in layer 2:
+  // copied in every layer. Block 1 is the window everywhere: shared.
+  EXPECT_EQ(plan->shared, (std::vector<int64_t>{-1, 3}));
+  EXPECT_EQ(plan->copy.members, Range(0, 16));
+  EXPECT_EQ(plan->upper_copy[0].members, Range(0, 16));
+  EXPECT_EQ(plan->upper_copy[1].members, Range(16, 32));
+  EXPECT_EQ(plan->upper_copy[1].slots.size(), 16u);
+
+  // Without select=layer the same policy decides by layer 0's records for
+  // all; each layer's output records are its own (here: their positions).
+  auto uniform = Policy("kvzip", {{"window.size", "16"}, {"sinks.count", "0"}});
+  const std::vector<std::vector<SlotRecord>> moved = {Scored(64, 1000, {16, 32}),
+                                                      Scored(64, 2000, {16, 32})};
+  plan = PlanCompaction(*uniform, layer0, moved, In(32));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->upper_groups.size(), 2u);
+  EXPECT_EQ(plan->upper_groups[1].members, low);
+  EXPECT_EQ(Positions(plan->upper_groups[1]).front(), 2000);
+  EXPECT_EQ(Positions(plan->upper_groups[0]).back(), 1063);
+  EXPECT_EQ(plan->shared, (std::vector<int64_t>{0, 3}));  // all layers agree now
+  ExpectConsistent(*plan);
+
+  // Records of another length than layer 0's are a bug, not a plan.
+  EXPECT_EQ(PlanCompaction(*kvzip, layer0, {Slots(63), Slots(64)}, In(32)).status().code(),
+            absl::StatusCode::kInternal);
+}
+
+// One shape per output block for all layers: the median of the layers'
+// formats, ties to the finer. Here every layer keeps slots 0..15 and 32..47
+// and requantizes its colder block: layers 0 and 1 the second, layer 2 the
+// first, so the second goes to int4 and the first stays f16 (and is shared).
+TEST(PlanCompactionTest, PerLayerFormatsAreTheMedianOverLayers) {
+  using F = kernels::PageFormat;
+  auto kvzip = Policy("kvzip", {{"select", "layer"}, {"window.size", "0"}, {"sinks.count", "0"},
+                                {"cold.format", "int4"}, {"cold.fraction", "0.5"}});
+  const auto l0 = Scored(64, 0, {0, 16}, {32, 48});
+  const std::vector<std::vector<SlotRecord>> upper = {Scored(64, 0, {0, 16}, {32, 48}),
+                                                      Scored(64, 0, {32, 48}, {0, 16})};
+  auto plan = PlanCompaction(*kvzip, l0, upper, In(32));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<int32_t> kept = Range(0, 16), second = Range(32, 48);
+  kept.insert(kept.end(), second.begin(), second.end());
+  EXPECT_EQ(plan->groups.members, kept);
+  EXPECT_EQ(plan->upper_groups[1].members, kept);
+  EXPECT_EQ(plan->groups.block_v_formats, (std::vector<F>{F::kF16, F::kInt4}));
+  for (const CompactionGroups& g : plan->upper_groups) {
+    EXPECT_EQ(g.block_v_formats, plan->groups.block_v_formats);
+  }
+  EXPECT_EQ(plan->shared, (std::vector<int64_t>{0, -1}));
+  EXPECT_EQ(plan->upper_copy[1].block_v_formats, std::vector<F>{F::kInt4});
+  EXPECT_EQ(plan->upper_copy[1].members, Range(32, 48));
+}
+
 }  // namespace
 }  // namespace polykv::daemon

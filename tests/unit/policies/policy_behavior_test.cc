@@ -284,6 +284,25 @@ TEST(KvzipPolicyTest, KeepsTheMostImportantSlotsBesideSinksAndWindow) {
   EXPECT_TRUE(Make("sinks+kvzip+h2o")->ReadsImportance());
 }
 
+// select=layer tells a caller with one slot list for all layers (the daemon)
+// to give each layer its own; it ranks by per-layer importance alone, so
+// components that read streams summed over layers, and merging, are refused.
+TEST(KvzipPolicyTest, SelectPerLayerOnlyForSelectiveKvzip) {
+  EXPECT_FALSE(Make("kvzip")->SelectsPerLayer());
+  EXPECT_TRUE(Make("kvzip", {{"select", "layer"}})->SelectsPerLayer());
+  EXPECT_FALSE(Make("kvzip", {{"select", "session"}})->SelectsPerLayer());
+  EXPECT_TRUE(Make("sinks+kvzip", {{"select", "layer"}})->SelectsPerLayer());
+  for (const auto& [spec, params] : std::vector<std::pair<const char*, PolicyParams>>{
+           {"kvzip", {{"select", "heads"}}},
+           {"h2o", {{"select", "layer"}}},
+           {"sinks+kvzip+h2o", {{"select", "layer"}}},
+           {"sinks+window", {{"select", "layer"}}},
+           {"kvzip", {{"select", "layer"}, {"mode", "merge"}}}}) {
+    EXPECT_EQ(MakePolicy(spec, params).status().code(), absl::StatusCode::kInvalidArgument)
+        << spec;
+  }
+}
+
 // Only policies with a snapkv component ask the worker for the observation
 // window's stream.
 TEST(SnapkvPolicyTest, OnlySnapkvReadsTheObservationWindow) {

@@ -161,6 +161,15 @@ class RepublishingSource : public PageSource {
   }
   bool wants_importance() const override { return wants_importance_; }
   bool wants_importance_ = false;
+  bool wants_layer_importance() const override { return wants_layer_importance_; }
+  bool wants_layer_importance_ = false;
+  absl::Status ReportLayerImportance(std::span<const float> importance, int layers) override {
+    layer_importance_.assign(importance.begin(), importance.end());
+    importance_layers_ = layers;
+    return absl::OkStatus();
+  }
+  std::vector<float> layer_importance_;
+  int importance_layers_ = 0;
   std::vector<float> importance_;
   int importance_reports_ = 0;
   absl::Status ReportObservation(std::span<const float> observation) override {
@@ -432,6 +441,46 @@ TEST(PagedKvStoreTest, AReconstructionProbeReportsTheMostAnyQueryPaid) {
   }
   EXPECT_TRUE(some_below_sum) << "the probe summed instead of taking the most";
   ASSERT_NO_FATAL_FAILURE(ExpectSameNextTokens(m, recon.get(), plain.get(), 27));
+}
+
+// A source that selects per layer gets the reconstruction probe's score per
+// layer: each layer's most over its heads and queries, whose most over layers
+// is what the session-wide report says.
+TEST(PagedKvStoreTest, AReconstructionProbeReportsEachLayersMostWhenAsked) {
+  POLYKV_REQUIRE_MODEL();
+  const LlamaModel& m = *model->model;
+  const int layers = m.config().num_layers;
+  auto [lsrc, per_layer] = NewRecorded(m, {}, PageFormat::kF16, PageFormat::kInt4);
+  auto [ssrc, session] = NewRecorded(m, {}, PageFormat::kF16, PageFormat::kInt4);
+  lsrc->wants_importance_ = lsrc->wants_layer_importance_ = true;
+  ssrc->wants_importance_ = true;
+  std::vector<TokenMeta> context;
+  for (int i = 0; i < 27; ++i) context.push_back({300 + 7 * i, i, 0, Role::kUser});
+  std::vector<TokenMeta> probe;
+  for (int i = 0; i < 9; ++i) probe.push_back({300 + 7 * i, 27 + i, 1, Role::kAssistant});
+  std::vector<float> logits;
+  for (PagedKvStore* store : {per_layer.get(), session.get()}) {
+    ASSERT_TRUE(m.Forward(context, store, &logits).ok());
+    ASSERT_TRUE(store->BeginProbe(ProbeKind::kReconstruct).ok());
+    ASSERT_TRUE(m.Forward(probe, store, &logits).ok());
+    ASSERT_TRUE(store->EndProbe().ok());
+  }
+  EXPECT_EQ(lsrc->importance_reports_, 0);
+  ASSERT_EQ(lsrc->importance_layers_, layers);
+  ASSERT_EQ(lsrc->layer_importance_.size(), size_t(layers) * 27);
+  ASSERT_EQ(ssrc->importance_.size(), 27u);
+  bool layers_differ = false;
+  for (size_t i = 0; i < 27; ++i) {
+    float most = 0;
+    for (int l = 0; l < layers; ++l) {
+      const float x = lsrc->layer_importance_[size_t(l) * 27 + i];
+      most = std::max(most, x);
+      layers_differ |= std::abs(x - lsrc->layer_importance_[i]) > 1e-3f;
+    }
+    EXPECT_EQ(most, ssrc->importance_[i]) << "slot " << i;
+  }
+  EXPECT_TRUE(layers_differ);
+  ASSERT_NO_FATAL_FAILURE(ExpectSameNextTokens(m, per_layer.get(), session.get(), 27));
 }
 
 // When the daemon asks for importance, a conversation probes the cache after
