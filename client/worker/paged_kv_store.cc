@@ -103,6 +103,7 @@ PagedKvStore::PagedKvStore(const PagedKvStoreOptions& options, std::unique_ptr<P
       page_shape_{source_->block_tokens(), options.shape.num_kv_heads, options.shape.head_dim},
       row_(int64_t{options.shape.num_kv_heads} * options.shape.head_dim) {
   tables_.resize(options.shape.num_layers);
+  first_block_.assign(options.shape.num_layers, 0);
   k_residual_.assign(options.shape.num_layers,
                      std::vector<float>(static_cast<size_t>(page_shape_.block_tokens * row_)));
   v_residual_ = k_residual_;
@@ -183,15 +184,41 @@ void PagedKvStore::AddBlocks(const std::vector<PagedBlock>& blocks) {
 }
 
 absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
+  const int layers = options_.shape.num_layers;
   for (const PagedBlock& b : table.blocks) {
-    if (static_cast<int>(b.k_pages.size()) != options_.shape.num_layers ||
-        static_cast<int>(b.v_pages.size()) != options_.shape.num_layers) {
-      return absl::InternalError("page source published a block without every layer's pages");
+    if (static_cast<int>(b.k_pages.size()) != layers ||
+        static_cast<int>(b.v_pages.size()) != layers) {
+      return absl::InternalError("page source published a block without a page slot per layer");
     }
   }
   const int bt = page_shape_.block_tokens;
   if (table.num_tokens > static_cast<int64_t>(table.blocks.size()) * bt) {
     return absl::InternalError("page source published more tokens than its blocks hold");
+  }
+  // A layer may start at a later block (its leading pages absent): its slots
+  // are the newest ones. From its first block on it has every page, the last
+  // block (the one being filled) included.
+  const int64_t nb = static_cast<int64_t>(table.blocks.size());
+  const int64_t tail = table.num_tokens > 0 ? (table.num_tokens - 1) / bt : 0;
+  std::vector<int64_t> first(static_cast<size_t>(layers), 0);
+  for (int l = 0; l < layers; ++l) {
+    int64_t& f = first[static_cast<size_t>(l)];
+    while (f < nb && table.blocks[f].k_pages[l] == nullptr) ++f;
+    for (int64_t b = f; b < nb; ++b) {
+      if (table.blocks[b].k_pages[l] == nullptr || table.blocks[b].v_pages[l] == nullptr) {
+        return absl::InternalError(absl::StrCat("page source published layer ", l,
+                                                " without its pages in block ", b,
+                                                " (a layer's blocks must be its newest)"));
+      }
+    }
+    if (f < nb && (f > tail || table.blocks[f].v_pages[l] == nullptr)) {
+      return absl::InternalError(
+          absl::StrCat("page source published layer ", l, " starting at block ", f, " of ",
+                       table.num_tokens, " slots: every layer holds the block being filled"));
+    }
+    if (f == nb && nb > 0) {
+      return absl::InternalError(absl::StrCat("page source published no pages of layer ", l));
+    }
   }
   const std::vector<uint32_t>& counts = table.slot_counts;
   if (!counts.empty() && static_cast<int64_t>(counts.size()) != table.num_tokens) {
@@ -214,6 +241,7 @@ absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
     }
   }
   for (auto& t : tables_) t.clear();
+  first_block_ = std::move(first);
   AddBlocks(table.blocks);
   num_slots_ = table.num_tokens;
   epoch_ = table.epoch;
@@ -391,12 +419,17 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
   kernels::PagedKvView view;
   view.shape = page_shape_;
   view.base = nullptr;  // Entries hold absolute addresses.
-  view.num_blocks = static_cast<int>((total + bt - 1) / bt);
-  view.blocks = AttendTable(layer, view.num_blocks);
-  view.num_tokens = static_cast<int>(total);
+  // A layer whose oldest blocks were compacted away attends from its first.
+  const int64_t skip = first_block_[layer], skipped = skip * bt;
+  const int64_t held = total - skipped;
+  const int num_blocks = static_cast<int>((total + bt - 1) / bt);
+  view.num_blocks = static_cast<int>(num_blocks - skip);
+  view.blocks = AttendTable(layer, num_blocks) + skip;
+  view.num_tokens = static_cast<int>(held);
   kernels::AttentionParams params;
   params.num_q_heads = num_heads;
-  params.slot_bias = slot_bias_.empty() ? nullptr : slot_bias_.data();  // [total] when set
+  // [total] when set
+  params.slot_bias = slot_bias_.empty() ? nullptr : slot_bias_.data() + skipped;
   // KVzip's score: the most any single reconstruction query paid a slot, so
   // that slots every query glances at (delimiters, sink-like tokens) do not
   // outrank the ones a query copies from.
@@ -409,7 +442,7 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
     return kernels::PagedPrefillAttention(options_.exec, view, params, n, q, out, nullptr);
   }
   const int kvh = options_.shape.num_kv_heads;
-  head_mass_.resize(static_cast<size_t>(kvh) * total);
+  head_mass_.resize(static_cast<size_t>(kvh) * held);
   if (n > 1) {
     RETURN_IF_ERROR_(kernels::PagedPrefillAttention(options_.exec, view, params, n, q, out,
                                                     nullptr, head_mass_.data()));
@@ -419,12 +452,13 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
   }
   // A probe's attention scores the slots it began with.
   const double t0 = SteadySeconds();
-  float* acc = !probing_          ? mass_.data()
-               : probe_per_layer_ ? probe_mass_.data() + static_cast<size_t>(layer) * probe_base_
-                                  : probe_mass_.data();
-  const int64_t upto = probing_ ? probe_base_ : total;
+  float* acc = (!probing_          ? mass_.data()
+                : probe_per_layer_ ? probe_mass_.data() + static_cast<size_t>(layer) * probe_base_
+                                   : probe_mass_.data()) +
+               skipped;
+  const int64_t upto = (probing_ ? probe_base_ : total) - skipped;
   for (int g = 0; g < kvh; ++g) {
-    const float* hm = head_mass_.data() + static_cast<size_t>(g) * total;
+    const float* hm = head_mass_.data() + static_cast<size_t>(g) * held;
     if (most) {
       for (int64_t s = 0; s < upto; ++s) acc[s] = std::max(acc[s], hm[s]);
     } else {

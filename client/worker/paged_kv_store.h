@@ -50,7 +50,10 @@ struct PagedBlock {
 };
 
 // A block table the source publishes (e.g. after the daemon compacted the
-// session): every block in slot order and how many slots hold tokens.
+// session): every block in slot order and how many slots hold tokens. A
+// layer may lack its pages (nullptr) in the table's first blocks: it then
+// holds only the newest slots, from its first block with pages on, and has
+// every page from there to the last block.
 struct PagedTable {
   std::vector<PagedBlock> blocks;
   int64_t num_tokens = 0;
@@ -285,6 +288,10 @@ class PagedKvStore : public KvStore {
   const int64_t row_;  // num_kv_heads * head_dim
 
   std::vector<std::vector<kernels::BlockEntry>> tables_;  // [layer][block]
+  // [layer] the first block the layer has pages in (0 but where the daemon
+  // compacted layers to different lengths): the layer holds the slots from
+  // first_block_ x block_tokens on; its entries before are empty.
+  std::vector<int64_t> first_block_;
   // f32 rows of the block being filled: [layer] -> [block_tokens][row].
   std::vector<std::vector<float>> k_residual_, v_residual_;
   int64_t residual_block_ = 0;  // Block index the residual rows belong to.

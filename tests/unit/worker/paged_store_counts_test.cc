@@ -59,6 +59,11 @@ class CountingSource : public PageSource {
     publish_ = false;
     PagedTable t{blocks_, committed_, ++epoch_};
     t.slot_counts = counts_;
+    for (size_t l = 0; l < starts_.size(); ++l) {
+      for (int b = 0; b < starts_[l] && b < static_cast<int>(t.blocks.size()); ++b) {
+        t.blocks[b].k_pages[l] = t.blocks[b].v_pages[l] = nullptr;
+      }
+    }
     return t;
   }
   // The store then asks for the prefill attention mass too (the mass path).
@@ -66,9 +71,12 @@ class CountingSource : public PageSource {
   int64_t bytes() const override { return inner_->bytes(); }
   std::string name() const override { return "counting"; }
 
-  // Publishes `counts` at the next Sync.
-  void Publish(std::vector<uint32_t> counts) {
+  // Publishes `counts` at the next Sync; layer l without its pages in the
+  // first starts[l] blocks (what a daemon that compacted layers to different
+  // lengths would publish).
+  void Publish(std::vector<uint32_t> counts, std::vector<int> starts = {}) {
     counts_ = std::move(counts);
+    starts_ = std::move(starts);
     publish_ = true;
   }
 
@@ -76,6 +84,7 @@ class CountingSource : public PageSource {
   std::unique_ptr<PageSource> inner_;
   std::vector<PagedBlock> blocks_;
   std::vector<uint32_t> counts_;
+  std::vector<int> starts_;
   int64_t committed_ = 0;
   uint64_t epoch_ = 0;
   bool publish_ = false;
@@ -215,6 +224,61 @@ TEST(PagedKvStoreCountsTest, BadCountsAreRefused) {
     EXPECT_NE(st.message().find(c.message), std::string_view::npos) << st;
     EXPECT_EQ(s.store->epoch(), 0u);  // nothing adopted
   }
+}
+
+// A layer may start at a later block than the others (a table whose layers
+// hold different numbers of slots, the newest ones): it attends exactly as a
+// store holding only its slots, the other layers as before, and a table
+// where a layer lacks the block being filled is refused.
+TEST(PagedKvStoreLayersTest, ALayerThatStartsLaterAttendsOnlyToItsNewestSlots) {
+  std::mt19937 rng(Seed());
+  constexpr int kHeld = 40;  // blocks 0 and 1 full, 8 rows of block 2
+  const Rows context = RandomRows(kHeld, rng), decode = RandomRows(1, rng);
+  const Rows chunk = RandomRows(3, rng);
+  const std::vector<float> q_context = RandomQ(kHeld, rng), q_decode = RandomQ(1, rng);
+  const std::vector<float> q_chunk = RandomQ(3, rng);
+  const size_t per_token = size_t(kQHeads) * kHeadDim;
+  auto layer_out = [&](const std::vector<float>& out, int layer, int n) {
+    const auto* first = out.data() + layer * n * per_token;
+    return std::vector<float>(first, first + n * per_token);
+  };
+
+  Store apart = NewStore();  // layer 1 without block 0
+  Step(apart.store.get(), context, q_context, 0);
+  apart.src->Publish({}, {0, 1});
+  const std::vector<float> apart_decode = Step(apart.store.get(), decode, q_decode, 100);
+  ASSERT_EQ(apart.store->epoch(), 1u);
+  const std::vector<float> apart_chunk = Step(apart.store.get(), chunk, q_chunk, 101);
+  EXPECT_EQ(apart.store->pending_attention_mass().size(), size_t(kHeld + 4));
+
+  Store all = NewStore();  // every layer holds all 40
+  Step(all.store.get(), context, q_context, 0);
+  all.src->Publish({});
+  const std::vector<float> all_decode = Step(all.store.get(), decode, q_decode, 100);
+  const std::vector<float> all_chunk = Step(all.store.get(), chunk, q_chunk, 101);
+
+  std::vector<int> newest;  // slots 16..39
+  for (int s = kBlock; s < kHeld; ++s) newest.push_back(s);
+  Store few = NewStore();  // every layer holds the newest 24
+  Step(few.store.get(), Pick(context, newest), RandomQ(kHeld - kBlock, rng), 0);
+  const std::vector<float> few_decode = Step(few.store.get(), decode, q_decode, 100);
+  const std::vector<float> few_chunk = Step(few.store.get(), chunk, q_chunk, 101);
+
+  EXPECT_LE(RelL2(layer_out(apart_decode, 0, 1), layer_out(all_decode, 0, 1)), 1e-6);
+  EXPECT_LE(RelL2(layer_out(apart_chunk, 0, 3), layer_out(all_chunk, 0, 3)), 1e-6);
+  EXPECT_LE(RelL2(layer_out(apart_decode, 1, 1), layer_out(few_decode, 1, 1)), 1e-6);
+  EXPECT_LE(RelL2(layer_out(apart_chunk, 1, 3), layer_out(few_chunk, 1, 3)), 1e-6);
+  EXPECT_GT(RelL2(layer_out(apart_decode, 1, 1), layer_out(all_decode, 1, 1)), 1e-3);
+
+  // Layer 1 without block 2, which holds the newest rows: refused.
+  Store bad = NewStore();
+  Step(bad.store.get(), context, q_context, 0);
+  bad.src->Publish({}, {0, 3});
+  const std::vector<TokenMeta> one = {{7, 100, 0, Role::kUser}};
+  const absl::Status st = bad.store->BeginStep(one);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
+  EXPECT_NE(st.message().find("layer 1"), std::string_view::npos) << st;
+  EXPECT_EQ(bad.store->epoch(), 0u);
 }
 
 }  // namespace
