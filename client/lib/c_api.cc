@@ -189,6 +189,16 @@ uint64_t pkv_committed_tokens(const pkv_session* s) {
   return s ? s->impl->committed_tokens() : 0;
 }
 
+namespace {
+// OUT_OF_RANGE unless slots [first, first + n) are among the `described` ones
+// of the last changed sync.
+absl::Status CheckDescribedSlots(uint64_t first, size_t n, size_t described) {
+  if (first <= described && n <= described - first) return absl::OkStatus();
+  return absl::OutOfRangeError(absl::StrCat("slots [", first, ", ", first + n, ") past the ",
+                                            described, " the last changed sync described"));
+}
+}  // namespace
+
 int pkv_layer_slot_info(const pkv_session* s, uint32_t layer, uint64_t first, size_t n,
                         int64_t* positions) {
   if (!s) return Report(absl::InvalidArgumentError("null session"));
@@ -199,11 +209,7 @@ int pkv_layer_slot_info(const pkv_session* s, uint32_t layer, uint64_t first, si
   if (layer >= s->num_layers || per * s->num_layers != all.size()) {
     return Report(absl::OutOfRangeError(absl::StrCat("no layer ", layer, " of ", s->num_layers)));
   }
-  if (first > per || n > per - first) {
-    return Report(absl::OutOfRangeError(absl::StrCat("slots [", first, ", ", first + n,
-                                                     ") past the ", per,
-                                                     " the last changed sync described")));
-  }
+  if (auto st = CheckDescribedSlots(first, n, per); !st.ok()) return Report(st);
   for (size_t i = 0; i < n && positions; ++i) positions[i] = all[layer * per + first + i];
   return Report(absl::OkStatus());
 }
@@ -213,11 +219,7 @@ int pkv_slot_info(const pkv_session* s, uint64_t first, size_t n, int64_t* posit
   if (!s) return Report(absl::InvalidArgumentError("null session"));
   const auto& pos = s->impl->slot_positions();
   const auto& cnt = s->impl->slot_counts();
-  if (first > pos.size() || n > pos.size() - first) {
-    return Report(absl::OutOfRangeError(absl::StrCat("slots [", first, ", ", first + n,
-                                                     ") past the ", pos.size(),
-                                                     " the last changed sync described")));
-  }
+  if (auto st = CheckDescribedSlots(first, n, pos.size()); !st.ok()) return Report(st);
   for (size_t i = 0; i < n; ++i) {
     if (positions) positions[i] = pos[first + i];
     if (counts) counts[i] = cnt[first + i];

@@ -211,7 +211,7 @@ absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
                                                 " (a layer's blocks must be its newest)"));
       }
     }
-    if (f < nb && (f > tail || table.blocks[f].v_pages[l] == nullptr)) {
+    if (f < nb && f > tail) {
       return absl::InternalError(
           absl::StrCat("page source published layer ", l, " starting at block ", f, " of ",
                        table.num_tokens, " slots: every layer holds the block being filled"));

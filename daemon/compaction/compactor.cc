@@ -104,6 +104,7 @@ absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
   CompactionPlan out;
   if (!plan->changes()) return out;
   std::vector<CompactionGroups> layers;  // [1 + upper.size()]
+  layers.reserve(1 + upper.size());      // emplace_back(layers[0]) below never reallocates
   if (per_layer) {
     for (int l = 0; l < view.num_layers(); ++l) {
       auto g = LowerPlanLayer(view, l, l == 0 ? slots : upper[size_t(l) - 1], *plan);
