@@ -40,7 +40,9 @@ constexpr ParamDef kParams[] = {
      "selective (evict lowest) | merge (merge before evicting) | hybrid (keep the top "
      "(1-merge.share) of the score-ranked budget, merge within blocks below it)"},
     {"layers", "uniform", nullptr,
-     "layer allocator for a total budget: uniform | pyramid | entropy"},
+     "layer allocator for a total budget: uniform | pyramid | entropy | importance (one "
+     "threshold over every layer's kvzip importance; with select=layer the daemon gives "
+     "layers as many slots as it says)"},
     {"select", "session", nullptr,
      "for a caller with one slot list for all layers (the daemon): session (one selection "
      "for every layer, by the most over layers) | layer (each layer its own slots, by its "
@@ -212,9 +214,13 @@ absl::StatusOr<Config> Resolve(std::string_view spec, const PolicyParams& overri
     auto alloc = ParseLayerAllocator(cfg.values["layers"]);
     if (!alloc) {
       return absl::InvalidArgumentError(
-          absl::StrCat("layers '", cfg.values["layers"], "' unknown (uniform|pyramid|entropy)"));
+          absl::StrCat("layers '", cfg.values["layers"],
+                       "' unknown (uniform|pyramid|entropy|importance)"));
     }
     cfg.layers = *alloc;
+    if (cfg.layers == LayerAllocator::kImportance && !cfg.has("kvzip")) {
+      return absl::InvalidArgumentError("layers=importance needs the kvzip component");
+    }
     const std::string& select = cfg.values["select"];
     if (select != "session" && select != "layer") {
       return absl::InvalidArgumentError(
@@ -402,6 +408,13 @@ class CompositePolicy final : public Policy {
       ent[l] = view.layers[l].entropy;
     }
     if (cfg_.full) return AllocateLayerBudgets(LayerAllocator::kUniform, total, sizes, ent);
+    if (cfg_.layers == LayerAllocator::kImportance) {
+      std::vector<std::vector<float>> scores(L);
+      for (int l = 0; l < L; ++l) {
+        for (const Slot& s : view.layers[l].slots) scores[l].push_back(s.importance);
+      }
+      return ImportanceLayerBudgets(total, scores);
+    }
     return AllocateLayerBudgets(cfg_.layers, total, sizes, ent, cfg_.skew);
   }
 

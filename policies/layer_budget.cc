@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <utility>
 #include <numeric>
 
 namespace polykv::policies {
@@ -10,6 +12,7 @@ std::optional<LayerAllocator> ParseLayerAllocator(std::string_view name) {
   if (name == "uniform") return LayerAllocator::kUniform;
   if (name == "pyramid") return LayerAllocator::kPyramid;
   if (name == "entropy") return LayerAllocator::kEntropy;
+  if (name == "importance") return LayerAllocator::kImportance;
   return std::nullopt;
 }
 
@@ -21,6 +24,8 @@ std::string_view LayerAllocatorName(LayerAllocator a) {
       return "pyramid";
     case LayerAllocator::kEntropy:
       return "entropy";
+    case LayerAllocator::kImportance:
+      return "importance";
   }
   return "unknown";
 }
@@ -32,6 +37,7 @@ std::vector<double> LayerWeights(LayerAllocator allocator, absl::Span<const floa
   if (L <= 1) return w;
   switch (allocator) {
     case LayerAllocator::kUniform:
+    case LayerAllocator::kImportance:  // without scores
       break;
     case LayerAllocator::kPyramid:
       for (size_t l = 0; l < L; ++l) {
@@ -110,6 +116,27 @@ std::vector<int64_t> AllocateLayerBudgets(LayerAllocator allocator, int64_t tota
       ++used;
     }
   }
+  return out;
+}
+
+std::vector<int64_t> ImportanceLayerBudgets(int64_t total,
+                                            absl::Span<const std::vector<float>> scores) {
+  std::vector<int64_t> out(scores.size(), 0);
+  // (score, layer), best first after the partial sort; NaN as -inf.
+  std::vector<std::pair<float, uint32_t>> all;
+  for (size_t l = 0; l < scores.size(); ++l) {
+    for (float s : scores[l]) {
+      all.push_back({std::isnan(s) ? -std::numeric_limits<float>::infinity() : s,
+                     static_cast<uint32_t>(l)});
+    }
+  }
+  const size_t take = static_cast<size_t>(std::clamp<int64_t>(total, 0, int64_t(all.size())));
+  if (take == 0) return out;
+  auto better = [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  };
+  std::nth_element(all.begin(), all.begin() + take - 1, all.end(), better);
+  for (size_t i = 0; i < take; ++i) ++out[all[i].second];
   return out;
 }
 

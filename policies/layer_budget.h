@@ -21,6 +21,10 @@ enum class LayerAllocator : uint8_t {
                  // diffuse third gets 0.6 x, the middle 0.8 x, the most focused
                  // 1.2 x base. Unknown entropies fall back to layer depth
                  // (low/mid/high layers = 0.6/0.8/1.2), as in the seed.
+  kImportance = 3,  // one threshold over every layer's slot importance (KVzip's
+                    // per-layer scores): a layer keeps its slots above it, so
+                    // layers whose tokens matter more keep more
+                    // (ImportanceLayerBudgets); without scores, uniform.
 };
 
 std::optional<LayerAllocator> ParseLayerAllocator(std::string_view name);
@@ -36,6 +40,12 @@ std::string_view LayerAllocatorName(LayerAllocator a);
 std::vector<int64_t> AllocateLayerBudgets(LayerAllocator allocator, int64_t total,
                                           absl::Span<const int64_t> layer_sizes,
                                           absl::Span<const float> entropy, double skew = 0.5);
+
+// kImportance's budgets: the `total` most important slots over all layers
+// (scores[l] holds layer l's, one per slot; NaN ranks lowest), counted per
+// layer. Ties at the threshold go to the lower layers.
+std::vector<int64_t> ImportanceLayerBudgets(int64_t total,
+                                            absl::Span<const std::vector<float>> scores);
 
 // The per-layer multipliers before normalisation (exposed for tests and docs).
 std::vector<double> LayerWeights(LayerAllocator allocator, absl::Span<const float> entropy,

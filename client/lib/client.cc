@@ -238,16 +238,36 @@ class SessionImpl final : public Session {
 
  private:
   absl::StatusOr<Block> Convert(const v1::Block& b) const {
+    // By layer: the daemon lists only the layers the block holds.
+    const size_t entries = 2 * size_t(info_.num_layers);
     Block out;
     out.block_index = b.block_index();
-    out.pages.reserve(b.pages_size());
+    out.pages.resize(entries);
+    for (size_t i = 0; i < entries; ++i) {
+      out.pages[i].layer = static_cast<uint32_t>(i / 2);
+      out.pages[i].is_value = i % 2 == 1;
+    }
+    std::vector<bool> seen(entries, false);
     for (const auto& p : b.pages()) {
+      const size_t i = 2 * size_t(p.layer()) + (p.is_value() ? 1 : 0);
+      if (i >= entries || seen[i]) {
+        return absl::InternalError(absl::StrCat("polykvd sent block ", b.block_index(),
+                                                " a page of layer ", p.layer(), " for ",
+                                                info_.num_layers, " layers, or twice"));
+      }
+      seen[i] = true;
       auto addr = mapper_.Address(p.arena_id(), p.offset(), p.size_bytes());
       if (!addr.ok()) return addr.status();
       auto format = FormatFromWire(p.format(), "a");
       if (!format.ok()) return format.status();
-      out.pages.push_back(Page{p.page_id(), p.arena_id(), p.offset(), p.size_bytes(), p.layer(),
-                               p.is_value(), *format, *addr});
+      out.pages[i] = Page{p.page_id(), p.arena_id(), p.offset(), p.size_bytes(), p.layer(),
+                          p.is_value(), *format, *addr};
+    }
+    for (size_t l = 0; l < info_.num_layers; ++l) {
+      if (seen[2 * l] != seen[2 * l + 1]) {
+        return absl::InternalError(absl::StrCat("polykvd sent block ", b.block_index(),
+                                                " only half of layer ", l, "'s pages"));
+      }
     }
     return out;
   }
@@ -312,6 +332,7 @@ class ClientImpl final : public Client {
     if (auto s = FromGrpc(stub_->OpenSession(&ctx, req, &resp)); !s.ok()) return s;
     SessionInfo info;
     info.session_id = resp.session_id();
+    info.num_layers = o.profile.num_layers;
     info.block_tokens = resp.block_tokens();
     info.lease_ms = resp.lease_ms();
     const auto kf = FormatFromWire(resp.key_format(), "the key");

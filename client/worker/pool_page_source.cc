@@ -160,9 +160,13 @@ class PoolPageSource : public PageSource {
     out.k_pages.resize(layers);
     out.v_pages.resize(layers);
     const kernels::PageShape shape{block_tokens(), o_.shape.num_kv_heads, o_.shape.head_dim};
+    bool first = true;  // the first layer the block holds sets its formats
     for (size_t l = 0; l < layers; ++l) {
       const Page& k = b.pages[2 * l];
       const Page& v = b.pages[2 * l + 1];
+      // A layer with a budget of its own holds none of the oldest blocks
+      // (the store checks that its pages then run to the last block).
+      if (k.size_bytes == 0 && v.size_bytes == 0) continue;
       if (k.addr == nullptr || v.addr == nullptr) {
         return absl::FailedPreconditionError(
             "the daemon's pages are not mapped in host memory (a CUDA pool needs the CUDA "
@@ -170,9 +174,10 @@ class PoolPageSource : public PageSource {
       }
       const PageFormat kf = k.format;
       const PageFormat vf = v.format;
-      if (l == 0) {
+      if (first) {
         out.k_format = kf;
         out.v_format = vf;
+        first = false;
       } else if (kf != out.k_format || vf != out.v_format) {
         return absl::UnimplementedError("per-layer page formats within one block");
       }

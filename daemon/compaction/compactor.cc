@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "policies/lowering.h"
@@ -36,21 +37,17 @@ uint64_t CompactionTarget(const TargetInputs& in) {
 
 namespace {
 
-// See the file comment of compactor.h.
-void ApplyStorageRules(const CompactionInputs& in, CompactionGroups& g) {
-  const size_t blocks = g.block_k_formats.size();
-  for (size_t b = 0; b < blocks; ++b) {
-    if (in.key_floor) {
-      g.block_k_formats[b] = policies::FinerFormat(g.block_k_formats[b], *in.key_floor);
-    }
-    if (in.value_floor) {
-      g.block_v_formats[b] = policies::FinerFormat(g.block_v_formats[b], *in.value_floor);
-    }
+// See the file comment of compactor.h; formats are per output block.
+void ApplyStorageRules(const CompactionInputs& in, size_t num_out,
+                       std::vector<kernels::PageFormat>& k, std::vector<kernels::PageFormat>& v) {
+  for (size_t b = 0; b < k.size(); ++b) {
+    if (in.key_floor) k[b] = policies::FinerFormat(k[b], *in.key_floor);
+    if (in.value_floor) v[b] = policies::FinerFormat(v[b], *in.value_floor);
   }
   const size_t bt = static_cast<size_t>(in.shape.block_tokens);
-  if (blocks > 0 && static_cast<size_t>(g.num_out()) % bt != 0) {
-    g.block_k_formats.back() = policies::FinerFormat(g.block_k_formats.back(), in.formats.fill_k);
-    g.block_v_formats.back() = policies::FinerFormat(g.block_v_formats.back(), in.formats.fill_v);
+  if (!k.empty() && num_out % bt != 0) {
+    k.back() = policies::FinerFormat(k.back(), in.formats.fill_k);
+    v.back() = policies::FinerFormat(v.back(), in.formats.fill_v);
   }
 }
 
@@ -62,7 +59,68 @@ kernels::PageFormat MedianFormat(std::vector<kernels::PageFormat>& f) {
   return f[f.size() / 2];
 }
 
+// A placeholder record for the slots below a layer's offset (it holds none).
+SlotRecord Absent() {
+  SlotRecord r;
+  r.meta.position = -1;
+  return r;
+}
+
+// A policy that selects per layer, over one view layer per model layer (each
+// layer's records from its offset on): its groups per layer, in layer-local
+// slot indices, or none when the plan changes nothing.
+absl::StatusOr<std::vector<CompactionGroups>> DecidePerLayer(
+    const policies::Policy& policy, const std::vector<std::span<const SlotRecord>>& records,
+    const CompactionInputs& in) {
+  const policies::SessionView view =
+      BuildLayerView(records, in.shape, in.formats, in.current_turn);
+  const int L = view.num_layers();
+  auto budgets = policy.LayerBudgets(
+      view, policies::Budget::TotalTokens(static_cast<int64_t>(in.target_tokens) * L));
+  if (!budgets.ok()) return budgets.status();
+  std::vector<int64_t> sizes;
+  for (const auto& r : records) sizes.push_back(static_cast<int64_t>(r.size()));
+  auto aligned = AlignLayerBudgets(*budgets, sizes, in.shape.block_tokens);
+  if (!aligned.ok()) return aligned.status();
+  auto plan = policy.Decide(view, policies::Budget{policies::Budget::Unit::kTokens, *aligned, 0});
+  if (!plan.ok()) return plan.status();
+  std::vector<CompactionGroups> out;
+  if (!plan->changes()) return out;
+  out.reserve(records.size());
+  for (int l = 0; l < L; ++l) {
+    auto g = LowerPlanLayer(view, l, records[size_t(l)], *plan);
+    if (!g.ok()) return g.status();
+    out.push_back(*std::move(g));
+  }
+  return out;
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<int64_t>> AlignLayerBudgets(const std::vector<int64_t>& budgets,
+                                                       const std::vector<int64_t>& sizes,
+                                                       int block_tokens) {
+  const int64_t T = std::max(block_tokens, 1);
+  std::vector<int64_t> b(budgets.size());
+  for (size_t l = 0; l < b.size(); ++l) b[l] = std::clamp<int64_t>(budgets[l], 0, sizes[l]);
+  const int64_t top = b.empty() ? 0 : *std::max_element(b.begin(), b.end());
+  std::vector<int64_t> out(b.size());
+  for (size_t l = 0; l < b.size(); ++l) {
+    // The nearest count in top's class mod T, at least a block (or all the
+    // layer has, or top), at most what the layer holds.
+    const int64_t low = std::max<int64_t>(1, std::min({sizes[l], T, top}));
+    int64_t c = top - (top - b[l] + T / 2) / T * T;
+    while (c > sizes[l]) c -= T;
+    while (c < low) c += T;
+    if (c > sizes[l] || c > top) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "layer ", l, " holds ", sizes[l], " slots: it cannot keep a count that differs from ",
+          top, " by whole blocks of ", T));
+    }
+    out[l] = c;
+  }
+  return out;
+}
 
 size_t CompactionPlan::shared_blocks() const {
   return static_cast<size_t>(std::count_if(shared.begin(), shared.end(),
@@ -85,97 +143,132 @@ absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
                                               slots.size()));
     }
   }
+  const size_t L = 1 + upper.size();
+  std::vector<uint64_t> src_offsets = in.layer_offsets;
+  src_offsets.resize(L, 0);
   const bool per_layer = !upper.empty() && policy.SelectsPerLayer();
-  policies::SessionView view;
+  if (auto st = CheckLayerOffsets(policy, src_offsets); !st.ok()) return st;
+  const int bt = in.shape.block_tokens;
+  for (uint64_t o : src_offsets) {
+    if (o % uint64_t(bt) != 0 || o >= std::max<size_t>(slots.size(), 1)) {
+      return absl::InternalError(absl::StrCat("layer offset ", o, " for ", slots.size(),
+                                              " slots of blocks of ", bt));
+    }
+  }
+  CompactionPlan out;
+  std::vector<CompactionGroups> layers;  // [L], layer-local slot indices
   if (per_layer) {
-    std::vector<const std::vector<SlotRecord>*> records{&slots};
-    for (const auto& u : upper) records.push_back(&u);
-    view = BuildLayerView(records, in.shape, in.formats, in.current_turn);
+    std::vector<std::span<const SlotRecord>> records;
+    for (size_t l = 0; l < L; ++l) {
+      std::span<const SlotRecord> all(l == 0 ? slots : upper[l - 1]);
+      records.push_back(all.subspan(src_offsets[l]));
+    }
+    auto g = DecidePerLayer(policy, records, in);
+    if (!g.ok()) return g.status();
+    if (g->empty()) return out;
+    layers = *std::move(g);
   } else {
-    view = BuildView(slots, in.shape, in.formats, in.current_turn);
+    policies::SessionView view = BuildView(slots, in.shape, in.formats, in.current_turn);
     if (in.key_dim > 0) {
       view.key_dim = in.key_dim;
       view.layers[0].keys = in.keys;
     }
-  }
-  auto plan = policy.Decide(view, policies::Budget::TokensPerLayer(
-                                      view.num_layers(), static_cast<int64_t>(in.target_tokens)));
-  if (!plan.ok()) return plan.status();
-  CompactionPlan out;
-  if (!plan->changes()) return out;
-  std::vector<CompactionGroups> layers;  // [1 + upper.size()]
-  layers.reserve(1 + upper.size());      // emplace_back(layers[0]) below never reallocates
-  if (per_layer) {
-    for (int l = 0; l < view.num_layers(); ++l) {
-      auto g = LowerPlanLayer(view, l, l == 0 ? slots : upper[size_t(l) - 1], *plan);
-      if (!g.ok()) return g.status();
-      if (l > 0 && g->num_out() != layers[0].num_out()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "select=layer: layer ", l, " keeps ", g->num_out(), " slots and layer 0 ",
-            layers[0].num_out(), "; a session's layers must hold as many slots each"));
-      }
-      layers.push_back(*std::move(g));
-    }
-    // One shape per block: the median format over layers.
-    for (size_t b = 0; b < layers[0].block_k_formats.size(); ++b) {
-      std::vector<kernels::PageFormat> k, v;
-      for (const CompactionGroups& g : layers) {
-        k.push_back(g.block_k_formats[b]);
-        v.push_back(g.block_v_formats[b]);
-      }
-      layers[0].block_k_formats[b] = MedianFormat(k);
-      layers[0].block_v_formats[b] = MedianFormat(v);
-    }
-  } else {
+    auto plan = policy.Decide(view, policies::Budget::TokensPerLayer(
+                                        1, static_cast<int64_t>(in.target_tokens)));
+    if (!plan.ok()) return plan.status();
+    if (!plan->changes()) return out;
     auto g = LowerPlan(view, slots, *plan);
     if (!g.ok()) return g.status();
+    layers.reserve(L);  // emplace_back(layers[0]) below never reallocates
     layers.push_back(*std::move(g));
     for (const auto& u : upper) {
       CompactionGroups& gl = layers.emplace_back(layers[0]);
       gl.slots = OutputRecords(layers[0], u);
     }
   }
-  ApplyStorageRules(in, layers[0]);
-  for (CompactionGroups& g : layers) {
-    g.block_k_formats = layers[0].block_k_formats;
-    g.block_v_formats = layers[0].block_v_formats;
-    // Room for the tokens committed until the next compaction (at +10%), so
-    // that Commit, under the pool lock, appends without reallocating.
-    g.slots.reserve(g.slots.size() + g.slots.size() / 8 + 64);
-  }
   out.changes = true;
 
-  // An output block whose every slot, in every layer, is a plain copy of the
-  // same row of one source block IS that block: the new table shares its
-  // pages instead of copying them (the worker only appends to them after
-  // adopting the new table, and nobody reads the old one after that).
-  const CompactionGroups& g0 = layers[0];
-  const int bt = in.shape.block_tokens;
-  const int num_out = g0.num_out();
+  // Right-aligned output: the layer keeping the most holds every output slot;
+  // the others start whole blocks later (AlignLayerBudgets saw to it).
+  int num_out = 0;
+  for (const CompactionGroups& g : layers) num_out = std::max(num_out, g.num_out());
+  out.num_out = static_cast<uint64_t>(num_out);
+  for (size_t l = 0; l < L; ++l) {
+    const int skip = num_out - layers[l].num_out();
+    if (skip % bt != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "layer ", l, " keeps ", layers[l].num_out(), " slots and another ", num_out,
+          ": a session's layers must differ by whole blocks of ", bt));
+    }
+    out.layer_offsets.push_back(static_cast<uint64_t>(skip));
+  }
   const size_t out_blocks = (static_cast<size_t>(num_out) + bt - 1) / bt;
+  auto first_block = [&](size_t l) { return out.layer_offsets[l] / uint64_t(bt); };
+  // One shape per output block: the median format over the layers it holds.
+  for (size_t j = 0; j < out_blocks; ++j) {
+    std::vector<kernels::PageFormat> k, v;
+    for (size_t l = 0; l < L; ++l) {
+      if (j < first_block(l)) continue;
+      k.push_back(layers[l].block_k_formats[j - first_block(l)]);
+      v.push_back(layers[l].block_v_formats[j - first_block(l)]);
+    }
+    out.block_k_formats.push_back(MedianFormat(k));
+    out.block_v_formats.push_back(MedianFormat(v));
+  }
+  ApplyStorageRules(in, out.num_out, out.block_k_formats, out.block_v_formats);
+  for (size_t l = 0; l < L; ++l) {
+    CompactionGroups& g = layers[l];
+    const auto from = static_cast<std::ptrdiff_t>(first_block(l));
+    g.block_k_formats.assign(out.block_k_formats.begin() + from, out.block_k_formats.end());
+    g.block_v_formats.assign(out.block_v_formats.begin() + from, out.block_v_formats.end());
+    // Room for the tokens committed until the next compaction (at +10%), so
+    // that Commit, under the pool lock, appends without reallocating.
+    auto& r = out.records.emplace_back();
+    r.reserve(out.num_out + out.num_out / 8 + 64);
+    r.assign(out.layer_offsets[l], Absent());
+    r.insert(r.end(), g.slots.begin(), g.slots.end());
+  }
+
+  // An output block whose every slot, in every layer it holds, is a plain
+  // copy of the same row of one source block that those same layers hold
+  // IS that block: the new table shares its pages instead of copying them
+  // (the worker only appends to them after adopting the new table, and
+  // nobody reads the old one after that).
   out.shared.assign(out_blocks, -1);
-  std::vector<CompactionGroups> copies(layers.size());
+  std::vector<CompactionGroups> copies(L);
   for (CompactionGroups& c : copies) c.group_offsets.push_back(0);
   for (size_t j = 0; j < out_blocks; ++j) {
     const int first = static_cast<int>(j) * bt;
     const int last = std::min(num_out, first + bt);
-    const int32_t m0 = g0.members[g0.group_offsets[first]];
-    bool same = m0 % bt == 0 && g0.block_k_formats[j] == in.formats.key(size_t(m0 / bt)) &&
-                g0.block_v_formats[j] == in.formats.value(size_t(m0 / bt));
-    for (const CompactionGroups& g : layers) {
-      for (int o = first; o < last && same; ++o) {
-        same = g.group_offsets[o + 1] - g.group_offsets[o] == 1 &&
-               g.members[g.group_offsets[o]] == m0 + (o - first);
+    size_t l0 = 0;  // a layer holding block j (the fullest holds them all)
+    while (first_block(l0) > j) ++l0;
+    const CompactionGroups& g0 = layers[l0];
+    const int64_t m0 = int64_t(src_offsets[l0]) +
+                       g0.members[g0.group_offsets[first - int(out.layer_offsets[l0])]];
+    const size_t sb = static_cast<size_t>(m0 / bt);
+    bool same = m0 % bt == 0 && out.block_k_formats[j] == in.formats.key(sb) &&
+                out.block_v_formats[j] == in.formats.value(sb);
+    for (size_t l = 0; l < L && same; ++l) {
+      const bool holds = j >= first_block(l);
+      same = holds == (sb * bt >= src_offsets[l]);
+      const CompactionGroups& g = layers[l];
+      const int base = static_cast<int>(out.layer_offsets[l]);
+      for (int o = first; holds && o < last && same; ++o) {
+        const int local = o - base;
+        same = g.group_offsets[local + 1] - g.group_offsets[local] == 1 &&
+               int64_t(src_offsets[l]) + g.members[g.group_offsets[local]] == m0 + (o - first);
       }
     }
     if (same) {
-      out.shared[j] = m0 / bt;
+      out.shared[j] = static_cast<int64_t>(sb);
       continue;
     }
-    for (size_t l = 0; l < layers.size(); ++l) {
+    for (size_t l = 0; l < L; ++l) {
+      if (j < first_block(l)) continue;
       const CompactionGroups& g = layers[l];
       CompactionGroups& c = copies[l];
-      for (int o = first; o < last; ++o) {
+      const int base = static_cast<int>(out.layer_offsets[l]);
+      for (int o = first - base; o < last - base; ++o) {
         for (int k = g.group_offsets[o]; k < g.group_offsets[o + 1]; ++k) {
           c.members.push_back(g.members[k]);
           c.weights.push_back(g.weights[k]);
@@ -183,17 +276,29 @@ absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
         c.group_offsets.push_back(static_cast<int32_t>(c.members.size()));
         c.slots.push_back(g.slots[o]);
       }
-      c.block_k_formats.push_back(g.block_k_formats[j]);
-      c.block_v_formats.push_back(g.block_v_formats[j]);
+      c.block_k_formats.push_back(out.block_k_formats[j]);
+      c.block_v_formats.push_back(out.block_v_formats[j]);
     }
   }
   out.groups = std::move(layers[0]);
   out.copy = std::move(copies[0]);
-  for (size_t l = 1; l < layers.size(); ++l) {
+  for (size_t l = 1; l < L; ++l) {
     out.upper_groups.push_back(std::move(layers[l]));
     out.upper_copy.push_back(std::move(copies[l]));
   }
   return out;
+}
+
+absl::Status CheckLayerOffsets(const policies::Policy& policy,
+                               const std::vector<uint64_t>& offsets) {
+  const bool late = std::any_of(offsets.begin(), offsets.end(), [](uint64_t o) { return o > 0; });
+  if (late && !policy.SelectsPerLayer()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "policy '", policy.spec(), "' decides once for all layers, but this session's layers "
+        "keep budgets of their own (a select=layer policy compacted it): only a select=layer "
+        "policy can compact it now"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace polykv::daemon

@@ -56,7 +56,12 @@ struct CompactionInputs {
   // The agent's QoS floors: no output block is stored coarser.
   std::optional<kernels::PageFormat> key_floor, value_floor;
   int32_t current_turn = 0;
+  // Tokens per layer to compact down to (on average over layers, for a
+  // policy whose layers keep budgets of their own).
   uint64_t target_tokens = 0;
+  // [layer] the first slot each layer holds (LayerOffsets; multiples of
+  // block_tokens); empty: every layer holds every slot.
+  std::vector<uint64_t> layer_offsets;
   // Key summaries (ReadKeySummaries) for policies that ReadsKeys(): [slots *
   // key_dim]; key_dim 0 = none.
   int key_dim = 0;
@@ -65,16 +70,28 @@ struct CompactionInputs {
 
 struct CompactionPlan {
   bool changes = false;      // false: the policy keeps everything; nothing to do
-  CompactionGroups groups;   // every output slot
+  uint64_t num_out = 0;      // output slots: the committed count after
+  // [layer] the first output slot each layer holds (multiples of
+  // block_tokens; the layer that keeps the most holds them all). Output
+  // block j has pages of layer l iff j x block_tokens >= layer_offsets[l].
+  std::vector<uint64_t> layer_offsets;
+  // [output block] the formats of its pages (one shape per block).
+  std::vector<kernels::PageFormat> block_k_formats, block_v_formats;
+  // [layer] the output slot records, [num_out] each (placeholders with
+  // position -1 below the layer's offset): the session's records after.
+  std::vector<std::vector<SlotRecord>> records;
+  // Layer 0's output groups, in its own slot indices (source slots from its
+  // offset on, output slots from its output offset on).
+  CompactionGroups groups;
   // [output block]: the source block it reuses unchanged, or -1 (new pages).
   std::vector<int64_t> shared;
   // The groups of the output blocks that are not shared (block formats: of
   // those blocks, in order).
   CompactionGroups copy;
   // A session whose layers hold their own slots (PlanCompaction's `upper`):
-  // layer l's groups and copy groups at [l - 1], for l >= 1; `groups` and
-  // `copy` are layer 0's. Every layer has the same output slots count and
-  // block formats. Empty: every layer runs `groups`.
+  // layer l's groups and copy groups at [l - 1], for l >= 1 (in its own
+  // slot indices, as `groups`); `groups` and `copy` are layer 0's. Empty:
+  // every layer runs `groups`.
   std::vector<CompactionGroups> upper_groups, upper_copy;
   size_t out_blocks() const { return shared.size(); }
   size_t shared_blocks() const;
@@ -83,15 +100,31 @@ struct CompactionPlan {
 // slots: [committed tokens], the session's records (layer 0's when `upper`
 // is given). upper: the records of layers 1.. of a session whose layers keep
 // their own slots (each [committed tokens]). A policy that SelectsPerLayer
-// then decides over one view layer per layer, every layer to the target; any
-// other decides once, over layer 0's records, for all. The output blocks'
-// formats are one per block for all layers (a block's pages share a shape):
-// per block the median of the layers' formats by bits, ties to the finer.
-// An output block is shared only where every layer's rows are one source
-// block's.
+// then decides over one view layer per layer, layer l's from its offset on:
+// the policy's LayerBudgets of layers x target tokens (uniform: the target
+// each), aligned by AlignLayerBudgets. Any other decides once, over layer
+// 0's records, for all (FAILED_PRECONDITION when a layer starts late). The
+// output blocks' formats are one per block for the layers it holds (a
+// block's pages share a shape): the median of theirs by bits, ties to the
+// finer. An output block is shared only where every layer it holds has its
+// rows from one source block that exactly those layers hold.
 absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
                                               const std::vector<SlotRecord>& slots,
                                               const CompactionInputs& in);
+
+// Per-layer slot counts a right-aligned table can hold: the largest budget
+// (`top`) as it is, every other the nearest count that differs from top by
+// whole blocks, at least min(a block, the layer's size, top), at most its
+// size. sizes: [layer] the slots each holds now. FAILED_PRECONDITION when a
+// layer has no such count.
+absl::StatusOr<std::vector<int64_t>> AlignLayerBudgets(const std::vector<int64_t>& budgets,
+                                                       const std::vector<int64_t>& sizes,
+                                                       int block_tokens);
+
+// FAILED_PRECONDITION unless `policy` can compact a session whose layers
+// start at `offsets` (late layers need a policy that SelectsPerLayer).
+absl::Status CheckLayerOffsets(const policies::Policy& policy,
+                               const std::vector<uint64_t>& offsets);
 absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
                                               const std::vector<SlotRecord>& slots,
                                               const std::vector<std::vector<SlotRecord>>& upper,

@@ -12,7 +12,7 @@ namespace polykv::daemon {
 namespace {
 
 // Layer `l` of `v` from `slots`, whose tokens start at v.tokens[first_token].
-void FillLayer(const std::vector<SlotRecord>& slots, size_t first_token,
+void FillLayer(std::span<const SlotRecord> slots, size_t first_token,
                const kernels::PageShape& shape, const TableFormats& formats,
                policies::SessionView& v, size_t l) {
   auto& layer = v.layers[l];
@@ -49,7 +49,7 @@ void FillLayer(const std::vector<SlotRecord>& slots, size_t first_token,
 // Output slot j's record: its source's, with `count`; a merge group's adds
 // up attention and observation and takes the most intent and importance.
 SlotRecord OutputRecord(const CompactionGroups& g, size_t j, uint32_t count,
-                        const std::vector<SlotRecord>& slots) {
+                        std::span<const SlotRecord> slots) {
   SlotRecord rec = slots[g.sources[j]];
   rec.count = count;
   if (g.group_offsets[j + 1] - g.group_offsets[j] > 1) {
@@ -74,21 +74,21 @@ SlotRecord OutputRecord(const CompactionGroups& g, size_t j, uint32_t count,
 policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
                                 const kernels::PageShape& shape, const TableFormats& formats,
                                 int32_t current_turn) {
-  return BuildLayerView({&slots}, shape, formats, current_turn);
+  return BuildLayerView({std::span<const SlotRecord>(slots)}, shape, formats, current_turn);
 }
 
-policies::SessionView BuildLayerView(const std::vector<const std::vector<SlotRecord>*>& layers,
+policies::SessionView BuildLayerView(const std::vector<std::span<const SlotRecord>>& layers,
                                      const kernels::PageShape& shape, const TableFormats& formats,
                                      int32_t current_turn) {
   policies::SessionView v;
   v.shape = shape;
   v.current_turn = current_turn;
   size_t tokens = 0;
-  for (const auto* l : layers) tokens += l->size();
+  for (const auto& l : layers) tokens += l.size();
   v.tokens.resize(tokens);
   v.layers.resize(layers.size());
-  for (size_t l = 0, first = 0; l < layers.size(); first += layers[l]->size(), ++l) {
-    FillLayer(*layers[l], first, shape, formats, v, l);
+  for (size_t l = 0, first = 0; l < layers.size(); first += layers[l].size(), ++l) {
+    FillLayer(layers[l], first, shape, formats, v, l);
   }
   return v;
 }
@@ -103,7 +103,7 @@ absl::StatusOr<CompactionGroups> LowerPlan(const policies::SessionView& view,
 }
 
 absl::StatusOr<CompactionGroups> LowerPlanLayer(const policies::SessionView& view, int layer,
-                                                const std::vector<SlotRecord>& slots,
+                                                std::span<const SlotRecord> slots,
                                                 const policies::Plan& plan) {
   const size_t l = static_cast<size_t>(layer);
   if (layer < 0 || l >= plan.layers.size() || l >= view.layers.size() ||
@@ -187,13 +187,11 @@ absl::Status ReadKeySummaries(const kernels::PageShape& shape, int num_slots,
   return absl::OkStatus();
 }
 
-absl::Status ExecuteCompaction(const kernels::PageShape& shape, int num_src,
+absl::Status ExecuteCompaction(const kernels::PageShape& shape,
                                const std::vector<LayerTables>& layers,
-                               const CompactionGroups& groups,
-                               const std::vector<const CompactionGroups*>& per_layer) {
-  if (groups.num_out() == 0) return absl::OkStatus();
-  if (!per_layer.empty() && per_layer.size() != layers.size()) {
-    return absl::InternalError(absl::StrCat("groups for ", per_layer.size(), " of ",
+                               const std::vector<const CompactionGroups*>& groups) {
+  if (groups.size() != 1 && groups.size() != layers.size()) {
+    return absl::InternalError(absl::StrCat("groups for ", groups.size(), " of ",
                                             layers.size(), " layers"));
   }
   kernels::Exec exec;
@@ -201,11 +199,8 @@ absl::Status ExecuteCompaction(const kernels::PageShape& shape, int num_src,
   exec.num_threads = 1;  // The daemon's cores serve RPCs; sessions are small per call.
   for (size_t i = 0; i < layers.size(); ++i) {
     const LayerTables& l = layers[i];
-    const CompactionGroups& g = per_layer.empty() ? groups : *per_layer[i];
-    if (g.num_out() != groups.num_out()) {
-      return absl::InternalError(absl::StrCat("layer ", i, " has ", g.num_out(), " output slots, ",
-                                              "layer 0 ", groups.num_out()));
-    }
+    const CompactionGroups& g = *groups[groups.size() == 1 ? 0 : i];
+    if (g.num_out() == 0) continue;
     kernels::CompactPlan plan;
     plan.num_out = g.num_out();
     plan.group_offsets = g.group_offsets.data();
@@ -216,14 +211,16 @@ absl::Status ExecuteCompaction(const kernels::PageShape& shape, int num_src,
     src.base = nullptr;  // entries hold absolute addresses
     src.blocks = l.src.data();
     src.num_blocks = static_cast<int>(l.src.size());
-    src.num_tokens = num_src;
+    src.num_tokens = l.num_src;
     kernels::PagedKvMut dst;
     dst.shape = shape;
     dst.base = nullptr;
     dst.blocks = l.dst.data();
     dst.num_blocks = static_cast<int>(l.dst.size());
-    dst.num_tokens = groups.num_out();
-    if (auto s = kernels::CompactSlots(exec, src, plan, dst); !s.ok()) return s;
+    dst.num_tokens = g.num_out();
+    if (auto s = kernels::CompactSlots(exec, src, plan, dst); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("layer ", i, ": ", s.message()));
+    }
   }
   return absl::OkStatus();
 }

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -71,10 +72,10 @@ struct TableFormats {
 policies::SessionView BuildView(const std::vector<SlotRecord>& slots,
                                 const kernels::PageShape& shape, const TableFormats& formats,
                                 int32_t current_turn);
-// A view with one layer per entry of `layers` (each a layer's records, all
-// of one length): view layer l is BuildView's layer of *layers[l], its
-// tokens the records' own (so view.tokens holds every layer's, in turn).
-policies::SessionView BuildLayerView(const std::vector<const std::vector<SlotRecord>*>& layers,
+// A view with one layer per entry of `layers` (each a layer's records):
+// view layer l is BuildView's layer of layers[l], its tokens the records'
+// own (so view.tokens holds every layer's, in turn).
+policies::SessionView BuildLayerView(const std::vector<std::span<const SlotRecord>>& layers,
                                      const kernels::PageShape& shape, const TableFormats& formats,
                                      int32_t current_turn);
 
@@ -123,7 +124,7 @@ absl::StatusOr<CompactionGroups> LowerPlan(const policies::SessionView& view,
 // The same for layer `layer` of a multi-layer view and plan (BuildLayerView),
 // `slots` being that layer's records.
 absl::StatusOr<CompactionGroups> LowerPlanLayer(const policies::SessionView& view, int layer,
-                                                const std::vector<SlotRecord>& slots,
+                                                std::span<const SlotRecord> slots,
                                                 const policies::Plan& plan);
 // The output records another layer's `slots` get from `groups` (lowered for
 // a different layer's records): as LowerPlan's, each output slot takes its
@@ -134,21 +135,21 @@ absl::StatusOr<CompactionGroups> LowerPlanLayer(const policies::SessionView& vie
 std::vector<SlotRecord> OutputRecords(const CompactionGroups& groups,
                                       const std::vector<SlotRecord>& slots);
 
-// Pages of one layer: the K/V page addresses of each block (absolute host
-// addresses in BlockEntry offsets; formats set).
+// Pages of one layer: the K/V page addresses of each block it holds
+// (absolute host addresses in BlockEntry offsets; formats set).
 struct LayerTables {
-  std::vector<kernels::BlockEntry> src;  // [source blocks]
-  std::vector<kernels::BlockEntry> dst;  // [ceil(num_out / block_tokens)]
+  std::vector<kernels::BlockEntry> src;  // [source blocks the layer holds]
+  int num_src = 0;                       // slots in them
+  std::vector<kernels::BlockEntry> dst;  // [ceil(its groups' num_out / block_tokens)]
 };
 
 // Runs CompactSlots for every layer: dst slot j of layer l = group j of
-// that layer's src slots [0, num_src), the groups being `groups` for every
-// layer, or per_layer[l] when given ([layers.size()], each of groups'
-// num_out).
+// that layer's src slots, the groups being groups[0] for every layer when
+// there is one, else groups[l] ([layers.size()]). A layer with no output
+// slots is skipped.
 // REQUIRES: host-addressable pages; dst pages disjoint from src pages.
-absl::Status ExecuteCompaction(const kernels::PageShape& shape, int num_src,
+absl::Status ExecuteCompaction(const kernels::PageShape& shape,
                                const std::vector<LayerTables>& layers,
-                               const CompactionGroups& groups,
-                               const std::vector<const CompactionGroups*>& per_layer = {});
+                               const std::vector<const CompactionGroups*>& groups);
 
 }  // namespace polykv::daemon

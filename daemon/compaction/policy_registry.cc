@@ -17,10 +17,9 @@ std::string PolicyNote(const std::string& text) {
   const std::string allocator = spec.substr(at + 7, end == std::string::npos ? end : end - at - 7);
   if (allocator == "uniform") return "";
   if ((*p)->SelectsPerLayer()) {
-    return "layers=" + allocator +
-           " acts uniform here: each layer selects its own slots, but every layer gets the same "
-           "budget (a session's layers hold as many slots each), while the evaluation harness "
-           "gives each layer its own budget";
+    // Each layer holds its own slots, and its budget is the allocator's,
+    // rounded so that layers differ by whole blocks (compactor.h).
+    return "";
   }
   return "layers=" + allocator +
          " acts layer-uniform here: the daemon plans one layer for all layers (a session has "

@@ -44,6 +44,7 @@ BlockDesc DescribeBlock(uint64_t superblock_bytes, const Block& block, uint32_t 
   b.block_index = block_index;
   b.pages.reserve(block.pages.size());
   for (size_t i = 0; i < block.pages.size(); ++i) {
+    if (block.pages[i] == kNoPage) continue;  // the layer holds none of these slots
     const PageLocation loc =
         PageAllocator::LocationOf(block.pages[i], shape.page_bytes(i), superblock_bytes);
     PageDesc d;
@@ -58,6 +59,19 @@ BlockDesc DescribeBlock(uint64_t superblock_bytes, const Block& block, uint32_t 
     b.pages.push_back(d);
   }
   return b;
+}
+
+std::vector<uint64_t> LayerOffsets(const std::vector<Block>& table, uint32_t num_layers,
+                                   uint32_t block_tokens) {
+  std::vector<uint64_t> out(num_layers, 0);
+  for (uint32_t l = 0; l < num_layers; ++l) {
+    size_t b = 0;
+    while (b < table.size() && 2 * l < table[b].pages.size() && table[b].pages[2 * l] == kNoPage) {
+      ++b;
+    }
+    out[l] = b * block_tokens;
+  }
+  return out;
 }
 
 void BlockPool::AttachSession(const BlockAccount& account) {
@@ -205,6 +219,7 @@ absl::StatusOr<uint32_t> BlockPool::Grow(Tenant& tenant) {
 
 void BlockPool::ZeroPages(const Tenant& t, const Block& block) {
   for (PageId p : block.pages) {
+    if (p == kNoPage) continue;
     auto loc = t.allocator.Locate(p);
     if (loc.ok()) (void)t.arenas.at(loc->arena_id)->Zero(loc->offset, loc->size_bytes);
   }
@@ -236,8 +251,12 @@ absl::StatusOr<std::vector<Block>> BlockPool::Allocate(BlockAccount& account,
   for (uint64_t b = 0; b < count && failure.ok(); ++b) {
     Block block{shape, {}};
     std::vector<PageId>& pages = block.pages;
-    pages.reserve(2 * shape.layers);
-    for (uint32_t i = 0; i < 2 * shape.layers; ++i) {
+    pages.reserve(shape.num_entries());
+    for (uint32_t i = 0; i < shape.num_entries(); ++i) {
+      if (!shape.has_layer(i / 2)) {
+        pages.push_back(kNoPage);
+        continue;
+      }
       const uint32_t bytes = shape.page_bytes(i);
       auto page = t.allocator.Alloc(bytes);
       if (!page.ok() && absl::IsResourceExhausted(page.status())) {
@@ -259,7 +278,9 @@ absl::StatusOr<std::vector<Block>> BlockPool::Allocate(BlockAccount& account,
   }
   if (!failure.ok()) {
     for (const Block& block : out) {
-      for (PageId p : block.pages) (void)t.allocator.Free(p);
+      for (PageId p : block.pages) {
+        if (p != kNoPage) (void)t.allocator.Free(p);
+      }
     }
     for (uint32_t id : grown) {
       if (t.allocator.RemoveArena(id).ok()) t.arenas.erase(id);
@@ -279,7 +300,7 @@ void BlockPool::Free(BlockAccount& account, Block& block) {
   // A page of a block is allocated by construction; a failure here is a bug
   // that CheckInvariants reports as drifted counts.
   bool all = true;
-  for (PageId p : block.pages) all &= t.allocator.Free(p).ok();
+  for (PageId p : block.pages) all &= p == kNoPage || t.allocator.Free(p).ok();
   if (all) Count(account, block.shape, -1);
   block.pages.clear();
 }

@@ -40,15 +40,23 @@ namespace polykv::daemon {
 using ArenaFactory = std::function<absl::StatusOr<std::unique_ptr<Arena>>(const ArenaOptions&)>;
 
 // What one block is made of. A session's blocks start in its fill shape; a
-// compaction may store cold blocks in coarser formats (requantization).
+// compaction may store cold blocks in coarser formats (requantization), and
+// a policy with budgets that differ by layer leaves a layer's oldest blocks
+// without its pages (docs/compaction.md, "Budgets that differ by layer").
 struct BlockShape {
-  uint32_t layers = 0;
+  uint32_t layers = 0;            // layers with pages in the block
   uint32_t key_page_bytes = 0;    // size class
   uint32_t value_page_bytes = 0;  // size class
   PageFormat key_format = PageFormat::kF16;
   PageFormat value_format = PageFormat::kF16;
+  // [model layers] which layers have pages, when not all do (then `layers`
+  // counts the true ones); empty: layers 0 .. layers - 1 all do.
+  std::vector<bool> present;
   uint64_t bytes() const { return uint64_t(layers) * (key_page_bytes + value_page_bytes); }
   uint32_t page_bytes(size_t i) const { return i % 2 ? value_page_bytes : key_page_bytes; }
+  // Entries of Block::pages (2 per model layer) and whether layer l has pages.
+  size_t num_entries() const { return 2 * (present.empty() ? layers : present.size()); }
+  bool has_layer(size_t l) const { return present.empty() ? l < layers : present[l]; }
   bool operator==(const BlockShape&) const = default;
 };
 
@@ -60,13 +68,19 @@ absl::StatusOr<BlockShape> MakeBlockShape(uint32_t layers, const kernels::PageSh
                                           PageFormat kf, PageFormat vf, uint64_t max_page_bytes);
 
 // One block's pages, in its shape's formats: pages[2 * layer] is K,
-// pages[2 * layer + 1] is V.
+// pages[2 * layer + 1] is V; kNoPage for a layer the block has none of.
 struct Block {
   BlockShape shape;
   std::vector<PageId> pages;
   bool empty() const { return pages.empty(); }
   uint64_t bytes() const { return shape.bytes(); }
 };
+
+// [layer]: the first slot of a session's table held by each layer (its first
+// block with pages of the layer, times block_tokens): 0 unless the layers
+// keep budgets of their own. `num_layers` entries.
+std::vector<uint64_t> LayerOffsets(const std::vector<Block>& table, uint32_t num_layers,
+                                   uint32_t block_tokens);
 
 // Whose blocks: every page handed out is charged to exactly one account.
 struct BlockAccount {

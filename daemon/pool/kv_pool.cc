@@ -54,6 +54,50 @@ kernels::PageShape ShapeOf(const Session& s) {
           static_cast<int>(s.profile.head_dim)};
 }
 
+// A layer's pages start at its first block and go on to the end of the
+// table (right-aligned: the worker appends to every layer alike); a block's
+// shape counts the layers it has pages of; only a session whose layers hold
+// their own records may have layers start late.
+absl::Status CheckLayerPresence(const Session& s) {
+  const uint32_t L = s.profile.num_layers;
+  const auto offsets = LayerOffsets(s.tables.blocks, L, s.block_tokens);
+  for (uint32_t b = 0; b < s.tables.blocks.size(); ++b) {
+    const Block& block = s.tables.blocks[b];
+    if (block.pages.size() != 2 * size_t(L)) {
+      return absl::InternalError(absl::StrCat("block ", b, " has ", block.pages.size(),
+                                              " page entries for ", L, " layers"));
+    }
+    uint32_t present = 0;
+    for (uint32_t l = 0; l < L; ++l) {
+      const bool has = uint64_t(b) * s.block_tokens >= offsets[l];
+      if ((block.pages[2 * l] != kNoPage) != has || (block.pages[2 * l + 1] != kNoPage) != has ||
+          block.shape.has_layer(l) != has) {
+        return absl::InternalError(absl::StrCat("layer ", l, " has a hole at block ", b));
+      }
+      present += has;
+    }
+    if (present != block.shape.layers) {
+      return absl::InternalError(absl::StrCat("block ", b, " counts ", block.shape.layers,
+                                              " layers and holds ", present));
+    }
+  }
+  const bool late = std::any_of(offsets.begin(), offsets.end(), [](uint64_t o) { return o > 0; });
+  if (late && s.policy.upper_layers.empty()) {
+    return absl::InternalError("layers start late but share one slot record list");
+  }
+  return absl::OkStatus();
+}
+
+// What the compaction trigger counts as the session's size: the slots its
+// layers hold, on average (committed tokens unless layers keep budgets of
+// their own).
+uint64_t HeldTokens(const Session& s) {
+  const auto offsets = LayerOffsets(s.tables.blocks, s.profile.num_layers, s.block_tokens);
+  uint64_t sum = 0;
+  for (uint64_t o : offsets) sum += s.tables.committed_tokens - std::min(o, s.tables.committed_tokens);
+  return offsets.empty() ? s.tables.committed_tokens : sum / offsets.size();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(const KvPoolOptions& options) {
@@ -121,6 +165,9 @@ absl::Status KvPool::CheckInvariants() const {
       return absl::InternalError(absl::StrCat(who, ": records of ", s.policy.upper_layers.size() + 1,
                                               " layers for ", s.profile.num_layers));
     }
+    if (auto st = CheckLayerPresence(s); !st.ok()) {
+      return absl::InternalError(absl::StrCat(who, ": ", st.message()));
+    }
     for (const auto& u : s.policy.upper_layers) {
       if (u.size() != s.tables.committed_tokens) {
         return absl::InternalError(absl::StrCat(who, ": a layer has ", u.size(),
@@ -154,6 +201,7 @@ absl::StatusOr<uint64_t> KvPool::TableBytes(const std::string& tenant,
   uint64_t b = 0;
   for (const Block& block : table) {
     for (PageId page : block.pages) {
+      if (page == kNoPage) continue;  // a layer without these slots
       auto loc = blocks_.Locate(tenant, page);
       if (!loc.ok()) return absl::InternalError(absl::StrCat(who, ": ", loc.status().message()));
       b += loc->size_bytes;
@@ -346,7 +394,7 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
       if (s.policy.wants_layer_importance) SplitLayerRecords(s);
       const QosRecord& qos = admission_.For(s.agent_id());
       TargetInputs in{.compacting_policy = qos.policy != "full",
-                      .committed_tokens = s.tables.committed_tokens,
+                      .committed_tokens = HeldTokens(s),
                       .block_tokens = s.block_tokens,
                       .budget_tokens = SessionBudget(qos.budget_tokens, qos.budget_fraction,
                                                      s.policy.next_position),
@@ -518,13 +566,16 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
   in.value_floor = qos.value_floor;
   in.current_turn = s.policy.current_turn;
   in.target_tokens = target;
+  const uint32_t layers = s.profile.num_layers;
+  in.layer_offsets = LayerOffsets(s.tables.blocks, layers, s.block_tokens);
+  if (auto st = CheckLayerOffsets(**policy, in.layer_offsets); !st.ok()) return st;
   // Merging policies cluster by key: their pages are read while unlocked
   // below (they stay allocated: the session is busy).
   std::vector<std::vector<kernels::BlockEntry>> key_tables;
   const int num_src = static_cast<int>(s.tables.committed_tokens);
+  const size_t src_blocks = (s.tables.committed_tokens + s.block_tokens - 1) / s.block_tokens;
   if ((*policy)->ReadsKeys()) {
-    const size_t src_blocks = (s.tables.committed_tokens + s.block_tokens - 1) / s.block_tokens;
-    for (uint32_t l : KeySummaryLayers(s.profile.num_layers)) {
+    for (uint32_t l : KeySummaryLayers(layers)) {
       auto& t = key_tables.emplace_back();
       for (size_t b = 0; b < src_blocks; ++b) t.push_back(EntryOf(s, s.tables.blocks[b], l));
       for (const kernels::BlockEntry& e : t) {
@@ -560,13 +611,22 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
   // session), so quotas do not apply, but the pool budget does. They are
   // the session's (staged) from allocation on, so counts stay exact.
   const size_t out_blocks = plan->out_blocks();
+  // Whether output block j holds layer l's pages (right-aligned layers).
+  auto holds = [&](size_t j, uint32_t l) {
+    return j * s.block_tokens >= plan->layer_offsets[l];
+  };
   std::vector<BlockShape> shapes;  // of the new blocks, in order
   absl::Status failure;
-  for (size_t j = 0; j < plan->copy.block_k_formats.size() && failure.ok(); ++j) {
-    auto shape = MakeBlockShape(s.profile.num_layers, in.shape, plan->copy.block_k_formats[j],
-                                plan->copy.block_v_formats[j], options_.superblock_bytes);
+  for (size_t j = 0; j < out_blocks && failure.ok(); ++j) {
+    if (plan->shared[j] >= 0) continue;
+    std::vector<bool> present(layers);
+    uint32_t count = 0;
+    for (uint32_t l = 0; l < layers; ++l) count += present[l] = holds(j, l);
+    auto shape = MakeBlockShape(count, in.shape, plan->block_k_formats[j],
+                                plan->block_v_formats[j], options_.superblock_bytes);
     if (shape.ok()) {
-      shapes.push_back(*shape);
+      if (count < layers) shape->present = std::move(present);
+      shapes.push_back(*std::move(shape));
     } else {
       failure = absl::FailedPreconditionError(
           absl::StrCat("policy '", policy_name, "' requantizes: ", shape.status().message()));
@@ -578,15 +638,24 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
   for (size_t j = 0, next = 0; j < out_blocks && next < s.tables.staged.size(); ++j) {
     if (plan->shared[j] < 0) added[j] = static_cast<int64_t>(next++);
   }
-  // Page addresses per layer; device arenas have none (not implemented).
-  const uint32_t layers = s.profile.num_layers;
-  const size_t src_blocks = (s.tables.committed_tokens + s.block_tokens - 1) / s.block_tokens;
+  // Page addresses per layer, of the blocks it holds; device arenas have
+  // none (not implemented).
+  std::vector<const CompactionGroups*> groups{&plan->copy};
+  for (const CompactionGroups& g : plan->upper_copy) groups.push_back(&g);
   std::vector<LayerTables> tables(layers);
-  if (failure.ok() && plan->copy.num_out() > 0) {
-    for (uint32_t l = 0; l < layers && failure.ok(); ++l) {
-      for (size_t b = 0; b < src_blocks; ++b) tables[l].src.push_back(EntryOf(s, s.tables.blocks[b], l));
+  bool copies = false;
+  for (const CompactionGroups* g : groups) copies |= g->num_out() > 0;
+  if (failure.ok() && copies) {
+    for (uint32_t l = 0; l < layers; ++l) {
+      const size_t first = in.layer_offsets[l] / s.block_tokens;
+      for (size_t b = first; b < src_blocks; ++b) {
+        tables[l].src.push_back(EntryOf(s, s.tables.blocks[b], l));
+      }
+      tables[l].num_src = num_src - static_cast<int>(in.layer_offsets[l]);
       for (size_t j = 0; j < out_blocks; ++j) {
-        if (added[j] >= 0) tables[l].dst.push_back(EntryOf(s, s.tables.staged[size_t(added[j])], l));
+        if (added[j] >= 0 && holds(j, l)) {
+          tables[l].dst.push_back(EntryOf(s, s.tables.staged[size_t(added[j])], l));
+        }
       }
     }
     for (const LayerTables& lt : tables) {
@@ -600,15 +669,10 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
       }
     }
   }
-  if (failure.ok() && plan->copy.num_out() > 0) {
+  if (failure.ok() && copies) {
     const auto shape = ShapeOf(s);
     mu_.Unlock();
-    std::vector<const CompactionGroups*> per_layer;
-    if (!plan->upper_copy.empty()) {
-      per_layer.push_back(&plan->copy);
-      for (const CompactionGroups& g : plan->upper_copy) per_layer.push_back(&g);
-    }
-    failure = ExecuteCompaction(shape, num_src, tables, plan->copy, per_layer);
+    failure = ExecuteCompaction(shape, tables, groups);
     mu_.Lock();
     if (s.doomed) return FinishDoomed(s);
   }
@@ -645,10 +709,10 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
   copied_blocks_ += out_blocks - shared;
   ++t.epoch;
   t.pending_epoch = t.epoch;
-  t.committed_tokens = static_cast<uint64_t>(plan->groups.num_out());
-  s.policy.slots = std::move(plan->groups.slots);
-  for (size_t l = 0; l < plan->upper_groups.size(); ++l) {
-    s.policy.upper_layers[l] = std::move(plan->upper_groups[l].slots);
+  t.committed_tokens = plan->num_out;
+  s.policy.slots = std::move(plan->records[0]);
+  for (size_t l = 1; l < plan->records.size(); ++l) {
+    s.policy.upper_layers[l - 1] = std::move(plan->records[l]);
   }
   s.policy.log_count_bias = plan->groups.log_count_bias;
   s.policy.want_tokens = 0;
@@ -708,6 +772,13 @@ absl::StatusOr<ReleaseResult> KvPool::Release(uint64_t session_id, absl::string_
     return absl::InvalidArgumentError(absl::StrCat("keep_tokens ", keep_tokens,
                                                    " exceeds the reserve of ",
                                                    s.reserved_tokens(), " tokens"));
+  }
+  const auto offsets = LayerOffsets(s.tables.blocks, s.profile.num_layers, s.block_tokens);
+  if (const uint64_t late = *std::max_element(offsets.begin(), offsets.end());
+      keep_tokens < late) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "keep_tokens ", keep_tokens, " would leave a layer without slots: the layers keep "
+        "budgets of their own and one holds only slots from ", late, " on"));
   }
   const uint64_t keep_blocks = (keep_tokens + s.block_tokens - 1) / s.block_tokens;
   while (s.tables.blocks.size() > keep_blocks) {

@@ -69,7 +69,10 @@ struct Page {
   void* addr = nullptr;  // Host address (host arenas); nullptr for device arenas.
 };
 
-// pages[2 * layer] holds keys, pages[2 * layer + 1] values.
+// pages[2 * layer] holds keys, pages[2 * layer + 1] values. A layer that
+// keeps a budget of its own holds none of a session's oldest blocks: its
+// entries there are empty (size_bytes 0, addr nullptr), and a layer's pages,
+// once they start, go on to the last block (docs/compaction.md).
 struct Block {
   uint32_t block_index = 0;
   std::vector<Page> pages;
@@ -77,6 +80,7 @@ struct Block {
 
 struct SessionInfo {
   uint64_t session_id = 0;
+  uint32_t num_layers = 0;  // as opened (SessionOptions::profile)
   uint32_t block_tokens = 0;
   uint32_t lease_ms = 0;
   PageFormat key_format = PageFormat::kF16;  // Granted formats.

@@ -122,6 +122,15 @@ class CompactionTest : public ::testing::Test {
     }
   }
 
+  // The K (v = 0) or V page of layer l in b; nullptr where the layer holds
+  // none of b's slots (its budget is its own).
+  static const PageDesc* PageOf(const BlockDesc& b, int l, int v) {
+    for (const PageDesc& p : b.pages) {
+      if (p.layer == uint32_t(l) && p.is_value == (v == 1)) return &p;
+    }
+    return nullptr;
+  }
+
   uint8_t* Addr(const PageDesc& p) {
     return static_cast<uint8_t*>(maps_.at(p.arena_id).first) + p.offset;
   }
@@ -147,9 +156,10 @@ class CompactionTest : public ::testing::Test {
           for (int h = 0; h < kHeads; ++h) {
             for (int d = 0; d < kDim; ++d) row[h * kDim + d] = pattern_(pos, l, v, h, d);
           }
-          const PageDesc& page = b.pages[2 * l + v];
-          auto st = kernels::WritePageRows(shape, page.format, row.data(),
-                                           static_cast<int>(slot % kBlock), 1, Addr(page));
+          const PageDesc* page = PageOf(b, l, v);
+          if (page == nullptr) return absl::InternalError("appending to a block a layer lacks");
+          auto st = kernels::WritePageRows(shape, page->format, row.data(),
+                                           static_cast<int>(slot % kBlock), 1, Addr(*page));
           if (!st.ok()) return st;
         }
       }
@@ -201,7 +211,14 @@ class CompactionTest : public ::testing::Test {
       const int n = static_cast<int>(std::min<uint64_t>(kBlock, s.committed - b * kBlock));
       for (int l = 0; l < kLayers; ++l) {
         for (int v = 0; v < 2; ++v) {
-          const PageDesc& page = s.blocks[b].pages[2 * l + v];
+          const PageDesc* held = PageOf(s.blocks[b], l, v);
+          if (held == nullptr) {  // the layer starts later: it holds none of these slots
+            for (int t = 0; t < n; ++t) {
+              ASSERT_EQ(s.position(l, b * kBlock + t), -1) << "layer " << l << " block " << b;
+            }
+            continue;
+          }
+          const PageDesc& page = *held;
           const auto kind = v ? kernels::KvKind::kValue : kernels::KvKind::kKey;
           ASSERT_TRUE(
               kernels::DequantizePage(exec, shape, kind, page.format, Addr(page), n, rows.data())
@@ -638,9 +655,87 @@ TEST_F(CompactionTest, PerLayerSelectionKeepsEachLayersOwnImportantSlots) {
   for (size_t i = 0; i < 24; ++i) {
     const int64_t p0 = s.position(0, i), p1 = s.position(1, i);
     // Where layer 0 keeps one of its important slots, layer 1 keeps its own.
-    if (p0 >= 8 && p0 < 24) EXPECT_EQ(p1, p0 + 20) << "slot " << i;
-    if (p0 < 4 || p0 >= 52) EXPECT_EQ(p1, p0) << "slot " << i;
+    if (p0 >= 8 && p0 < 24) {
+      EXPECT_EQ(p1, p0 + 20) << "slot " << i;
+    }
+    if (p0 < 4 || p0 >= 52) {
+      EXPECT_EQ(p1, p0) << "slot " << i;
+    }
   }
+  Check();
+}
+
+// kvzip{select=layer,layers=importance}: one importance threshold over both
+// layers' slots sets how many each keeps, so a layer whose tokens matter
+// more keeps more. The table is right-aligned: the layer that keeps fewer
+// holds none of the oldest blocks (no pages there: the session's bytes
+// shrink by them), and its slot positions there are -1. New tokens go to
+// every layer; the next compaction starts from the late layer's offset; a
+// Release below it and a layer-uniform policy are refused, changing nothing.
+TEST_F(CompactionTest, ImportanceBudgetsGiveTheLayerThatNeedsMoreMoreSlots) {
+  SetQos("a", "kvzip{select=layer,layers=importance,window.size=16}", 40);
+  Sess s = Open("a");
+  EXPECT_TRUE(s.wants_layer_importance);
+  ASSERT_TRUE(Append(s, 60).ok());
+  ReportSlotsRequest r;
+  r.layer_importance.assign(kLayers * 60, 0.01f);
+  for (int i = 8; i < 12; ++i) r.layer_importance[i] = 2.f;       // layer 0: 4 slots
+  for (int i = 4; i < 52; ++i) r.layer_importance[60 + i] = 2.f;  // layer 1: 48 slots
+  ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
+  ASSERT_TRUE(Append(s, 8).ok());  // 68 > 40 + 4: 36 per layer on average, 72 in all
+  const uint64_t full_block = pool_->used_bytes() / 5;  // 5 blocks of both layers
+  ASSERT_TRUE(Sync(s).value());  // VerifyContent: every page a layer holds
+  // The 68 slots scored 2 (the 8 unscored newest rank with the most
+  // important), then 4 of the tied rest: 16 in layer 0, 56 in layer 1. Layer
+  // 0's count is rounded to differ from 56 by whole blocks, at least a
+  // block: 24.
+  ASSERT_EQ(s.committed, 56u);
+  std::vector<int64_t> want0(32, -1);  // blocks 0 and 1: layer 1's only
+  for (int64_t p : {0, 1, 2, 3, 8, 9, 10, 11}) want0.push_back(p);
+  for (int64_t p = 52; p < 68; ++p) want0.push_back(p);
+  EXPECT_EQ(std::vector<int64_t>(s.layer_positions.begin(), s.layer_positions.begin() + 56),
+            want0);
+  std::set<int64_t> kept1(s.layer_positions.begin() + 56, s.layer_positions.end());
+  ASSERT_EQ(kept1.size(), 56u);
+  for (int64_t p : {0, 1, 2, 3}) EXPECT_TRUE(kept1.contains(p)) << "sink " << p;
+  for (int64_t p = 52; p < 68; ++p) EXPECT_TRUE(kept1.contains(p)) << "window " << p;
+  EXPECT_EQ(std::count_if(kept1.begin(), kept1.end(), [](int64_t p) { return p >= 4 && p < 52; }),
+            36);  // of its 48 important ones
+  ASSERT_EQ(s.blocks.size(), 4u);
+  for (int b = 0; b < 4; ++b) EXPECT_EQ(s.blocks[b].pages.size(), b < 2 ? 2u : 4u) << b;
+  EXPECT_EQ(pool_->used_bytes(), 6 * full_block / 2);  // 6 layer-blocks of 8
+  Check();
+
+  // Refused, changing nothing: a Release below layer 0's first slot, and a
+  // layer-uniform policy (it would apply one plan to layers that differ).
+  auto rel = pool_->Release(s.id, s.token, peer_, 31);
+  EXPECT_EQ(rel.status().code(), absl::StatusCode::kFailedPrecondition) << rel.status();
+  EXPECT_EQ(pool_->used_bytes(), 6 * full_block / 2);
+  SetQos("a", "kvzip{window.size=16}", 40);
+  ASSERT_TRUE(Append(s, 30).ok());  // layers hold 86 - 32 and 86: 70 > 44 (positions to 97)
+  const uint64_t before = pool_->used_bytes();
+  EXPECT_FALSE(Sync(s).value());
+  EXPECT_EQ(pool_->used_bytes(), before);
+  Check();
+
+  // Back to per-layer budgets: the next compaction reads layer 0 from its
+  // offset on, and new tokens were appended to both layers alike.
+  SetQos("a", "kvzip{select=layer,layers=importance,window.size=16}", 40);
+  ASSERT_TRUE(Sync(s).value());
+  EXPECT_LT(pool_->used_bytes(), before);
+  const size_t n = s.committed;
+  for (int l = 0; l < kLayers; ++l) {
+    for (int64_t p = 82; p < 98; ++p) {
+      EXPECT_NE(std::find(s.layer_positions.begin() + l * n, s.layer_positions.begin() + (l + 1) * n,
+                          p),
+                s.layer_positions.begin() + (l + 1) * n)
+          << "layer " << l << " window " << p;
+    }
+  }
+  Check();
+  ASSERT_TRUE(pool_->Release(s.id, s.token, peer_, n).ok());
+  ASSERT_TRUE(pool_->Close(s.id, s.token, peer_).ok());
+  EXPECT_EQ(pool_->used_bytes(), 0u);
   Check();
 }
 
@@ -962,7 +1057,8 @@ TEST(CompactionExecutorTest, LowersMergeGroupsAndAveragesTheirRows) {
                                        reinterpret_cast<void*>(e.v_offset))
                     .ok());
   }
-  ASSERT_TRUE(ExecuteCompaction(shape, 5, {t}, *groups).ok());
+  t.num_src = 5;
+  ASSERT_TRUE(ExecuteCompaction(shape, {t}, {&*groups}).ok());
   std::vector<float> out(4 * 8);
   ASSERT_TRUE(kernels::DequantizePage(kernels::Exec{}, shape, kernels::KvKind::kKey,
                                       kernels::PageFormat::kF32,

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <numeric>
 
 namespace polykv::daemon {
@@ -435,6 +436,85 @@ TEST(PlanCompactionTest, PerLayerFormatsAreTheMedianOverLayers) {
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{0, -1}));
   EXPECT_EQ(plan->upper_copy[1].block_v_formats, std::vector<F>{F::kInt4});
   EXPECT_EQ(plan->upper_copy[1].members, Range(32, 48));
+}
+
+// Right-aligned per-layer counts: the largest budget stays, every other is
+// rounded to the nearest count that differs from it by whole blocks (at
+// least a block, at most what the layer holds).
+TEST(AlignLayerBudgetsTest, CountsDifferByWholeBlocks) {
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(AlignLayerBudgets({56, 16}, {68, 68}, kBt).value(), (V{56, 24}));  // 8 -> a block
+  EXPECT_EQ(AlignLayerBudgets({40, 40}, {68, 68}, kBt).value(), (V{40, 40}));
+  EXPECT_EQ(AlignLayerBudgets({64, 50}, {100, 100}, kBt).value(), (V{64, 48}));
+  EXPECT_EQ(AlignLayerBudgets({64, 57}, {100, 100}, kBt).value(), (V{64, 64}));
+  EXPECT_EQ(AlignLayerBudgets({10, 3}, {68, 68}, kBt).value(), (V{10, 10}));  // under a block
+  EXPECT_EQ(AlignLayerBudgets({80, 20}, {68, 68}, kBt).value(), (V{68, 20}));  // capped first
+  // A layer of 8 slots cannot hold 100 - 16k of them.
+  EXPECT_EQ(AlignLayerBudgets({100, 8}, {100, 8}, kBt).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// layers=importance: one threshold over all layers' importance sets each
+// layer's count; the table is right-aligned (a layer that keeps fewer starts
+// whole blocks later, its records there placeholders), and a block is shared
+// only where the layers that hold it are the ones its source block held.
+TEST(PlanCompactionTest, ImportanceBudgetsRightAlignTheLayers) {
+  auto kvzip = Policy("kvzip", {{"select", "layer"}, {"layers", "importance"},
+                                {"window.size", "16"}, {"sinks.count", "0"}});
+  // 16 important slots in layer 0, 48 in layer 1, 16 in layer 2; 96 to keep.
+  const auto l0 = Scored(64, 0, {0, 16});
+  const std::vector<std::vector<SlotRecord>> upper = {Scored(64, 0, {0, 48}),
+                                                      Scored(64, 0, {16, 32})};
+  auto plan = PlanCompaction(*kvzip, l0, upper, In(32));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // 80 slots score 3; the 16 tied next go to layer 0: 32, 48, 16.
+  EXPECT_EQ(plan->num_out, 48u);
+  EXPECT_EQ(plan->layer_offsets, (std::vector<uint64_t>{16, 0, 32}));
+  ASSERT_EQ(plan->records.size(), 3u);
+  for (const auto& r : plan->records) ASSERT_EQ(r.size(), 48u);
+  std::vector<int64_t> want0(16, -1);
+  for (int64_t p = 0; p < 16; ++p) want0.push_back(p);
+  for (int64_t p = 48; p < 64; ++p) want0.push_back(p);
+  std::vector<int64_t> got0;
+  for (const SlotRecord& r : plan->records[0]) got0.push_back(r.meta.position);
+  EXPECT_EQ(got0, want0);
+  EXPECT_EQ(plan->records[2][31].meta.position, -1);
+  EXPECT_EQ(plan->records[2][32].meta.position, 48);  // the window fills layer 2's 16
+  // Block 2 is source block 3 (the window) in all three layers: shared.
+  // Block 1 holds no layer 2 while source block 0 did: copied, as block 0.
+  EXPECT_EQ(plan->shared, (std::vector<int64_t>{-1, -1, 3}));
+  EXPECT_EQ(plan->copy.members, Range(0, 16));
+  EXPECT_EQ(plan->upper_copy[0].num_out(), 32);
+  EXPECT_EQ(plan->upper_copy[1].num_out(), 0);
+  EXPECT_EQ(plan->block_k_formats.size(), 3u);
+
+  // The next compaction reads each layer from its offset on (members are
+  // the layer's own slot indices), after 16 new slots in every layer.
+  std::vector<std::vector<SlotRecord>> next = plan->records;
+  for (auto& r : next) {
+    for (const SlotRecord& s : Slots(16, 64)) r.push_back(s);
+    for (SlotRecord& s : r) s.importance = s.meta.position < 0 ? NAN : 0.1f;
+  }
+  CompactionInputs in = In(32);
+  in.layer_offsets = plan->layer_offsets;
+  const std::vector<std::vector<SlotRecord>> rest(next.begin() + 1, next.end());
+  auto again = PlanCompaction(*kvzip, next[0], rest, in);
+  ASSERT_TRUE(again.ok()) << again.status();
+  const std::vector<const CompactionGroups*> groups = {
+      &again->groups, &again->upper_groups[0], &again->upper_groups[1]};
+  for (size_t l = 0; l < 3; ++l) {
+    const int held = 64 - int(in.layer_offsets[l]);
+    for (int32_t m : groups[l]->members) EXPECT_LT(m, held) << "layer " << l;
+    EXPECT_EQ(again->num_out - again->layer_offsets[l], size_t(groups[l]->num_out()));
+    EXPECT_EQ(again->layer_offsets[l] % kBt, 0u);
+    for (size_t i = 0; i < again->layer_offsets[l]; ++i) {
+      EXPECT_EQ(again->records[l][i].meta.position, -1);
+    }
+  }
+  // A layer-uniform policy cannot compact layers that start apart.
+  auto uniform = Policy("kvzip", {{"window.size", "16"}, {"sinks.count", "0"}});
+  EXPECT_EQ(PlanCompaction(*uniform, next[0], rest, in).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -205,9 +205,12 @@ TEST(PressureLadderTest, TheRequantizationStepIsTheAgentsPolicyWithColdValues) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// A per-layer allocator acts layer-uniform in the daemon, and QoS says so.
+// A per-layer allocator acts layer-uniform in the daemon, and QoS says so,
+// unless the layers select their own slots (then each gets its budget).
 TEST(PolicyRegistryTest, PolicyNoteSaysWhereTheDaemonRunsAPolicyDifferently) {
-  for (const char* as_written : {"full", "h2o", "hybrid", "merge", "h2o{layers=uniform}", "nope"}) {
+  for (const char* as_written : {"full", "h2o", "hybrid", "merge", "h2o{layers=uniform}", "nope",
+                                 "kvzip{select=layer,layers=importance}",
+                                 "kvzip{select=layer,layers=pyramid}"}) {
     EXPECT_EQ(PolicyNote(as_written), "") << as_written;
   }
   for (const char* per_layer : {"intent", "h2o{layers=pyramid}", "sinks+intent{layers=entropy}"}) {

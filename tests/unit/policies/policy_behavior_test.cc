@@ -526,6 +526,26 @@ TEST(LayerBudgetTest, AllocatorsRespectTotalAndCaps) {
   EXPECT_THAT(c, ElementsAre(10, 445, 445));
 }
 
+// layers=importance: the `total` best slots over all layers, counted per
+// layer (NaN ranks lowest; ties go to the lower layer); kvzip only.
+TEST(LayerBudgetTest, ImportanceCountsEachLayersShareOfTheBestSlots) {
+  const std::vector<std::vector<float>> scores = {{5, 1, 1, 0}, {4, 4, 3, 2}, {NAN, 9, 1, 1}};
+  EXPECT_THAT(ImportanceLayerBudgets(5, scores), ElementsAre(1, 3, 1));
+  EXPECT_THAT(ImportanceLayerBudgets(7, scores), ElementsAre(2, 4, 1));  // ties at 1: lower first
+  EXPECT_THAT(ImportanceLayerBudgets(0, scores), ElementsAre(0, 0, 0));
+  EXPECT_THAT(ImportanceLayerBudgets(99, scores), ElementsAre(4, 4, 4));
+  // Through the policy, on a view whose layers' importance differs.
+  SessionView v = MakeView(8, 2);
+  for (int i = 0; i < 8; ++i) {
+    v.layers[0].slots[i].importance = i < 2 ? 1.f : 0.f;
+    v.layers[1].slots[i].importance = i < 6 ? 1.f : 0.f;
+  }
+  auto p = Make("kvzip", {{"select", "layer"}, {"layers", "importance"}});
+  EXPECT_THAT(p->LayerBudgets(v, Budget::TotalTokens(8)).value(), ElementsAre(2, 6));
+  EXPECT_EQ(MakePolicy("h2o", {{"layers", "importance"}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(LayerBudgetTest, PolicyAppliesAllocatorToTotals) {
   SyntheticOptions o;
   o.num_layers = 6;
