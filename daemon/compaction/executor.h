@@ -9,10 +9,11 @@
 // summed over layers (what ReportSlots carries), and applies that layer's
 // plan to every layer. A policy with select=layer instead gets one view
 // layer per model layer, built from that layer's own slot records (each with
-// its own importance), and each layer keeps its own slots. Either way every
-// layer holds the same NUMBER of slots, so one block table (a block has a
-// page per layer) and one committed count still describe the session; only
-// which token a layer's slot i holds differs.
+// its own importance), and each layer keeps its own slots, as many as its
+// budget says: one block table still describes the session, a layer that
+// keeps fewer holding none of its oldest blocks (compactor.h; the slot
+// indices of LayerTables and the groups are then the layer's own, counted
+// from its first block).
 //
 // Thread-safety: stateless; thread-safe.
 #pragma once

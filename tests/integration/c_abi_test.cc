@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <algorithm>
 #include <set>
 #include <string>
 #include <tuple>
@@ -264,6 +265,57 @@ TEST_F(CAbiTest, PerLayerSelectionKeepsEachLayersReportedSlots) {
   ASSERT_EQ(pkv_slot_info(session, 0, kept, pos0, nullptr), 0) << pkv_last_error();
   EXPECT_TRUE(std::set<int64_t>(pos0, pos0 + kept).contains(5));  // layer 0's
   EXPECT_EQ(pkv_layer_slot_info(session, 2, 0, 1, pos0), 11);     // OUT_OF_RANGE
+  EXPECT_EQ(pkv_session_close(session), 0) << pkv_last_error();
+  pkv_client_free(client);
+}
+
+// kvzip{select=layer,layers=importance}: the layer whose tokens matter more
+// keeps more; the other holds none of the oldest block, whose entries for it
+// are empty (size 0, no address) and whose slot positions are -1.
+TEST_F(CAbiTest, ImportanceBudgetsLeaveALayerWithoutTheOldestBlock) {
+  auto [code, out] = testing::RunProgram(
+      {BinDir() + "/polykvctl", "--socket", sock_, "qos", "set", "c-budgets", "--policy",
+       "kvzip{select=layer,layers=importance,window.size=4}", "--budget-tokens", "32"});
+  ASSERT_EQ(code, 0) << out;
+  pkv_client* client = nullptr;
+  ASSERT_EQ(pkv_connect(sock_.c_str(), &client), 0) << pkv_last_error();
+  const pkv_session_options o = Options("c-budgets");
+  pkv_session* session = nullptr;
+  ASSERT_EQ(pkv_session_open(client, &o, &session), 0) << pkv_last_error();
+  ASSERT_EQ(pkv_block_tokens(session), 16u);
+  ASSERT_EQ(pkv_reserve(session, 64), 0) << pkv_last_error();
+  ASSERT_EQ(pkv_commit(session, 64), 0) << pkv_last_error();
+  float scores[2 * 64];
+  for (float& x : scores) x = 0.01f;
+  scores[5] = scores[6] = 9.f;                         // layer 0: two slots matter
+  for (int i = 0; i < 40; ++i) scores[64 + i] = 9.f;  // layer 1: forty
+  ASSERT_EQ(pkv_report_layer_importance(session, 0, 2, 64, scores), 0) << pkv_last_error();
+  int changed = -1;
+  ASSERT_EQ(pkv_sync(session, &changed), 0) << pkv_last_error();
+  ASSERT_EQ(changed, 1);
+  // 64 of 128 kept: the 42 scored 9, then 22 ties to layer 0 -> 24 and 40.
+  ASSERT_EQ(pkv_committed_tokens(session), 40u);
+  ASSERT_EQ(pkv_num_blocks(session), 3u);
+  pkv_page pages[4];
+  size_t n = 0;
+  for (size_t b = 0; b < 3; ++b) {
+    ASSERT_EQ(pkv_block_pages(session, b, pages, 4, &n), 0) << pkv_last_error();
+    ASSERT_EQ(n, 4u);
+    for (int i = 0; i < 4; ++i) {
+      const bool absent = b == 0 && pages[i].layer == 0;
+      EXPECT_EQ(pages[i].size_bytes == 0, absent) << "block " << b << " page " << i;
+      EXPECT_EQ(pages[i].addr == nullptr, absent) << "block " << b << " page " << i;
+    }
+  }
+  int64_t pos[40];
+  ASSERT_EQ(pkv_layer_slot_info(session, 0, 0, 40, pos), 0) << pkv_last_error();
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(pos[i], -1) << i;
+  const std::set<int64_t> held0(pos + 16, pos + 40);
+  EXPECT_TRUE(held0.contains(5) && held0.contains(6));
+  ASSERT_EQ(pkv_layer_slot_info(session, 1, 0, 40, pos), 0) << pkv_last_error();
+  EXPECT_EQ(std::count_if(pos, pos + 40, [](int64_t p) { return p >= 0 && p < 40; }), 36);
+  EXPECT_EQ(pkv_release(session, 8), 9);  // FAILED_PRECONDITION: below layer 0's first slot
+  EXPECT_EQ(pkv_committed_tokens(session), 40u);
   EXPECT_EQ(pkv_session_close(session), 0) << pkv_last_error();
   pkv_client_free(client);
 }

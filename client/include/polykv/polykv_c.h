@@ -84,7 +84,11 @@ int pkv_reserve(pkv_session* session, uint64_t num_tokens);
 int pkv_commit(pkv_session* session, uint64_t committed_tokens);
 int pkv_release(pkv_session* session, uint64_t keep_tokens);
 size_t pkv_num_blocks(const pkv_session* session);
-/* Copies the pages of block `block` (2 * num_layers of them) into pages[0..capacity). */
+/* Copies the pages of block `block` (2 * num_layers of them, K then V per
+ * layer) into pages[0..capacity). A layer that keeps a budget of its own
+ * (layers=importance) holds none of the session's oldest blocks: its two
+ * entries there have size_bytes 0 and addr NULL, and its slot positions
+ * there are -1 (pkv_layer_slot_info). */
 int pkv_block_pages(const pkv_session* session, size_t block, pkv_page* pages, size_t capacity,
                     size_t* num_pages);
 
