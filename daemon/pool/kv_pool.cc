@@ -775,10 +775,10 @@ absl::StatusOr<ReleaseResult> KvPool::Release(uint64_t session_id, absl::string_
   }
   const auto offsets = LayerOffsets(s.tables.blocks, s.profile.num_layers, s.block_tokens);
   if (const uint64_t late = *std::max_element(offsets.begin(), offsets.end());
-      keep_tokens < late) {
+      late > 0 && keep_tokens <= late) {
     return absl::FailedPreconditionError(absl::StrCat(
         "keep_tokens ", keep_tokens, " would leave a layer without slots: the layers keep "
-        "budgets of their own and one holds only slots from ", late, " on"));
+        "budgets of their own and one holds only slots past ", late));
   }
   const uint64_t keep_blocks = (keep_tokens + s.block_tokens - 1) / s.block_tokens;
   while (s.tables.blocks.size() > keep_blocks) {

@@ -671,7 +671,8 @@ TEST_F(CompactionTest, PerLayerSelectionKeepsEachLayersOwnImportantSlots) {
 // holds none of the oldest blocks (no pages there: the session's bytes
 // shrink by them), and its slot positions there are -1. New tokens go to
 // every layer; the next compaction starts from the late layer's offset; a
-// Release below it and a layer-uniform policy are refused, changing nothing.
+// Release that leaves it no slot and a layer-uniform policy are refused,
+// changing nothing.
 TEST_F(CompactionTest, ImportanceBudgetsGiveTheLayerThatNeedsMoreMoreSlots) {
   SetQos("a", "kvzip{select=layer,layers=importance,window.size=16}", 40);
   Sess s = Open("a");
@@ -706,9 +707,9 @@ TEST_F(CompactionTest, ImportanceBudgetsGiveTheLayerThatNeedsMoreMoreSlots) {
   EXPECT_EQ(pool_->used_bytes(), 6 * full_block / 2);  // 6 layer-blocks of 8
   Check();
 
-  // Refused, changing nothing: a Release below layer 0's first slot, and a
+  // Refused, changing nothing: a Release that leaves layer 0 no slot, and a
   // layer-uniform policy (it would apply one plan to layers that differ).
-  auto rel = pool_->Release(s.id, s.token, peer_, 31);
+  auto rel = pool_->Release(s.id, s.token, peer_, 32);  // layer 0 would hold none
   EXPECT_EQ(rel.status().code(), absl::StatusCode::kFailedPrecondition) << rel.status();
   EXPECT_EQ(pool_->used_bytes(), 6 * full_block / 2);
   SetQos("a", "kvzip{window.size=16}", 40);
