@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <utility>
 #include <numeric>
@@ -121,22 +122,43 @@ std::vector<int64_t> AllocateLayerBudgets(LayerAllocator allocator, int64_t tota
 
 std::vector<int64_t> ImportanceLayerBudgets(int64_t total,
                                             absl::Span<const std::vector<float>> scores) {
-  std::vector<int64_t> out(scores.size(), 0);
-  // (score, layer), best first after the partial sort; NaN as -inf.
-  std::vector<std::pair<float, uint32_t>> all;
-  for (size_t l = 0; l < scores.size(); ++l) {
-    for (float s : scores[l]) {
-      all.push_back({std::isnan(s) ? -std::numeric_limits<float>::infinity() : s,
-                     static_cast<uint32_t>(l)});
-    }
+  const size_t L = scores.size();
+  std::vector<int64_t> out(L, 0);
+  auto key = [](float s) { return std::isnan(s) ? -std::numeric_limits<float>::infinity() : s; };
+  std::vector<float> all;
+  for (const auto& layer : scores) {
+    for (float s : layer) all.push_back(key(s));
   }
   const size_t take = static_cast<size_t>(std::clamp<int64_t>(total, 0, int64_t(all.size())));
   if (take == 0) return out;
-  auto better = [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
-  };
-  std::nth_element(all.begin(), all.begin() + take - 1, all.end(), better);
-  for (size_t i = 0; i < take; ++i) ++out[all[i].second];
+  std::nth_element(all.begin(), all.begin() + take - 1, all.end(), std::greater<float>());
+  const float threshold = all[take - 1];
+  // Above the threshold: kept. At it: the rest of `take`, shared in
+  // proportion to each layer's tied slots (largest remainder), so scores
+  // that do not tell layers apart (none reported) split evenly.
+  std::vector<int64_t> tied(L, 0);
+  int64_t left = static_cast<int64_t>(take), num_tied = 0;
+  for (size_t l = 0; l < L; ++l) {
+    for (float s : scores[l]) {
+      const float k = key(s);
+      out[l] += k > threshold;
+      tied[l] += k == threshold;
+    }
+    left -= out[l];
+    num_tied += tied[l];
+  }
+  std::vector<std::pair<double, size_t>> rem;
+  int64_t given = 0;
+  for (size_t l = 0; l < L && num_tied > 0; ++l) {
+    const double share = static_cast<double>(left) * tied[l] / num_tied;
+    const auto whole = static_cast<int64_t>(std::floor(share));
+    out[l] += whole;
+    given += whole;
+    rem.push_back({share - static_cast<double>(whole), l});
+  }
+  std::stable_sort(rem.begin(), rem.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = 0; i < rem.size() && given < left; ++i, ++given) ++out[rem[i].second];
   return out;
 }
 

@@ -43,7 +43,8 @@ std::vector<int64_t> AllocateLayerBudgets(LayerAllocator allocator, int64_t tota
 
 // kImportance's budgets: the `total` most important slots over all layers
 // (scores[l] holds layer l's, one per slot; NaN ranks lowest), counted per
-// layer. Ties at the threshold go to the lower layers.
+// layer. Slots tied at the threshold fill the rest in proportion to each
+// layer's tied count, so scores that tell nothing apart split evenly.
 std::vector<int64_t> ImportanceLayerBudgets(int64_t total,
                                             absl::Span<const std::vector<float>> scores);
 

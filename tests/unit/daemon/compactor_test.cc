@@ -461,13 +461,14 @@ TEST(AlignLayerBudgetsTest, CountsDifferByWholeBlocks) {
 TEST(PlanCompactionTest, ImportanceBudgetsRightAlignTheLayers) {
   auto kvzip = Policy("kvzip", {{"select", "layer"}, {"layers", "importance"},
                                 {"window.size", "16"}, {"sinks.count", "0"}});
-  // 16 important slots in layer 0, 48 in layer 1, 16 in layer 2; 96 to keep.
-  const auto l0 = Scored(64, 0, {0, 16});
+  // 16 important slots in layer 0 (and 16 next, its newest), 48 in layer 1,
+  // 16 in layer 2: the 96 to keep.
+  const auto l0 = Scored(64, 0, {0, 16}, {48, 64});
   const std::vector<std::vector<SlotRecord>> upper = {Scored(64, 0, {0, 48}),
                                                       Scored(64, 0, {16, 32})};
   auto plan = PlanCompaction(*kvzip, l0, upper, In(32));
   ASSERT_TRUE(plan.ok()) << plan.status();
-  // 80 slots score 3; the 16 tied next go to layer 0: 32, 48, 16.
+  // 80 slots score 3 and layer 0's newest 16 score 2: 32, 48, 16.
   EXPECT_EQ(plan->num_out, 48u);
   EXPECT_EQ(plan->layer_offsets, (std::vector<uint64_t>{16, 0, 32}));
   ASSERT_EQ(plan->records.size(), 3u);

@@ -527,13 +527,19 @@ TEST(LayerBudgetTest, AllocatorsRespectTotalAndCaps) {
 }
 
 // layers=importance: the `total` best slots over all layers, counted per
-// layer (NaN ranks lowest; ties go to the lower layer); kvzip only.
+// layer (NaN ranks lowest; ties shared by how many each layer has); kvzip
+// only.
 TEST(LayerBudgetTest, ImportanceCountsEachLayersShareOfTheBestSlots) {
   const std::vector<std::vector<float>> scores = {{5, 1, 1, 0}, {4, 4, 3, 2}, {NAN, 9, 1, 1}};
   EXPECT_THAT(ImportanceLayerBudgets(5, scores), ElementsAre(1, 3, 1));
-  EXPECT_THAT(ImportanceLayerBudgets(7, scores), ElementsAre(2, 4, 1));  // ties at 1: lower first
+  EXPECT_THAT(ImportanceLayerBudgets(7, scores), ElementsAre(2, 4, 1));  // one of four tied 1s
   EXPECT_THAT(ImportanceLayerBudgets(0, scores), ElementsAre(0, 0, 0));
   EXPECT_THAT(ImportanceLayerBudgets(99, scores), ElementsAre(4, 4, 4));
+  // Nothing reported (all NaN), or all equal: an even split.
+  const std::vector<std::vector<float>> none(3, std::vector<float>(10, NAN));
+  EXPECT_THAT(ImportanceLayerBudgets(12, none), ElementsAre(4, 4, 4));
+  EXPECT_THAT(ImportanceLayerBudgets(13, {std::vector<float>(5, 1.f), std::vector<float>(15, 1.f)}),
+              ElementsAre(3, 10));  // 3.25 and 9.75: the larger remainder
   // Through the policy, on a view whose layers' importance differs.
   SessionView v = MakeView(8, 2);
   for (int i = 0; i < 8; ++i) {
