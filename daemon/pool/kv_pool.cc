@@ -393,7 +393,11 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     if (known_epoch == s.tables.epoch && s.tables.pending.empty() && !s.busy) {
       if (s.policy.wants_layer_importance) SplitLayerRecords(s);
       const QosRecord& qos = admission_.For(s.agent_id());
-      TargetInputs in{.compacting_policy = qos.policy != "full",
+      // A policy that ranks by importance has nothing to rank by until the
+      // worker reports some (one that runs no probes never does): its
+      // session is not evicted meanwhile.
+      const bool can_rank = !s.policy.wants_importance || s.policy.importance_reported;
+      TargetInputs in{.compacting_policy = qos.policy != "full" && can_rank,
                       .committed_tokens = HeldTokens(s),
                       .block_tokens = s.block_tokens,
                       .budget_tokens = SessionBudget(qos.budget_tokens, qos.budget_fraction,
@@ -1103,6 +1107,7 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
   }
   // Valid: from here on nothing fails.
   if (!r.layer_importance.empty() && s.policy.wants_layer_importance) SplitLayerRecords(s);
+  s.policy.importance_reported |= !r.importance.empty() || !r.layer_importance.empty();
   // The streams other than layer_importance are per slot index, the same for
   // every layer: where the layers were compacted apart, a select=layer policy
   // reads none of them but the metadata of new slots (the same token in

@@ -83,6 +83,8 @@ struct PolicyInputs {
   bool wants_importance = false;
   bool wants_observation = false;
   bool wants_layer_importance = false;  // the policy selects per layer
+  // The worker has reported importance (ReportSlots) at least once.
+  bool importance_reported = false;
 };
 
 struct Session {

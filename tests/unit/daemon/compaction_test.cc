@@ -612,6 +612,27 @@ TEST_F(CompactionTest, KvzipKeepsTheSlotsItsReconstructionFoundImportant) {
   Check();
 }
 
+// A policy that ranks by importance waits for the worker's first report: a
+// worker that runs no reconstruction probes keeps its session whole rather
+// than have it cut by scores that are all unknown.
+TEST_F(CompactionTest, ImportancePoliciesWaitForTheFirstReport) {
+  SetQos("a", "kvzip{select=layer,layers=importance,window.size=16}", 32);
+  Sess s = Open("a");
+  ASSERT_TRUE(Append(s, 60).ok());  // 60 > 32 + 3
+  EXPECT_FALSE(Sync(s).value());
+  EXPECT_EQ(s.committed, 60u);
+  ReportSlotsRequest attention;  // another stream does not count
+  attention.attention.assign(60, 1.f);
+  ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, attention).ok());
+  EXPECT_FALSE(Sync(s).value());
+  ReportSlotsRequest r;
+  r.layer_importance.assign(kLayers * 60, 1.f);
+  ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
+  ASSERT_TRUE(Sync(s).value());
+  EXPECT_LE(s.committed, 32u);
+  Check();
+}
+
 // kvzip{select=layer}: each layer keeps the slots ITS reconstruction found
 // important (ReportSlots.layer_importance), as many in every layer, so the
 // layers' pages then hold different tokens; Sync says which
