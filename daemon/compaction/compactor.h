@@ -71,14 +71,16 @@ struct CompactionInputs {
 struct CompactionPlan {
   bool changes = false;      // false: the policy keeps everything; nothing to do
   uint64_t num_out = 0;      // output slots: the committed count after
-  // [layer] the first output slot each layer holds (multiples of
-  // block_tokens; the layer that keeps the most holds them all). Output
-  // block j has pages of layer l iff j x block_tokens >= layer_offsets[l].
+  // [1 + upper layers] the first output slot each layer holds (multiples of
+  // block_tokens; the layer that keeps the most holds them all); a plan
+  // over one record list (no `upper`) has one entry, 0, for every layer.
+  // Output block j has pages of layer l iff j x block_tokens >= its offset.
   std::vector<uint64_t> layer_offsets;
   // [output block] the formats of its pages (one shape per block).
   std::vector<kernels::PageFormat> block_k_formats, block_v_formats;
-  // [layer] the output slot records, [num_out] each (placeholders with
-  // position -1 below the layer's offset): the session's records after.
+  // [1 + upper layers] the output slot records, [num_out] each
+  // (placeholders with position -1 below the layer's offset): the session's
+  // records after.
   std::vector<std::vector<SlotRecord>> records;
   // Layer 0's output groups, in its own slot indices (source slots from its
   // offset on, output slots from its output offset on).

@@ -615,9 +615,11 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
   // session), so quotas do not apply, but the pool budget does. They are
   // the session's (staged) from allocation on, so counts stay exact.
   const size_t out_blocks = plan->out_blocks();
-  // Whether output block j holds layer l's pages (right-aligned layers).
+  // Whether output block j holds layer l's pages (right-aligned layers; a
+  // plan over one record list has one offset, for every layer).
   auto holds = [&](size_t j, uint32_t l) {
-    return j * s.block_tokens >= plan->layer_offsets[l];
+    const auto& o = plan->layer_offsets;
+    return j * s.block_tokens >= o[o.size() == 1 ? 0 : l];
   };
   std::vector<BlockShape> shapes;  // of the new blocks, in order
   absl::Status failure;
