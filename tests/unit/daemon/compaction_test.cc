@@ -93,11 +93,13 @@ class CompactionTest : public ::testing::Test {
     ASSERT_TRUE(r.ok()) << r.status();
   }
 
-  Sess Open(const std::string& agent) {
+  // layers > kLayers: the helpers write and check layers 0 .. kLayers - 1
+  // only (the others' pages stay zero).
+  Sess Open(const std::string& agent, uint32_t layers = kLayers) {
     OpenRequest r;
     r.agent_id = agent;
     r.tenant = "t1";
-    r.profile = {kLayers, kHeads, kDim, DType::kF32, "tiny"};
+    r.profile = {layers, kHeads, kDim, DType::kF32, "tiny"};
     r.block_tokens = kBlock;
     r.peer = peer_;
     auto o = pool_->Open(r);
@@ -609,6 +611,18 @@ TEST_F(CompactionTest, KvzipKeepsTheSlotsItsReconstructionFoundImportant) {
   for (int64_t p = 30; p < 34; ++p) EXPECT_TRUE(kept.contains(p)) << "raised later " << p;
   for (int64_t p = 52; p < 60; ++p) EXPECT_TRUE(kept.contains(p)) << "not scored yet " << p;
   EXPECT_FALSE(kept.contains(40));
+  Check();
+}
+
+// A layer-uniform plan moves every layer's pages, however many the model
+// has (a plan over one record list has one layer offset for all of them).
+TEST_F(CompactionTest, ALayerUniformPlanCompactsEveryLayer) {
+  SetQos("a", "window", 32);
+  Sess s = Open("a", 5);
+  ASSERT_TRUE(Append(s, 60).ok());
+  ASSERT_TRUE(Sync(s).value());
+  EXPECT_EQ(s.committed, 28u);
+  for (const BlockDesc& b : s.blocks) EXPECT_EQ(b.pages.size(), 10u);
   Check();
 }
 
