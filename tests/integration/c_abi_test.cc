@@ -59,6 +59,20 @@ class CAbiTest : public ::testing::Test {
     return o;
   }
   void ExpectTheStreamDecidesCompaction(const ScoreStream& stream);
+  // `polykvctl qos set AGENT --policy POLICY --budget-tokens 32`, as an
+  // operator would.
+  void SetQos(const std::string& agent, const std::string& policy) {
+    auto [code, out] = testing::RunProgram({BinDir() + "/polykvctl", "--socket", sock_, "qos",
+                                            "set", agent, "--policy", policy,
+                                            "--budget-tokens", "32"});
+    ASSERT_EQ(code, 0) << out;
+  }
+  // Connects and opens a session of Options(agent).
+  void Open(const char* agent, pkv_client** client, pkv_session** session) {
+    ASSERT_EQ(pkv_connect(sock_.c_str(), client), 0) << pkv_last_error();
+    const pkv_session_options o = Options(agent);
+    ASSERT_EQ(pkv_session_open(*client, &o, session), 0) << pkv_last_error();
+  }
 
   std::string dir_, sock_;
   std::unique_ptr<Subprocess> daemon_;
@@ -126,14 +140,10 @@ TEST_F(CAbiTest, SessionLifecycleAndErrors) {
 // The policy engine through the C ABI: reports reach the daemon, a compaction
 // at the QoS budget follows, and pkv_sync / pkv_slot_info describe it.
 TEST_F(CAbiTest, ReportsReachTheDaemonAndSyncAdoptsItsCompaction) {
-  auto [code, out] = testing::RunProgram({BinDir() + "/polykvctl", "--socket", sock_, "qos", "set",
-                                          "c-h2o", "--policy", "h2o", "--budget-tokens", "32"});
-  ASSERT_EQ(code, 0) << out;
+  ASSERT_NO_FATAL_FAILURE(SetQos("c-h2o", "h2o"));
   pkv_client* client = nullptr;
-  ASSERT_EQ(pkv_connect(sock_.c_str(), &client), 0) << pkv_last_error();
-  const pkv_session_options o = Options("c-h2o");
   pkv_session* session = nullptr;
-  ASSERT_EQ(pkv_session_open(client, &o, &session), 0) << pkv_last_error();
+  ASSERT_NO_FATAL_FAILURE(Open("c-h2o", &client, &session));
   ASSERT_EQ(pkv_reserve(session, 64), 0) << pkv_last_error();
   ASSERT_EQ(pkv_commit(session, 64), 0) << pkv_last_error();
   int changed = -1;
@@ -182,15 +192,10 @@ TEST_F(CAbiTest, ReportsReachTheDaemonAndSyncAdoptsItsCompaction) {
 // An agent whose policy ranks by the stream is told so at open, and what it
 // reports decides its compaction.
 void CAbiTest::ExpectTheStreamDecidesCompaction(const ScoreStream& stream) {
-  auto [code, out] = testing::RunProgram({BinDir() + "/polykvctl", "--socket", sock_, "qos", "set",
-                                          stream.agent, "--policy", stream.policy,
-                                          "--budget-tokens", "32"});
-  ASSERT_EQ(code, 0) << out;
+  ASSERT_NO_FATAL_FAILURE(SetQos(stream.agent, stream.policy));
   pkv_client* client = nullptr;
-  ASSERT_EQ(pkv_connect(sock_.c_str(), &client), 0) << pkv_last_error();
-  const pkv_session_options o = Options(stream.agent);
   pkv_session* session = nullptr;
-  ASSERT_EQ(pkv_session_open(client, &o, &session), 0) << pkv_last_error();
+  ASSERT_NO_FATAL_FAILURE(Open(stream.agent, &client, &session));
   EXPECT_EQ(stream.wants(session), 1);
   EXPECT_EQ(stream.wants(nullptr), 0);
   ASSERT_EQ(pkv_reserve(session, 64), 0) << pkv_last_error();
@@ -223,15 +228,10 @@ void CAbiTest::ExpectTheStreamDecidesCompaction(const ScoreStream& stream) {
 // kvzip{select=layer}: the worker reports importance per layer, and each
 // layer keeps the slots its own report ranked highest.
 TEST_F(CAbiTest, PerLayerSelectionKeepsEachLayersReportedSlots) {
-  auto [code, out] = testing::RunProgram(
-      {BinDir() + "/polykvctl", "--socket", sock_, "qos", "set", "c-layer", "--policy",
-       "kvzip{select=layer,window.size=4}", "--budget-tokens", "32"});
-  ASSERT_EQ(code, 0) << out;
+  ASSERT_NO_FATAL_FAILURE(SetQos("c-layer", "kvzip{select=layer,window.size=4}"));
   pkv_client* client = nullptr;
-  ASSERT_EQ(pkv_connect(sock_.c_str(), &client), 0) << pkv_last_error();
-  const pkv_session_options o = Options("c-layer");
   pkv_session* session = nullptr;
-  ASSERT_EQ(pkv_session_open(client, &o, &session), 0) << pkv_last_error();
+  ASSERT_NO_FATAL_FAILURE(Open("c-layer", &client, &session));
   EXPECT_EQ(pkv_wants_importance(session), 1);
   EXPECT_EQ(pkv_wants_layer_importance(session), 1);
   EXPECT_EQ(pkv_wants_layer_importance(nullptr), 0);
@@ -273,15 +273,10 @@ TEST_F(CAbiTest, PerLayerSelectionKeepsEachLayersReportedSlots) {
 // keeps more; the other holds none of the oldest block, whose entries for it
 // are empty (size 0, no address) and whose slot positions are -1.
 TEST_F(CAbiTest, ImportanceBudgetsLeaveALayerWithoutTheOldestBlock) {
-  auto [code, out] = testing::RunProgram(
-      {BinDir() + "/polykvctl", "--socket", sock_, "qos", "set", "c-budgets", "--policy",
-       "kvzip{select=layer,layers=importance,window.size=4}", "--budget-tokens", "32"});
-  ASSERT_EQ(code, 0) << out;
+  ASSERT_NO_FATAL_FAILURE(SetQos("c-budgets", "kvzip{select=layer,layers=importance,window.size=4}"));
   pkv_client* client = nullptr;
-  ASSERT_EQ(pkv_connect(sock_.c_str(), &client), 0) << pkv_last_error();
-  const pkv_session_options o = Options("c-budgets");
   pkv_session* session = nullptr;
-  ASSERT_EQ(pkv_session_open(client, &o, &session), 0) << pkv_last_error();
+  ASSERT_NO_FATAL_FAILURE(Open("c-budgets", &client, &session));
   ASSERT_EQ(pkv_block_tokens(session), 16u);
   ASSERT_EQ(pkv_reserve(session, 64), 0) << pkv_last_error();
   ASSERT_EQ(pkv_commit(session, 64), 0) << pkv_last_error();
