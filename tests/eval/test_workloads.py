@@ -11,7 +11,9 @@ import contextlib
 import io
 import json
 import os
+import random
 import shutil
+import signal
 import sys
 import tempfile
 import unittest
@@ -23,6 +25,7 @@ sys.path.insert(1, os.path.join(ROOT, "bench", "eval"))
 import common  # noqa: E402
 import data  # noqa: E402
 import gen  # noqa: E402
+import humaneval  # noqa: E402
 import score  # noqa: E402
 
 DATA_DIR = os.path.expanduser(os.environ.get("POLYKV_EVAL_DATA", data.DEFAULT_DIR))
@@ -262,6 +265,32 @@ class CliTest(unittest.TestCase):
 
 
 @unittest.skipUnless(HAVE_DATA, f"no bfcl/humaneval data in {DATA_DIR} (python3 bench/eval/data.py)")
+class HumanEvalShortNameTest(unittest.TestCase):
+    """No data needed: one made-up problem in the generator's cache."""
+
+    def test_a_one_letter_entry_point_does_not_stall_the_filler(self):
+        # HumanEval/106's entry point is `f`, which nearly every filler line
+        # contains: kept out of the filler, generation never ended.
+        problem = {"task_id": "HumanEval/106", "entry_point": "f",
+                   "prompt": "def f(n):\n    \"\"\"Return n.\"\"\"\n", "test": ""}
+        ctx = {"cache": {"humaneval": [problem], "humaneval_order": [0]}, "index": 0}
+
+        def stalled(*_):
+            raise TimeoutError("the filler stalled")
+
+        # Seeds whose filler has a log round of `notifications` never ended.
+        old = signal.signal(signal.SIGALRM, stalled)
+        signal.alarm(30)
+        try:
+            for seed in range(12):
+                task = humaneval.generate(random.Random(seed), "humaneval-000", seed, 2500, ctx)
+                self.assertGreater(task.approx_tokens, 2000)
+                self.assertIn("def f(n):", task.conv.messages[-1]["content"])
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+
+
 class DataFamiliesTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -56,7 +56,10 @@ def generate(rng: random.Random, task_id: str, seed: int, target: int, ctx: dict
     conv = Conversation()
     conv.add("system", SYSTEM)
     budget = target - conv.tokens - conv.cost(question)
-    filler.add_rounds(rng, conv, budget, [p["entry_point"]])
+    # A name of one or two letters (HumanEval/106's `f`) is in nearly every
+    # line of filler, and keeping it out would never end; it gives nothing away.
+    avoid = [p["entry_point"]] if len(p["entry_point"]) >= 3 else []
+    filler.add_rounds(rng, conv, budget, avoid)
     conv.add("user", question, intent="user: asks for a function")
     # Only the fence: prefilled with the prompt too (HumanEval's completion
     # setting), SmolLM2-135M-Instruct closes the fence right after the
