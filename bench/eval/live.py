@@ -27,6 +27,7 @@ tests/eval/test_live.py, the whole path in tests/eval/live_e2e.py.
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
 import math
 import os
@@ -547,6 +548,21 @@ def count_tokens(bins: Bins, model: str, path: str) -> list[dict]:
     return [json.loads(x) for x in p.stdout.splitlines() if x.strip()]
 
 
+def needs_forced_pass(rec: dict | None, c: Config, teacher_force: bool) -> bool:
+    """Whether a recorded reference answered without its forced pass."""
+    return (teacher_force and rec is not None and c.text == REFERENCE and not rec.get("error")
+            and not rec.get("reference_logprobs"))
+
+
+def write_records(path: str, records) -> None:
+    """Rewrites path with records, one line each (atomically: a crash keeps
+    the old file)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records))
+    os.replace(tmp, path)
+
+
 def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, bin_dir: str,
              threads: int, resume: bool, log, teacher_force: bool = True) -> dict:
     """Runs every (task, config) live and appends the records to
@@ -572,6 +588,7 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
                     raise LiveError(f"{results}:{no} is not a live record; --resume continues "
                                     "live runs only (use another --name)")
                 done[(r["task"], r["config"])] = r
+        write_records(results, done.values())
     elif os.path.exists(results):
         os.remove(results)
     n_resumed = len(done)
@@ -603,8 +620,17 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
 
     taken: set = set()
     todo = []
+    n_forced_only = 0
     for task, ctx, geo, err in tasks:
         for c in configs:
+            if needs_forced_pass(done.get((task.id, c.text)), c, teacher_force):
+                # A reference answered by a run without teacher forcing (a
+                # screen, --no-teacher-force): only its forced pass is missing.
+                agent = done[(task.id, c.text)]["agent"]
+                taken.add(agent)
+                todo.append((task, ctx, geo, c, agent))
+                n_forced_only += 1
+                continue
             if (task.id, c.text) in done:
                 continue
             if err is not None:
@@ -614,7 +640,9 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
                 continue
             todo.append((task, ctx, geo, c, agent_name(task.id, c.text, taken)))
     if resume:
-        log(f"live: {n_resumed} (task, config) pairs already in {results}, skipped")
+        log(f"live: {n_resumed} (task, config) pairs already in {results}, skipped"
+            + (f"; {n_forced_only} references answered without teacher forcing get their "
+               "forced pass" if n_forced_only else ""))
     if not todo:
         out.close()
         return {"daemon": None, "runs": 0}
@@ -633,6 +661,11 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
         f"log {daemon.log_path}); {len(todo)} worker runs, {threads} at a time")
 
     def one(task: Task, ctx: int, geo: dict, c: Config, agent: str) -> dict:
+        if c.text == REFERENCE and (task.id, REFERENCE) in done:
+            rec = dict(done[(task.id, REFERENCE)])
+            base = os.path.join(workers_dir, agent)
+            return forced_pass(task, c, agent, rec, None, base, qos_command(agent, c, None),
+                               base + ".logprobs.jsonl", rec.get("worker_seconds") or 0.0)
         ref = None if c.text == REFERENCE else done.get((task.id, REFERENCE))
         rec = base_record(task, c, ctx, bytes_per_token_f16(geo))
         if c.text != REFERENCE and (ref is None or ref.get("error")):
@@ -643,13 +676,7 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
         # floor (a default QoS knows no context length).
         budget = (None if c.full else c.budget_floor if c.fractional
                   else budget_tokens(c.budget, ctx))
-        # Everything the daemon stores through the agent's QoS (the Admin
-        # API), as an operator sets it: the worker asks for nothing.
-        qos = [bins.ctl, "--socket", daemon.socket, "qos", "set", agent,
-               "--policy", c.policy, "--budget-tokens", str(budget or 0),
-               "--budget-fraction", f"{c.budget:g}" if c.fractional else "0",
-               "--key-format", c.k_format, "--value-format", c.v_format,
-               "--block-tokens", str(c.block_tokens)]
+        qos = qos_command(agent, c, budget)
         p = subprocess.run(qos, capture_output=True, text=True)
         if p.returncode != 0:
             rec.update({"agent": agent, "budget_tokens": budget,
@@ -666,6 +693,19 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
                           summary, ref, seconds)
         if not teacher_force or rec.get("error"):
             return rec
+        return forced_pass(task, c, agent, rec, ref, base, qos, logprobs, seconds)
+
+    def qos_command(agent: str, c: Config, budget: int | None) -> list[str]:
+        # Everything the daemon stores through the agent's QoS (the Admin
+        # API), as an operator sets it: the worker asks for nothing.
+        return [bins.ctl, "--socket", daemon.socket, "qos", "set", agent,
+                "--policy", c.policy, "--budget-tokens", str(budget or 0),
+                "--budget-fraction", f"{c.budget:g}" if c.fractional else "0",
+                "--key-format", c.k_format, "--value-format", c.v_format,
+                "--block-tokens", str(c.block_tokens)]
+
+    def forced_pass(task: Task, c: Config, agent: str, rec: dict, ref: dict | None, base: str,
+                    qos: list[str], logprobs: str | None, seconds: float) -> dict:
         # The same config again, teacher-forced on the reference's answer,
         # as its own session: its agent has the same QoS. The reference's
         # forced run records the distributions the others are scored against
@@ -724,7 +764,10 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
 
     t_start = time.monotonic()
     n_done, total = 0, len(todo)
-    refs = [j for j in todo if j[3].text == REFERENCE]
+    # In an order fixed by the task ids but mixing the families, so that a
+    # run stopped part-way (and --resume'd later) has sampled all of them.
+    refs = sorted((j for j in todo if j[3].text == REFERENCE),
+                  key=lambda j: hashlib.sha256(j[0].id.encode()).digest())
     rest = {}
     for j in todo:
         if j[3].text != REFERENCE:
@@ -733,9 +776,11 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, threads)) as pool_x:
             pending = {pool_x.submit(one, *j): j for j in refs}
-            # Tasks whose reference is already recorded start at once.
+            # Tasks whose reference is already recorded (forced pass and
+            # all) start at once.
+            waiting = {j[0].id for j in refs}
             for tid in list(rest):
-                if (tid, REFERENCE) in done:
+                if (tid, REFERENCE) in done and tid not in waiting:
                     for j in rest.pop(tid):
                         pending[pool_x.submit(one, *j)] = j
             while pending:
@@ -762,6 +807,8 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
                             pending[pool_x.submit(one, *j)] = j
     finally:
         out.close()
+        # A reference's forced pass appended its record again: keep the last.
+        write_records(results, done.values())
         metrics = daemon.scrape()
         rc = daemon.stop()
     with open(os.path.join(out_dir, "polykvd_metrics.txt"), "w") as f:

@@ -48,11 +48,11 @@ class LiveEndToEndTest(unittest.TestCase):
         if not os.path.exists(MODEL):
             self.skipTest("run scripts/fetch-model.sh smollm2-135m")
 
-    def eval_py(self, out, *extra):
+    def eval_py(self, out, *extra, configs=CONFIGS):
         cmd = [sys.executable, EVAL_PY, "--live", "--skip-build", "--no-plots",
                "--no-live-capacity", "--bin-dir", BIN_DIR, "--model", MODEL,
                "--families", "recall", "--per-family", "1", "--min-tokens", "600",
-               "--max-tokens", "650", "--configs", ",".join(CONFIGS), "--threads", "2",
+               "--max-tokens", "650", "--configs", ",".join(configs), "--threads", "2",
                "--out", out, "--name", "live", *extra]
         p = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
         self.assertEqual(p.returncode, 0, p.stderr[-3000:])
@@ -136,6 +136,35 @@ class LiveEndToEndTest(unittest.TestCase):
             self.assertIn("4 (task, config) pairs already in", p.stderr)
             self.assertNotIn("worker runs", p.stderr)
             self.assertEqual(read(os.path.join(run, "results.jsonl")), before)
+
+    def test_a_screened_reference_gets_only_its_forced_pass(self):
+        with tempfile.TemporaryDirectory() as d:
+            # The screen: the reference's answer, not teacher-forced.
+            self.eval_py(d, "--no-teacher-force", configs=["full@1/f16"])
+            run = os.path.join(d, "live")
+            results = os.path.join(run, "results.jsonl")
+            (screened,) = read_jsonl(results)
+            self.assertNotIn("reference_logprobs", screened)
+            self.assertNotIn("kl_mean", screened)
+            answer = os.path.join(run, "live", screened["agent"] + ".jsonl")
+            answered = read(answer)
+            # Resumed with teacher forcing and a config: the reference is not
+            # answered again, only forced; the config is scored against it.
+            p = self.eval_py(d, "--resume", configs=["full@1/f16", "window@0.5/f16"])
+            self.assertIn("1 references answered without teacher forcing get their forced pass",
+                          p.stderr)
+            self.assertIn("2 worker runs", p.stderr)
+            recs = read_jsonl(results)
+            self.assertEqual(sorted(r["config"] for r in recs), ["full@1/f16", "window@0.5/f16"])
+            ref, win = sorted(recs, key=lambda r: r["config"])
+            self.assertEqual(read(answer), answered)
+            self.assertEqual(ref["output_tokens"], screened["output_tokens"])
+            self.assertTrue(os.path.exists(os.path.join(run, ref["reference_logprobs"])))
+            self.assertLess(ref["kl_mean"], 0.05)
+            self.assertGreater(ref["worker_seconds"], screened["worker_seconds"])
+            self.assertNotIn("forced_error", win, win.get("forced_error"))
+            self.assertGreaterEqual(win["kl_mean"], 0.0)
+            self.assertEqual(win["forced_positions"], ref["forced_positions"])
 
 
 if __name__ == "__main__":

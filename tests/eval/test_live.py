@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench", "eval"))
 import compare_live  # noqa: E402
 import eval as driver  # noqa: E402
 import live  # noqa: E402
+import solved  # noqa: E402
 
 
 def write_task(d: str, name: str, lines: list[dict]) -> str:
@@ -298,6 +299,94 @@ class DriverFlagsTest(unittest.TestCase):
         self.assertFalse(args.live or args.resume or args.no_plots)
         # --resume continues a harness run too (polykv-eval --resume).
         self.assertTrue(driver.parse_args(["--resume"]).resume)
+
+
+class ScreenTest(unittest.TestCase):
+    """A screen (the reference alone, no teacher forcing), then the configs
+    on the tasks it solves (bench/eval/solved.py)."""
+
+    def test_only_a_reference_without_its_forced_pass_needs_one(self):
+        ref, other = live.parse_config("full@1/f16"), live.parse_config("window@0.5/f16")
+        screened = {"config": ref.text, "agent": "a"}
+        self.assertTrue(live.needs_forced_pass(screened, ref, True))
+        self.assertFalse(live.needs_forced_pass(screened, ref, False))
+        self.assertFalse(live.needs_forced_pass(None, ref, True))
+        self.assertFalse(live.needs_forced_pass(dict(screened, error="x"), ref, True))
+        self.assertFalse(live.needs_forced_pass(
+            dict(screened, reference_logprobs="live/a.tf.logprobs.jsonl"), ref, True))
+        self.assertFalse(live.needs_forced_pass({"config": other.text}, other, True))
+
+    def test_write_records_replaces_the_file(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "results.jsonl")
+            with open(path, "w") as f:
+                f.write('{"task": "a"}\n{"task": "a", "kl_mean": 0.0}\n')
+            live.write_records(path, [{"task": "a", "kl_mean": 0.0}])
+            with open(path) as f:
+                self.assertEqual(f.read(), '{"task": "a", "kl_mean": 0.0}\n')
+            self.assertEqual(os.listdir(d), ["results.jsonl"])
+
+    def screen(self, d: str) -> str:
+        src = os.path.join(d, "screen")
+        os.makedirs(os.path.join(src, "tasks"))
+        os.makedirs(os.path.join(src, "live"))
+        manifest, recs = [], []
+        for tid, out in (("recall-000", "The tag is v1.2."), ("recall-001", "The tag is v9."),
+                         ("recall-002", None)):
+            name = tid + ".jsonl"
+            lines = [dict(x) for x in TASK_LINES]
+            lines[-1]["id"] = tid
+            write_task(os.path.join(src, "tasks"), name, lines)
+            manifest.append({"task_id": tid, "file": name})
+            agent = tid + ".full_1_f16"
+            for ext in (".jsonl", ".err", ".logprobs.jsonl"):
+                with open(os.path.join(src, "live", agent + ext), "w") as f:
+                    f.write(tid)
+            rec = {"task": tid, "family": "recall", "file": os.path.join(src, "tasks", name),
+                   "config": "full@1/f16", "mode": "live", "agent": agent,
+                   "eval": lines[-1]["eval"]}
+            rec.update({"output": out} if out else {"error": "polykv-worker (exit 1)"})
+            recs.append(rec)
+        # A config's record: not a reference, not copied.
+        recs.append(dict(recs[0], config="window@0.5/f16", agent="x"))
+        with open(os.path.join(src, "tasks", "manifest.json"), "w") as f:
+            json.dump(manifest, f)
+        live.write_records(os.path.join(src, "results.jsonl"), recs)
+        return src
+
+    def test_solved_copies_the_solved_tasks_and_their_references(self):
+        with tempfile.TemporaryDirectory() as d:
+            src, dst = self.screen(d), os.path.join(d, "solved")
+            before = sorted(os.listdir(os.path.join(src, "live")))
+            self.assertEqual(solved.main([src, dst]), 0)
+            self.assertEqual(sorted(os.listdir(os.path.join(dst, "tasks"))),
+                             ["manifest.json", "recall-000.jsonl"])
+            with open(os.path.join(dst, "tasks", "manifest.json")) as f:
+                self.assertEqual([e["task_id"] for e in json.load(f)], ["recall-000"])
+            self.assertEqual(sorted(os.listdir(os.path.join(dst, "live"))),
+                             ["recall-000.full_1_f16" + e
+                              for e in (".err", ".jsonl", ".logprobs.jsonl")])
+            with open(os.path.join(dst, "results.jsonl")) as f:
+                recs = [json.loads(x) for x in f]
+            self.assertEqual([(r["task"], r["config"]) for r in recs],
+                             [("recall-000", "full@1/f16")])
+            # The record names the copied task file; the screen is unchanged.
+            self.assertEqual(recs[0]["file"], os.path.join(dst, "tasks", "recall-000.jsonl"))
+            self.assertEqual(sorted(os.listdir(os.path.join(src, "live"))), before)
+            with self.assertRaises(SystemExit):
+                solved.main([src, dst])  # dst exists
+
+    def test_solved_refuses_a_screen_that_solves_nothing(self):
+        with tempfile.TemporaryDirectory() as d:
+            src = self.screen(d)
+            results = os.path.join(src, "results.jsonl")
+            with open(results) as f:
+                recs = [json.loads(x) for x in f]
+            live.write_records(results, [dict(r, output="no") for r in recs])
+            with self.assertRaises(SystemExit) as e:
+                solved.main([src, os.path.join(d, "solved")])
+            self.assertIn("solves none", str(e.exception))
+            self.assertFalse(os.path.exists(os.path.join(d, "solved")))
 
 
 if __name__ == "__main__":
