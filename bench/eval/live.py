@@ -549,9 +549,12 @@ def count_tokens(bins: Bins, model: str, path: str) -> list[dict]:
 
 
 def needs_forced_pass(rec: dict | None, c: Config, teacher_force: bool) -> bool:
-    """Whether a recorded reference answered without its forced pass."""
-    return (teacher_force and rec is not None and c.text == REFERENCE and not rec.get("error")
-            and not rec.get("reference_logprobs"))
+    """Whether a record answered without its forced pass (a run with
+    --no-teacher-force, or a forced pass that failed)."""
+    if not teacher_force or rec is None or rec.get("error"):
+        return False
+    # The reference's forced pass is what the others are scored against.
+    return not rec.get("reference_logprobs" if c.text == REFERENCE else "forced_positions")
 
 
 def write_records(path: str, records) -> None:
@@ -624,8 +627,8 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
     for task, ctx, geo, err in tasks:
         for c in configs:
             if needs_forced_pass(done.get((task.id, c.text)), c, teacher_force):
-                # A reference answered by a run without teacher forcing (a
-                # screen, --no-teacher-force): only its forced pass is missing.
+                # Answered by a run without teacher forcing (a screen,
+                # --no-teacher-force): only the forced pass is missing.
                 agent = done[(task.id, c.text)]["agent"]
                 taken.add(agent)
                 todo.append((task, ctx, geo, c, agent))
@@ -641,8 +644,8 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
             todo.append((task, ctx, geo, c, agent_name(task.id, c.text, taken)))
     if resume:
         log(f"live: {n_resumed} (task, config) pairs already in {results}, skipped"
-            + (f"; {n_forced_only} references answered without teacher forcing get their "
-               "forced pass" if n_forced_only else ""))
+            + (f"; {n_forced_only} answered without teacher forcing get their forced pass"
+               if n_forced_only else ""))
     if not todo:
         out.close()
         return {"daemon": None, "runs": 0}
@@ -661,12 +664,15 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
         f"log {daemon.log_path}); {len(todo)} worker runs, {threads} at a time")
 
     def one(task: Task, ctx: int, geo: dict, c: Config, agent: str) -> dict:
-        if c.text == REFERENCE and (task.id, REFERENCE) in done:
-            rec = dict(done[(task.id, REFERENCE)])
-            base = os.path.join(workers_dir, agent)
-            return forced_pass(task, c, agent, rec, None, base, qos_command(agent, c, None),
-                               base + ".logprobs.jsonl", rec.get("worker_seconds") or 0.0)
         ref = None if c.text == REFERENCE else done.get((task.id, REFERENCE))
+        if (task.id, c.text) in done:  # recorded: it only needs its forced pass
+            rec = dict(done[(task.id, c.text)])
+            rec.pop("forced_error", None)
+            base = os.path.join(workers_dir, agent)
+            return forced_pass(task, c, agent, rec, ref, base,
+                               qos_command(agent, c, rec.get("budget_tokens")),
+                               base + ".logprobs.jsonl" if ref is None else None,
+                               rec.get("worker_seconds") or 0.0)
         rec = base_record(task, c, ctx, bytes_per_token_f16(geo))
         if c.text != REFERENCE and (ref is None or ref.get("error")):
             rec["error"] = (f"the reference {REFERENCE} failed for this task: "

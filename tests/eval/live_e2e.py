@@ -137,34 +137,38 @@ class LiveEndToEndTest(unittest.TestCase):
             self.assertNotIn("worker runs", p.stderr)
             self.assertEqual(read(os.path.join(run, "results.jsonl")), before)
 
-    def test_a_screened_reference_gets_only_its_forced_pass(self):
+    def test_answers_without_teacher_forcing_get_only_their_forced_pass(self):
         with tempfile.TemporaryDirectory() as d:
-            # The screen: the reference's answer, not teacher-forced.
-            self.eval_py(d, "--no-teacher-force", configs=["full@1/f16"])
+            # A screen and a config, answered without teacher forcing.
+            self.eval_py(d, "--no-teacher-force", configs=["full@1/f16", "window@0.5/f16"])
             run = os.path.join(d, "live")
             results = os.path.join(run, "results.jsonl")
-            (screened,) = read_jsonl(results)
-            self.assertNotIn("reference_logprobs", screened)
-            self.assertNotIn("kl_mean", screened)
-            answer = os.path.join(run, "live", screened["agent"] + ".jsonl")
-            answered = read(answer)
-            # Resumed with teacher forcing and a config: the reference is not
-            # answered again, only forced; the config is scored against it.
+            screened = {r["config"]: r for r in read_jsonl(results)}
+            for r in screened.values():
+                self.assertNotIn("reference_logprobs", r)
+                self.assertNotIn("kl_mean", r)
+            answers = {c: os.path.join(run, "live", r["agent"] + ".jsonl")
+                       for c, r in screened.items()}
+            answered = {c: read(a) for c, a in answers.items()}
+            # Resumed with teacher forcing: nothing is answered again, both
+            # are forced, the config against the reference's forced pass.
             p = self.eval_py(d, "--resume", configs=["full@1/f16", "window@0.5/f16"])
-            self.assertIn("1 references answered without teacher forcing get their forced pass",
-                          p.stderr)
+            self.assertIn("2 answered without teacher forcing get their forced pass", p.stderr)
             self.assertIn("2 worker runs", p.stderr)
-            recs = read_jsonl(results)
-            self.assertEqual(sorted(r["config"] for r in recs), ["full@1/f16", "window@0.5/f16"])
-            ref, win = sorted(recs, key=lambda r: r["config"])
-            self.assertEqual(read(answer), answered)
-            self.assertEqual(ref["output_tokens"], screened["output_tokens"])
+            recs = {r["config"]: r for r in read_jsonl(results)}
+            self.assertEqual(sorted(recs), ["full@1/f16", "window@0.5/f16"])
+            self.assertEqual(len(read_jsonl(results)), 2)
+            ref, win = recs["full@1/f16"], recs["window@0.5/f16"]
+            for c in recs:
+                self.assertEqual(read(answers[c]), answered[c])
+                self.assertEqual(recs[c]["output_tokens"], screened[c]["output_tokens"])
+                self.assertGreater(recs[c]["worker_seconds"], screened[c]["worker_seconds"])
+                self.assertNotIn("forced_error", recs[c], recs[c].get("forced_error"))
             self.assertTrue(os.path.exists(os.path.join(run, ref["reference_logprobs"])))
             self.assertLess(ref["kl_mean"], 0.05)
-            self.assertGreater(ref["worker_seconds"], screened["worker_seconds"])
-            self.assertNotIn("forced_error", win, win.get("forced_error"))
             self.assertGreaterEqual(win["kl_mean"], 0.0)
             self.assertEqual(win["forced_positions"], ref["forced_positions"])
+            self.assertEqual(win["budget_tokens"], screened["window@0.5/f16"]["budget_tokens"])
 
 
 if __name__ == "__main__":

@@ -305,7 +305,7 @@ class ScreenTest(unittest.TestCase):
     """A screen (the reference alone, no teacher forcing), then the configs
     on the tasks it solves (bench/eval/solved.py)."""
 
-    def test_only_a_reference_without_its_forced_pass_needs_one(self):
+    def test_a_record_without_its_forced_pass_needs_one(self):
         ref, other = live.parse_config("full@1/f16"), live.parse_config("window@0.5/f16")
         screened = {"config": ref.text, "agent": "a"}
         self.assertTrue(live.needs_forced_pass(screened, ref, True))
@@ -314,7 +314,12 @@ class ScreenTest(unittest.TestCase):
         self.assertFalse(live.needs_forced_pass(dict(screened, error="x"), ref, True))
         self.assertFalse(live.needs_forced_pass(
             dict(screened, reference_logprobs="live/a.tf.logprobs.jsonl"), ref, True))
-        self.assertFalse(live.needs_forced_pass({"config": other.text}, other, True))
+        # Another config's marker is its forced measures.
+        self.assertTrue(live.needs_forced_pass({"config": other.text}, other, True))
+        self.assertTrue(live.needs_forced_pass({"config": other.text, "forced_error": "x"},
+                                               other, True))
+        self.assertFalse(live.needs_forced_pass({"config": other.text, "forced_positions": 9},
+                                                other, True))
 
     def test_write_records_replaces_the_file(self):
         with tempfile.TemporaryDirectory() as d:
