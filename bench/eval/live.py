@@ -772,8 +772,10 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
     n_done, total = 0, len(todo)
     # In an order fixed by the task ids but mixing the families, so that a
     # run stopped part-way (and --resume'd later) has sampled all of them.
-    refs = sorted((j for j in todo if j[3].text == REFERENCE),
-                  key=lambda j: hashlib.sha256(j[0].id.encode()).digest())
+    def mixed(task_id: str) -> bytes:
+        return hashlib.sha256(task_id.encode()).digest()
+
+    refs = sorted((j for j in todo if j[3].text == REFERENCE), key=lambda j: mixed(j[0].id))
     rest = {}
     for j in todo:
         if j[3].text != REFERENCE:
@@ -785,7 +787,7 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
             # Tasks whose reference is already recorded (forced pass and
             # all) start at once.
             waiting = {j[0].id for j in refs}
-            for tid in list(rest):
+            for tid in sorted(rest, key=mixed):
                 if (tid, REFERENCE) in done and tid not in waiting:
                     for j in rest.pop(tid):
                         pending[pool_x.submit(one, *j)] = j
