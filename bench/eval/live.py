@@ -51,6 +51,7 @@ PREFILL_CHUNK = 128          # its --prefill-chunk
 # A worker far past this is stuck; its (task, config) gets an error record.
 WORKER_TIMEOUT_S = 1800
 TENANT = "eval"
+LEASE_MS = 30000             # polykvd --lease-ms (class Daemon says why)
 # The f16 recent window of formats with int2 unless /R<n> says otherwise
 # (cache_config.cc kInt2Residual): polykv-eval's f16 tail, the worker's
 # --recent-f16-tokens.
@@ -459,8 +460,11 @@ class Daemon:
         self.dir = tempfile.mkdtemp(prefix="polykv-eval-live.")
         self.socket = os.path.join(self.dir, "polykvd.sock")
         self.metrics = f"127.0.0.1:{free_port()}"
+        # A longer lease than the default 5 s: on a box that the run keeps
+        # busy, a starved worker's heartbeat came late and its session was
+        # reclaimed mid-answer (2026-12-03). Leases are not what is measured.
         self.cmd = [binary, "--socket", self.socket, "--metrics-address", self.metrics,
-                    "--pool-bytes", f"{pool_bytes >> 20}MiB"]
+                    "--pool-bytes", f"{pool_bytes >> 20}MiB", "--lease-ms", str(LEASE_MS)]
         self.log_path = log_path
         self.proc = None
 
