@@ -819,7 +819,7 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
                             pending[pool_x.submit(one, *j)] = j
     finally:
         out.close()
-        # A reference's forced pass appended its record again: keep the last.
+        # A forced pass on its own appended its record again: keep the last.
         write_records(results, done.values())
         metrics = daemon.scrape()
         rc = daemon.stop()
