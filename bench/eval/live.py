@@ -561,6 +561,21 @@ def needs_forced_pass(rec: dict | None, c: Config, teacher_force: bool) -> bool:
     return not rec.get("reference_logprobs" if c.text == REFERENCE else "forced_positions")
 
 
+def read_records(path: str, hint: str) -> dict[tuple[str, str], dict]:
+    """The live records of a results.jsonl by (task, config), the last of a
+    pair kept; LiveError (with hint) at a record that is not live."""
+    records = {}
+    with open(path) as f:
+        for no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            if r.get("mode") != "live":
+                raise LiveError(f"{path}:{no} is not a live record; {hint}")
+            records[(r["task"], r["config"])] = r
+    return records
+
+
 def write_records(path: str, records) -> None:
     """Rewrites path with records, one line each (atomically: a crash keeps
     the old file)."""
@@ -586,15 +601,7 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
     os.makedirs(workers_dir, exist_ok=True)
     done: dict[tuple[str, str], dict] = {}
     if resume and os.path.exists(results):
-        with open(results) as f:
-            for no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                r = json.loads(line)
-                if r.get("mode") != "live":
-                    raise LiveError(f"{results}:{no} is not a live record; --resume continues "
-                                    "live runs only (use another --name)")
-                done[(r["task"], r["config"])] = r
+        done = read_records(results, "--resume continues live runs only (use another --name)")
         write_records(results, done.values())
     elif os.path.exists(results):
         os.remove(results)

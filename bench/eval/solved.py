@@ -37,17 +37,11 @@ import score  # noqa: E402
 
 def reference_records(results: str) -> dict[str, dict]:
     """The last reference record of each task in a live results.jsonl."""
-    refs = {}
-    with open(results) as f:
-        for no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            if r.get("mode") != "live":
-                raise SystemExit(f"{results}:{no} is not a live record")
-            if r.get("config") == live.REFERENCE:
-                refs[r["task"]] = r
-    return refs
+    try:
+        records = live.read_records(results, "solved.py reads live runs only")
+    except live.LiveError as e:
+        raise SystemExit(str(e)) from None
+    return {task: r for (task, config), r in records.items() if config == live.REFERENCE}
 
 
 def main(argv=None) -> int:
