@@ -132,7 +132,7 @@ TEST(ConfigTest, QosFormatsAndPages) {
 }
 
 // The file deploy/ ships parses, and its default QoS is the one the test
-// split chose (docs/results/2026-12-02-qwen2.5-coder-0.5b/README.md): an edit
+// split chose (docs/results/2026-12-03-qwen2.5-coder-0.5b/README.md): an edit
 // to either should be a decision, not an accident.
 TEST(ConfigTest, ShippedConfigParsesWithTheMeasuredDefaults) {
   auto c = LoadConfigFile(POLYKV_DEPLOY_DIR "/polykvd.yaml", DaemonConfig());
