@@ -132,7 +132,7 @@ TEST(ConfigTest, QosFormatsAndPages) {
 }
 
 // The file deploy/ ships parses, and its default QoS is the one the test
-// split chose (docs/results/2026-12-03-qwen2.5-coder-0.5b/README.md): an edit
+// split chose (docs/results/2026-12-04-qwen2.5-coder-0.5b/README.md): an edit
 // to either should be a decision, not an accident.
 TEST(ConfigTest, ShippedConfigParsesWithTheMeasuredDefaults) {
   auto c = LoadConfigFile(POLYKV_DEPLOY_DIR "/polykvd.yaml", DaemonConfig());
@@ -142,7 +142,7 @@ TEST(ConfigTest, ShippedConfigParsesWithTheMeasuredDefaults) {
   EXPECT_EQ(c->default_qos.budget_fraction, 0.5);
   EXPECT_EQ(c->default_qos.budget_tokens, 1024u);
   EXPECT_TRUE(ValidatePolicyName(c->default_qos.policy).ok());
-  EXPECT_EQ(c->default_qos.key_format, PageFormat::kInt4);
+  EXPECT_EQ(c->default_qos.key_format, PageFormat::kInt8);
   EXPECT_EQ(c->default_qos.value_format, PageFormat::kInt4);
   EXPECT_EQ(c->default_qos.block_tokens, 64u);
   for (const QosRecord& a : c->agents) {
