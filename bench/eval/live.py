@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import gzip
 import json
 import math
 import os
@@ -562,10 +563,11 @@ def needs_forced_pass(rec: dict | None, c: Config, teacher_force: bool) -> bool:
 
 
 def read_records(path: str, hint: str) -> dict[tuple[str, str], dict]:
-    """The live records of a results.jsonl by (task, config), the last of a
-    pair kept; LiveError (with hint) at a record that is not live."""
+    """The live records of a results.jsonl (or a committed scored.jsonl.gz)
+    by (task, config), the last of a pair kept; LiveError (with hint) at a
+    record that is not live."""
     records = {}
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for no, line in enumerate(f, 1):
             if not line.strip():
                 continue

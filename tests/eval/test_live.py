@@ -8,6 +8,7 @@ tests/eval/live_e2e.py (ctest eval_live_test).
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sys
@@ -392,6 +393,86 @@ class ScreenTest(unittest.TestCase):
                 solved.main([src, os.path.join(d, "solved")])
             self.assertIn("solves none", str(e.exception))
             self.assertFalse(os.path.exists(os.path.join(d, "solved")))
+
+    def scored_copy(self, src: str, d: str) -> str:
+        """src's records as a committed folder keeps them: scored, gzipped,
+        no tasks or worker files beside them."""
+        out = os.path.join(d, "committed", "scored.jsonl.gz")
+        os.makedirs(os.path.dirname(out))
+        with open(os.path.join(src, "results.jsonl")) as f, gzip.open(out, "wt") as g:
+            for line in f:
+                g.write(json.dumps(dict(json.loads(line), success=1.0, score_detail="x")) + "\n")
+        return out
+
+    def test_solved_cuts_a_subset_from_committed_records_and_carries_the_others(self):
+        with tempfile.TemporaryDirectory() as d:
+            src = self.screen(d)
+            write_task(os.path.join(src, "tasks"), "recall-003.jsonl",
+                       [dict(x) for x in TASK_LINES[:-1]]
+                       + [dict(TASK_LINES[-1], id="recall-003")])
+            recs = list(live.read_records(os.path.join(src, "results.jsonl"), "").values())
+            recs.append(dict(recs[0], task="recall-003", agent="recall-003.full_1_f16",
+                             file=os.path.join(src, "tasks", "recall-003.jsonl")))
+            live.write_records(os.path.join(src, "results.jsonl"), recs)
+            committed = self.scored_copy(src, d)
+            only = os.path.join(d, "only.json")
+            with open(only, "w") as f:
+                json.dump([{"task_id": "recall-003", "file": "recall-003.jsonl"}], f)
+            dst = os.path.join(d, "sub")
+            self.assertEqual(solved.main([committed, dst, "--tasks", os.path.join(src, "tasks"),
+                                          "--only", only, "--records", committed]), 0)
+            self.assertEqual(sorted(os.listdir(os.path.join(dst, "tasks"))),
+                             ["recall-003.jsonl"])  # the screen's manifest lacks it
+            got = list(live.read_records(os.path.join(dst, "results.jsonl"), "").values())
+            self.assertEqual([(r["task"], r["config"]) for r in got],
+                             [("recall-003", "full@1/f16")])
+            self.assertNotIn("success", got[0])  # the resumed run scores it again
+            self.assertEqual(got[0]["file"], os.path.join(dst, "tasks", "recall-003.jsonl"))
+            self.assertEqual(os.listdir(os.path.join(dst, "live")), [])
+
+            # The other config's record rides along with --records.
+            dst2 = os.path.join(d, "sub2")
+            self.assertEqual(solved.main([src, dst2, "--records", committed]), 0)
+            got = live.read_records(os.path.join(dst2, "results.jsonl"), "")
+            self.assertEqual(sorted(got), [("recall-000", "full@1/f16"),
+                                           ("recall-000", "window@0.5/f16"),
+                                           ("recall-003", "full@1/f16")])
+
+            # SRC's references decided the cut, so another file's do not replace them.
+            rerun = os.path.join(d, "rerun.jsonl")
+            live.write_records(rerun, [dict(r, output="The tag is v1.2, again.")
+                                       for r in live.read_records(
+                                           os.path.join(src, "results.jsonl"), "").values()])
+            dst3 = os.path.join(d, "sub3")
+            self.assertEqual(solved.main([src, dst3, "--records", rerun]), 0)
+            got = live.read_records(os.path.join(dst3, "results.jsonl"), "")
+            self.assertEqual(got[("recall-000", "full@1/f16")]["output"], "The tag is v1.2.")
+            self.assertEqual(got[("recall-000", "window@0.5/f16")]["output"],
+                             "The tag is v1.2, again.")
+
+    def test_solved_refuses_a_cut_it_cannot_make_and_writes_nothing(self):
+        with tempfile.TemporaryDirectory() as d:
+            src, dst = self.screen(d), os.path.join(d, "sub")
+            only = os.path.join(d, "only.json")
+            with open(only, "w") as f:
+                json.dump([{"file": "recall-001.jsonl"}], f)  # answered wrong
+            with self.assertRaises(SystemExit) as e:
+                solved.main([src, dst, "--only", only])
+            self.assertIn("recall-001.jsonl", str(e.exception))
+            # Tasks regenerated with another seed ask another question.
+            other = os.path.join(d, "other")
+            os.makedirs(other)
+            write_task(other, "recall-000.jsonl",
+                       [dict(x) for x in TASK_LINES[:-1]]
+                       + [dict(TASK_LINES[-1], id="recall-000",
+                               eval={"family": "recall", "scorer": "contains",
+                                     "answers": ["v7"]})])
+            with self.assertRaises(SystemExit) as e:
+                solved.main([src, dst, "--tasks", other])
+            self.assertIn("not the task", str(e.exception))
+            with self.assertRaises(SystemExit) as e:
+                solved.main([os.path.join(d, "nowhere.jsonl"), dst])
+            self.assertFalse(os.path.exists(dst))
 
 
 if __name__ == "__main__":
