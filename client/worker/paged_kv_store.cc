@@ -336,9 +336,11 @@ absl::Status PagedKvStore::BeginStep(std::span<const TokenMeta> tokens) {
   for (int attempt = 0;; ++attempt) {
     const int64_t need = num_slots_ + static_cast<int64_t>(tokens.size());
     if (need <= reserved_) break;
-    const int64_t ahead = std::min<int64_t>(options_.reserve_ahead, need / 8);
+    const int64_t ahead = page_shape_.block_tokens >= options_.reserve_ahead
+                              ? 0
+                              : std::min<int64_t>(options_.reserve_ahead, need / 8);
     auto blocks = source_->Reserve(need + ahead);
-    if (!blocks.ok()) blocks = source_->Reserve(need);  // The pool may refuse the extra.
+    if (!blocks.ok() && ahead > 0) blocks = source_->Reserve(need);  // The pool may refuse the extra.
     if (blocks.ok()) {
       AddBlocks(*blocks);
       if (need > reserved_) {

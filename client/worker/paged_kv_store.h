@@ -177,7 +177,10 @@ struct PagedKvStoreOptions {
   // Tokens reserved ahead of need, so Reserve is not on every step: an
   // eighth of the session's slots, at most this many, so that a short or
   // freshly compacted session does not hold pages it may never fill (the
-  // pool counts them against the session).
+  // pool counts them against the session). None with pages of at least this
+  // many tokens: the pool grants whole pages, so decode steps reach a new
+  // Reserve only once a page anyway, and the extra page would only raise the
+  // session's peak, most at small budgets.
   int reserve_ahead = 64;
   // A refused Reserve (RESOURCE_EXHAUSTED: the pool is under pressure) is
   // retried, with a Sync before each retry, every 200 ms for this long

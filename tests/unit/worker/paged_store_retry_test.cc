@@ -3,6 +3,7 @@
 // 200 ms"): with reserve_retry_ms it syncs and retries until the pool takes
 // the reservation, and gives up with a clear error when the time is up;
 // without it, or for any other error, it fails at once and changes nothing.
+// Also how far ahead of need it reserves.
 #include <memory>
 #include <span>
 #include <string>
@@ -23,10 +24,11 @@ KvShape Shape() { return KvShape{2, 2, 32}; }
 // calls with `error`, and counts Syncs.
 class RefusingSource : public PageSource {
  public:
-  RefusingSource(int refusals, absl::Status error) : refusals_(refusals), error_(std::move(error)) {
+  RefusingSource(int refusals, absl::Status error, int block_tokens = kBlock)
+      : refusals_(refusals), error_(std::move(error)) {
     HeapPageSourceOptions o;
     o.shape = Shape();
-    o.block_tokens = kBlock;
+    o.block_tokens = block_tokens;
     auto inner = NewHeapPageSource(o);
     EXPECT_TRUE(inner.ok()) << inner.status();
     inner_ = std::move(*inner);
@@ -34,6 +36,7 @@ class RefusingSource : public PageSource {
   int block_tokens() const override { return inner_->block_tokens(); }
   absl::StatusOr<std::vector<PagedBlock>> Reserve(int64_t total) override {
     ++reserves;
+    asked.push_back(total);
     if (refusals_ != 0) {
       if (refusals_ > 0) --refusals_;
       return error_;
@@ -51,6 +54,7 @@ class RefusingSource : public PageSource {
   std::string name() const override { return "refusing"; }
 
   int reserves = 0, syncs = 0;
+  std::vector<int64_t> asked;  // each Reserve's total_tokens
 
  private:
   std::unique_ptr<PageSource> inner_;
@@ -65,9 +69,10 @@ struct Store {
 
 Store NewStore(int refusals, int retry_ms,
                absl::Status error = absl::ResourceExhaustedError(
-                   "pool is under memory pressure: Sync, then retry in about 200 ms")) {
+                   "pool is under memory pressure: Sync, then retry in about 200 ms"),
+               int block_tokens = kBlock) {
   Store s;
-  s.src = new RefusingSource(refusals, std::move(error));
+  s.src = new RefusingSource(refusals, std::move(error), block_tokens);
   PagedKvStoreOptions o;
   o.shape = Shape();
   o.reserve_retry_ms = retry_ms;
@@ -124,6 +129,32 @@ TEST(PagedStoreRetryTest, OtherErrorsAreNotRetried) {
   const absl::Status st = s.store->BeginStep(tokens);
   EXPECT_TRUE(absl::IsUnavailable(st)) << st;
   EXPECT_EQ(s.store->reserve_retries(), 0);
+}
+
+TEST(PagedStoreReserveTest, SmallPagesAreReservedAheadOfNeed) {
+  // 16-token pages, reserve_ahead 64: an eighth of the 640 slots ahead.
+  Store s = NewStore(0, 0, absl::OkStatus(), 16);
+  ASSERT_TRUE(s.store->BeginStep(Tokens(640)).ok());
+  EXPECT_EQ(s.src->asked, (std::vector<int64_t>{640 + 64}));
+}
+
+TEST(PagedStoreReserveTest, PagesOfReserveAheadTokensAreNotReservedAhead) {
+  // 64-token pages: a Reserve comes once a page at most, ahead or not, so
+  // the store asks for what it needs and the session holds no spare page.
+  Store s = NewStore(0, 0, absl::OkStatus(), 64);
+  ASSERT_TRUE(s.store->BeginStep(Tokens(640)).ok());
+  EXPECT_EQ(s.src->asked, (std::vector<int64_t>{640}));
+  const int64_t bytes = s.store->bytes();
+  const KvShape shape = Shape();
+  const std::vector<float> rows(640 * shape.num_kv_heads * shape.head_dim, 0.5f);
+  for (int l = 0; l < shape.num_layers; ++l) {
+    ASSERT_TRUE(s.store->Append(l, rows.data(), rows.data()).ok());
+  }
+  ASSERT_TRUE(s.store->EndStep().ok());
+  // The next token needs a new page, and only one.
+  ASSERT_TRUE(s.store->BeginStep(Tokens(1)).ok());
+  EXPECT_EQ(s.src->asked, (std::vector<int64_t>{640, 641}));
+  EXPECT_EQ(s.store->bytes(), bytes * 11 / 10);
 }
 
 }  // namespace
