@@ -509,13 +509,19 @@ def parse_args(argv):
     return ap.parse_args(argv)
 
 
-def is_fractional(config: str) -> bool:
-    """A /F<n> config (live.parse_config's grammar); one it refuses is left to
-    polykv-eval to report."""
+def live_only(config: str) -> str | None:
+    """Why a config only runs live (live.parse_config's grammar: /F<n>, a
+    fractional budget, or /P<n>, the worker's prefill chunk), or None; one it
+    refuses is left to polykv-eval to report."""
     try:
-        return live.parse_config(config).fractional
+        c = live.parse_config(config)
     except ValueError:
-        return False
+        return None
+    if c.fractional:
+        return "/F<n> is a fractional budget (the QoS's budget_fraction), which only polykvd runs"
+    if c.prefill_chunk != live.PREFILL_CHUNK:
+        return "/P<n> is polykv-worker's prefill chunk"
+    return None
 
 
 def main(argv=None) -> int:
@@ -627,10 +633,9 @@ def main(argv=None) -> int:
         if not os.path.exists(results) or os.path.getsize(results) == 0:
             die(f"the live run wrote no records to {results}")
     else:
-        live_only = [c for c in configs if is_fractional(c)]
-        if live_only:
-            die(f"{live_only[0]}: /F<n> is a fractional budget (the QoS's budget_fraction), "
-                "which only polykvd runs: add --live")
+        why = [(c, live_only(c)) for c in configs if live_only(c)]
+        if why:
+            die(f"{why[0][0]}: {why[0][1]}: add --live")
         step(f"run: polykv-eval, {len(configs)} configs, {args.threads} threads")
         run([binary, "--tasks", tasks_dir, "--configs-file", configs_txt, "--out", results,
              "--model", model, "--threads", str(args.threads)]

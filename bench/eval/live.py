@@ -48,7 +48,8 @@ from dataclasses import dataclass, field
 REFERENCE = "full@1/f16"
 # polykv-eval's defaults, so both paths answer the same turn the same way.
 DEFAULT_MAX_NEW_TOKENS = 64  # its --max-new-tokens (turns that set none)
-PREFILL_CHUNK = 128          # its --prefill-chunk
+PREFILL_CHUNK = 128          # its --prefill-chunk, unless a config's /P<n> says otherwise
+MAX_PREFILL_CHUNK = 4096
 # A worker far past this is stuck; its (task, config) gets an error record.
 WORKER_TIMEOUT_S = 1800
 TENANT = "eval"
@@ -98,6 +99,11 @@ class Config:
     # the context so far, with this floor in tokens; None: a fixed budget of
     # round(budget x context) tokens.
     budget_floor: int | None = None
+    # /P<n> (live only): the worker's --prefill-chunk. A compacting session
+    # holds its budget plus one chunk, then the chunk's KVzip probe (prompt
+    # and chunk again), until the next Sync, so the chunk sets the peak above
+    # the budget.
+    prefill_chunk: int = PREFILL_CHUNK
 
     @property
     def full(self) -> bool:
@@ -112,29 +118,35 @@ _INT_BITS = {"8": "int8", "4": "int4", "2": "int2"}
 
 
 def parse_config(text: str) -> Config:
-    """policy@budget/formats[/T<n>][/R<n>][/F<n>], as bench/eval/cache_config.cc
-    parses it, plus /F<n>, which only a live run has: the budget is a share of
-    the session's context as it grows (QoS budget_fraction), n tokens its
-    floor (QoS budget_tokens)."""
+    """policy@budget/formats[/T<n>][/R<n>][/F<n>][/P<n>], as bench/eval/cache_config.cc
+    parses it, plus /F<n> and /P<n>, which only a live run has: /F<n> makes the
+    budget a share of the session's context as it grows (QoS budget_fraction),
+    n tokens its floor (QoS budget_tokens); /P<n> is the worker's prefill
+    chunk (default PREFILL_CHUNK)."""
     def fail(why):
         raise ValueError(f'cache config "{text}": {why} (expected '
-                         "policy@budget/formats[/T<n>][/R<n>][/F<n>], e.g. h2o@0.25/K8V4)")
+                         "policy@budget/formats[/T<n>][/R<n>][/F<n>][/P<n>], e.g. h2o@0.25/K8V4)")
     text = text.strip()
-    spec, block, recent, floor = text, DEFAULT_BLOCK_TOKENS, None, None
+    spec, block, recent, floor, chunk = text, DEFAULT_BLOCK_TOKENS, None, None, PREFILL_CHUNK
     seen = set()
-    while True:  # trailing /T<n>, /R<n> and /F<n>, each at most once, in any order
+    while True:  # trailing /T<n>, /R<n>, /F<n> and /P<n>, each at most once, in any order
         slash = spec.rfind("/")
         what = spec[slash + 1:slash + 2] if slash >= 0 else ""
-        if what not in ("T", "R", "F"):
+        if what not in ("T", "R", "F", "P"):
             break
         n = spec[slash + 2:]
         if what in seen or not n.isdigit():
             fail({"T": "T<n>: a number of tokens per page, given once",
                   "R": "R<n>: a number of recent tokens kept in f16, given once",
-                  "F": "F<n>: the fractional budget's floor in tokens, given once"}[what])
+                  "F": "F<n>: the fractional budget's floor in tokens, given once",
+                  "P": "P<n>: the worker's prefill chunk in tokens, given once"}[what])
         seen.add(what)
         if what == "F":
             floor = int(n)
+        elif what == "P":
+            chunk = int(n)
+            if not 1 <= chunk <= MAX_PREFILL_CHUNK:
+                fail(f"P<n>: the prefill chunk must be 1..{MAX_PREFILL_CHUNK} tokens")
         elif what == "T":
             block = int(n)
             if not 1 <= block <= 256 or block & (block - 1):
@@ -180,7 +192,9 @@ def parse_config(text: str) -> Config:
         fail("F<n> is a budget: the full policy has none")
     if floor is not None:
         name += f"/F{floor}"
-    return Config(name, policy, budget, formats, k, v, tail, block, floor)
+    if chunk != PREFILL_CHUNK:
+        name += f"/P{chunk}"
+    return Config(name, policy, budget, formats, k, v, tail, block, floor, chunk)
 
 
 def budget_tokens(budget: float, context_tokens: int) -> int:
@@ -323,7 +337,7 @@ def base_record(task: Task, cfg: Config, context: int | None, bpt: int | None) -
            "policy": cfg.policy, "budget": num6(cfg.budget), "formats": cfg.formats,
            "k_format": cfg.k_format, "v_format": cfg.v_format,
            "block_tokens": cfg.block_tokens, "recent_f16_tokens": cfg.f16_tail,
-           "context_tokens": context,
+           "prefill_chunk": cfg.prefill_chunk, "context_tokens": context,
            "bytes_per_token_f16": bpt, "eval": task.eval, "mode": "live"}
     if cfg.fractional:
         rec["budget_fraction"] = num6(cfg.budget)
@@ -362,7 +376,7 @@ def live_record(task: Task, cfg: Config, context: int, bpt: int, budget: int | N
         return rec
     fraction = cfg.budget if cfg.fractional else 0.0
     if (budget is not None and not last.get("epoch")
-            and compaction_expected(budget, turns, fraction=fraction)):
+            and compaction_expected(budget, turns, chunk=cfg.prefill_chunk, fraction=fraction)):
         what = (f"budget {cfg.budget:g} of the context, at least {budget} tokens"
                 if cfg.fractional else f"budget {budget} tokens")
         rec["error"] = (f"polykvd never compacted the session ({what}, "
@@ -761,7 +775,7 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
         cmd = [bins.worker, "run", task.file, "--daemon", daemon.socket, "--tenant", TENANT,
                "--agent", agent, "--block-tokens", "0", "--recent-f16-tokens", str(c.f16_tail),
                "--threads", "1", "--max-new-tokens", str(DEFAULT_MAX_NEW_TOKENS),
-               "--prefill-chunk", str(PREFILL_CHUNK), "--model", model, "--summary"]
+               "--prefill-chunk", str(c.prefill_chunk), "--model", model, "--summary"]
         if logprobs_out:
             cmd += ["--logprobs-out", logprobs_out]
         if teacher_force:

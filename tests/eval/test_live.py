@@ -93,11 +93,17 @@ class ConfigTest(unittest.TestCase):
                          ("kvzip@0.75/K4V4/T64/F512", True, 512, 0.75, 64))
         self.assertFalse(live.parse_config("kvzip@0.75/K4V4").fractional)
         self.assertEqual(live.parse_config("h2o@0.5/f16/F0").budget_floor, 0)
+        # P<n>: the worker's prefill chunk (live only); the default is unnamed
+        c = live.parse_config("kvzip@0.25/K4V4/P32/T64")
+        self.assertEqual((c.text, c.prefill_chunk), ("kvzip@0.25/K4V4/T64/P32", 32))
+        self.assertEqual(live.parse_config("kvzip@0.25/K4V4/P128").text, "kvzip@0.25/K4V4")
+        self.assertEqual(live.parse_config("kvzip@0.25/K4V4").prefill_chunk, live.PREFILL_CHUNK)
         for bad in ("h2o", "@0.5/f16", "h2o@0/f16", "h2o@1.5/f16", "h2o@x/f16", "h2o@0.5/K3V4",
                     "h2o@0.5/bf16", "full@1/K4V4/T48", "full@1/K4V4/T512", "full@1/K4V4/T",
                     "full@1/T64", "full@1/K4V4/T64/T64", "full@1/f16/R128", "full@1/K4V4/R-1",
                     "full@1/K4V4/R128/R64", "full@1/K4V4/Rx", "h2o@0.5/f16/F",
-                    "h2o@0.5/f16/F-1", "h2o@0.5/f16/F8/F8", "full@1/K4V4/F0"):
+                    "h2o@0.5/f16/F-1", "h2o@0.5/f16/F8/F8", "full@1/K4V4/F0",
+                    "h2o@0.5/f16/P0", "h2o@0.5/f16/P", "h2o@0.5/f16/P8/P8", "h2o@0.5/f16/P9999"):
             with self.assertRaises(ValueError, msg=bad):
                 live.parse_config(bad)
 
