@@ -55,6 +55,8 @@ struct Options {
   bool quick = false;
   int threads = 0;
   std::string real_kv;  // directory written by kernels/tools/dump_real_kv.py
+  std::string only;     // one section (--only), or all
+  bool Runs(const char* section) const { return only.empty() || only == section; }
 };
 
 using Clock = std::chrono::steady_clock;
@@ -452,6 +454,123 @@ Json FidelitySection(const Options& o) {
   return js;
 }
 
+// Keys drift through compactions: each one gathers the kept slots into new
+// pages and re-encodes them from their dequantized values, and key params are
+// per channel over a page, so a slot that changes page-mates is rounded onto
+// a new grid every time. Outlier keys on 64-token pages of 2 KV heads x 64
+// (Qwen2.5-0.5B's shape): each round drops one page's worth of random slots
+// and compacts the rest (as an eviction at a fixed budget does); the decode
+// attention error of a random query vs f32 over the surviving slots is
+// compared with the same slots quantized once.
+Json DriftSection(const Options& o) {
+  const PageShape s{64, 2, 64};
+  const int Hq = 14, kept = o.quick ? 1024 : 2048, trials = o.quick ? 2 : 4;
+  const std::vector<int> checkpoints = {0, 1, 4, 16, 64};
+  const int rounds = checkpoints.back(), T0 = kept + rounds * s.block_tokens;
+  const size_t row = size_t(s.num_kv_heads) * s.head_dim;
+  const std::pair<PageFormat, PageFormat> formats[] = {{PageFormat::kInt4, PageFormat::kInt4},
+                                                       {PageFormat::kInt8, PageFormat::kInt4}};
+  Json js = {{"shape", ShapeJson(s)},
+             {"num_q_heads", Hq},
+             {"tokens_after", kept},
+             {"dropped_per_round", s.block_tokens},
+             {"trials", trials},
+             {"rounds", checkpoints},
+             {"metric",
+              "relative L2 error of decode attention output vs f32 over the surviving slots, "
+              "after N compactions and quantized once, mean over trials"}};
+  const Exec exec{Backend::kCpu, o.threads};
+  for (const auto& [kf, vf] : formats) {
+    std::vector<double> after(checkpoints.size()), once(checkpoints.size());
+    for (int trial = 0; trial < trials; ++trial) {
+      std::mt19937 rng(200 + trial);
+      std::vector<float> k = Normal(size_t(T0) * row, rng), v = Normal(size_t(T0) * row, rng);
+      const std::vector<float> q = Normal(size_t(Hq) * s.head_dim, rng, 2.0f);
+      AddOutlierChannels(k, T0, s.num_kv_heads, s.head_dim, rng);
+      Paged cur = BuildPaged(s, k, v, T0, kf, vf, true, o.threads, rng);
+      std::vector<int> alive(T0);  // original row of each current slot
+      std::iota(alive.begin(), alive.end(), 0);
+      size_t next = 0;
+      for (int round = 0; round <= rounds; ++round) {
+        if (next < checkpoints.size() && checkpoints[next] == round) {
+          // Only the error measured on the same slots counts: the first
+          // `kept` survivors, whatever has been dropped after them.
+          const int n = kept;
+          PagedKvView view = cur.view;
+          view.num_tokens = n;
+          view.num_blocks = n / s.block_tokens;
+          std::vector<float> ks(size_t(n) * row), vs(size_t(n) * row);
+          for (int j = 0; j < n; ++j) {
+            std::copy_n(k.begin() + size_t(alive[j]) * row, row, ks.begin() + size_t(j) * row);
+            std::copy_n(v.begin() + size_t(alive[j]) * row, row, vs.begin() + size_t(j) * row);
+          }
+          std::vector<float> want(size_t(Hq) * s.head_dim), got(want.size()), got1(want.size());
+          const Paged ref = BuildPaged(s, ks, vs, n, PageFormat::kF32, PageFormat::kF32, true,
+                                       o.threads, rng);
+          const Paged one = BuildPaged(s, ks, vs, n, kf, vf, true, o.threads, rng);
+          Check(kernels::PagedDecodeAttention(exec, ref.view, AttentionParams{Hq}, q.data(),
+                                              want.data(), nullptr, nullptr),
+                "drift f32");
+          Check(kernels::PagedDecodeAttention(exec, view, AttentionParams{Hq}, q.data(),
+                                              got.data(), nullptr, nullptr),
+                "drift compacted");
+          Check(kernels::PagedDecodeAttention(exec, one.view, AttentionParams{Hq}, q.data(),
+                                              got1.data(), nullptr, nullptr),
+                "drift once");
+          after[next] += RelL2(got, want) / trials;
+          once[next] += RelL2(got1, want) / trials;
+          ++next;
+        }
+        if (round == rounds) break;
+        // Drop one page's worth of random slots, compact the rest into new pages.
+        std::vector<int> idx(alive.size());
+        std::iota(idx.begin(), idx.end(), 0);
+        std::shuffle(idx.begin(), idx.end(), rng);
+        idx.resize(idx.size() - s.block_tokens);
+        std::sort(idx.begin(), idx.end());
+        std::vector<int32_t> members(idx.begin(), idx.end());
+        const int n = int(members.size()), nb = n / s.block_tokens;
+        Paged dst;
+        const size_t kb = kernels::PageBytes(kf, KvKind::kKey, s);
+        const size_t vb = kernels::PageBytes(vf, KvKind::kValue, s);
+        dst.k_arena = Alloc(kb * nb);
+        dst.v_arena = Alloc(vb * nb);
+        for (int b = 0; b < nb; ++b) {
+          BlockEntry e;
+          e.k_offset = uint64_t(uintptr_t(dst.k_arena.get() + b * kb));
+          e.v_offset = uint64_t(uintptr_t(dst.v_arena.get() + b * vb));
+          e.k_format = kf;
+          e.v_format = vf;
+          dst.blocks.push_back(e);
+        }
+        dst.view = PagedKvView{s, nullptr, dst.blocks.data(), nb, n};
+        kernels::CompactPlan plan;
+        plan.num_out = n;
+        plan.members = members.data();
+        Check(kernels::CompactSlots(exec, cur.view, plan,
+                                    kernels::PagedKvMut{s, nullptr, dst.blocks.data(), nb, n}),
+              "drift compact");
+        std::vector<int> survivors(n);
+        for (int j = 0; j < n; ++j) survivors[j] = alive[members[j]];
+        alive = std::move(survivors);
+        cur = std::move(dst);
+      }
+    }
+    const std::string name = "K" + Name(kf) + "_V" + Name(vf);
+    std::fprintf(stderr, "compaction drift %s:", name.c_str());
+    Json a = Json::array(), b = Json::array(), r = Json::array();
+    for (size_t i = 0; i < checkpoints.size(); ++i) {
+      a.push_back(RoundError(after[i]));
+      b.push_back(RoundError(once[i]));
+      r.push_back(RoundError(after[i] / once[i]));
+      std::fprintf(stderr, " %d rounds %.5f (once %.5f)", checkpoints[i], after[i], once[i]);
+    }
+    std::fprintf(stderr, "\n");
+    js[name] = {{"after", a}, {"once", b}, {"ratio", r}};
+  }
+  return js;
+}
+
 // Decode attention on the CUDA backend, when a device is present: the same
 // shapes and formats as DecodeSection, pages in one device arena (shuffled
 // block order), time per step from back-to-back launches.
@@ -625,6 +744,8 @@ int Main(int argc, char** argv) {
       o.real_kv = argv[++i];
     } else if (a == "--threads" && i + 1 < argc) {
       o.threads = std::atoi(argv[++i]);
+    } else if (a == "--only" && i + 1 < argc) {
+      o.only = argv[++i];
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "polykv-bench kernels [--json] [--quick] [--threads N]\n"
@@ -633,12 +754,18 @@ int Main(int argc, char** argv) {
           "  --quick    smaller sizes (CI smoke run)\n"
           "  --threads  CPU threads (0 = all)\n"
           "  --real-kv DIR  also the fidelity table on real K/V/Q dumped by\n"
-          "                 kernels/tools/dump_real_kv.py\n");
+          "                 kernels/tools/dump_real_kv.py\n"
+          "  --only SECTION one section: quantize, decode, fidelity, drift or cuda\n");
       return 0;
     } else {
       std::fprintf(stderr, "kernels bench: unknown option %s\n", a.c_str());
       return 2;
     }
+  }
+  if (!o.only.empty() && o.only != "quantize" && o.only != "decode" && o.only != "fidelity" &&
+      o.only != "drift" && o.only != "cuda") {
+    std::fprintf(stderr, "kernels bench: unknown section %s (see --help)\n", o.only.c_str());
+    return 2;
   }
   const int threads = o.threads > 0 ? o.threads : kernels::cpu::ThreadPool::Shared().max_threads();
   std::fprintf(stderr, "kernels bench: backend cpu (%s), %d threads\n", kernels::cpu::SimdLevel(),
@@ -649,11 +776,14 @@ int Main(int argc, char** argv) {
              {"simd", kernels::cpu::SimdLevel()},
              {"threads", threads},
              {"quick", o.quick}};
-  js["quantize"] = QuantizeSection(o);
-  js["decode"] = DecodeSection(o);
-  js["fidelity"] = FidelitySection(o);
-  js["fidelity_real"] = o.real_kv.empty() ? Json(nullptr) : RealFidelitySection(o);
-  js["cuda_decode"] = CudaSection(o);
+  if (o.Runs("quantize")) js["quantize"] = QuantizeSection(o);
+  if (o.Runs("decode")) js["decode"] = DecodeSection(o);
+  if (o.Runs("fidelity")) {
+    js["fidelity"] = FidelitySection(o);
+    js["fidelity_real"] = o.real_kv.empty() ? Json(nullptr) : RealFidelitySection(o);
+  }
+  if (o.Runs("drift")) js["compaction_drift"] = DriftSection(o);
+  if (o.Runs("cuda")) js["cuda_decode"] = CudaSection(o);
   if (o.json) {
     PrintJson(js);
   } else {
