@@ -493,8 +493,8 @@ Json DriftSection(const Options& o) {
       size_t next = 0;
       for (int round = 0; round <= rounds; ++round) {
         if (next < checkpoints.size() && checkpoints[next] == round) {
-          // Only the error measured on the same slots counts: the first
-          // `kept` survivors, whatever has been dropped after them.
+          // The first `kept` survivors: as many slots at every checkpoint,
+          // against the same slots quantized once.
           const int n = kept;
           PagedKvView view = cur.view;
           view.num_tokens = n;

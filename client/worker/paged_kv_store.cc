@@ -340,7 +340,8 @@ absl::Status PagedKvStore::BeginStep(std::span<const TokenMeta> tokens) {
                               ? 0
                               : std::min<int64_t>(options_.reserve_ahead, need / 8);
     auto blocks = source_->Reserve(need + ahead);
-    if (!blocks.ok() && ahead > 0) blocks = source_->Reserve(need);  // The pool may refuse the extra.
+    // The pool may refuse the extra.
+    if (!blocks.ok() && ahead > 0) blocks = source_->Reserve(need);
     if (blocks.ok()) {
       AddBlocks(*blocks);
       if (need > reserved_) {
