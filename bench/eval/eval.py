@@ -633,9 +633,9 @@ def main(argv=None) -> int:
         if not os.path.exists(results) or os.path.getsize(results) == 0:
             die(f"the live run wrote no records to {results}")
     else:
-        why = [(c, live_only(c)) for c in configs if live_only(c)]
+        why = next(((c, w) for c in configs if (w := live_only(c))), None)
         if why:
-            die(f"{why[0][0]}: {why[0][1]}: add --live")
+            die(f"{why[0]}: {why[1]}: add --live")
         step(f"run: polykv-eval, {len(configs)} configs, {args.threads} threads")
         run([binary, "--tasks", tasks_dir, "--configs-file", configs_txt, "--out", results,
              "--model", model, "--threads", str(args.threads)]
