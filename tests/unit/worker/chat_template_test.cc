@@ -89,7 +89,7 @@ Rendered Render(const TemplateFiles& f, const JsonValue& row, bool with_tokens) 
 // Runs `check` on every fixture row of `model`; skips when it is absent.
 #define FOR_EACH_CASE(MODEL, FETCH_NAME)                                                     \
   const TemplateFiles* files = Files(MODEL);                                                 \
-  if (files == nullptr) GTEST_SKIP() << "run scripts/fetch-model.sh " << (FETCH_NAME);      \
+  if (files == nullptr) POLYKV_MISSING_INPUT() << "run scripts/fetch-model.sh " << (FETCH_NAME);      \
   ASSERT_TRUE(files->chat_template.has_value());                                             \
   const auto rows = ReadFixture("qwen_chat_template_cases.jsonl");                           \
   int num_cases = 0;                                                                         \
@@ -102,7 +102,7 @@ constexpr char kSmol[] = "smollm2-135m";
 
 TEST(QwenChatTemplateTest, DialectAndDefaultSystem) {
   const TemplateFiles* files = Files(kQwen);
-  if (files == nullptr) GTEST_SKIP() << "run scripts/fetch-model.sh " << kQwen;
+  if (files == nullptr) POLYKV_MISSING_INPUT() << "run scripts/fetch-model.sh " << kQwen;
   ASSERT_TRUE(files->chat_template.has_value());
   EXPECT_EQ(files->chat_template->dialect(), ChatTemplate::Dialect::kQwen);
   EXPECT_EQ(files->chat_template->default_system(),

@@ -9,6 +9,7 @@
 #include "client/worker/conversation.h"
 #include "client/worker/gguf.h"
 #include "gtest/gtest.h"
+#include "tests/missing_input.h"
 
 namespace polykv::worker::testing {
 
@@ -28,5 +29,5 @@ inline std::shared_ptr<const GgufFile> OpenModelFile(const std::string& name) {
   const std::shared_ptr<const ::polykv::worker::GgufFile> var =                      \
       ::polykv::worker::testing::OpenModelFile(NAME);                                \
   if (var == nullptr) {                                                              \
-    GTEST_SKIP() << (NAME) << " is absent: run scripts/fetch-model.sh " << (NAME);   \
+    POLYKV_MISSING_INPUT() << (NAME) << " is absent: run scripts/fetch-model.sh " << (NAME);   \
   }

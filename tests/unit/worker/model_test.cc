@@ -136,7 +136,7 @@ void CheckFastDecode(const std::string& name, const std::vector<std::vector<int3
   const LoadedModel* exact_m = testing::SharedModelFor(name, Activations::kF32);
   const LoadedModel* fast_m = testing::SharedModelFor(name, Activations::kInt8);
   if (exact_m == nullptr || fast_m == nullptr) {
-    GTEST_SKIP() << name << " is absent: run scripts/fetch-model.sh " << name;
+    POLYKV_MISSING_INPUT() << name << " is absent: run scripts/fetch-model.sh " << name;
   }
   const LlamaModel& exact = *exact_m->model;
   const LlamaModel& fast = *fast_m->model;

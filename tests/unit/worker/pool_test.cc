@@ -99,7 +99,7 @@ void CheckPoolEqualsLocal(const std::string& model, const std::string& script_na
   std::vector<std::string> local, pool;
   {
     Daemon d;
-    if (d.socket().empty()) GTEST_SKIP() << "polykvd not built (" << Polykvd() << "); set POLYKVD_BIN";
+    if (d.socket().empty()) POLYKV_MISSING_INPUT() << "polykvd not built (" << Polykvd() << "); set POLYKVD_BIN";
     local = Texts(Capture(base + "--local-cache"));
     pool = Texts(Capture(base + "--daemon " + d.socket() + " --key-format f32 --value-format f32 2>&1"));
   }
@@ -117,7 +117,7 @@ TEST(WorkerPoolTest, F32PoolGreedyEqualsLocalCacheQwen) {
   auto path = ModelPath("qwen2.5-coder-0.5b");
   struct stat st;
   if (!path.ok() || stat(path->c_str(), &st) != 0) {
-    GTEST_SKIP() << "run scripts/fetch-model.sh qwen2.5-coder-0.5b";
+    POLYKV_MISSING_INPUT() << "run scripts/fetch-model.sh qwen2.5-coder-0.5b";
   }
   CheckPoolEqualsLocal("qwen2.5-coder-0.5b", "tool_coder.jsonl", 2);
 }
@@ -130,9 +130,9 @@ TEST(WorkerPoolTest, CompactedSessionReportsEpochAndPeakBytes) {
   const char* bin_dir = std::getenv("POLYKV_BIN_DIR");
   const std::string ctl = bin_dir != nullptr ? std::string(bin_dir) + "/polykvctl" : "";
   struct stat st;
-  if (ctl.empty() || stat(ctl.c_str(), &st) != 0) GTEST_SKIP() << "polykvctl not built (" << ctl << ")";
+  if (ctl.empty() || stat(ctl.c_str(), &st) != 0) POLYKV_MISSING_INPUT() << "polykvctl not built (" << ctl << ")";
   Daemon d;
-  if (d.socket().empty()) GTEST_SKIP() << "polykvd not built (" << Polykvd() << "); set POLYKVD_BIN";
+  if (d.socket().empty()) POLYKV_MISSING_INPUT() << "polykvd not built (" << Polykvd() << "); set POLYKVD_BIN";
   const std::string set = Capture(ctl + " --socket " + d.socket() +
                                   " qos set small --policy window --budget-tokens 48 2>&1");
   ASSERT_NE(set.find("window"), std::string::npos) << set;

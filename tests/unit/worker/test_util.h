@@ -11,6 +11,7 @@
 #include "client/worker/conversation.h"
 #include "client/worker/json.h"
 #include "gtest/gtest.h"
+#include "tests/missing_input.h"
 
 namespace polykv::worker::testing {
 
@@ -62,7 +63,7 @@ inline const LoadedModel* SharedModelNamed(const std::string& name) {
   const ::polykv::worker::LoadedModel* model =                                     \
       ::polykv::worker::testing::SharedModelNamed(NAME);                           \
   if (model == nullptr) {                                                          \
-    GTEST_SKIP() << "model " << (NAME) << " is absent: run scripts/fetch-model.sh " \
+    POLYKV_MISSING_INPUT() << "model " << (NAME) << " is absent: run scripts/fetch-model.sh " \
                  << (NAME);                                                        \
   }
 
@@ -70,7 +71,7 @@ inline const LoadedModel* SharedModelNamed(const std::string& name) {
   const ::polykv::worker::LoadedModel* model =                                     \
       ::polykv::worker::testing::SharedModel();                                    \
   if (model == nullptr) {                                                          \
-    GTEST_SKIP() << "model file " << ::polykv::worker::DefaultModelPath()          \
+    POLYKV_MISSING_INPUT() << "model file " << ::polykv::worker::DefaultModelPath()          \
                  << " is absent: run scripts/fetch-model.sh (or set POLYKV_MODEL_PATH)"; \
   }
 

@@ -141,7 +141,7 @@ const QwenTokenizer* SharedQwenTokenizer() {
 #define POLYKV_REQUIRE_QWEN_TOKENIZER()                                              \
   const QwenTokenizer* qwen = SharedQwenTokenizer();                                 \
   if (qwen == nullptr) {                                                             \
-    GTEST_SKIP() << "model " << kQwenModel << " is absent: run scripts/fetch-model.sh " \
+    POLYKV_MISSING_INPUT() << "model " << kQwenModel << " is absent: run scripts/fetch-model.sh " \
                  << kQwenModel;                                                      \
   }                                                                                  \
   const Tokenizer& tok = *qwen->tokenizer
