@@ -26,7 +26,11 @@ int main(int argc, char** argv) {
   std::string config_file, socket, metrics_address, pool_bytes, arena_bytes, tier, log_level,
       low_watermark;
   uint32_t lease_ms = 0;
+  bool print_config = false;
   app.add_option("--config", config_file, "YAML config file (see deploy/polykvd.yaml)");
+  app.add_flag("--print-config", print_config,
+               "Print the effective configuration (built-in defaults, then --config, then "
+               "flags) as YAML and exit");
   app.add_option("--socket", socket, "Unix socket for the gRPC API [/run/polykv/polykvd.sock]");
   app.add_option("--metrics-address", metrics_address,
                  "Prometheus /metrics HOST:PORT, or 'off' [127.0.0.1:9464]");
@@ -60,6 +64,13 @@ int main(int argc, char** argv) {
     auto b = polykv::policies::ParseByteSize(*text);
     if (!b.ok()) return Fail(std::string(flag) + ": " + std::string(b.status().message()));
     *field = *b;
+  }
+  if (print_config) {
+    if (auto s = polykv::daemon::ValidateConfig(config); !s.ok()) {
+      return Fail(std::string(s.message()));
+    }
+    std::fputs(polykv::daemon::ConfigToYaml(config).c_str(), stdout);
+    return 0;
   }
   spdlog::set_level(spdlog::level::from_str(config.log_level));
 

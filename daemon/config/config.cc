@@ -46,6 +46,10 @@ absl::StatusOr<QosRecord> ParseQos(const YAML::Node& n, QosRecord base, const st
                             std::pair{"key_format", &base.key_format},
                             std::pair{"value_format", &base.value_format}}) {
     if (!n[key]) continue;
+    if (n[key].IsNull()) {  // null: no floor / the model's dtype
+      field->reset();
+      continue;
+    }
     auto f = kernels::ParseFormat(n[key].as<std::string>());
     if (!f) return KeyError(absl::StrCat(where, ".", key), "one of f32 f16 bf16 fp8 int8 int4 int2");
     *field = *f;
@@ -70,6 +74,18 @@ absl::StatusOr<QosRecord> ParseQos(const YAML::Node& n, QosRecord base, const st
 }
 
 }  // namespace
+
+QosRecord ShippedDefaultQos() {
+  QosRecord q;
+  q.priority = Priority::kNormal;
+  q.key_format = PageFormat::kInt8;
+  q.value_format = PageFormat::kInt4;
+  q.block_tokens = 64;
+  q.policy = "kvzip{select=layer,layers=importance,trigger=1}";
+  q.budget_tokens = 1024;
+  q.budget_fraction = 0.5;
+  return q;
+}
 
 absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfig c) {
   YAML::Node root;

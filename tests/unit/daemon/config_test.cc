@@ -5,6 +5,7 @@
 #include <set>
 
 #include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
 
 #include <fstream>
 
@@ -131,23 +132,89 @@ TEST(ConfigTest, QosFormatsAndPages) {
   }
 }
 
-// The file deploy/ ships parses, and its default QoS is the one the test
-// split chose (docs/results/2026-12-04-qwen2.5-coder-0.5b/README.md): an edit
-// to either should be a decision, not an accident.
-TEST(ConfigTest, ShippedConfigParsesWithTheMeasuredDefaults) {
-  auto c = LoadConfigFile(POLYKV_DEPLOY_DIR "/polykvd.yaml", DaemonConfig());
+// The built-in default QoS is the one the test split chose
+// (docs/results/2026-12-04-qwen2.5-coder-0.5b/README.md): an edit to it should
+// be a decision, not an accident.
+TEST(ConfigTest, BuiltInDefaultQosIsTheMeasuredOne) {
+  const QosRecord q = DaemonConfig().default_qos;
+  EXPECT_EQ(q.policy, "kvzip{select=layer,layers=importance,trigger=1}");
+  EXPECT_TRUE(ValidatePolicyName(q.policy).ok());
+  EXPECT_EQ(q.budget_fraction, 0.5);
+  EXPECT_EQ(q.budget_tokens, 1024u);
+  EXPECT_EQ(q.key_format, PageFormat::kInt8);
+  EXPECT_EQ(q.value_format, PageFormat::kInt4);
+  EXPECT_EQ(q.block_tokens, 64u);
+  EXPECT_EQ(q.priority, Priority::kNormal);
+  EXPECT_FALSE(q.key_floor.has_value());
+  EXPECT_FALSE(q.value_floor.has_value());
+}
+
+// Every key of the printed configuration, at every level.
+std::set<std::string> KeyPaths(const YAML::Node& n, const std::string& prefix = "") {
+  std::set<std::string> out;
+  if (!n.IsMap()) return out;
+  for (const auto& kv : n) {
+    const std::string path = prefix + kv.first.as<std::string>();
+    out.insert(path);
+    if (path != "tenants") out.merge(KeyPaths(kv.second, path + "."));
+  }
+  return out;
+}
+
+// deploy/polykvd.yaml documents the built-in defaults and never supplies
+// them: read over the built-in configuration it changes nothing but its
+// example agents, and it names every key the daemon prints.
+TEST(ConfigTest, ExampleFileAgreesWithTheBuiltInDefaults) {
+  const std::string example = POLYKV_DEPLOY_DIR "/polykvd.yaml";
+  auto c = LoadConfigFile(example, DaemonConfig());
   ASSERT_TRUE(c.ok()) << c.status();
-  // The test split's best through the live path (results README).
-  EXPECT_EQ(c->default_qos.policy, "kvzip{select=layer,layers=importance,trigger=1}");
-  EXPECT_EQ(c->default_qos.budget_fraction, 0.5);
-  EXPECT_EQ(c->default_qos.budget_tokens, 1024u);
-  EXPECT_TRUE(ValidatePolicyName(c->default_qos.policy).ok());
-  EXPECT_EQ(c->default_qos.key_format, PageFormat::kInt8);
-  EXPECT_EQ(c->default_qos.value_format, PageFormat::kInt4);
-  EXPECT_EQ(c->default_qos.block_tokens, 64u);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
   for (const QosRecord& a : c->agents) {
     EXPECT_EQ(a.policy, "full") << a.agent_id << ": the examples keep their whole cache";
   }
+  EXPECT_FALSE(c->agents.empty()) << "the example shows one agent record";
+  c->agents.clear();
+  EXPECT_EQ(ConfigToYaml(*c), ConfigToYaml(DaemonConfig()))
+      << "deploy/polykvd.yaml and DaemonConfig's defaults disagree";
+  const std::set<std::string> printed = KeyPaths(YAML::Load(ConfigToYaml(DaemonConfig())));
+  const std::set<std::string> documented = KeyPaths(YAML::LoadFile(example));
+  for (const std::string& key : printed) {
+    EXPECT_TRUE(documented.contains(key)) << key << " is not in deploy/polykvd.yaml";
+  }
+}
+
+// --print-config's output is a config file that reads back to the same
+// values, whatever it is read over.
+TEST(ConfigTest, PrintedConfigReadsBackToTheSame) {
+  DaemonConfig c;
+  c.socket = "/tmp/pk.sock";
+  c.socket_mode = 0600;
+  c.pool_bytes = (3ull << 30) + 4096;
+  c.low_watermark_bytes = 123457;
+  c.allowed_uids = {0, 1000};
+  c.admin_uids = {1000};
+  c.tenants["team-a"] = TenantBinding{.uids = {1001, 1002}, .gids = {2000}};
+  c.default_qos.key_format.reset();
+  c.default_qos.budget_fraction = 0.1;
+  QosRecord a = c.default_qos;
+  a.agent_id = "coder";
+  a.priority = Priority::kHigh;
+  a.max_bytes = 256ull << 20;
+  a.key_floor = PageFormat::kInt8;
+  a.policy = "full";
+  c.agents.push_back(a);
+  const std::string text = ConfigToYaml(c);
+  DaemonConfig other;
+  other.default_qos = QosRecord();
+  other.pool_bytes = 1;
+  auto back = LoadConfigFile(WriteTemp(text), other);
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << text;
+  EXPECT_EQ(back->pool_bytes, c.pool_bytes);
+  EXPECT_EQ(back->socket_mode, 0600u);
+  EXPECT_FALSE(back->default_qos.key_format.has_value());
+  ASSERT_EQ(back->agents.size(), 1u);
+  EXPECT_EQ(back->agents[0].key_floor, PageFormat::kInt8);
+  EXPECT_EQ(ConfigToYaml(*back), text);
 }
 
 }  // namespace
