@@ -66,7 +66,7 @@ void EmitIds(YAML::Emitter& out, const char* key, const T& ids) {
 
 std::string ConfigToYaml(const DaemonConfig& c) {
   YAML::Emitter out;
-  out.SetNullFormatFlag(YAML::LowerNull);
+  out.SetNullFormat(YAML::LowerNull);
   char mode[8];
   std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(c.socket_mode));
   out << YAML::BeginMap;

@@ -93,7 +93,8 @@ TEST(ConfigTest, PolicyBudgetAndLowWatermark) {
   ASSERT_EQ(c->agents.size(), 1u);
   EXPECT_EQ(c->agents[0].policy, "h2o{window.ratio=0.25}");
   EXPECT_EQ(c->agents[0].budget_tokens, 4096u);
-  EXPECT_EQ(c->agents[0].budget_fraction, 0);
+  EXPECT_EQ(c->agents[0].budget_fraction, DaemonConfig().default_qos.budget_fraction)
+      << "an agent's unset keys come from default_qos";
 }
 
 TEST(ConfigTest, BudgetFractionIsReadAndChecked) {
