@@ -56,15 +56,18 @@ class CAbiTest : public ::testing::Test {
     o.num_kv_heads = 2;
     o.head_dim = 64;
     o.dtype = PKV_DTYPE_F32;
+    // f32 pages of 16 tokens whatever the agent's QoS: the tests count them.
+    o.key_format = o.value_format = PKV_FORMAT_F32;
+    o.block_tokens = 16;
     return o;
   }
   void ExpectTheStreamDecidesCompaction(const ScoreStream& stream);
   // `polykvctl qos set AGENT --policy POLICY --budget-tokens 32`, as an
-  // operator would.
+  // operator would (no share of the context: the budget is 32 tokens).
   void SetQos(const std::string& agent, const std::string& policy) {
     auto [code, out] = testing::RunProgram({BinDir() + "/polykvctl", "--socket", sock_, "qos",
                                             "set", agent, "--policy", policy,
-                                            "--budget-tokens", "32"});
+                                            "--budget-tokens", "32", "--budget-fraction", "0"});
     ASSERT_EQ(code, 0) << out;
   }
   // Connects and opens a session of Options(agent).
@@ -266,6 +269,32 @@ TEST_F(CAbiTest, PerLayerSelectionKeepsEachLayersReportedSlots) {
   EXPECT_TRUE(std::set<int64_t>(pos0, pos0 + kept).contains(5));  // layer 0's
   EXPECT_EQ(pkv_layer_slot_info(session, 2, 0, 1, pos0), 11);     // OUT_OF_RANGE
   EXPECT_EQ(pkv_session_close(session), 0) << pkv_last_error();
+  pkv_client_free(client);
+}
+
+// A session that asks for nothing, on a polykvd started with no config, gets
+// the built-in default QoS: int8 keys and int4 values on 64-token pages, and a
+// kvzip policy that wants the worker's importance.
+TEST_F(CAbiTest, ASessionAskingNothingGetsTheBuiltInDefault) {
+  pkv_client* client = nullptr;
+  ASSERT_EQ(pkv_connect(sock_.c_str(), &client), 0) << pkv_last_error();
+  pkv_session_options o = Options("c-default");
+  o.key_format = o.value_format = PKV_FORMAT_DEFAULT;
+  o.block_tokens = 0;
+  pkv_session* session = nullptr;
+  ASSERT_EQ(pkv_session_open(client, &o, &session), 0) << pkv_last_error();
+  EXPECT_EQ(pkv_block_tokens(session), 64u);
+  EXPECT_EQ(pkv_wants_importance(session), 1);
+  ASSERT_EQ(pkv_reserve(session, 64), 0) << pkv_last_error();
+  pkv_page pages[4];
+  size_t n = 0;
+  ASSERT_EQ(pkv_block_pages(session, 0, pages, 4, &n), 0) << pkv_last_error();
+  ASSERT_EQ(n, 4u);  // K and V of both layers
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(pages[i].format, pages[i].is_value ? uint32_t{PKV_FORMAT_INT4}
+                                                 : uint32_t{PKV_FORMAT_INT8});
+  }
+  EXPECT_EQ(pkv_session_close(session), 0);
   pkv_client_free(client);
 }
 

@@ -118,6 +118,10 @@ int RunWorker(const std::map<std::string, std::string>& f, const std::string& mo
   o.agent_id = f.at("--agent");
   o.tenant = f.at("--tenant");
   o.profile = {4, 2, 64, polykv::DType::kF32, "test"};
+  // Exact f32 pages on 16-token blocks, whatever the agent's QoS: the tests
+  // count these pages' bytes and check their values exactly.
+  o.key_format = o.value_format = polykv::PageFormat::kF32;
+  o.block_tokens = 16;
   auto session = (*client)->OpenSession(o);
   if (!session.ok()) return Report(session.status());
   auto& s = **session;
@@ -180,6 +184,7 @@ int RunAgent(const std::map<std::string, std::string>& f) {
   o.agent_id = f.at("--agent");
   o.tenant = f.at("--tenant");
   o.profile = {kLayers, kHeads, kDim, polykv::DType::kF32, "test"};
+  o.key_format = o.value_format = polykv::PageFormat::kF32;  // patterns checked exactly
   o.block_tokens = 16;
   auto session = (*client)->OpenSession(o);
   if (!session.ok()) return Report(session.status());

@@ -151,6 +151,7 @@ void Agent(const SoakContext& c, int i) {
     o.agent_id = absl::StrCat("soak-", i);
     o.tenant = absl::StrCat("soak-t", i % 4);
     o.profile = {4, 2, 64, DType::kF32, "soak"};  // 4 KiB of K+V pages per token
+    o.key_format = o.value_format = PageFormat::kF32;  // whatever the agent's QoS
     o.block_tokens = 16;
     o.heartbeat = fate != Fate::kAbandon;
     auto s = (*client)->OpenSession(o);
