@@ -92,7 +92,7 @@ absl::Status Daemon::Start() {
   registry_ = std::make_shared<prometheus::Registry>();
   metrics_ = std::make_unique<Metrics>(registry_);
   if (config_.metrics_address != "off" && !config_.metrics_address.empty()) {
-    collector_ = std::make_shared<PoolCollector>(pool_.get());
+    collector_ = std::make_shared<PoolCollector>(pool_.get(), config_.check_invariants_on_scrape);
     auto render = [registry = registry_, collector = collector_] {
       std::vector<prometheus::MetricFamily> families = registry->Collect();
       std::vector<prometheus::MetricFamily> state = collector->Collect();

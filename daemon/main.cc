@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   std::string config_file, socket, metrics_address, pool_bytes, arena_bytes, tier, log_level,
       low_watermark;
   uint32_t lease_ms = 0;
-  bool print_config = false;
+  bool print_config = false, check_invariants = false;
   app.add_option("--config", config_file, "YAML config file (see deploy/polykvd.yaml)");
   app.add_flag("--print-config", print_config,
                "Print the effective configuration (built-in defaults, then --config, then "
@@ -41,6 +41,9 @@ int main(int argc, char** argv) {
   app.add_option("--tier", tier, "Memory tier: host (shared memory) or cuda [host]");
   app.add_option("--lease-ms", lease_ms, "Session lease in milliseconds [5000]");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error [info]");
+  app.add_flag("--check-invariants-on-scrape", check_invariants,
+               "Debug: check the pool's accounting at every /metrics scrape "
+               "(polykv_pool_invariants_ok); holds the pool lock for O(pages)");
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_default_logger(polykv::daemon::DaemonLogger());
@@ -56,6 +59,7 @@ int main(int argc, char** argv) {
   if (!tier.empty()) config.tier = tier;
   if (lease_ms) config.lease_ms = lease_ms;
   if (!log_level.empty()) config.log_level = log_level;
+  if (check_invariants) config.check_invariants_on_scrape = true;
   for (auto [flag, text, field] : {std::tuple{"--pool-bytes", &pool_bytes, &config.pool_bytes},
                                    std::tuple{"--arena-bytes", &arena_bytes, &config.arena_bytes},
                                    std::tuple{"--low-watermark-bytes", &low_watermark,

@@ -102,7 +102,7 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
       "max_sessions_per_uid", "low_watermark_bytes", "max_connections",
       "max_connections_per_uid", "connection_idle_ms",
       "drain_timeout_ms", "allowed_uids", "allowed_gids", "admin_uids", "default_qos", "agents", "tenants",
-      "log_level"};
+      "log_level", "check_invariants_on_scrape"};
   try {
     for (const auto& kv : root) {
       const std::string k = kv.first.as<std::string>();
@@ -142,6 +142,9 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
     if (root["allowed_gids"]) c.allowed_gids = root["allowed_gids"].as<std::vector<gid_t>>();
     if (root["admin_uids"]) c.admin_uids = root["admin_uids"].as<std::vector<uid_t>>();
     if (root["log_level"]) c.log_level = root["log_level"].as<std::string>();
+    if (root["check_invariants_on_scrape"]) {
+      c.check_invariants_on_scrape = root["check_invariants_on_scrape"].as<bool>();
+    }
     if (root["default_qos"]) {
       auto q = ParseQos(root["default_qos"], c.default_qos, "default_qos");
       if (!q.ok()) return q.status();

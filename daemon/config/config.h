@@ -61,6 +61,9 @@ struct DaemonConfig {
   // to the uid that opens it. `tenants: {name: {uids: [..], gids: [..]}}`.
   std::map<std::string, TenantBinding> tenants;
   std::string log_level = "info";
+  // Debug mode: run the pool's full invariant check at every /metrics scrape
+  // (polykv_pool_invariants_ok). It holds the pool lock for O(pages).
+  bool check_invariants_on_scrape = false;
 };
 
 // Reads `path` over `base`; unknown keys are an error (typos must not pass).

@@ -64,11 +64,17 @@ class Metrics {
 // Produces the state metrics from KvPool::Stats() at scrape time.
 class PoolCollector : public prometheus::Collectable {
  public:
-  explicit PoolCollector(const KvPool* pool) : pool_(pool) {}
+  // check_invariants: also run KvPool::CheckInvariants at each scrape and
+  // export polykv_pool_invariants_ok. A debug mode (tests use it): the check
+  // walks every page under the pool lock, so on a pool of millions of small
+  // pages each scrape would stall every worker's RPCs.
+  PoolCollector(const KvPool* pool, bool check_invariants)
+      : pool_(pool), check_invariants_(check_invariants) {}
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
   const KvPool* const pool_;  // Not owned; outlives the collector's registration.
+  const bool check_invariants_;
 };
 
 // gRPC status code name, e.g. "RESOURCE_EXHAUSTED".

@@ -112,7 +112,8 @@ class DaemonProcess {
       : options_(o),
         process_({BinDir() + "/polykvd", "--socket", o.socket, "--metrics-address",
                   "127.0.0.1:0", "--pool-bytes", o.pool_bytes, "--arena-bytes", o.arena_bytes,
-                  "--lease-ms", std::to_string(o.lease_ms), "--log-level", o.log_level}) {}
+                  "--lease-ms", std::to_string(o.lease_ms), "--log-level", o.log_level,
+                  "--check-invariants-on-scrape"}) {}
 
   uint64_t StatusKib(const std::string& key) const {
     std::ifstream in("/proc/" + std::to_string(pid()) + "/status");
