@@ -121,5 +121,43 @@ TEST(CompactionIntegrationTest, EightAgentsOverThePoolGoThroughThePressureLadder
   RunAgents(480, /*expect_pressure=*/true);
 }
 
+// The ladder's first step lowers the precision of a low-priority agent's cold
+// values in place of evicting them; the agent reads every page at each step,
+// requantized ones included, against its pattern encoded in the page's format.
+TEST(CompactionIntegrationTest, RequantizedPagesOfALowPriorityAgentHoldItsPattern) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "polykv-requant-", getpid());
+  mkdir(dir.c_str(), 0700);
+  const std::string socket = dir + "/d.sock";
+  // 2048 tokens of 4 KiB (f32 K+V) are 8 MiB: past the watermark's 4 MiB of
+  // use, the ladder asks the agent's sessions to shrink.
+  Subprocess daemon({BinDir() + "/polykvd", "--socket", socket, "--metrics-address", "127.0.0.1:0",
+                     "--pool-bytes", "16MiB", "--arena-bytes", "4MiB", "--low-watermark-bytes",
+                     "12MiB", "--lease-ms", "3000"});
+  auto admin = AdminClient::Connect(socket, 20000);
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  v1::QosRecord q;
+  q.set_agent_id("cold");
+  // A compacting policy (the ladder leaves "full" sessions alone) whose
+  // budget is never reached: precision is what the ladder takes.
+  q.set_policy("window");
+  q.set_budget_tokens(1 << 20);
+  q.set_priority(v1::PRIORITY_LOW);
+  ASSERT_TRUE((*admin)->SetQos(q).ok());
+  Subprocess agent({BinDir() + "/polykv-test-worker", "agent", "--socket", socket, "--tenant",
+                    "t", "--agent", "cold", "--tokens", "2048", "--seed", "7", "--step", "32"});
+  const std::string out = agent.ReadLine(120000);
+  EXPECT_EQ(agent.Wait(), 0) << out;
+  EXPECT_EQ(Field(out, "ok"), "true") << out;
+  EXPECT_GE(std::stoull("0" + Field(out, "epoch")), 1u) << "no requantization reached the agent";
+  auto stats = (*admin)->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  const std::string& address = stats->metrics_address();
+  const std::string page = HttpGet(std::stoi(address.substr(address.rfind(':') + 1)), "/metrics");
+  EXPECT_GT(Sample(page, "polykv_ladder_steps_total{step=\"requant\"}"), 0) << page;
+  EXPECT_EQ(stats->pool().used_bytes(), 0u) << "pages leaked";
+  daemon.Signal(SIGTERM);
+  EXPECT_EQ(daemon.Wait(), 0);
+}
+
 }  // namespace
 }  // namespace polykv
