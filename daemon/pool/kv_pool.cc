@@ -211,6 +211,39 @@ absl::StatusOr<uint64_t> KvPool::TableBytes(const std::string& tenant,
   return b;
 }
 
+absl::Status KvPool::CheckRecordsWithinPages(const ModelProfile& profile,
+                                             const kernels::PageShape& page,
+                                             PageFormat key_format, PageFormat value_format,
+                                             PageFormat lowest_value_format) const {
+  // The most the daemon keeps per committed token: a slot record per layer
+  // (per-layer selection). Every token also costs its pages, so while
+  // records never outweigh pages the daemon's heap for them stays under
+  // pool_bytes, whatever profile a worker claims.
+  const uint64_t record_bytes = uint64_t{profile.num_layers} * sizeof(SlotRecord);
+  // The token's page bytes once the ladder has lowered its values as far as
+  // the agent's floor allows (keys keep their format).
+  auto lowest = MakeBlockShape(profile.num_layers, page, key_format, lowest_value_format,
+                               options_.superblock_bytes);
+  if (!lowest.ok()) {
+    // A shape the ladder cannot store either (it skips such blocks): the
+    // session's own formats are its lowest.
+    lowest = MakeBlockShape(profile.num_layers, page, key_format, value_format,
+                            options_.superblock_bytes);
+    lowest_value_format = value_format;
+    if (!lowest.ok()) return lowest.status();
+  }
+  const uint64_t page_bytes = lowest->bytes() / uint64_t(page.block_tokens);
+  if (record_bytes <= page_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "profile too small for polykvd's slot records: each token costs ", record_bytes,
+      " bytes of records (", profile.num_layers, " layers x ", sizeof(SlotRecord),
+      ") but as little as ", page_bytes, " bytes of pages (", profile.num_kv_heads,
+      " KV heads x head_dim ", profile.head_dim, ", keys ", std::string(kernels::FormatShortName(key_format)),
+      ", values down to ", std::string(kernels::FormatShortName(lowest_value_format)),
+      "); polykvd refuses sessions whose records outweigh their pages, so that its memory stays "
+      "within pool_bytes. Use wider keys or a value_precision_floor"));
+}
+
 absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
   if (auto s = ValidateName("agent_id", r.agent_id, kMaxNameLen); !s.ok()) return s;
   if (auto s = ValidateName("tenant", r.tenant, kMaxTenantLen); !s.ok()) return s;
@@ -248,6 +281,13 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
                                 static_cast<int>(r.profile.head_dim)};
   auto shape = MakeBlockShape(r.profile.num_layers, page, kf, vf, options_.superblock_bytes);
   if (!shape.ok()) return shape.status();
+  const PageFormat ladder_vf = LadderValueFormat(qos.value_floor);
+  if (auto st = CheckRecordsWithinPages(
+          r.profile, page, kf, vf,
+          kernels::FormatBits(vf) <= kernels::FormatBits(ladder_vf) ? vf : ladder_vf);
+      !st.ok()) {
+    return st;
+  }
 
   // The pool's tenant key: a bound tenant is shared by its identities, any
   // other name is the opening uid's own ('@' cannot occur in names).

@@ -172,6 +172,16 @@ class KvPool {
   uint32_t num_sessions() const;
   absl::Status CheckInvariants() const;
 
+  // INVALID_ARGUMENT when a token of this profile could cost the daemon more
+  // bytes of slot records than of pages (the pages of `key_format` keys and
+  // values lowered to `lowest_value_format`, or `value_format` where that
+  // shape cannot exist): bounds the daemon's heap by pool_bytes for any
+  // profile and page size.
+  absl::Status CheckRecordsWithinPages(const ModelProfile& profile,
+                                       const kernels::PageShape& page, PageFormat key_format,
+                                       PageFormat value_format,
+                                       PageFormat lowest_value_format) const;
+
  private:
   explicit KvPool(const KvPoolOptions& options);
   absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }

@@ -326,5 +326,34 @@ TEST_F(KvPoolTest, PrecisionFloorsRaiseRequestedFormats) {
   EXPECT_LT(s->value_page_bytes, s->key_page_bytes);
 }
 
+// A worker cannot make the daemon's heap outgrow pool_bytes by claiming a
+// profile whose tokens cost a few bytes of pages but a slot record each: such
+// a session is refused, naming the limit, and opens nothing.
+TEST_F(KvPoolTest, AProfileWhoseSlotRecordsOutweighItsPagesIsRefused) {
+  OpenRequest tiny = Req("tiny");
+  tiny.profile = {1, 1, 1, DType::kF16, "tiny"};  // 4 bytes of pages per token
+  tiny.block_tokens = 256;
+  auto refused = pool_->Open(tiny);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("slot records"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("pool_bytes"), std::string::npos);
+  EXPECT_EQ(pool_->num_sessions(), 0u);
+  Check();
+  // Real models' shapes at the lowest precision polykv stores them in pass,
+  // one KV head of 64 dims with int4 keys and int2 values (MQA) included.
+  for (const ModelProfile& p : {ModelProfile{24, 2, 64, DType::kF16, "qwen2.5-coder-0.5b"},
+                                ModelProfile{32, 1, 64, DType::kF16, "mqa"}}) {
+    OpenRequest r = Req(p.model_id);
+    r.profile = p;
+    r.key_format = PageFormat::kInt4;
+    r.value_format = PageFormat::kInt2;
+    auto s = pool_->Open(r);
+    EXPECT_TRUE(s.ok()) << p.model_id << ": " << s.status();
+  }
+  Check();
+}
+
 }  // namespace
 }  // namespace polykv::daemon
