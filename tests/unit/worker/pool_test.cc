@@ -134,7 +134,10 @@ TEST(WorkerPoolTest, CompactedSessionReportsEpochAndPeakBytes) {
   Daemon d;
   if (d.socket().empty()) POLYKV_MISSING_INPUT() << "polykvd not built (" << Polykvd() << "); set POLYKVD_BIN";
   const std::string set = Capture(ctl + " --socket " + d.socket() +
-                                  " qos set small --policy window --budget-tokens 48 2>&1");
+                                  " qos set small --policy window --budget-tokens 48"
+                                  // 16-token pages and a budget of 48 tokens, not the
+                                  // default QoS's 64-token pages and half the context.
+                                  " --block-tokens 0 --budget-fraction 0 2>&1");
   ASSERT_NE(set.find("window"), std::string::npos) << set;
   const std::string script = std::string(POLYKV_WORKER_FIXTURES) + "/scripts/coder.jsonl";
   const std::string out =
