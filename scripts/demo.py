@@ -185,7 +185,7 @@ def main(argv=None) -> int:
             sessions = sessions.get("sessions", [])
             if len(sessions) >= len(tasks) and all(int(s.get("epoch", 0)) > 0 for s in sessions):
                 break
-            if any(p.poll() is not None for *_, p in procs):
+            if any(p.poll() is not None for _, kind, _, p in procs if kind == "default"):
                 break
             time.sleep(0.5)
         log("")
