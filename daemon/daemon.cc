@@ -264,9 +264,11 @@ void Daemon::ReaperLoop() {
   // 1.25 lease periods of its last heartbeat.
   const absl::Duration period = absl::Milliseconds(std::max<uint32_t>(config_.lease_ms / 4, 20));
   while (!stop_reaper_.WaitForNotificationWithTimeout(period)) {
-    for (uint64_t id : pool_->ReclaimExpired()) {
-      DaemonLogger()->info("reclaimed session {} (lease expired or drain deadline passed)", id);
-      metrics_->SessionReclaimed("lease");
+    for (const KvPool::Reclaimed& r : pool_->ReclaimExpired()) {
+      DaemonLogger()->info("reclaimed session {} ({})", r.session_id,
+                           std::string_view(r.reason) == "lease" ? "lease expired"
+                                                                 : "drain deadline passed");
+      metrics_->SessionReclaimed(r.reason);
     }
   }
 }

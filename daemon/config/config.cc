@@ -156,6 +156,9 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
         auto q = ParseQos(n, c.default_qos, absl::StrCat("agents[", i++, "]"));
         if (!q.ok()) return q.status();
         if (q->agent_id.empty()) return KeyError(absl::StrCat("agents[", i - 1, "]"), "agent_id is required");
+        if (auto s = ValidateName("agent_id", q->agent_id, kMaxNameLen); !s.ok()) {
+          return KeyError(absl::StrCat("agents[", i - 1, "].agent_id"), std::string(s.message()));
+        }
         c.agents.push_back(*q);
       }
     }
@@ -164,6 +167,9 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
       for (const auto& kv : root["tenants"]) {
         const std::string name = kv.first.as<std::string>();
         const std::string where = absl::StrCat("tenants.", name);
+        if (auto s = ValidateName("tenant", name, kMaxTenantLen); !s.ok()) {
+          return KeyError(where, std::string(s.message()));
+        }
         TenantBinding b;
         for (const auto& field : kv.second) {
           const std::string k = field.first.as<std::string>();

@@ -18,8 +18,6 @@ namespace {
 
 // Per call: keeps one Reserve response well under the 64 MiB message limit.
 constexpr uint64_t kMaxReserveTokens = 1ull << 16;
-constexpr size_t kMaxNameLen = 128;
-constexpr size_t kMaxTenantLen = 64;
 // Blocks allocated or freed per hold of the pool lock during a compaction
 // (a block is 2 x layers pages): long enough to amortize the lock, short
 // enough that other sessions' calls barely wait.
@@ -1043,13 +1041,14 @@ bool KvPool::draining() const {
   return draining_;
 }
 
-std::vector<uint64_t> KvPool::ReclaimExpired() {
+std::vector<KvPool::Reclaimed> KvPool::ReclaimExpired() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = Now();
-  const std::vector<uint64_t> expired = sessions_.Expired(now, now >= drain_evict_at_);
-  for (uint64_t id : expired) {
+  std::vector<Reclaimed> out;
+  for (uint64_t id : sessions_.Expired(now, now >= drain_evict_at_)) {
     const bool lease = now >= sessions_.Find(id)->lease.deadline;
     if (lease) ++lease_expiries_;
+    out.push_back({id, lease ? "lease" : "drain"});
     DestroySession(id,
                    {SessionEventMsg::Type::kEvicted, 0,
                     lease ? "lease expired" : "evicted at the end of the drain"},
@@ -1063,7 +1062,7 @@ std::vector<uint64_t> KvPool::ReclaimExpired() {
   }
   for (uint64_t id : gone) ReleaseQuarantined(id);
   blocks_.SweepRetired();
-  return expired;
+  return out;
 }
 
 uint64_t KvPool::used_bytes() const {

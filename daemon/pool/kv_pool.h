@@ -147,8 +147,14 @@ class KvPool {
   bool draining() const;
 
   // Reclaims sessions whose lease ran out (and, after a drain deadline, all
-  // sessions). Returns the ids reclaimed. Called periodically by the daemon.
-  std::vector<uint64_t> ReclaimExpired();
+  // sessions). Returns those reclaimed, each with why: "lease" (its lease
+  // ran out) or "drain" (the drain's deadline passed). Called periodically by
+  // the daemon.
+  struct Reclaimed {
+    uint64_t session_id;
+    const char* reason;
+  };
+  std::vector<Reclaimed> ReclaimExpired();
 
   // Stores per-slot metadata and attention mass for the session's policy.
   // FAILED_PRECONDITION when request.epoch is not the session's epoch;

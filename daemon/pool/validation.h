@@ -9,6 +9,10 @@
 
 namespace polykv::daemon {
 
+// The longest agent id and tenant name a session (or the config) may use.
+inline constexpr size_t kMaxNameLen = 128;
+inline constexpr size_t kMaxTenantLen = 64;
+
 // 1..max_len characters of [A-Za-z0-9_.:-].
 absl::Status ValidateName(absl::string_view what, absl::string_view value, size_t max_len);
 absl::Status ValidateProfile(const ModelProfile& profile);

@@ -80,6 +80,21 @@ TEST(ConfigTest, TenantsAreBoundToUidsAndGids) {
   EXPECT_NE(empty.status().message().find("nobody"), std::string::npos) << empty.status();
 }
 
+// Names in the config follow the rules of the names sessions use: a tenant
+// or agent nobody could open (or one holding '@', which marks a uid's own
+// tenants) is an error naming the key.
+TEST(ConfigTest, TenantAndAgentNamesAreChecked) {
+  for (const char* bad : {"tenants:\n  'team a': {uids: [1]}\n",
+                          "tenants:\n  'a@uid0': {uids: [1]}\n"}) {
+    auto c = LoadConfigFile(WriteTemp(bad), DaemonConfig());
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_NE(c.status().message().find("tenants."), std::string::npos) << c.status();
+  }
+  auto c = LoadConfigFile(WriteTemp("agents:\n  - {agent_id: 'a b'}\n"), DaemonConfig());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("agents[0].agent_id"), std::string::npos) << c.status();
+}
+
 TEST(ConfigTest, PolicyBudgetAndLowWatermark) {
   const std::string path = ::testing::TempDir() + "/polykvd_config_policy_test.yaml";
   {

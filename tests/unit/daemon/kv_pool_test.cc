@@ -222,7 +222,9 @@ TEST_F(KvPoolTest, ExpiredLeasesAreReclaimedCompletelyAndHeartbeatsRenew) {
   ASSERT_TRUE(pool_->Heartbeat(b->session_id, b->token, peer_).ok());
   clock_.now += absl::Milliseconds(300);  // a: 1100 ms silent; b: 300 ms
   auto reclaimed = pool_->ReclaimExpired();
-  EXPECT_EQ(reclaimed, std::vector<uint64_t>{a->session_id});
+  ASSERT_EQ(reclaimed.size(), 1u);
+  EXPECT_EQ(reclaimed[0].session_id, a->session_id);
+  EXPECT_STREQ(reclaimed[0].reason, "lease");
   EXPECT_EQ(pool_->Stats().lease_expiries, 1u);
   EXPECT_TRUE(absl::IsNotFound(pool_->Reserve(a->session_id, a->token, peer_, 1).status()));
   Check();
@@ -262,8 +264,11 @@ TEST_F(KvPoolTest, DrainRefusesNewWorkAndEvictsAfterTheDeadline) {
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->type, SessionEventMsg::Type::kDrain);
   ASSERT_TRUE(pool_->Heartbeat(s->session_id, s->token, peer_)->draining);
-  clock_.now += absl::Milliseconds(600);
-  EXPECT_EQ(pool_->ReclaimExpired().size(), 1u);
+  clock_.now += absl::Milliseconds(600);  // past the drain's deadline, not the lease
+  const auto reclaimed = pool_->ReclaimExpired();
+  ASSERT_EQ(reclaimed.size(), 1u);
+  EXPECT_STREQ(reclaimed[0].reason, "drain") << "a drain eviction is no lease expiry";
+  EXPECT_EQ(pool_->Stats().lease_expiries, 0u);
   EXPECT_EQ(pool_->used_bytes(), 0u);
   e = (*events)->Next(absl::ZeroDuration());
   ASSERT_TRUE(e.has_value());
