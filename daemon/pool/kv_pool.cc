@@ -475,6 +475,9 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
         if (s.tables.epoch == epoch) s.policy.requant_idle_at = s.tables.committed_tokens;
       }
     }
+    // A compaction may outlast the lease; the worker's call is live until
+    // it returns, so the lease runs from now.
+    s.lease.Renew(Now());
     out.epoch = s.tables.epoch;
     out.committed_tokens = s.tables.committed_tokens;
     out.wants_importance = s.policy.wants_importance;

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "daemon/pool/token.h"
 
 namespace polykv::daemon {
@@ -11,6 +13,15 @@ constexpr uint64_t kMiB = 1ull << 20;
 
 struct FakeClock {
   absl::Time now = absl::FromUnixSeconds(1000000);
+  // When set, the second reading from then on (and every one after it) is
+  // this much later: a call that reads the clock at its start and again at
+  // its end took this long.
+  std::optional<absl::Duration> then_jump;
+  int readings_since_armed = 0;
+  absl::Time Read() {
+    if (then_jump && readings_since_armed++ == 1) now += *then_jump;
+    return now;
+  }
 };
 
 class KvPoolTest : public ::testing::Test {
@@ -24,7 +35,7 @@ class KvPoolTest : public ::testing::Test {
     o.superblock_bytes = 256 * 1024;
     o.default_lease_ms = 1000;
     o.arena_factory = CreateHostShmArena;
-    o.clock = [this] { return clock_.now; };
+    o.clock = [this] { return clock_.Read(); };
     auto p = KvPool::Create(o);
     EXPECT_TRUE(p.ok()) << p.status();
     return *std::move(p);
@@ -329,6 +340,28 @@ TEST_F(KvPoolTest, PrecisionFloorsRaiseRequestedFormats) {
   EXPECT_EQ(s->key_format, PageFormat::kF16);
   EXPECT_EQ(s->value_format, PageFormat::kInt8);
   EXPECT_LT(s->value_page_bytes, s->key_page_bytes);
+}
+
+// A Sync whose compaction outlasts the lease returns with the lease renewed:
+// the worker was in a call all along, and must not lose its session to the
+// next reaper sweep.
+TEST_F(KvPoolTest, ASyncThatCompactsLongerThanTheLeaseRenewsIt) {
+  QosRecord q;
+  q.agent_id = "slow";
+  q.policy = "window";
+  q.budget_tokens = 32;
+  ASSERT_TRUE(pool_->SetQos(q).ok());
+  auto s = pool_->Open(Req("slow"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(pool_->Reserve(s->session_id, s->token, peer_, 128).ok());
+  ASSERT_TRUE(pool_->Commit(s->session_id, s->token, peer_, 128).ok());
+  clock_.then_jump = absl::Seconds(5);  // the lease is 1 s
+  auto synced = pool_->Sync(s->session_id, s->token, peer_, 0);
+  ASSERT_TRUE(synced.ok()) << synced.status();
+  ASSERT_GT(synced->epoch, 0u) << "the Sync compacted";
+  EXPECT_TRUE(pool_->ReclaimExpired().empty());
+  EXPECT_TRUE(pool_->Heartbeat(s->session_id, s->token, peer_).ok());
+  Check();
 }
 
 // A worker cannot make the daemon's heap outgrow pool_bytes by claiming a
