@@ -53,6 +53,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonConfig& confi
   po.max_sessions = config.max_sessions;
   po.max_sessions_per_uid = config.max_sessions_per_uid;
   po.tenant_bindings = config.tenants;
+  po.operator_uids = {0, geteuid()};
+  po.operator_uids.insert(config.admin_uids.begin(), config.admin_uids.end());
   po.default_qos = config.default_qos;
   // Workers' liveness decides when memory they map may change owner.
   po.process_watcher = PidfdWatcher();

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "policies/byte_size.h"
 #include "polykv/admin.h"
@@ -104,6 +105,9 @@ void PrintQos(const polykv::v1::QosRecord& q) {
   } else {
     std::printf("budget_fraction     none\n");
   }
+  std::string uid_list;
+  for (uint32_t u : q.uids()) uid_list += (uid_list.empty() ? "" : ",") + std::to_string(u);
+  std::printf("uids                %s\n", uid_list.empty() ? "operator" : uid_list.c_str());
   if (!q.policy_note().empty()) std::printf("note                %s\n", q.policy_note().c_str());
 }
 
@@ -153,7 +157,11 @@ int main(int argc, char** argv) {
   qos_set->add_option("--budget-tokens", budget_tokens,
                       "Tokens per session the policy compacts down to (0 = no budget); with "
                       "--budget-fraction, the budget's floor");
-  std::string budget_fraction;
+  std::string budget_fraction, uids;
+  qos_set->add_option("--uids", uids,
+                      "Comma-separated uids whose sessions of the agent follow this record, or "
+                      "'operator' (polykvd's own uid, root and admin_uids; the default): other "
+                      "uids using the name get the default QoS");
   qos_set->add_option("--budget-fraction", budget_fraction,
                       "The budget as a share of each session's context so far, in (0, 1] "
                       "(0 = none): the session keeps max(budget-tokens, fraction x context)");
@@ -294,6 +302,16 @@ int main(int argc, char** argv) {
         return bad("--budget-fraction: a number in (0, 1], or 0 for none");
       }
       q.set_budget_fraction(f);
+    }
+    if (!uids.empty()) {
+      q.clear_uids();
+      if (uids != "operator") {
+        for (absl::string_view part : absl::StrSplit(uids, ',')) {
+          uint32_t u = 0;
+          if (!absl::SimpleAtoi(part, &u)) return bad("--uids: comma-separated uids, or 'operator'");
+          q.add_uids(u);
+        }
+      }
     }
     auto out = c.SetQos(q);
     if (!out.ok()) return Fail(out.status());

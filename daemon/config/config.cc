@@ -24,7 +24,7 @@ absl::StatusOr<QosRecord> ParseQos(const YAML::Node& n, QosRecord base, const st
                                               "max_bytes", "key_precision_floor",
                                               "value_precision_floor", "key_format",
                                               "value_format", "block_tokens", "policy",
-                                              "budget_tokens", "budget_fraction"};
+                                              "budget_tokens", "budget_fraction", "uids"};
   for (const auto& kv : n) {
     const std::string k = kv.first.as<std::string>();
     if (!kKeys.contains(k)) return KeyError(absl::StrCat(where, ".", k), "unknown key");
@@ -63,6 +63,13 @@ absl::StatusOr<QosRecord> ParseQos(const YAML::Node& n, QosRecord base, const st
     }
   }
   if (n["policy"]) base.policy = n["policy"].as<std::string>();
+  if (n["uids"]) {
+    if (where == "default_qos") {
+      return KeyError("default_qos.uids", "only an agent's record names uids");
+    }
+    const auto uids = n["uids"].as<std::vector<uid_t>>();
+    base.uids = {uids.begin(), uids.end()};
+  }
   if (n["budget_tokens"]) base.budget_tokens = n["budget_tokens"].as<uint64_t>();
   if (n["budget_fraction"]) {
     base.budget_fraction = n["budget_fraction"].as<double>();

@@ -29,6 +29,13 @@ std::string DoubleText(double v) {
   return ec == std::errc() ? std::string(buf, end) : absl::StrCat(v);
 }
 
+template <typename T>
+void EmitIds(YAML::Emitter& out, const char* key, const T& ids) {
+  out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (auto id : ids) out << id;
+  out << YAML::EndSeq;
+}
+
 void EmitFormat(YAML::Emitter& out, const char* key, const std::optional<PageFormat>& f) {
   out << YAML::Key << key << YAML::Value;
   if (f) {
@@ -40,7 +47,10 @@ void EmitFormat(YAML::Emitter& out, const char* key, const std::optional<PageFor
 
 void EmitQos(YAML::Emitter& out, const QosRecord& q, bool with_agent_id) {
   out << YAML::BeginMap;
-  if (with_agent_id) out << YAML::Key << "agent_id" << YAML::Value << q.agent_id;
+  if (with_agent_id) {
+    out << YAML::Key << "agent_id" << YAML::Value << q.agent_id;
+    EmitIds(out, "uids", q.uids);
+  }
   out << YAML::Key << "priority" << YAML::Value << std::string(PriorityName(q.priority));
   out << YAML::Key << "guaranteed_bytes" << YAML::Value << ByteSizeText(q.guaranteed_bytes);
   out << YAML::Key << "max_bytes" << YAML::Value << ByteSizeText(q.max_bytes);
@@ -53,13 +63,6 @@ void EmitQos(YAML::Emitter& out, const QosRecord& q, bool with_agent_id) {
   out << YAML::Key << "budget_tokens" << YAML::Value << q.budget_tokens;
   out << YAML::Key << "budget_fraction" << YAML::Value << DoubleText(q.budget_fraction);
   out << YAML::EndMap;
-}
-
-template <typename T>
-void EmitIds(YAML::Emitter& out, const char* key, const T& ids) {
-  out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq;
-  for (auto id : ids) out << id;
-  out << YAML::EndSeq;
 }
 
 }  // namespace

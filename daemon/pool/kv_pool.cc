@@ -242,6 +242,14 @@ absl::Status KvPool::CheckRecordsWithinPages(const ModelProfile& profile,
       "within pool_bytes. Use wider keys or a value_precision_floor"));
 }
 
+std::string KvPool::QosIdentity(const std::string& agent_id, uid_t uid) const {
+  const std::set<uid_t>& named = admission_.HasRecord(agent_id) && !admission_.For(agent_id).uids.empty()
+                                     ? admission_.For(agent_id).uids
+                                     : options_.operator_uids;
+  if (named.empty() || named.contains(uid)) return agent_id;
+  return absl::StrCat(agent_id, "@uid", uid);
+}
+
 absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
   if (auto s = ValidateName("agent_id", r.agent_id, kMaxNameLen); !s.ok()) return s;
   if (auto s = ValidateName("tenant", r.tenant, kMaxTenantLen); !s.ok()) return s;
@@ -264,7 +272,12 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
   uint32_t quarantined = 0;
   for (const auto& [id, q] : quarantine_) quarantined += q.uid == r.peer.uid;
   if (auto st = sessions_.CheckRoom(r.peer.uid, quarantined); !st.ok()) return st;
-  const QosRecord& qos = admission_.For(r.agent_id);
+  // The session's QoS identity: the agent's name where its record applies to
+  // this uid, else the name qualified by the uid (as unbound tenant names
+  // are), which has no record: another uid naming a session like a
+  // configured agent gets the default QoS and none of its caps or guarantee.
+  const std::string agent = QosIdentity(r.agent_id, r.peer.uid);
+  const QosRecord& qos = admission_.For(agent);
   // What the worker asks for, else the agent's QoS, else the defaults.
   const uint32_t block_tokens = r.block_tokens   ? r.block_tokens
                                 : qos.block_tokens ? qos.block_tokens
@@ -302,10 +315,10 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
 
   Session s;
   s.token = *std::move(token);
-  s.account = {tenant_key, r.agent_id, 0};
+  s.account = {tenant_key, agent, 0};
   s.tenant_name = r.tenant;
   s.profile = r.profile;
-  s.priority = admission_.HasRecord(r.agent_id)
+  s.priority = admission_.HasRecord(agent)
                    ? qos.priority
                    : r.priority_hint.value_or(options_.default_qos.priority);
   s.block_tokens = block_tokens;
@@ -329,7 +342,7 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
   out.value_page_bytes = in.shape.value_page_bytes;
   out.epoch = in.tables.epoch;
   out.qos = qos;
-  out.qos.agent_id = r.agent_id;
+  out.qos.agent_id = agent;
   const PolicyStreams streams = policies_.Streams(qos.policy);
   in.policy.wants_importance = out.wants_importance = streams.importance;
   in.policy.wants_observation = out.wants_observation = streams.observation;

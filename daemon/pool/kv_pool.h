@@ -83,6 +83,11 @@ struct KvPoolOptions {
   // config says so (issue 14, finding 1).
   std::map<std::string, TenantBinding> tenant_bindings;
   QosRecord default_qos;  // For agents without a record (agent_id ignored).
+  // The uids a QoS record that names none applies to: the operator's
+  // (polykvd's own uid, root and admin_uids; the daemon sets them). A session
+  // of another uid named like an agent with a record gets the default QoS
+  // under the identity "<agent>@uid<N>". Empty: every uid (pool unit tests).
+  std::set<uid_t> operator_uids;
   // Pressure ladder (RunPressureLadder): below low_watermark free bytes the
   // daemon compacts sessions of the lowest priority first, then refuses their
   // reservations; at 2 x low_watermark free it stops refusing.
@@ -189,6 +194,11 @@ class KvPool {
                                        PageFormat lowest_value_format) const;
 
  private:
+  // `agent_id` where its QoS record applies to sessions of `uid` (or there is
+  // none and `uid` is the operator's), else "<agent_id>@uid<uid>".
+  std::string QosIdentity(const std::string& agent_id, uid_t uid) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   explicit KvPool(const KvPoolOptions& options);
   absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }
   // Frees everything the session holds and forgets it (deferred to the end

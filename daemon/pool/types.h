@@ -54,6 +54,9 @@ struct QosRecord {
   // policy's trigger.
   uint64_t budget_tokens = 0;
   double budget_fraction = 0;
+  // The uids whose sessions of this agent the record applies to; empty: the
+  // operator's (KvPoolOptions::operator_uids). Ignored in the default QoS.
+  std::set<uid_t> uids;
 };
 
 // Who is on the other end of a connection (SO_PEERCRED at accept time).

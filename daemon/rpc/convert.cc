@@ -132,6 +132,7 @@ absl::StatusOr<QosRecord> FromProto(const v1::QosRecord& q) {
   o.policy = q.policy().empty() ? "full" : q.policy();
   o.budget_tokens = q.budget_tokens();
   o.budget_fraction = q.budget_fraction();
+  o.uids.insert(q.uids().begin(), q.uids().end());
   return o;
 }
 
@@ -183,6 +184,7 @@ void ToProto(const QosRecord& in, v1::QosRecord* out) {
   out->set_policy(in.policy);
   out->set_budget_tokens(in.budget_tokens);
   out->set_budget_fraction(in.budget_fraction);
+  for (uid_t u : in.uids) out->add_uids(u);
   out->set_policy_note(PolicyNote(in.policy));
 }
 

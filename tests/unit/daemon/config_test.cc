@@ -83,6 +83,17 @@ TEST(ConfigTest, TenantsAreBoundToUidsAndGids) {
 // Names in the config follow the rules of the names sessions use: a tenant
 // or agent nobody could open (or one holding '@', which marks a uid's own
 // tenants) is an error naming the key.
+TEST(ConfigTest, AnAgentRecordNamesItsUids) {
+  auto c = LoadConfigFile(WriteTemp("agents:\n  - {agent_id: coder, uids: [1000, 1001]}\n"),
+                          DaemonConfig());
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->agents.size(), 1u);
+  EXPECT_EQ(c->agents[0].uids, (std::set<uid_t>{1000, 1001}));
+  auto bad = LoadConfigFile(WriteTemp("default_qos: {uids: [1000]}\n"), DaemonConfig());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("default_qos.uids"), std::string::npos) << bad.status();
+}
+
 TEST(ConfigTest, TenantAndAgentNamesAreChecked) {
   for (const char* bad : {"tenants:\n  'team a': {uids: [1]}\n",
                           "tenants:\n  'a@uid0': {uids: [1]}\n"}) {

@@ -364,6 +364,57 @@ TEST_F(KvPoolTest, ASyncThatCompactsLongerThanTheLeaseRenewsIt) {
   Check();
 }
 
+// A QoS record follows identities, not names: it applies to sessions of the
+// uids it names (none: the operator's). Another uid naming a session like the
+// agent gets the default QoS under "<agent>@uid<N>", and neither uses nor
+// eats into the agent's cap.
+TEST_F(KvPoolTest, QosRecordsApplyOnlyToTheUidsTheyName) {
+  KvPoolOptions o;
+  o.pool_bytes = 16 * kMiB;
+  o.arena_bytes = 4 * kMiB;
+  o.superblock_bytes = 256 * 1024;
+  o.arena_factory = CreateHostShmArena;
+  o.operator_uids = {0};
+  auto pool = *KvPool::Create(o);
+  QosRecord coder;
+  coder.agent_id = "coder";
+  coder.priority = Priority::kHigh;
+  coder.max_bytes = 128 * 1024;  // two 16-token blocks of the tiny profile (64 KiB each)
+  ASSERT_TRUE(pool->SetQos(coder).ok());
+  const PeerCreds op{10, 0, 0}, other{11, 1001, 1001};
+  OpenRequest r = Req("coder");
+  r.peer = other;
+  auto impostor = pool->Open(r);
+  ASSERT_TRUE(impostor.ok()) << impostor.status();
+  EXPECT_EQ(impostor->qos.agent_id, "coder@uid1001");
+  EXPECT_EQ(impostor->qos.max_bytes, 0u) << "the default QoS";
+  EXPECT_EQ(impostor->qos.priority, Priority::kNormal);
+  ASSERT_TRUE(pool->Reserve(impostor->session_id, impostor->token, other, 64).ok())
+      << "the agent's cap is not the impostor's";
+  r.peer = op;
+  auto real = pool->Open(r);
+  ASSERT_TRUE(real.ok()) << real.status();
+  EXPECT_EQ(real->qos.agent_id, "coder");
+  EXPECT_EQ(real->qos.max_bytes, 128u * 1024);
+  ASSERT_TRUE(pool->Reserve(real->session_id, real->token, op, 32).ok())
+      << "the impostor's pages do not count against the agent's cap";
+  const auto over = pool->Reserve(real->session_id, real->token, op, 16);
+  EXPECT_TRUE(absl::IsResourceExhausted(over.status()))
+      << (over.ok() ? absl::StrCat("reserved, session bytes ", over->session_bytes)
+                    : over.status().ToString());
+  // A record that names uids applies to those, and no longer to the operator.
+  QosRecord named = coder;
+  named.agent_id = "shared";
+  named.uids = {1001};
+  ASSERT_TRUE(pool->SetQos(named).ok());
+  r.agent_id = "shared";
+  r.peer = other;
+  EXPECT_EQ(pool->Open(r)->qos.agent_id, "shared");
+  r.peer = op;
+  EXPECT_EQ(pool->Open(r)->qos.agent_id, "shared@uid0");
+  ASSERT_TRUE(pool->CheckInvariants().ok());
+}
+
 // A worker cannot make the daemon's heap outgrow pool_bytes by claiming a
 // profile whose tokens cost a few bytes of pages but a slot record each: such
 // a session is refused, naming the limit, and opens nothing.
