@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonConfig& confi
   po.default_lease_ms = config.lease_ms;
   po.max_sessions = config.max_sessions;
   po.max_sessions_per_uid = config.max_sessions_per_uid;
+  po.max_tenants_per_uid = config.max_tenants_per_uid;
   po.tenant_bindings = config.tenants;
   po.operator_uids = {0, geteuid()};
   po.operator_uids.insert(config.admin_uids.begin(), config.admin_uids.end());

@@ -39,6 +39,9 @@ struct DaemonConfig {
   uint32_t lease_ms = 5000;
   uint32_t max_sessions = 4096;
   uint32_t max_sessions_per_uid = 0;  // 0 = max_sessions / 4
+  // Tenants of its own (not bound under `tenants:`) one uid may hold
+  // sessions in at once; 0 = no limit.
+  uint32_t max_tenants_per_uid = 16;
   uint32_t drain_timeout_ms = 10000;
   // gRPC socket connection limits (finding 4 of issue 14): past them a new
   // connection is closed at once. Each connection costs polykvd one fd; the

@@ -311,6 +311,16 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
     }
   } else {
     tenant_key = absl::StrCat(r.tenant, "@uid", r.peer.uid);
+    if (options_.max_tenants_per_uid > 0) {
+      std::set<std::string> held = sessions_.TenantsOf(r.peer.uid);
+      std::erase_if(held, [&](const std::string& t) { return options_.tenant_bindings.contains(t); });
+      if (!held.contains(tenant_key) && held.size() >= options_.max_tenants_per_uid) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "uid ", r.peer.uid, " already has sessions in ", held.size(),
+            " tenants of its own, the most one uid may hold (max_tenants_per_uid); open this "
+            "session in one of them, close the others', or raise the limit in polykvd's config"));
+      }
+    }
   }
 
   Session s;

@@ -82,6 +82,10 @@ struct KvPoolOptions {
   // naming "t1" get two tenants), so pages never cross uids unless the
   // config says so (issue 14, finding 1).
   std::map<std::string, TenantBinding> tenant_bindings;
+  // Tenants of its own (names not bound in the config) one uid may hold
+  // sessions in at once: each takes arenas, so one uid opening many could
+  // strand the pool's arena budget. 0 = no limit.
+  uint32_t max_tenants_per_uid = 0;
   QosRecord default_qos;  // For agents without a record (agent_id ignored).
   // The uids a QoS record that names none applies to: the operator's
   // (polykvd's own uid, root and admin_uids; the daemon sets them). A session

@@ -20,6 +20,14 @@ absl::Status SessionTable::CheckRoom(uid_t uid, uint32_t also_held) const {
   return absl::OkStatus();
 }
 
+std::set<std::string> SessionTable::TenantsOf(uid_t uid) const {
+  std::set<std::string> out;
+  for (const auto& [id, s] : sessions_) {
+    if (s.lease.peer.uid == uid) out.insert(s.tenant());
+  }
+  return out;
+}
+
 Session& SessionTable::Insert(Session s) {
   ++per_uid_[s.lease.peer.uid];
   s.id = next_id_++;

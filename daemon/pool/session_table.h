@@ -143,6 +143,8 @@ class SessionTable {
   absl::Status CheckRoom(uid_t uid, uint32_t also_held = 0) const;
   // Takes the next id; `s.id` is set.
   // REQUIRES: fewer than 2^32 - 1 sessions opened by this instance.
+  // The distinct tenant keys of `uid`'s sessions.
+  std::set<std::string> TenantsOf(uid_t uid) const;
   Session& Insert(Session s);
   void Erase(uint64_t id);
 

@@ -415,6 +415,27 @@ TEST_F(KvPoolTest, QosRecordsApplyOnlyToTheUidsTheyName) {
   ASSERT_TRUE(pool->CheckInvariants().ok());
 }
 
+// One uid cannot strand the pool's arenas by spreading sessions over many
+// tenants of its own: past max_tenants_per_uid a new tenant is refused,
+// naming the limit, while its existing tenants and other uids go on.
+TEST_F(KvPoolTest, OneUidCannotHoldMoreTenantsThanItsLimit) {
+  KvPoolOptions o;
+  o.pool_bytes = 16 * kMiB;
+  o.arena_bytes = 4 * kMiB;
+  o.superblock_bytes = 256 * 1024;
+  o.arena_factory = CreateHostShmArena;
+  o.max_tenants_per_uid = 2;
+  auto pool = *KvPool::Create(o);
+  for (const char* t : {"t1", "t2", "t1"}) ASSERT_TRUE(pool->Open(Req("a", t)).ok()) << t;
+  auto third = pool->Open(Req("a", "t3"));
+  ASSERT_TRUE(absl::IsResourceExhausted(third.status())) << third.status();
+  EXPECT_NE(third.status().message().find("max_tenants_per_uid"), std::string::npos);
+  OpenRequest other = Req("b", "t3");
+  other.peer = {99, 1001, 1001};
+  EXPECT_TRUE(pool->Open(other).ok()) << "another uid's tenants are its own";
+  ASSERT_TRUE(pool->CheckInvariants().ok());
+}
+
 // A worker cannot make the daemon's heap outgrow pool_bytes by claiming a
 // profile whose tokens cost a few bytes of pages but a slot record each: such
 // a session is refused, naming the limit, and opens nothing.
