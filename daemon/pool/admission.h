@@ -47,6 +47,10 @@ class Admission {
   void AddInFlight(const std::string& agent_id, uint64_t bytes);
   void RemoveInFlight(const std::string& agent_id, uint64_t bytes);
 
+  // Bytes promised to agents other than `agent_id` and not used yet: what a
+  // reservation of `agent_id` must leave, in pages and in arenas.
+  uint64_t UnusedGuarantees(const std::string& agent_id, const BlockPool& blocks) const;
+
   uint64_t low_watermark() const { return low_watermark_; }
   // The pressure ladder's refusal: reservations of `up_to` and below wait.
   void Refuse(Priority up_to) { refuse_up_to_ = up_to; }
@@ -57,8 +61,6 @@ class Admission {
  private:
   // The agent's bytes, allocated or in flight.
   uint64_t AgentBytes(const std::string& agent_id, const BlockPool& blocks) const;
-  // Bytes promised to agents other than `agent_id` and not used yet.
-  uint64_t UnusedGuarantees(const std::string& agent_id, const BlockPool& blocks) const;
 
   const QosRecord default_qos_;
   const uint64_t pool_bytes_;

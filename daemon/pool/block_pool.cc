@@ -185,9 +185,12 @@ void BlockPool::SweepRetired() {
   }
 }
 
-absl::StatusOr<uint32_t> BlockPool::Grow(Tenant& tenant) {
+absl::StatusOr<uint32_t> BlockPool::Grow(Tenant& tenant, uint64_t keep_unmapped) {
   const uint64_t sb = options_.superblock_bytes;
-  auto room = [&] { return options_.pool_bytes - std::min(options_.pool_bytes, ChargedBytes()); };
+  auto room = [&] {
+    const uint64_t taken = ChargedBytes() + keep_unmapped;
+    return options_.pool_bytes - std::min(options_.pool_bytes, taken);
+  };
   // Each arena of a tenant twice its last, from a small first one.
   uint64_t want = options_.first_arena_bytes ? options_.first_arena_bytes
                                              : options_.arena_bytes / 16;
@@ -242,7 +245,7 @@ void BlockPool::Count(BlockAccount& account, const BlockShape& shape, int64_t si
 
 absl::StatusOr<std::vector<Block>> BlockPool::Allocate(BlockAccount& account,
                                                        const BlockShape& shape, uint64_t count,
-                                                       bool zero) {
+                                                       bool zero, uint64_t keep_unmapped) {
   Tenant& t = *tenants_.at(account.tenant);
   std::vector<Block> out;
   out.reserve(count);
@@ -260,7 +263,7 @@ absl::StatusOr<std::vector<Block>> BlockPool::Allocate(BlockAccount& account,
       const uint32_t bytes = shape.page_bytes(i);
       auto page = t.allocator.Alloc(bytes);
       if (!page.ok() && absl::IsResourceExhausted(page.status())) {
-        auto grew = Grow(t);
+        auto grew = Grow(t, keep_unmapped);
         if (!grew.ok()) {
           failure = grew.status();
           break;

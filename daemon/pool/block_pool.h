@@ -124,9 +124,12 @@ class BlockPool {
   // the call are removed again. RESOURCE_EXHAUSTED when the budget or the
   // arena ids run out. With `zero`, the pages are zeroed (a reservation: the
   // worker gets them to fill); a compaction's output is written whole by its
-  // copy before anyone reads it.
+  // copy before anyone reads it. New arenas leave `keep_unmapped` bytes of
+  // the budget unmapped (other agents' unused guarantees, which arenas of
+  // this tenant would otherwise strand).
   absl::StatusOr<std::vector<Block>> Allocate(BlockAccount& account, const BlockShape& shape,
-                                              uint64_t count, bool zero = true);
+                                              uint64_t count, bool zero = true,
+                                              uint64_t keep_unmapped = 0);
   // Frees the block's pages and uncharges them; `block` is left empty.
   void Free(BlockAccount& account, Block& block);
 
@@ -186,7 +189,7 @@ class BlockPool {
 
   // Adds one arena to `tenant` if the budget allows (after retiring empty
   // arenas of other tenants). Returns the new arena id.
-  absl::StatusOr<uint32_t> Grow(Tenant& tenant);
+  absl::StatusOr<uint32_t> Grow(Tenant& tenant, uint64_t keep_unmapped);
   absl::StatusOr<uint32_t> NextArenaId();
   void RetireEmptyArenas(Tenant& tenant);
   // Live arenas plus what retired ones hold: what pool_bytes caps.

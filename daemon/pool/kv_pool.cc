@@ -543,7 +543,10 @@ kernels::BlockEntry KvPool::EntryOf(const Session& s, const Block& block, uint32
 }
 
 absl::StatusOr<std::vector<Block>> KvPool::AllocateForReserve(Session& s, uint64_t count) {
-  if (count <= kBlocksPerStep) return blocks_.Allocate(s.account, s.shape, count);
+  if (count <= kBlocksPerStep) {
+    return blocks_.Allocate(s.account, s.shape, count, /*zero=*/true,
+                            admission_.UnusedGuarantees(s.agent_id(), blocks_));
+  }
   // A prompt's worth: a few blocks per hold of the lock, into `staged`
   // (counted, so invariants hold at every step), the rest held in flight
   // by admission so that no concurrent reservation is admitted into it.
@@ -581,7 +584,11 @@ absl::Status KvPool::StageBlocks(Session& s, const std::vector<BlockShape>& shap
       while (done + run < step_end && shapes[done + run] == shapes[done]) ++run;
       // A reservation's pages (in flight) are zeroed for the worker; a
       // compaction's are written whole by its copy before anyone reads them.
-      auto got = blocks_.Allocate(s.account, shapes[done], run, /*zero=*/in_flight);
+      // A reservation's new arenas leave other agents' unused guarantees
+      // unmapped; a compaction's output may use them (admission keeps room).
+      auto got = blocks_.Allocate(
+          s.account, shapes[done], run, /*zero=*/in_flight,
+          in_flight ? admission_.UnusedGuarantees(s.agent_id(), blocks_) : 0);
       if (!got.ok()) return got.status();
       if (in_flight) admission_.RemoveInFlight(s.agent_id(), run * shapes[done].bytes());
       for (Block& b : *got) s.tables.staged.push_back(std::move(b));

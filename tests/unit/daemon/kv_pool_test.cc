@@ -436,6 +436,30 @@ TEST_F(KvPoolTest, OneUidCannotHoldMoreTenantsThanItsLimit) {
   ASSERT_TRUE(pool->CheckInvariants().ok());
 }
 
+// A guarantee holds across tenants: a filler of another tenant stops short of
+// the guaranteed agent's unused bytes in its pages and in its arenas, so the
+// agent later gets all of its guarantee in arenas of its own tenant.
+TEST_F(KvPoolTest, AGuaranteeHoldsAgainstAFillerOfAnotherTenant) {
+  auto pool = MakePool(16 * kMiB);
+  QosRecord g;
+  g.agent_id = "guaranteed";
+  g.guaranteed_bytes = 4 * kMiB;
+  ASSERT_TRUE(pool->SetQos(g).ok());
+  auto filler = pool->Open(Req("filler", "ta"));
+  ASSERT_TRUE(filler.ok()) << filler.status();
+  absl::Status last;
+  for (int i = 0; i < 1000 && last.ok(); ++i) {
+    last = pool->Reserve(filler->session_id, filler->token, peer_, 16).status();
+  }
+  ASSERT_TRUE(absl::IsResourceExhausted(last)) << last;
+  auto owner = pool->Open(Req("guaranteed", "tb"));
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  // 4 MiB: 64 blocks of 64 KiB (16 tokens of the tiny profile).
+  auto r = pool->Reserve(owner->session_id, owner->token, peer_, 64 * 16);
+  EXPECT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(pool->CheckInvariants().ok());
+}
+
 // A worker cannot make the daemon's heap outgrow pool_bytes by claiming a
 // profile whose tokens cost a few bytes of pages but a slot record each: such
 // a session is refused, naming the limit, and opens nothing.
