@@ -25,6 +25,7 @@
 #include "daemon/rpc/session_service.h"
 #include "daemon/rpc/status_map.h"
 #include "daemon/rpc/uds_listener.h"
+#include "daemon/rpc/watch_quota.h"
 
 namespace polykv::daemon {
 namespace {
@@ -116,8 +117,10 @@ absl::Status Daemon::Start() {
   }
 
   peers_ = std::make_unique<PeerRegistry>();
+  watches_ = std::make_unique<WatchQuota>(config_.max_watch_streams_per_uid);
   ServiceContext ctx;
   ctx.pool = pool_.get();
+  ctx.watches = watches_.get();
   ctx.peers = peers_.get();
   ctx.metrics = metrics_.get();
   errors_ = std::make_unique<ErrorLog>(ErrorLog::Options{.logger = DaemonLogger()});

@@ -106,7 +106,8 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
   static const std::set<std::string> kKeys = {
       "socket", "socket_mode", "metrics_address", "tier", "cuda_device", "pool_bytes",
       "arena_bytes", "superblock_bytes", "block_tokens", "lease_ms", "max_sessions",
-      "max_sessions_per_uid", "max_tenants_per_uid", "low_watermark_bytes", "max_connections",
+      "max_sessions_per_uid", "max_tenants_per_uid", "max_watch_streams_per_uid",
+      "low_watermark_bytes", "max_connections",
       "max_connections_per_uid", "connection_idle_ms",
       "drain_timeout_ms", "allowed_uids", "allowed_gids", "admin_uids", "default_qos", "agents", "tenants",
       "log_level", "check_invariants_on_scrape"};
@@ -141,6 +142,7 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
     }
     if (root["drain_timeout_ms"]) c.drain_timeout_ms = root["drain_timeout_ms"].as<uint32_t>();
     for (auto [key, field] : {std::pair{"max_tenants_per_uid", &c.max_tenants_per_uid},
+                              std::pair{"max_watch_streams_per_uid", &c.max_watch_streams_per_uid},
                               std::pair{"max_connections", &c.max_connections},
                               std::pair{"max_connections_per_uid", &c.max_connections_per_uid},
                               std::pair{"connection_idle_ms", &c.connection_idle_ms}}) {

@@ -42,6 +42,9 @@ struct DaemonConfig {
   // Tenants of its own (not bound under `tenants:`) one uid may hold
   // sessions in at once; 0 = no limit.
   uint32_t max_tenants_per_uid = 16;
+  // Watch streams (session event streams, a daemon thread each) one uid
+  // may hold at once; 0 = no limit.
+  uint32_t max_watch_streams_per_uid = 64;
   uint32_t drain_timeout_ms = 10000;
   // gRPC socket connection limits (finding 4 of issue 14): past them a new
   // connection is closed at once. Each connection costs polykvd one fd; the

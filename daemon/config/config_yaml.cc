@@ -86,6 +86,7 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   out << YAML::Key << "max_sessions" << YAML::Value << c.max_sessions;
   out << YAML::Key << "max_sessions_per_uid" << YAML::Value << c.max_sessions_per_uid;
   out << YAML::Key << "max_tenants_per_uid" << YAML::Value << c.max_tenants_per_uid;
+  out << YAML::Key << "max_watch_streams_per_uid" << YAML::Value << c.max_watch_streams_per_uid;
   out << YAML::Key << "max_connections" << YAML::Value << c.max_connections;
   out << YAML::Key << "max_connections_per_uid" << YAML::Value << c.max_connections_per_uid;
   out << YAML::Key << "connection_idle_ms" << YAML::Value << c.connection_idle_ms;

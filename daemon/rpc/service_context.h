@@ -17,11 +17,14 @@
 
 namespace polykv::daemon {
 
+class WatchQuota;
+
 struct ServiceContext {
   KvPool* pool = nullptr;              // Not owned.
   const PeerRegistry* peers = nullptr; // Not owned.
   Metrics* metrics = nullptr;          // Not owned; may be null in tests.
   ErrorLog* errors = nullptr;          // Not owned; may be null in tests.
+  WatchQuota* watches = nullptr;       // Not owned; null: no per-uid limit.
   std::set<uid_t> admin_uids;          // Who may call the Admin service.
   std::string fd_socket_path;
   std::string metrics_address;         // Bound metrics server address, for Stats.

@@ -2,6 +2,7 @@
 
 #include "daemon/log.h"
 #include "daemon/rpc/convert.h"
+#include "daemon/rpc/watch_quota.h"
 
 namespace polykv::daemon {
 
@@ -140,14 +141,23 @@ grpc::Status SessionService::ReportSlots(grpc::ServerContext* c,
 grpc::Status SessionService::Watch(grpc::ServerContext* c, const v1::WatchRequest* req,
                                    grpc::ServerWriter<v1::SessionEvent>* writer) {
   std::shared_ptr<EventChannel> channel;
+  uid_t watcher_uid = 0;
   grpc::Status opened = Handle(ctx_, c, "Watch", [&](const PeerCreds& peer) -> absl::Status {
     auto ch = ctx_.pool->Watch(req->session().session_id(), req->session().token(), peer);
     if (!ch.ok()) return ch.status();
+    if (ctx_.watches && !ctx_.watches->Acquire(peer.uid)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "uid ", peer.uid, " already holds ", ctx_.watches->per_uid(),
+          " Watch streams, the most one uid may (max_watch_streams_per_uid); cancel one first, "
+          "or raise the limit in polykvd's config"));
+    }
     if (!(*ch)->AddWatcher()) {
+      if (ctx_.watches) ctx_.watches->Release(peer.uid);
       return absl::ResourceExhaustedError(absl::StrCat(
           "session ", req->session().session_id(), " already has ", EventChannel::kMaxWatchers,
           " Watch streams; cancel one first"));
     }
+    watcher_uid = peer.uid;
     channel = *std::move(ch);
     return absl::OkStatus();
   });
@@ -167,6 +177,7 @@ grpc::Status SessionService::Watch(grpc::ServerContext* c, const v1::WatchReques
     }
   }
   channel->RemoveWatcher();
+  if (ctx_.watches) ctx_.watches->Release(watcher_uid);
   return grpc::Status::OK;
 }
 

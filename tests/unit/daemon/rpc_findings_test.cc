@@ -32,6 +32,7 @@
 #include "daemon/rpc/uds_listener.h"
 #include "polykv/admin.h"
 #include "polykv/client.h"
+#include "polykv/v1/session.grpc.pb.h"
 #include "tests/unit/daemon/socket_peers.h"
 
 namespace polykv::daemon {
@@ -370,6 +371,84 @@ TEST(RpcFindingsTest, Finding9_UnparseableRequestsAreInvalidArgument) {
   auto admin = AdminClient::Connect(c.socket, 20000);
   ASSERT_TRUE(admin.ok()) << admin.status();
   EXPECT_TRUE((*admin)->GetStats().ok());
+}
+
+}  // namespace
+}  // namespace polykv::daemon
+
+namespace polykv::daemon {
+namespace {
+
+// Each open Watch stream holds a daemon thread: one uid may hold at most
+// max_watch_streams_per_uid of them, over all its sessions; past it a stream
+// is refused naming the limit, and a cancelled one makes room again.
+TEST(RpcQuotaTest, OneUidHoldsAtMostItsWatchStreams) {
+  DaemonConfig c = SmallConfig("watch");
+  c.max_watch_streams_per_uid = 2;
+  auto d = StartDaemon(c);
+  ASSERT_NE(d, nullptr);
+  auto channel = grpc::CreateChannel("unix:" + c.socket, grpc::InsecureChannelCredentials());
+  auto stub = v1::Session::NewStub(channel);
+  std::vector<v1::SessionRef> sessions;
+  for (int i = 0; i < 2; ++i) {
+    grpc::ClientContext ctx;
+    v1::OpenSessionRequest open;
+    open.set_agent_id("w");
+    open.set_tenant("t");
+    open.mutable_profile()->set_num_layers(4);
+    open.mutable_profile()->set_num_kv_heads(2);
+    open.mutable_profile()->set_head_dim(64);
+    open.set_lease_ms(60000);
+    v1::OpenSessionResponse opened;
+    ASSERT_TRUE(stub->OpenSession(&ctx, open, &opened).ok());
+    v1::SessionRef ref;
+    ref.set_session_id(opened.session_id());
+    ref.set_token(opened.token());
+    sessions.push_back(ref);
+  }
+  // Two streams on the first session, one more on the second: refused.
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::SessionEvent>>> streams;
+  auto watch = [&](const v1::SessionRef& ref) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    // Bounded, so that a stream wrongly accepted fails the test, not hangs it.
+    contexts.back()->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::WatchRequest w;
+    *w.mutable_session() = ref;
+    streams.push_back(stub->Watch(contexts.back().get(), w));
+    return streams.back().get();
+  };
+  watch(sessions[0]);
+  watch(sessions[0]);
+  // The first two are open once the daemon counts them; the third ends at
+  // once with the refusal.
+  auto* third = watch(sessions[1]);
+  v1::SessionEvent e;
+  EXPECT_FALSE(third->Read(&e));
+  grpc::Status refused = third->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("max_watch_streams_per_uid"), std::string::npos)
+      << refused.error_message();
+  // Cancelling one makes room.
+  contexts[0]->TryCancel();
+  (void)streams[0]->Finish();
+  EXPECT_TRUE(WaitUntil([&] {
+    auto* again = watch(sessions[1]);
+    grpc::ClientContext* ctx = contexts.back().get();
+    // An accepted stream stays open: give it a moment, then cancel it if
+    // it is still open (a refusal ends it first).
+    std::thread cancel([ctx] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      ctx->TryCancel();
+    });
+    v1::SessionEvent ev;
+    while (again->Read(&ev)) {
+    }
+    cancel.join();
+    return again->Finish().error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED;
+  }));
+  contexts[1]->TryCancel();  // the only stream not finished above
+  (void)streams[1]->Finish();
 }
 
 }  // namespace
