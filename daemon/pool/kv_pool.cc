@@ -236,16 +236,18 @@ absl::Status KvPool::CheckRecordsWithinPages(const ModelProfile& profile,
       "profile too small for polykvd's slot records: each token costs ", record_bytes,
       " bytes of records (", profile.num_layers, " layers x ", sizeof(SlotRecord),
       ") but as little as ", page_bytes, " bytes of pages (", profile.num_kv_heads,
-      " KV heads x head_dim ", profile.head_dim, ", keys ", std::string(kernels::FormatShortName(key_format)),
+      " KV heads x head_dim ", profile.head_dim, ", keys ",
+      std::string(kernels::FormatShortName(key_format)),
       ", values down to ", std::string(kernels::FormatShortName(lowest_value_format)),
       "); polykvd refuses sessions whose records outweigh their pages, so that its memory stays "
       "within pool_bytes. Use wider keys or a value_precision_floor"));
 }
 
 std::string KvPool::QosIdentity(const std::string& agent_id, uid_t uid) const {
-  const std::set<uid_t>& named = admission_.HasRecord(agent_id) && !admission_.For(agent_id).uids.empty()
-                                     ? admission_.For(agent_id).uids
-                                     : options_.operator_uids;
+  const bool names_uids =
+      admission_.HasRecord(agent_id) && !admission_.For(agent_id).uids.empty();
+  const std::set<uid_t>& named =
+      names_uids ? admission_.For(agent_id).uids : options_.operator_uids;
   if (named.empty() || named.contains(uid)) return agent_id;
   return absl::StrCat(agent_id, "@uid", uid);
 }
@@ -313,7 +315,8 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
     tenant_key = absl::StrCat(r.tenant, "@uid", r.peer.uid);
     if (options_.max_tenants_per_uid > 0) {
       std::set<std::string> held = sessions_.TenantsOf(r.peer.uid);
-      std::erase_if(held, [&](const std::string& t) { return options_.tenant_bindings.contains(t); });
+      std::erase_if(held,
+                    [&](const std::string& t) { return options_.tenant_bindings.contains(t); });
       if (!held.contains(tenant_key) && held.size() >= options_.max_tenants_per_uid) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "uid ", r.peer.uid, " already has sessions in ", held.size(),
