@@ -62,9 +62,12 @@ class Daemon:
     def __init__(self, bins: str, dir: str, name: str, pool_mib: int, metrics: str):
         self.socket = os.path.join(dir, f"{name}.sock")
         self.log_path = os.path.join(dir, f"{name}.log")
+        # Arenas of 8 MiB, not 64: two tenants share a pool of a few of them,
+        # and a tenant's arenas hold only its own pages (a pool this small
+        # was stranded in one tenant's half-empty arenas; docs/security.md).
         self.cmd = [os.path.join(bins, "polykvd"), "--socket", self.socket,
-                    "--pool-bytes", f"{pool_mib}MiB", "--metrics-address", metrics,
-                    "--lease-ms", str(live.LEASE_MS)]
+                    "--pool-bytes", f"{pool_mib}MiB", "--arena-bytes", "8MiB",
+                    "--metrics-address", metrics, "--lease-ms", str(live.LEASE_MS)]
         self.ctl = os.path.join(bins, "polykvctl")
         self.proc = None
 
