@@ -28,7 +28,8 @@ class KvPoolTest : public ::testing::Test {
  protected:
   void SetUp() override { pool_ = MakePool(16 * kMiB); }
 
-  std::unique_ptr<KvPool> MakePool(uint64_t bytes) {
+  // The options of every pool here: host arenas of 4 MiB, the fake clock.
+  KvPoolOptions Options(uint64_t bytes) {
     KvPoolOptions o;
     o.pool_bytes = bytes;
     o.arena_bytes = 4 * kMiB;
@@ -36,10 +37,14 @@ class KvPoolTest : public ::testing::Test {
     o.default_lease_ms = 1000;
     o.arena_factory = CreateHostShmArena;
     o.clock = [this] { return clock_.Read(); };
+    return o;
+  }
+  std::unique_ptr<KvPool> MakePool(const KvPoolOptions& o) {
     auto p = KvPool::Create(o);
     EXPECT_TRUE(p.ok()) << p.status();
     return *std::move(p);
   }
+  std::unique_ptr<KvPool> MakePool(uint64_t bytes) { return MakePool(Options(bytes)); }
 
   OpenRequest Req(const std::string& agent, const std::string& tenant = "t1") {
     OpenRequest r;
@@ -369,13 +374,9 @@ TEST_F(KvPoolTest, ASyncThatCompactsLongerThanTheLeaseRenewsIt) {
 // agent gets the default QoS under "<agent>@uid<N>", and neither uses nor
 // eats into the agent's cap.
 TEST_F(KvPoolTest, QosRecordsApplyOnlyToTheUidsTheyName) {
-  KvPoolOptions o;
-  o.pool_bytes = 16 * kMiB;
-  o.arena_bytes = 4 * kMiB;
-  o.superblock_bytes = 256 * 1024;
-  o.arena_factory = CreateHostShmArena;
+  KvPoolOptions o = Options(16 * kMiB);
   o.operator_uids = {0};
-  auto pool = *KvPool::Create(o);
+  auto pool = MakePool(o);
   QosRecord coder;
   coder.agent_id = "coder";
   coder.priority = Priority::kHigh;
@@ -419,13 +420,9 @@ TEST_F(KvPoolTest, QosRecordsApplyOnlyToTheUidsTheyName) {
 // tenants of its own: past max_tenants_per_uid a new tenant is refused,
 // naming the limit, while its existing tenants and other uids go on.
 TEST_F(KvPoolTest, OneUidCannotHoldMoreTenantsThanItsLimit) {
-  KvPoolOptions o;
-  o.pool_bytes = 16 * kMiB;
-  o.arena_bytes = 4 * kMiB;
-  o.superblock_bytes = 256 * 1024;
-  o.arena_factory = CreateHostShmArena;
+  KvPoolOptions o = Options(16 * kMiB);
   o.max_tenants_per_uid = 2;
-  auto pool = *KvPool::Create(o);
+  auto pool = MakePool(o);
   for (const char* t : {"t1", "t2", "t1"}) ASSERT_TRUE(pool->Open(Req("a", t)).ok()) << t;
   auto third = pool->Open(Req("a", "t3"));
   ASSERT_TRUE(absl::IsResourceExhausted(third.status())) << third.status();
