@@ -212,7 +212,7 @@ absl::StatusOr<uint64_t> KvPool::TableBytes(const std::string& tenant,
 absl::Status KvPool::CheckRecordsWithinPages(const ModelProfile& profile,
                                              const kernels::PageShape& page,
                                              PageFormat key_format, PageFormat value_format,
-                                             PageFormat lowest_value_format) const {
+                                             std::optional<PageFormat> value_floor) const {
   // The most the daemon keeps per committed token: a slot record per layer
   // (per-layer selection). Every token also costs its pages, so while
   // records never outweigh pages the daemon's heap for them stays under
@@ -220,6 +220,9 @@ absl::Status KvPool::CheckRecordsWithinPages(const ModelProfile& profile,
   const uint64_t record_bytes = uint64_t{profile.num_layers} * sizeof(SlotRecord);
   // The token's page bytes once the ladder has lowered its values as far as
   // the agent's floor allows (keys keep their format).
+  const PageFormat ladder = LadderValueFormat(value_floor);
+  PageFormat lowest_value_format =
+      kernels::FormatBits(value_format) <= kernels::FormatBits(ladder) ? value_format : ladder;
   auto lowest = MakeBlockShape(profile.num_layers, page, key_format, lowest_value_format,
                                options_.superblock_bytes);
   if (!lowest.ok()) {
@@ -294,11 +297,7 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
                                 static_cast<int>(r.profile.head_dim)};
   auto shape = MakeBlockShape(r.profile.num_layers, page, kf, vf, options_.superblock_bytes);
   if (!shape.ok()) return shape.status();
-  const PageFormat ladder_vf = LadderValueFormat(qos.value_floor);
-  if (auto st = CheckRecordsWithinPages(
-          r.profile, page, kf, vf,
-          kernels::FormatBits(vf) <= kernels::FormatBits(ladder_vf) ? vf : ladder_vf);
-      !st.ok()) {
+  if (auto st = CheckRecordsWithinPages(r.profile, page, kf, vf, qos.value_floor); !st.ok()) {
     return st;
   }
 

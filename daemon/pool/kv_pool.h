@@ -187,17 +187,17 @@ class KvPool {
   uint32_t num_sessions() const;
   absl::Status CheckInvariants() const;
 
+ private:
   // INVALID_ARGUMENT when a token of this profile could cost the daemon more
-  // bytes of slot records than of pages (the pages of `key_format` keys and
-  // values lowered to `lowest_value_format`, or `value_format` where that
-  // shape cannot exist): bounds the daemon's heap by pool_bytes for any
+  // bytes of slot records than of pages, at the lowest precision its pages
+  // may reach (values lowered by the ladder as far as `value_floor` allows,
+  // where that shape exists): bounds the daemon's heap by pool_bytes for any
   // profile and page size.
   absl::Status CheckRecordsWithinPages(const ModelProfile& profile,
                                        const kernels::PageShape& page, PageFormat key_format,
                                        PageFormat value_format,
-                                       PageFormat lowest_value_format) const;
+                                       std::optional<PageFormat> value_floor) const;
 
- private:
   // `agent_id` where its QoS record applies to sessions of `uid` (or there is
   // none and `uid` is the operator's), else "<agent_id>@uid<uid>".
   std::string QosIdentity(const std::string& agent_id, uid_t uid) const
