@@ -96,7 +96,8 @@ absl::Status Daemon::Start() {
   registry_ = std::make_shared<prometheus::Registry>();
   metrics_ = std::make_unique<Metrics>(registry_);
   if (config_.metrics_address != "off" && !config_.metrics_address.empty()) {
-    collector_ = std::make_shared<PoolCollector>(pool_.get(), config_.check_invariants_on_scrape);
+    collector_ = std::make_shared<PoolCollector>(pool_.get(), config_.check_invariants_on_scrape,
+                                                 config_.metrics_agent_names);
     auto render = [registry = registry_, collector = collector_] {
       std::vector<prometheus::MetricFamily> families = registry->Collect();
       std::vector<prometheus::MetricFamily> state = collector->Collect();
@@ -118,9 +119,13 @@ absl::Status Daemon::Start() {
 
   peers_ = std::make_unique<PeerRegistry>();
   watches_ = std::make_unique<WatchQuota>(config_.max_watch_streams_per_uid);
+  // Enough for a node's normal churn; a loop of opens and closes is counted.
+  session_log_ = std::make_unique<LogThrottle>(
+      LogThrottle::Options{.period = absl::Seconds(10), .lines_per_period = 20});
   ServiceContext ctx;
   ctx.pool = pool_.get();
   ctx.watches = watches_.get();
+  ctx.session_log = session_log_.get();
   ctx.peers = peers_.get();
   ctx.metrics = metrics_.get();
   errors_ = std::make_unique<ErrorLog>(ErrorLog::Options{.logger = DaemonLogger()});
@@ -162,21 +167,25 @@ absl::Status Daemon::Start() {
       return absl::FailedPreconditionError(absl::StrCat("cannot create socket folder ", dir));
     }
   }
+  listener_log_ = std::make_unique<LogThrottle>(LogThrottle::Options{.period = absl::Seconds(10)});
   FdBrokerOptions bo;
   bo.path = fd_socket_path_;
   bo.mode = config_.socket_mode;
   bo.policy = policy;
   bo.pool = pool_.get();
   bo.on_reject = [this](const PeerCreds& p) {
-    DaemonLogger()->warn("fd socket: refused peer pid={} uid={} gid={}", p.pid, p.uid, p.gid);
     metrics_->PeerRejected("fd");
+    if (auto skipped = listener_log_->Admit("fd_not_allowed")) {
+      DaemonLogger()->warn("fd socket: refused peer pid={} uid={} gid={} (not in allowed_uids/"
+                           "allowed_gids); {} more refused since the last line",
+                           p.pid, p.uid, p.gid, *skipped);
+    }
   };
   auto broker = FdBroker::Create(bo);
   if (!broker.ok()) return broker.status();
   fd_broker_ = *std::move(broker);
 
   RaiseFdLimit();
-  listener_log_ = std::make_unique<LogThrottle>(LogThrottle::Options{.period = absl::Seconds(10)});
   UdsListenerOptions lo;
   lo.path = config_.socket;
   lo.mode = config_.socket_mode;
@@ -271,10 +280,14 @@ void Daemon::ReaperLoop() {
   const absl::Duration period = absl::Milliseconds(std::max<uint32_t>(config_.lease_ms / 4, 20));
   while (!stop_reaper_.WaitForNotificationWithTimeout(period)) {
     for (const KvPool::Reclaimed& r : pool_->ReclaimExpired()) {
-      DaemonLogger()->info("reclaimed session {} ({})", r.session_id,
-                           std::string_view(r.reason) == "lease" ? "lease expired"
-                                                                 : "drain deadline passed");
       metrics_->SessionReclaimed(r.reason);
+      auto skipped = session_log_->Admit(absl::StrCat("reclaim:", r.reason));
+      if (!skipped) continue;
+      DaemonLogger()->info("reclaimed session {} ({}){}", r.session_id,
+                           std::string_view(r.reason) == "lease" ? "lease expired"
+                                                                 : "drain deadline passed",
+                           *skipped == 0 ? "" : absl::StrCat("; ", *skipped, " more not logged "
+                                                             "before this one"));
     }
   }
 }

@@ -85,6 +85,7 @@ class Daemon {
   std::unique_ptr<PeerRegistry> peers_;
   std::unique_ptr<ErrorLog> errors_;  // Unexpected RPC errors, logged once each.
   std::unique_ptr<LogThrottle> listener_log_;  // Refusals and accept errors.
+  std::unique_ptr<LogThrottle> session_log_;   // Session opens, closes, refusals, reclaims.
   std::unique_ptr<WatchQuota> watches_;         // Watch streams per uid.
   std::unique_ptr<SessionService> session_service_;
   std::unique_ptr<AdminService> admin_service_;

@@ -110,7 +110,7 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
       "low_watermark_bytes", "max_connections",
       "max_connections_per_uid", "connection_idle_ms",
       "drain_timeout_ms", "allowed_uids", "allowed_gids", "admin_uids", "default_qos", "agents", "tenants",
-      "log_level", "check_invariants_on_scrape"};
+      "log_level", "check_invariants_on_scrape", "metrics_agent_names"};
   try {
     for (const auto& kv : root) {
       const std::string k = kv.first.as<std::string>();
@@ -154,6 +154,9 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
     if (root["log_level"]) c.log_level = root["log_level"].as<std::string>();
     if (root["check_invariants_on_scrape"]) {
       c.check_invariants_on_scrape = root["check_invariants_on_scrape"].as<bool>();
+    }
+    if (root["metrics_agent_names"]) {
+      c.metrics_agent_names = root["metrics_agent_names"].as<bool>();
     }
     if (root["default_qos"]) {
       auto q = ParseQos(root["default_qos"], c.default_qos, "default_qos");

@@ -70,6 +70,10 @@ struct DaemonConfig {
   // Debug mode: run the pool's full invariant check at every /metrics scrape
   // (polykv_pool_invariants_ok). It holds the pool lock for O(pages).
   bool check_invariants_on_scrape = false;
+  // /metrics answers any local process without credentials, so agent names
+  // (which may say whose work it is) appear there only when the operator
+  // allows; otherwise polykv_agent_bytes labels agents with pseudonyms.
+  bool metrics_agent_names = false;
 };
 
 // Reads `path` over `base`; unknown keys are an error (typos must not pass).

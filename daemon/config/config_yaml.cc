@@ -108,6 +108,7 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   out << YAML::Key << "log_level" << YAML::Value << c.log_level;
   out << YAML::Key << "check_invariants_on_scrape" << YAML::Value
       << c.check_invariants_on_scrape;
+  out << YAML::Key << "metrics_agent_names" << YAML::Value << c.metrics_agent_names;
   out << YAML::Key << "default_qos" << YAML::Value;
   EmitQos(out, c.default_qos, /*with_agent_id=*/false);
   out << YAML::Key << "agents" << YAML::Value;

@@ -113,6 +113,17 @@ void AddCounter(prometheus::MetricFamily& f, std::vector<prometheus::ClientMetri
 
 }  // namespace
 
+std::string PoolCollector::AgentLabel(const std::string& agent) const {
+  if (agent_names_) return agent;
+  absl::MutexLock lock(&mu_);
+  auto it = pseudonyms_.find(agent);
+  if (it == pseudonyms_.end()) {
+    if (pseudonyms_.size() >= kMaxPseudonyms) pseudonyms_.clear();
+    it = pseudonyms_.emplace(agent, next_pseudonym_++).first;
+  }
+  return absl::StrCat("agent-", it->second);
+}
+
 std::vector<prometheus::MetricFamily> PoolCollector::Collect() const {
   using prometheus::MetricType;
   const PoolSummary s = pool_->Stats();
@@ -149,7 +160,8 @@ std::vector<prometheus::MetricFamily> PoolCollector::Collect() const {
   double other = 0;
   for (size_t i = 0; i < s.bytes_by_agent.size(); ++i) {
     if (i < kMaxAgentLabels) {
-      AddGauge(agents, {{"agent", s.bytes_by_agent[i].first}}, double(s.bytes_by_agent[i].second));
+      AddGauge(agents, {{"agent", AgentLabel(s.bytes_by_agent[i].first)}},
+               double(s.bytes_by_agent[i].second));
     } else {
       other += double(s.bytes_by_agent[i].second);
     }
@@ -215,6 +227,14 @@ std::vector<prometheus::MetricFamily> PoolCollector::Collect() const {
   AddGauge(retired, {{"kind", "resident_bytes"}}, double(s.retired_resident_bytes));
   out.push_back(std::move(retired));
   gauge("polykv_draining", "1 while the daemon drains", s.draining ? 1 : 0);
+  gauge("polykv_vacating_arenas",
+        "Sparsely used arenas being emptied: their blocks move out at their sessions' next Sync",
+        double(s.vacating_arenas));
+  auto relocated = Family("polykv_relocated_blocks_total",
+                          "Blocks moved out of vacated arenas (so that they can be retired)",
+                          MetricType::Counter);
+  AddCounter(relocated, {}, double(s.relocated_blocks));
+  out.push_back(std::move(relocated));
 
   // The pool's full invariant check (bytes, pages and slot records of every
   // session against the allocators), only in the debug mode: fault and soak

@@ -68,13 +68,25 @@ class PoolCollector : public prometheus::Collectable {
   // export polykv_pool_invariants_ok. A debug mode (tests use it): the check
   // walks every page under the pool lock, so on a pool of millions of small
   // pages each scrape would stall every worker's RPCs.
-  PoolCollector(const KvPool* pool, bool check_invariants)
-      : pool_(pool), check_invariants_(check_invariants) {}
+  // agent_names: label polykv_agent_bytes with agent names; otherwise with
+  // pseudonyms handed out in order of first appearance (any local uid can
+  // read /metrics: names are the operator's to publish).
+  PoolCollector(const KvPool* pool, bool check_invariants, bool agent_names)
+      : pool_(pool), check_invariants_(check_invariants), agent_names_(agent_names) {}
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
+  std::string AgentLabel(const std::string& agent) const;
+
   const KvPool* const pool_;  // Not owned; outlives the collector's registration.
   const bool check_invariants_;
+  const bool agent_names_;
+  mutable absl::Mutex mu_;
+  // Agent -> pseudonym number. Bounded: past kMaxPseudonyms distinct agents
+  // the numbering starts over (a label may then name another agent).
+  mutable absl::flat_hash_map<std::string, uint64_t> pseudonyms_ ABSL_GUARDED_BY(mu_);
+  mutable uint64_t next_pseudonym_ ABSL_GUARDED_BY(mu_) = 1;
+  static constexpr size_t kMaxPseudonyms = 4096;
 };
 
 // gRPC status code name, e.g. "RESOURCE_EXHAUSTED".

@@ -147,18 +147,62 @@ absl::StatusOr<uint32_t> BlockPool::NextArenaId() {
 }
 
 void BlockPool::RetireEmptyArenas(Tenant& t) {
-  for (uint32_t id : t.allocator.EmptyArenas()) {
-    if (!t.allocator.RemoveArena(id).ok()) continue;
-    auto node = t.arenas.extract(id);
-    Retired r{std::move(node.mapped()), {}, ++retirements_};
-    retired_owner_[id] = t.name;
-    if (auto h = holders_.extract(id)) r.holders = std::move(h.mapped());
-    // Its memory goes back now; the memfd is kept only for the processes
-    // that may still map it. A failed punch leaves it resident: still counted.
-    (void)r.arena->Discard();
-    retired_.emplace(id, std::move(r));
-  }
+  for (uint32_t id : t.allocator.EmptyArenas()) RetireArena(t, id);
   SweepRetired();
+}
+
+void BlockPool::RetireArena(Tenant& t, uint32_t id) {
+  if (!t.allocator.RemoveArena(id).ok()) return;
+  auto node = t.arenas.extract(id);
+  Retired r{std::move(node.mapped()), {}, ++retirements_};
+  retired_owner_[id] = t.name;
+  if (auto h = holders_.extract(id)) r.holders = std::move(h.mapped());
+  // Its memory goes back now; the memfd is kept only for the processes
+  // that may still map it. A failed punch leaves it resident: still counted.
+  (void)r.arena->Discard();
+  retired_.emplace(id, std::move(r));
+}
+
+uint64_t BlockPool::VacateSparseArenas() {
+  const uint64_t sb = options_.superblock_bytes;
+  uint64_t vacated = 0;
+  for (auto& [name, t] : tenants_) {
+    std::vector<PageAllocator::ArenaUse> uses = t->allocator.ArenaUses();
+    // Where moved pages can go: free superblocks of the arenas that stay.
+    // Whole superblocks per used one is the worst case (pages of a class
+    // also fill the free slots of its partly used superblocks).
+    uint64_t room = t->allocator.num_free_superblocks();
+    std::erase_if(uses, [](const auto& u) { return u.vacating || u.used_superblocks == 0; });
+    std::sort(uses.begin(), uses.end(), [](const auto& x, const auto& y) {
+      return x.used_superblocks * y.size_bytes < y.used_superblocks * x.size_bytes;
+    });
+    for (const auto& u : uses) {
+      const uint64_t free_here = u.size_bytes / sb - u.used_superblocks;
+      // Its own free superblocks are no destination once it is vacated; it
+      // must give back more than its pages take elsewhere.
+      if (room < free_here + u.used_superblocks || u.used_superblocks * 2 > u.size_bytes / sb) {
+        continue;
+      }
+      if (!t->allocator.Vacate(u.arena_id).ok()) continue;
+      room -= free_here + u.used_superblocks;
+      vacated += u.size_bytes;
+    }
+  }
+  return vacated;
+}
+
+bool BlockPool::InVacatingArena(const std::string& tenant, const Block& block) const {
+  const PageAllocator& a = TenantOf(tenant).allocator;
+  return a.num_vacating() > 0 && std::any_of(block.pages.begin(), block.pages.end(), [&](PageId p) {
+    return p != kNoPage && a.Vacating(PageAllocator::ArenaOf(p));
+  });
+}
+
+void BlockPool::StopVacating(const std::string& tenant, const Block& block) {
+  Tenant& t = *tenants_.at(tenant);
+  for (PageId p : block.pages) {
+    if (p != kNoPage) t.allocator.Unvacate(PageAllocator::ArenaOf(p));
+  }
 }
 
 void BlockPool::SweepRetired() {
@@ -206,7 +250,15 @@ absl::StatusOr<uint32_t> BlockPool::Grow(Tenant& tenant, uint64_t keep_unmapped)
     }
   }
   const uint64_t size = std::min(want, room()) / sb * sb;
-  if (size < sb) return absl::ResourceExhaustedError("pool budget exhausted");
+  if (size < sb) {
+    // Arenas of other sessions that hold few pages come back once those
+    // pages have moved (at their sessions' next Sync): worth a retry then.
+    const uint64_t vacating = VacateSparseArenas();
+    return absl::ResourceExhaustedError(
+        vacating == 0 ? std::string("pool budget exhausted")
+                      : absl::StrCat("pool budget exhausted; ", vacating >> 20,
+                                     " MiB of sparsely used arenas are being emptied"));
+  }
   auto id = NextArenaId();
   if (!id.ok()) return id.status();
   ArenaOptions ao;
@@ -302,10 +354,19 @@ void BlockPool::Free(BlockAccount& account, Block& block) {
   Tenant& t = *tenants_.at(account.tenant);
   // A page of a block is allocated by construction; a failure here is a bug
   // that CheckInvariants reports as drifted counts.
-  bool all = true;
-  for (PageId p : block.pages) all &= p == kNoPage || t.allocator.Free(p).ok();
+  bool all = true, vacated = false;
+  for (PageId p : block.pages) {
+    if (p == kNoPage) continue;
+    all &= t.allocator.Free(p).ok();
+    vacated |= t.allocator.Vacating(PageAllocator::ArenaOf(p));
+  }
   if (all) Count(account, block.shape, -1);
   block.pages.clear();
+  if (vacated) {
+    for (uint32_t id : t.allocator.EmptyArenas()) {
+      if (t.allocator.Vacating(id)) RetireArena(t, id);
+    }
+  }
 }
 
 uint64_t BlockPool::HostAddress(const std::string& tenant, PageId page) const {
@@ -386,7 +447,10 @@ void BlockPool::Summarize(PoolSummary& p) const {
     p.arena_bytes += t->allocator.arena_bytes();
     p.num_arenas += t->arenas.size();
     p.num_pages += t->allocator.num_pages();
-    p.num_superblocks_used += t->allocator.num_superblocks() - t->allocator.num_free_superblocks();
+    for (const auto& u : t->allocator.ArenaUses()) {
+      p.num_superblocks_used += u.used_superblocks;
+      p.vacating_arenas += u.vacating;
+    }
     p.tenants.push_back({name, t->allocator.used_bytes(), t->allocator.arena_bytes(), t->num_sessions});
   }
   p.retired_arenas = retired_.size();

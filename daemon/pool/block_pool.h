@@ -130,8 +130,18 @@ class BlockPool {
   absl::StatusOr<std::vector<Block>> Allocate(BlockAccount& account, const BlockShape& shape,
                                               uint64_t count, bool zero = true,
                                               uint64_t keep_unmapped = 0);
-  // Frees the block's pages and uncharges them; `block` is left empty.
+  // Frees the block's pages and uncharges them; `block` is left empty. An
+  // arena being vacated is retired as soon as its last page goes.
   void Free(BlockAccount& account, Block& block);
+
+  // Arenas being vacated. When the budget is short, Grow picks the arenas
+  // whose pages fit in their tenant's other arenas (the sparsest first) and
+  // stops allocating in them; their sessions move those blocks out at their
+  // next Sync (KvPool::Relocate), and an emptied arena is retired: one uid's
+  // few pages spread over many arenas cannot keep the pool from others.
+  bool InVacatingArena(const std::string& tenant, const Block& block) const;
+  // The block's pages could not move: its arenas take allocations again.
+  void StopVacating(const std::string& tenant, const Block& block);
 
   // Host address of an allocated page; 0 for device arenas or unknown pages.
   uint64_t HostAddress(const std::string& tenant, PageId page) const;
@@ -192,6 +202,9 @@ class BlockPool {
   absl::StatusOr<uint32_t> Grow(Tenant& tenant, uint64_t keep_unmapped);
   absl::StatusOr<uint32_t> NextArenaId();
   void RetireEmptyArenas(Tenant& tenant);
+  void RetireArena(Tenant& tenant, uint32_t arena_id);
+  // Marks arenas to vacate (see InVacatingArena); returns their bytes.
+  uint64_t VacateSparseArenas();
   // Live arenas plus what retired ones hold: what pool_bytes caps.
   uint64_t ChargedBytes() const;
   void ZeroPages(const Tenant& t, const Block& block);

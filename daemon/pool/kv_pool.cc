@@ -451,8 +451,12 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
                                                      s.tables.epoch));
     }
     // Sync is the worker's step boundary (it writes and reads nothing now), so
-    // this is where a compaction publishes: only when the worker holds the
-    // current tables and has acknowledged the previous ones.
+    // this is where a compaction or a move out of vacated arenas publishes:
+    // only when the worker holds the current tables and has acknowledged the
+    // previous ones. A move first (it changes the epoch: no compaction then).
+    if (known_epoch == s.tables.epoch && s.tables.pending.empty() && !s.busy) {
+      if (auto st = Relocate(s); absl::IsNotFound(st)) return st;
+    }
     if (known_epoch == s.tables.epoch && s.tables.pending.empty() && !s.busy) {
       if (s.policy.wants_layer_importance) SplitLayerRecords(s);
       const QosRecord& qos = admission_.For(s.agent_id());
@@ -988,6 +992,7 @@ PoolSummary KvPool::Stats() const {
   for (const auto& [id, q] : quarantine_) p.quarantined_bytes += q.account.bytes;
   p.compaction_shared_blocks = shared_blocks_;
   p.compaction_copied_blocks = copied_blocks_;
+  p.relocated_blocks = relocated_blocks_;
   p.compactions_by_policy.assign(compactions_.begin(), compactions_.end());
   p.evicted_tokens_by_policy.assign(evicted_tokens_.begin(), evicted_tokens_.end());
   p.merged_tokens_by_policy.assign(merged_tokens_.begin(), merged_tokens_.end());

@@ -231,6 +231,14 @@ class KvPool {
   // REQUIRES: no pending tables, not busy.
   absl::Status Compact(Session& s, const std::string& policy_text, uint64_t target)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves s's blocks that have pages in arenas being vacated
+  // (BlockPool::InVacatingArena) into new pages, byte for byte, and
+  // publishes them at epoch + 1 (the old ones become pending): no slot
+  // changes. Releases mu_ while copying. On failure the arenas take
+  // allocations again. NOT_FOUND when the session was destroyed meanwhile.
+  // REQUIRES: at s's step boundary (in Sync), no pending tables, not busy.
+  // Defined in relocation.cc.
+  absl::Status Relocate(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Step 1 of the ladder for `s`: fills c's requant_* fields (none when its
   // last requantization step found nothing and no block has filled since).
   void DescribeRequant(const Session& s, LadderCandidate& c) const
@@ -290,6 +298,7 @@ class KvPool {
   std::map<uint64_t, QuarantinedSession> quarantine_ ABSL_GUARDED_BY(mu_);  // by session id
   uint64_t shared_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // output blocks reusing old pages
   uint64_t copied_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // output blocks written anew
+  uint64_t relocated_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // moved out of vacated arenas
 };
 
 }  // namespace polykv::daemon

@@ -58,6 +58,7 @@ absl::Status PageAllocator::RemoveArena(uint32_t arena_id) {
         absl::StrCat("arena ", arena_id, " still holds ", it->second.used_pages, " pages"));
   }
   std::erase_if(free_superblocks_, [&](SbRef r) { return r.arena == arena_id; });
+  num_vacating_ -= it->second.vacating;
   arena_bytes_ -= it->second.size_bytes;
   num_superblocks_ -= it->second.superblocks.size();
   arenas_.erase(it);
@@ -70,6 +71,55 @@ std::vector<uint32_t> PageAllocator::EmptyArenas() const {
     if (a.used_pages == 0) out.push_back(id);
   }
   std::sort(out.begin(), out.end());
+  return out;
+}
+
+absl::Status PageAllocator::Vacate(uint32_t arena_id) {
+  auto it = arenas_.find(arena_id);
+  if (it == arenas_.end()) return absl::NotFoundError(absl::StrCat("no arena ", arena_id));
+  ArenaState& a = it->second;
+  if (a.vacating) return absl::OkStatus();
+  a.vacating = true;
+  ++num_vacating_;
+  std::erase_if(free_superblocks_, [&](SbRef r) { return r.arena == arena_id; });
+  for (uint32_t i = 0; i < a.superblocks.size(); ++i) {
+    Superblock& sb = a.superblocks[i];
+    if (sb.in_class_list) UnlinkNonfull(sb.class_bytes, SbRef{arena_id, i});
+  }
+  return absl::OkStatus();
+}
+
+void PageAllocator::Unvacate(uint32_t arena_id) {
+  auto it = arenas_.find(arena_id);
+  if (it == arenas_.end() || !it->second.vacating) return;
+  ArenaState& a = it->second;
+  a.vacating = false;
+  --num_vacating_;
+  for (uint32_t i = static_cast<uint32_t>(a.superblocks.size()); i-- > 0;) {
+    Superblock& sb = a.superblocks[i];
+    if (sb.class_bytes == 0) {
+      free_superblocks_.push_back(SbRef{arena_id, i});
+    } else if (!sb.free_slots.empty()) {
+      LinkNonfull(sb.class_bytes, SbRef{arena_id, i});
+    }
+  }
+}
+
+bool PageAllocator::Vacating(uint32_t arena_id) const {
+  auto it = arenas_.find(arena_id);
+  return it != arenas_.end() && it->second.vacating;
+}
+
+std::vector<PageAllocator::ArenaUse> PageAllocator::ArenaUses() const {
+  std::vector<ArenaUse> out;
+  out.reserve(arenas_.size());
+  for (const auto& [id, a] : arenas_) {
+    ArenaUse u{id, a.size_bytes, 0, a.vacating};
+    for (const Superblock& sb : a.superblocks) u.used_superblocks += sb.class_bytes != 0;
+    out.push_back(u);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const ArenaUse& x, const ArenaUse& y) { return x.arena_id < y.arena_id; });
   return out;
 }
 
@@ -171,6 +221,7 @@ absl::Status PageAllocator::Free(PageId page) {
   --arenas_.at(r.arena).used_pages;
   used_bytes_ -= cls;
   --num_pages_;
+  const bool vacating = arenas_.at(r.arena).vacating;
   if (sb.used == 0) {
     // Give the whole superblock back so any size class can use it.
     if (sb.in_class_list) UnlinkNonfull(cls, r);
@@ -180,8 +231,8 @@ absl::Status PageAllocator::Free(PageId page) {
     sb.free_slots.shrink_to_fit();
     sb.allocated.clear();
     sb.allocated.shrink_to_fit();
-    free_superblocks_.push_back(r);
-  } else if (was_full) {
+    if (!vacating) free_superblocks_.push_back(r);
+  } else if (was_full && !vacating) {
     LinkNonfull(cls, r);
   }
   return absl::OkStatus();
@@ -216,7 +267,7 @@ absl::Status PageAllocator::CheckInvariants() const {
     sbs += a.superblocks.size();
     for (const Superblock& sb : a.superblocks) {
       if (sb.class_bytes == 0) {
-        ++free_sbs;
+        free_sbs += !a.vacating;
         if (sb.used != 0 || sb.in_class_list) {
           return absl::InternalError(absl::StrCat("free superblock of arena ", id, " in use"));
         }
@@ -226,7 +277,7 @@ absl::Status PageAllocator::CheckInvariants() const {
       if (set != sb.used || sb.used + sb.free_slots.size() != sb.capacity || sb.used == 0) {
         return absl::InternalError(absl::StrCat("superblock slot counts broken in arena ", id));
       }
-      if (sb.in_class_list != !sb.free_slots.empty()) {
+      if (sb.in_class_list != (!sb.free_slots.empty() && !a.vacating)) {
         return absl::InternalError("non-full superblock missing from its class list");
       }
       used += uint64_t(sb.used) * sb.class_bytes;

@@ -54,6 +54,26 @@ class PageAllocator {
   // Arenas with no allocated page, in ascending id order.
   std::vector<uint32_t> EmptyArenas() const;
 
+  // Stops handing out pages of an arena (its pages are being moved out so
+  // that it can be removed): its free superblocks and free slots are no
+  // longer offered, and a superblock emptied there is not reused. Its pages
+  // stay valid until freed. NOT_FOUND if unknown; vacating twice is a no-op.
+  absl::Status Vacate(uint32_t arena_id);
+  // Offers a vacating arena's free space again (its pages could not move).
+  void Unvacate(uint32_t arena_id);
+  bool Vacating(uint32_t arena_id) const;
+  uint32_t num_vacating() const { return num_vacating_; }
+  // One arena's size and use, for choosing which to vacate.
+  struct ArenaUse {
+    uint32_t arena_id = 0;
+    uint64_t size_bytes = 0;
+    uint64_t used_superblocks = 0;  // superblocks holding at least one page
+    bool vacating = false;
+  };
+  std::vector<ArenaUse> ArenaUses() const;
+  // The arena a page id points into (arithmetic on the id: no check).
+  static uint32_t ArenaOf(PageId page) { return static_cast<uint32_t>(page >> 48); }
+
   // Size class of a page of `page_bytes` bytes.
   static uint32_t SizeClass(uint64_t page_bytes);
 
@@ -77,6 +97,7 @@ class PageAllocator {
   uint64_t used_bytes() const { return used_bytes_; }
   uint64_t num_pages() const { return num_pages_; }
   uint64_t num_superblocks() const { return num_superblocks_; }
+  // Free superblocks that can be handed out (not those of vacating arenas).
   uint64_t num_free_superblocks() const { return free_superblocks_.size(); }
 
   // Recounts everything from scratch and compares with the running totals:
@@ -103,6 +124,7 @@ class PageAllocator {
     uint64_t size_bytes = 0;
     std::vector<Superblock> superblocks;
     uint64_t used_pages = 0;
+    bool vacating = false;
   };
   struct ClassState {
     SbRef nonfull_head;
@@ -124,6 +146,7 @@ class PageAllocator {
   uint64_t used_bytes_ = 0;
   uint64_t num_pages_ = 0;
   uint64_t num_superblocks_ = 0;
+  uint32_t num_vacating_ = 0;
 };
 
 }  // namespace polykv::daemon

@@ -233,6 +233,9 @@ struct PoolSummary {
   uint64_t retired_resident_bytes = 0;  // memory those still hold (0 unless rewritten)
   uint32_t quarantined_sessions = 0;    // taken from a live worker without its consent
   uint64_t quarantined_bytes = 0;       // their pages, not reused until it knows
+  // Sparsely used arenas whose pages move out at their sessions' next Sync.
+  uint64_t vacating_arenas = 0;
+  uint64_t relocated_blocks = 0;  // counter: blocks moved out of them
 };
 
 // Daemon events delivered to a session's watchers.

@@ -57,6 +57,7 @@ struct FdBroker::Conn {
 namespace {
 
 constexpr size_t kMaxConnections = 256;
+constexpr size_t kMaxConnectionsPerUid = 32;
 constexpr absl::Duration kRequestTimeout = absl::Seconds(2);
 
 void Fail(int fd, const absl::Status& s) {
@@ -117,11 +118,24 @@ void FdBroker::Loop() {
         close(fd);  // Same as the gRPC socket: refused peers get nothing.
         continue;
       }
-      if (conns.size() >= kMaxConnections) {
-        drop(conns.front());  // the oldest: it has waited longest for its request
-        conns.erase(conns.begin());
-      }
       conns.push_back({fd, *creds, {}, 0, absl::Now() + kRequestTimeout});
+      auto of_uid = [&](uid_t uid) {
+        return static_cast<size_t>(std::count_if(
+            conns.begin(), conns.end(), [&](const Conn& c) { return c.creds.uid == uid; }));
+      };
+      uid_t victim = creds->uid;
+      if (of_uid(victim) <= kMaxConnectionsPerUid && conns.size() > kMaxConnections) {
+        for (const Conn& c : conns) {
+          if (of_uid(c.creds.uid) > of_uid(victim)) victim = c.creds.uid;
+        }
+      }
+      if (of_uid(victim) > kMaxConnectionsPerUid || conns.size() > kMaxConnections) {
+        // Its oldest: the one that has waited longest for its request.
+        auto oldest = std::find_if(conns.begin(), conns.end(),
+                                   [&](const Conn& c) { return c.creds.uid == victim; });
+        drop(*oldest);
+        conns.erase(oldest);
+      }
     }
   }
   for (Conn& c : conns) drop(c);

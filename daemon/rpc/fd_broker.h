@@ -6,8 +6,11 @@
 // as soon as its 56 bytes are in, so a silent or slow peer delays nobody
 // else (issue 14, finding 3: served one at a time with 1 s each, 15 silent
 // connections made a worker's fetch miss its lease). Each connection has
-// kRequestTimeout to send its request; at kMaxConnections the one waiting
-// longest is dropped to admit a new one.
+// kRequestTimeout to send its request. A uid holds at most
+// kMaxConnectionsPerUid waiting connections and the broker kMaxConnections:
+// past either, the oldest connection of the uid holding most is dropped, so
+// a flood of one uid only ever drops its own (issue 40: with one global cap
+// dropping the oldest, 83 of 1,472 legitimate fetches failed under a flood).
 #pragma once
 
 #include <functional>

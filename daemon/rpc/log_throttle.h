@@ -1,6 +1,7 @@
-// LogThrottle: at most one log line per `period` for each kind of event, so a
-// peer repeating a bad request (or a refused connection) cannot flood the
-// daemon's log. The line that is let through says how many were left out.
+// LogThrottle: at most `lines_per_period` log lines per `period` for each kind
+// of event, so a peer repeating a bad request (or a refused connection, or
+// opening and closing sessions in a loop) cannot flood the daemon's log. The
+// first line let through after a quiet spell says how many were left out.
 //
 //   if (auto skipped = throttle.Admit("refused:per_uid")) {
 //     log->warn("... ({} like it not logged)", *skipped);
@@ -26,6 +27,7 @@ class LogThrottle {
  public:
   struct Options {
     absl::Duration period = absl::Seconds(10);
+    uint32_t lines_per_period = 1;
     // Kinds are chosen by the daemon (method names, reasons), but bound the
     // map anyway: past this many, new kinds share one slot.
     size_t max_kinds = 256;
@@ -41,7 +43,8 @@ class LogThrottle {
 
  private:
   struct Kind {
-    absl::Time last_logged = absl::InfinitePast();
+    absl::Time window_start = absl::InfinitePast();
+    uint32_t lines_in_window = 0;
     uint64_t num_suppressed = 0;
   };
 

@@ -17,6 +17,7 @@
 
 namespace polykv::daemon {
 
+class LogThrottle;
 class WatchQuota;
 
 struct ServiceContext {
@@ -25,6 +26,7 @@ struct ServiceContext {
   Metrics* metrics = nullptr;          // Not owned; may be null in tests.
   ErrorLog* errors = nullptr;          // Not owned; may be null in tests.
   WatchQuota* watches = nullptr;       // Not owned; null: no per-uid limit.
+  LogThrottle* session_log = nullptr;  // Not owned; null: every session line.
   std::set<uid_t> admin_uids;          // Who may call the Admin service.
   std::string fd_socket_path;
   std::string metrics_address;         // Bound metrics server address, for Stats.

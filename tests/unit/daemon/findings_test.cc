@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "client/lib/arena_mapper.h"
 #include "daemon/metrics/http_server.h"
 #include "daemon/pool/kv_pool.h"
 #include "daemon/rpc/fd_broker.h"
@@ -283,6 +284,56 @@ TEST_F(FindingsTest, Finding3_SilentConnectionsDoNotDelayAnArenaFetch) {
   EXPECT_EQ(err.status, int32_t(absl::StatusCode::kInvalidArgument)) << err.message;
   close(shortfd);
   for (int f : silent) close(f);
+}
+
+// Issue 40: the fd socket's connection cap was global and dropped the
+// oldest connection, so one uid's flood of idle connections made other
+// uids' fetches fail (83 of 1,472). Now a flood only drops its own.
+TEST_F(FindingsTest, AFloodOfFdConnectionsOfOneUidDropsOnlyItsOwn) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to connect as another uid";
+  auto pool = MakePool(16 * kMiB);
+  FdBrokerOptions o;
+  o.path = ::testing::TempDir() + "findings-fdflood-" + std::to_string(getpid()) + ".sock";
+  o.mode = 0666;
+  o.policy.allowed_uids = {getuid(), testing::kOtherUid};
+  o.pool = pool.get();
+  auto broker = FdBroker::Create(o);
+  ASSERT_TRUE(broker.ok()) << broker.status();
+  (*broker)->Start();
+
+  // The other uid's worker connects first (so it is the oldest connection),
+  // then this uid floods 300 idle connections.
+  testing::PeerProcess other(o.path, testing::kOtherUid);
+  const int legit = other.TakeFd();
+  ASSERT_GE(legit, 0);
+  peer_ = {other.pid(), testing::kOtherUid, testing::kOtherUid};
+  auto s = Open(*pool, "a");
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto r = pool->Reserve(s->session_id, s->token, peer_, 16);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<int> flood;
+  for (int i = 0; i < 300; ++i) {
+    const int fd = ConnectUnix(o.path, testing::kReadTimeoutMs);
+    ASSERT_GE(fd, 0);
+    flood.push_back(fd);
+  }
+  // The flood's own oldest are closed (it holds at most 32), the worker's
+  // connection is not: its request is answered with the arena's fd.
+  ASSERT_TRUE(testing::WaitForClose(flood.front()));
+  v1::FdRequest req;
+  req.session_id = s->session_id;
+  std::memcpy(req.token, s->token.data(), sizeof(req.token));
+  req.arena_id = r->new_arenas[0].arena_id;
+  ASSERT_EQ(send(legit, &req, sizeof(req), MSG_NOSIGNAL), ssize_t(sizeof(req)));
+  v1::FdReply reply;
+  int arena_fd = -1;
+  ASSERT_EQ(internal::RecvFdReply(legit, &reply, &arena_fd), ssize_t(sizeof(reply)))
+      << "the flood of another uid dropped this connection";
+  EXPECT_EQ(reply.status, 0) << reply.message;
+  EXPECT_GE(arena_fd, 0);
+  if (arena_fd >= 0) close(arena_fd);
+  close(legit);
+  for (int fd : flood) close(fd);
 }
 
 // Requests time out after 10 s, so a blocked server fails the test instead

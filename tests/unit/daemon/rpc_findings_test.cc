@@ -453,3 +453,52 @@ TEST(RpcQuotaTest, OneUidHoldsAtMostItsWatchStreams) {
 
 }  // namespace
 }  // namespace polykv::daemon
+
+namespace polykv::daemon {
+namespace {
+
+// Issue 40: every open, close and refused reservation logged a line; one
+// client looping over them wrote 1.3 MB/s. Now a burst per uid and kind per
+// period, the rest counted.
+TEST(RpcQuotaTest, OneUidsSessionChurnLogsABoundedNumberOfLines) {
+  DaemonConfig c = SmallConfig("churn");
+  c.pool_bytes = 16ull << 20;
+  c.arena_bytes = 4ull << 20;
+  auto d = StartDaemon(c);
+  ASSERT_NE(d, nullptr);
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  DaemonLogger()->sinks().push_back(sink);
+  auto client = Client::Connect(c.socket, 20000);
+  ASSERT_TRUE(client.ok()) << client.status();
+  constexpr int kSessions = 100;
+  for (int i = 0; i < kSessions; ++i) {
+    SessionOptions o;
+    o.agent_id = "churn";
+    o.tenant = "t";
+    o.profile = {4, 2, 64, DType::kF32, "test"};
+    o.heartbeat = false;
+    auto s = (*client)->OpenSession(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    // ~50 MiB of pages in a 16 MiB pool: refused, a line each before.
+    auto refused = (*s)->Reserve(65536);
+    EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+    ASSERT_TRUE((*s)->Close().ok());
+  }
+  auto& sinks = DaemonLogger()->sinks();
+  sinks.erase(std::find(sinks.begin(), sinks.end(), sink));
+  const std::string text = log.str();
+  auto count = [&](const std::string& needle) {
+    size_t n = 0;
+    for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+    return n;
+  };
+  // 20 per 10 s period; at most three periods pass on a slow box.
+  EXPECT_GE(count(" opened: agent churn"), 1u) << text;
+  EXPECT_LE(count(" opened: agent churn"), 60u);
+  EXPECT_LE(count(" closed, "), 60u);
+  EXPECT_LE(count("reservation refused"), 60u);
+}
+
+}  // namespace
+}  // namespace polykv::daemon
