@@ -301,6 +301,13 @@ void Daemon::LadderLoop() {
       DaemonLogger()->info("pressure ladder: {} ({} bytes used, {} pending ack)", step,
                            pool_->used_bytes(), pool_->pending_bytes());
     }
+    for (const std::string& error : pool_->TakeCompactionErrors()) {
+      if (auto skipped = session_log_->Admit("compaction_failed")) {
+        DaemonLogger()->warn("compaction failed: {} (the session keeps its tables; retried once "
+                             "it changes){}", error,
+                             *skipped == 0 ? "" : absl::StrCat("; ", *skipped, " more not logged"));
+      }
+    }
   }
 }
 

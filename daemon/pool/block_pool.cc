@@ -17,6 +17,9 @@ constexpr uint32_t kMaxArenaId = (1u << 16) - 1;
 // worker could then make one of those hold memory again unseen: at most
 // arena_bytes each, and only by writing where it has no pages.
 constexpr size_t kMaxRetiredArenas = 256;
+// Live processes watched per arena (a pidfd each). Workers of a tenant are
+// a few per arena; a uid forking fetchers cannot grow the daemon's fds.
+constexpr size_t kMaxHoldersPerArena = 64;
 
 }  // namespace
 
@@ -422,6 +425,12 @@ absl::StatusOr<int> BlockPool::DupArenaFd(const std::string& tenant, uint32_t ar
     std::erase_if(holders, [](const auto& p) { return !p->Alive(); });
     const bool known = std::any_of(holders.begin(), holders.end(),
                                    [&](const auto& p) { return p->pid() == holder; });
+    if (!known && holders.size() >= kMaxHoldersPerArena) {
+      close(fd);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "arena ", arena_id, " is mapped by ", holders.size(),
+          " live processes already (the most polykvd watches); fetch it in fewer processes"));
+    }
     if (!known) {
       if (auto ref = options_.watcher(holder)) holders.push_back(std::move(ref));
     }

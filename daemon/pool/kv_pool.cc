@@ -477,13 +477,20 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
         if (auto policy = policies_.Get(qos.policy); policy.ok()) in.trigger = (*policy)->Trigger();
       }
       const uint64_t target = CompactionTarget(in);
-      if (target > 0) {
+      const PolicyInputs::Failure now{s.tables.committed_tokens, s.policy.reports, qos.policy};
+      if (target > 0 && s.policy.failed == now) {
+        // Failed as it is: the session keeps its tables until it changes.
+        s.policy.want_tokens = 0;
+      } else if (target > 0) {
         auto st = Compact(s, qos.policy, target);  // releases mu_ while it decides and copies
         if (absl::IsNotFound(st)) return st;  // closed or evicted meanwhile
         if (!st.ok()) {
-          // The session keeps its tables; the ladder and budget retry later.
-          ++ladder_steps_["compaction_failed"];
+          // The session keeps its tables; the ladder and budget retry once
+          // it has changed.
+          CompactionFailed(s, now, st);
           s.policy.want_tokens = 0;
+        } else {
+          s.policy.failed.reset();
         }
       } else if (s.policy.want_requant_blocks > 0) {
         // The ladder's step 1: every slot stays, cold blocks' values shrink.
@@ -500,7 +507,7 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
             RequantStepPolicy(qos.policy, to, blocks, s.tables.committed_tokens, s.block_tokens);
         auto st = text.ok() ? Compact(s, *text, s.tables.committed_tokens) : text.status();
         if (absl::IsNotFound(st)) return st;
-        if (!st.ok()) ++ladder_steps_["compaction_failed"];
+        if (!st.ok()) CompactionFailed(s, {s.tables.committed_tokens, s.policy.reports, *text}, st);
         if (s.tables.epoch == epoch) s.policy.requant_idle_at = s.tables.committed_tokens;
       }
     }
@@ -809,6 +816,21 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
   return absl::OkStatus();
 }
 
+void KvPool::CompactionFailed(Session& s, PolicyInputs::Failure what, const absl::Status& why) {
+  s.policy.failed = std::move(what);
+  ++ladder_steps_["compaction_failed"];
+  if (compaction_errors_.size() < kMaxCompactionErrors) {
+    compaction_errors_.push_back(absl::StrCat("session ", s.id, " (agent ", s.agent_id(),
+                                              ", policy '", s.policy.failed->policy,
+                                              "'): ", why.message()));
+  }
+}
+
+std::vector<std::string> KvPool::TakeCompactionErrors() {
+  absl::MutexLock lock(&mu_);
+  return std::exchange(compaction_errors_, {});
+}
+
 void KvPool::SplitLayerRecords(Session& s) {
   if (!s.policy.upper_layers.empty() || s.profile.num_layers < 2) return;
   s.policy.upper_layers.assign(s.profile.num_layers - 1, s.policy.slots);
@@ -857,11 +879,15 @@ absl::StatusOr<ReleaseResult> KvPool::Release(uint64_t session_id, absl::string_
                                                    s.reserved_tokens(), " tokens"));
   }
   const auto offsets = LayerOffsets(s.tables.blocks, s.profile.num_layers, s.block_tokens);
+  // A cut that leaves a layer no slot while others keep some would leave
+  // that layer a hole in the blocks new tokens fill; a cut to nothing leaves
+  // every layer empty alike.
   if (const uint64_t late = *std::max_element(offsets.begin(), offsets.end());
-      late > 0 && keep_tokens <= late) {
+      late > 0 && keep_tokens > 0 && keep_tokens <= late) {
     return absl::FailedPreconditionError(absl::StrCat(
         "keep_tokens ", keep_tokens, " would leave a layer without slots: the layers keep "
-        "budgets of their own and one holds only slots past ", late));
+        "budgets of their own and one holds only slots past ", late,
+        "; keep more than ", late, " tokens, or 0 to start over"));
   }
   const uint64_t keep_blocks = (keep_tokens + s.block_tokens - 1) / s.block_tokens;
   while (s.tables.blocks.size() > keep_blocks) {
@@ -1219,6 +1245,7 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
     }
   }
   if (r.current_turn > 0) s.policy.current_turn = static_cast<int32_t>(r.current_turn);
+  ++s.policy.reports;
   return absl::OkStatus();
 }
 

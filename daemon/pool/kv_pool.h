@@ -180,6 +180,9 @@ class KvPool {
   // bytes are back above 2 x low watermark. Returns the steps taken
   // ("compact", "refuse", "resume"), for logs.
   std::vector<std::string> RunPressureLadder();
+  // Why compactions failed since the last call (at most a few; each failure
+  // also counts as ladder step "compaction_failed"), for the daemon's log.
+  std::vector<std::string> TakeCompactionErrors();
 
   uint64_t used_bytes() const;
   // Bytes of old pages held until workers acknowledge newer epochs.
@@ -268,6 +271,9 @@ class KvPool {
   bool FreeGradually(Session& s, std::vector<Block>& blocks, bool pending = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreePending(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a failed compaction of `s` (not retried until `what` changes).
+  void CompactionFailed(Session& s, PolicyInputs::Failure what, const absl::Status& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives each layer its own slot records, for a policy that selects per
   // layer: copies of the session's (until then every layer holds the same
   // tokens). No-op once split. REQUIRES: !s.busy (Compact reads the records
@@ -299,6 +305,8 @@ class KvPool {
   uint64_t shared_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // output blocks reusing old pages
   uint64_t copied_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // output blocks written anew
   uint64_t relocated_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // moved out of vacated arenas
+  static constexpr size_t kMaxCompactionErrors = 16;
+  std::vector<std::string> compaction_errors_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace polykv::daemon

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,6 +86,18 @@ struct PolicyInputs {
   bool wants_layer_importance = false;  // the policy selects per layer
   // The worker has reported importance (ReportSlots) at least once.
   bool importance_reported = false;
+  // ReportSlots calls accepted so far.
+  uint64_t reports = 0;
+  // A compaction that failed is not retried (nor counted again) until the
+  // session changes: more tokens, a report, another policy text. Otherwise
+  // every idle Sync ran and counted the same failure.
+  struct Failure {
+    uint64_t committed = 0;
+    uint64_t reports = 0;
+    std::string policy;
+    bool operator==(const Failure&) const = default;
+  };
+  std::optional<Failure> failed;
 };
 
 struct Session {

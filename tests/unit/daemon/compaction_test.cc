@@ -754,6 +754,22 @@ TEST_F(CompactionTest, ImportanceBudgetsGiveTheLayerThatNeedsMoreMoreSlots) {
   EXPECT_FALSE(Sync(s).value());
   EXPECT_EQ(pool_->used_bytes(), before);
   Check();
+  // The refusal is reported once, with its reason, and not retried (nor
+  // counted) at every idle Sync until the session changes (issue 40).
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(Sync(s).value());
+  auto failures = [&] {
+    PoolSummary st = pool_->Stats();
+    std::map<std::string, uint64_t> ladder(st.ladder_steps.begin(), st.ladder_steps.end());
+    return ladder["compaction_failed"];
+  };
+  EXPECT_EQ(failures(), 1u);
+  const std::vector<std::string> errors = pool_->TakeCompactionErrors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("kvzip{window.size=16}"), std::string::npos) << errors[0];
+  EXPECT_TRUE(pool_->TakeCompactionErrors().empty());
+  ASSERT_TRUE(Append(s, 1).ok());  // changed: tried again
+  EXPECT_FALSE(Sync(s).value());
+  EXPECT_EQ(failures(), 2u);
 
   // Back to per-layer budgets: the next compaction reads layer 0 from its
   // offset on, and new tokens were appended to both layers alike.
@@ -771,6 +787,20 @@ TEST_F(CompactionTest, ImportanceBudgetsGiveTheLayerThatNeedsMoreMoreSlots) {
   }
   Check();
   ASSERT_TRUE(pool_->Release(s.id, s.token, peer_, n).ok());
+  // Releasing everything is allowed (no layer is left with a hole; issue 40:
+  // a client resetting its session got FAILED_PRECONDITION), and the
+  // session then fills again, every layer alike.
+  auto all = pool_->Release(s.id, s.token, peer_, 0);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->committed_tokens, 0u);
+  EXPECT_EQ(all->reserved_tokens, 0u);
+  Check();
+  s.committed = 0;
+  s.blocks.clear();
+  s.positions.clear();
+  auto refill = Append(s, 20);
+  ASSERT_TRUE(refill.ok()) << refill;
+  Check();
   ASSERT_TRUE(pool_->Close(s.id, s.token, peer_).ok());
   EXPECT_EQ(pool_->used_bytes(), 0u);
   Check();

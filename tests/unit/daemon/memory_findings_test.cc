@@ -539,3 +539,38 @@ TEST(ProcessRefTest, PidfdSeesAChildExit) {
 
 }  // namespace
 }  // namespace polykv::daemon
+
+namespace polykv::daemon {
+namespace {
+
+// Issue 40: one pidfd was kept per process that ever fetched an arena, so a
+// uid forking fetchers grew the daemon's fds without bound. Live holders of
+// an arena are capped; a dead one makes room.
+TEST(MemoryFindingsTest, TheProcessesWatchedPerArenaAreBounded) {
+  FakeProcesses procs;
+  BlockPoolOptions o{16 * kMiB, 4 * kMiB, 256 * kKiB, CreateHostShmArena};
+  o.watcher = procs.Watcher();
+  BlockPool pool(o);
+  BlockAccount a{"t", "a", 0};
+  pool.AttachSession(a);
+  auto blocks = pool.Allocate(a, kShape, 1);
+  ASSERT_TRUE(blocks.ok()) << blocks.status();
+  const uint32_t arena = PageAllocator::ArenaOf(blocks->front().pages[0]);
+  for (pid_t pid = 1000; pid < 1064; ++pid) {
+    auto fd = pool.DupArenaFd("t", arena, pid);
+    ASSERT_TRUE(fd.ok()) << pid << ": " << fd.status();
+    close(*fd);
+  }
+  auto again = pool.DupArenaFd("t", arena, 1000);  // a known holder: served
+  ASSERT_TRUE(again.ok()) << again.status();
+  close(*again);
+  auto refused = pool.DupArenaFd("t", arena, 2000);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  procs.Kill(1001);
+  auto room = pool.DupArenaFd("t", arena, 2000);
+  ASSERT_TRUE(room.ok()) << room.status();
+  close(*room);
+}
+
+}  // namespace
+}  // namespace polykv::daemon
