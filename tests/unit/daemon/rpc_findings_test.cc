@@ -65,16 +65,46 @@ std::unique_ptr<Daemon> StartDaemon(const DaemonConfig& c) {
   return s.ok() ? *std::move(d) : nullptr;
 }
 
+// The daemon's log lines while it lives (a sink on DaemonLogger()).
+class LogCapture {
+ public:
+  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(log_)) {
+    DaemonLogger()->sinks().push_back(sink_);
+  }
+  ~LogCapture() { Stop(); }
+  // Stops capturing; returns what was logged.
+  std::string Stop() {
+    auto& sinks = DaemonLogger()->sinks();
+    if (auto it = std::find(sinks.begin(), sinks.end(), sink_); it != sinks.end()) sinks.erase(it);
+    return log_.str();
+  }
+
+ private:
+  std::ostringstream log_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
+
+size_t CountOf(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// A small session of agent `agent` in tenant "t", without heartbeats.
+SessionOptions TestSession(const std::string& agent = "a") {
+  SessionOptions o;
+  o.agent_id = agent;
+  o.tenant = "t";
+  o.profile = {4, 2, 64, DType::kF32, "test"};
+  o.heartbeat = false;
+  return o;
+}
+
 // A client of this process opens (and closes) a session.
 absl::Status OpenOneSession(const std::string& socket, int connect_timeout_ms = 20000) {
   auto client = Client::Connect(socket, connect_timeout_ms);
   if (!client.ok()) return client.status();
-  SessionOptions o;
-  o.agent_id = "a";
-  o.tenant = "t";
-  o.profile = {4, 2, 64, DType::kF32, "test"};
-  o.heartbeat = false;
-  auto s = (*client)->OpenSession(o);
+  auto s = (*client)->OpenSession(TestSession());
   return s.ok() ? absl::OkStatus() : s.status();
 }
 
@@ -326,9 +356,7 @@ TEST(RpcFindingsTest, Finding9_UnparseableRequestsAreInvalidArgument) {
   DaemonConfig c = SmallConfig("parse");
   auto d = StartDaemon(c);
   ASSERT_NE(d, nullptr);
-  std::ostringstream log;
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
-  DaemonLogger()->sinks().push_back(sink);
+  LogCapture log;
 
   const std::string garbage(12, '\xff');         // a varint tag that never ends
   const std::string truncated = "\x0a\x09" "abc";  // field 1 claims 9 bytes, has 3
@@ -354,14 +382,8 @@ TEST(RpcFindingsTest, Finding9_UnparseableRequestsAreInvalidArgument) {
     EXPECT_EQ(CallRaw(c.socket, "/polykv.v1.Admin/ListSessions", bad_utf8_filter).error_code(),
               grpc::StatusCode::INVALID_ARGUMENT);
   }
-  auto& sinks = DaemonLogger()->sinks();
-  sinks.erase(std::find(sinks.begin(), sinks.end(), sink));
-  const std::string text = log.str();
-  auto count = [&](const std::string& needle) {
-    size_t n = 0;
-    for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
-    return n;
-  };
+  const std::string text = log.Stop();
+  auto count = [&](const std::string& needle) { return CountOf(text, needle); };
   // At most two: a 10 s period may end once during the test on a slow box.
   EXPECT_GE(count("rpc /polykv.v1.Admin/ListSessions: unparseable"), 1u) << text;
   EXPECT_LE(count("rpc /polykv.v1.Admin/ListSessions: unparseable"), 2u) << text;
@@ -466,33 +488,20 @@ TEST(RpcQuotaTest, OneUidsSessionChurnLogsABoundedNumberOfLines) {
   c.arena_bytes = 4ull << 20;
   auto d = StartDaemon(c);
   ASSERT_NE(d, nullptr);
-  std::ostringstream log;
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
-  DaemonLogger()->sinks().push_back(sink);
+  LogCapture log;
   auto client = Client::Connect(c.socket, 20000);
   ASSERT_TRUE(client.ok()) << client.status();
   constexpr int kSessions = 100;
   for (int i = 0; i < kSessions; ++i) {
-    SessionOptions o;
-    o.agent_id = "churn";
-    o.tenant = "t";
-    o.profile = {4, 2, 64, DType::kF32, "test"};
-    o.heartbeat = false;
-    auto s = (*client)->OpenSession(o);
+    auto s = (*client)->OpenSession(TestSession("churn"));
     ASSERT_TRUE(s.ok()) << s.status();
     // ~50 MiB of pages in a 16 MiB pool: refused, a line each before.
     auto refused = (*s)->Reserve(65536);
     EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
     ASSERT_TRUE((*s)->Close().ok());
   }
-  auto& sinks = DaemonLogger()->sinks();
-  sinks.erase(std::find(sinks.begin(), sinks.end(), sink));
-  const std::string text = log.str();
-  auto count = [&](const std::string& needle) {
-    size_t n = 0;
-    for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
-    return n;
-  };
+  const std::string text = log.Stop();
+  auto count = [&](const std::string& needle) { return CountOf(text, needle); };
   // 20 per 10 s period; at most three periods pass on a slow box.
   EXPECT_GE(count(" opened: agent churn"), 1u) << text;
   EXPECT_LE(count(" opened: agent churn"), 60u);
