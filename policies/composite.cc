@@ -125,13 +125,12 @@ struct Config {
 
   Mode mode = Mode::kSelective;
   LayerAllocator layers = LayerAllocator::kUniform;
-  double skew = 0.5, trigger = 1.1, merge_share = 0.3, merge_span = 4, cold_fraction = 0;
+  double skew = 0.5, trigger = 1.1, merge_share = 0.3, merge_span = 4;
   int64_t pool = 0;
   bool fill = true, merge_bias = true;
   bool per_layer = false;  // select=layer
   MergeOptions merge;
-  std::optional<kernels::PageFormat> cold_format;
-  bool cold_k = false, cold_v = true;
+  std::optional<ColdStep> cold;  // cold.*: unset when cold.format is none
 
   bool has(std::string_view c) const {
     return std::find(components.begin(), components.end(), c) != components.end();
@@ -252,20 +251,17 @@ absl::StatusOr<Config> Resolve(std::string_view spec, const PolicyParams& overri
     cfg.merge_share = std::clamp(cfg.num("merge.share"), 0.0, 1.0);
     cfg.merge_bias = cfg.num("merge.bias") != 0;
     cfg.merge_span = std::max(1.0, cfg.num("merge.span"));
-    cfg.cold_fraction = std::clamp(cfg.num("cold.fraction"), 0.0, 1.0);
     const std::string& cf = cfg.values["cold.format"];
-    if (cf != "none") {
-      cfg.cold_format = kernels::ParseFormat(cf);
-      if (!cfg.cold_format) {
-        return absl::InvalidArgumentError(absl::StrCat("cold.format '", cf, "' unknown"));
-      }
-    }
     const std::string& ck = cfg.values["cold.kind"];
     if (ck != "k" && ck != "v" && ck != "kv") {
       return absl::InvalidArgumentError("cold.kind must be k, v or kv");
     }
-    cfg.cold_k = ck != "v";
-    cfg.cold_v = ck != "k";
+    if (cf != "none") {
+      const std::optional<kernels::PageFormat> format = kernels::ParseFormat(cf);
+      if (!format) return absl::InvalidArgumentError(absl::StrCat("cold.format '", cf, "' unknown"));
+      cfg.cold = ColdStep{*format, ck != "v", ck != "k",
+                          std::clamp(cfg.num("cold.fraction"), 0.0, 1.0), -1};
+    }
   }
   cfg.trigger = cfg.num("trigger");
   if (!(cfg.trigger >= 1.0) || std::isinf(cfg.trigger)) {
@@ -325,7 +321,8 @@ struct LayerWork {
   std::vector<uint8_t> flags;          // [merge candidates] scratch
   std::vector<uint32_t> picked;        // scratch
   KeyClusters clusters;
-  // Cold step (both paths).
+  // Cold step (both paths): this decision's (the caller's or the policy's).
+  std::optional<ColdStep> cold;
   std::vector<uint32_t> order;  // [output slots] source slot of each (OutputOrder)
   std::vector<Ranked> blocks;   // [candidate blocks] score = mean, index = block
 };
@@ -467,6 +464,7 @@ class CompositePolicy final : public Policy {
     // One per thread: Decide may run concurrently on one Policy, and reusing
     // the buffers across calls is most of what makes a decision cheap.
     thread_local LayerWork w;
+    w.cold = budget.cold ? budget.cold : cfg_.cold;
     MarkTokens(view, stats, &w);
     w.recency.clear();
     if (!reference_ && cfg_.has("structural")) {
@@ -576,6 +574,7 @@ class CompositePolicy final : public Policy {
       const bool automatic = cfg_.values.at("window.size") == "auto";
       int64_t win = automatic ? static_cast<int64_t>(std::floor(cfg_.num("window.ratio") * budget))
                               : static_cast<int64_t>(cfg_.num("window.size"));
+      if (w->cold && w->cold->window >= 0) win = w->cold->window;  // the caller's step
       const int64_t room = std::max<int64_t>(0, budget - w->hard);
       const int64_t reserve = std::min(cfg_.pool, room);
       win = std::clamp<int64_t>(win, 0, room - reserve);
@@ -703,7 +702,7 @@ class CompositePolicy final : public Policy {
       // Within budget nothing is evicted, yet the cold step still runs: that
       // is how the daemon's pressure ladder asks for requantization before
       // any eviction (a budget of every slot, daemon/compaction/pressure_ladder.h).
-      if (cfg_.cold_format && cfg_.cold_fraction > 0) {
+      if (w->cold && w->cold->fraction > 0) {
         score();
         if (reference_ || n > kRankIndexMask) {
           RequantizeReference(view, l, *w, lp);
@@ -965,18 +964,19 @@ class CompositePolicy final : public Policy {
   // / block_tokens), at most the candidates.
   size_t ColdBlocks(const SessionView& view, int l, const LayerPlan& lp, LayerWork* w) const {
     w->blocks.clear();
-    if (!cfg_.cold_format || cfg_.cold_fraction <= 0) return 0;
+    if (!w->cold || w->cold->fraction <= 0) return 0;
+    const ColdStep& cold = *w->cold;
     const size_t bt = static_cast<size_t>(std::max(1, view.shape.block_tokens));
     OutputOrder(lp, &w->order);
     const size_t num_out = w->order.size();
     const size_t want = static_cast<size_t>(
-        std::floor(cfg_.cold_fraction * static_cast<double>(num_out) / static_cast<double>(bt)));
+        std::floor(cold.fraction * static_cast<double>(num_out) / static_cast<double>(bt)));
     if (want == 0) return 0;
     const std::vector<Slot>& slots = view.layers[l].slots;
-    const int bits = kernels::FormatBits(*cfg_.cold_format);
+    const int bits = kernels::FormatBits(cold.format);
     // Same bits as cold.format, another format: see above.
     auto odd = [&](kernels::PageFormat f) {
-      return kernels::FormatBits(f) == bits && f != *cfg_.cold_format;
+      return kernels::FormatBits(f) == bits && f != cold.format;
     };
     size_t g = 0;  // merges ascend by representative, as the order does
     for (size_t b = 0; b < num_out / bt; ++b) {
@@ -989,8 +989,8 @@ class CompositePolicy final : public Policy {
           for (uint32_t m : lp.merges[g].members) excluded |= w->tier[m] > 0;
           ++g;
         }
-        excluded |= (cfg_.cold_k && odd(slots[src].k_format)) ||
-                    (cfg_.cold_v && odd(slots[src].v_format));
+        excluded |= (cold.keys && odd(slots[src].k_format)) ||
+                    (cold.values && odd(slots[src].v_format));
         sum += w->score[src];
       }
       if (excluded) continue;
@@ -1007,15 +1007,16 @@ class CompositePolicy final : public Policy {
                       absl::Span<const uint32_t> picked, LayerPlan* lp) const {
     const std::vector<Slot>& slots = view.layers[l].slots;
     const size_t bt = static_cast<size_t>(std::max(1, view.shape.block_tokens));
-    const int bits = kernels::FormatBits(*cfg_.cold_format);
+    const ColdStep& cold = *w.cold;
+    const int bits = kernels::FormatBits(cold.format);
     for (uint32_t b : picked) {  // ascending output slots: the (slot, kind) order
       for (size_t j = b * bt; j < (b + 1) * bt; ++j) {
         const uint32_t i = w.order[j];
-        if (cfg_.cold_k && kernels::FormatBits(slots[i].k_format) > bits) {
-          lp->requant.push_back({i, kernels::KvKind::kKey, *cfg_.cold_format});
+        if (cold.keys && kernels::FormatBits(slots[i].k_format) > bits) {
+          lp->requant.push_back({i, kernels::KvKind::kKey, cold.format});
         }
-        if (cfg_.cold_v && kernels::FormatBits(slots[i].v_format) > bits) {
-          lp->requant.push_back({i, kernels::KvKind::kValue, *cfg_.cold_format});
+        if (cold.values && kernels::FormatBits(slots[i].v_format) > bits) {
+          lp->requant.push_back({i, kernels::KvKind::kValue, cold.format});
         }
       }
     }

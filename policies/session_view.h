@@ -135,6 +135,20 @@ absl::Status ValidateLayer(const SessionView& view, int layer);
 double BytesPerToken(const kernels::PageShape& shape, kernels::PageFormat k_format,
                      kernels::PageFormat v_format);
 
+// A requantization step the caller asks of one decision (the daemon's
+// pressure ladder): it replaces the policy's cold.* parameters and, where the
+// policy has a window component, its window.size. Typed data, so a step needs
+// no policy text of its own (each distinct text was a policy kept for the
+// daemon's lifetime).
+struct ColdStep {
+  kernels::PageFormat format = kernels::PageFormat::kInt4;
+  bool keys = false;
+  bool values = true;
+  double fraction = 0;  // of output slots, in whole blocks (cold.fraction)
+  int64_t window = -1;  // recent slots kept in the fill format; < 0: the policy's own
+  bool operator==(const ColdStep&) const = default;
+};
+
 // Budget for one decision. Either explicit per-layer limits, or one total the
 // policy splits across layers with its layer allocator.
 struct Budget {
@@ -144,6 +158,8 @@ struct Budget {
   std::vector<int64_t> per_layer;
   // Used when per_layer is empty: the sum over layers.
   int64_t total = 0;
+  // Set: this decision's cold step instead of the policy's (see ColdStep).
+  std::optional<ColdStep> cold;
 
   static Budget TokensPerLayer(int num_layers, int64_t tokens) {
     return Budget{Unit::kTokens, std::vector<int64_t>(num_layers, tokens), 0};

@@ -82,7 +82,8 @@ absl::StatusOr<std::vector<CompactionGroups>> DecidePerLayer(
   for (const auto& r : records) sizes.push_back(static_cast<int64_t>(r.size()));
   auto aligned = AlignLayerBudgets(*budgets, sizes, in.shape.block_tokens);
   if (!aligned.ok()) return aligned.status();
-  auto plan = policy.Decide(view, policies::Budget{policies::Budget::Unit::kTokens, *aligned, 0});
+  auto plan =
+      policy.Decide(view, policies::Budget{policies::Budget::Unit::kTokens, *aligned, 0, in.cold});
   if (!plan.ok()) return plan.status();
   std::vector<CompactionGroups> out;
   if (!plan->changes()) return out;
@@ -173,8 +174,10 @@ absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
       view.key_dim = in.key_dim;
       view.layers[0].keys = in.keys;
     }
-    auto plan = policy.Decide(view, policies::Budget::TokensPerLayer(
-                                        1, static_cast<int64_t>(in.target_tokens)));
+    policies::Budget budget =
+        policies::Budget::TokensPerLayer(1, static_cast<int64_t>(in.target_tokens));
+    budget.cold = in.cold;
+    auto plan = policy.Decide(view, budget);
     if (!plan.ok()) return plan.status();
     if (!plan->changes()) return out;
     auto g = LowerPlan(view, slots, *plan);

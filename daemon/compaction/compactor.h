@@ -66,6 +66,9 @@ struct CompactionInputs {
   // key_dim]; key_dim 0 = none.
   int key_dim = 0;
   std::vector<float> keys;
+  // Set: a requantization step of the pressure ladder (LadderColdStep),
+  // planned in place of the policy's own cold step.
+  std::optional<policies::ColdStep> cold;
 };
 
 struct CompactionPlan {

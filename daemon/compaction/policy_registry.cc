@@ -41,4 +41,9 @@ PolicyStreams PolicyRegistry::Streams(const std::string& text) {
   return {(*p)->ReadsImportance(), (*p)->ReadsObservation(), (*p)->SelectsPerLayer()};
 }
 
+size_t PolicyRegistry::size() const {
+  absl::MutexLock lock(&mu_);
+  return policies_.size();
+}
+
 }  // namespace polykv::daemon

@@ -43,9 +43,12 @@ class PolicyRegistry {
   absl::StatusOr<const policies::Policy*> Get(const std::string& text) ABSL_LOCKS_EXCLUDED(mu_);
   // Of the policy for `text`; none for a text Get refuses.
   PolicyStreams Streams(const std::string& text) ABSL_LOCKS_EXCLUDED(mu_);
+  // Policies built so far: one per distinct text sessions named (the
+  // ladder's steps are typed data, not texts, so they add none).
+  size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<policies::Policy>> policies_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "absl/strings/str_format.h"
 #include "policies/lowering.h"
 #include "policies/policy.h"
 
@@ -83,27 +82,14 @@ kernels::PageFormat LadderValueFormat(std::optional<kernels::PageFormat> value_f
                      : kernels::PageFormat::kInt4;
 }
 
-absl::StatusOr<std::string> RequantStepPolicy(const std::string& policy_text,
-                                              kernels::PageFormat value_format, uint64_t blocks,
-                                              uint64_t committed_tokens, uint32_t block_tokens) {
+policies::ColdStep LadderColdStep(kernels::PageFormat value_format, uint64_t blocks,
+                                  uint64_t committed_tokens, uint32_t block_tokens) {
   // The cold step takes floor(fraction x slots / block_tokens) blocks; half a
   // block more keeps the rounding off the boundary.
   const double slots = double(std::max<uint64_t>(1, committed_tokens));
   const double fraction = std::min(1.0, (double(blocks) + 0.5) * block_tokens / slots);
-  policies::PolicyParams cold{{"cold.format", std::string(kernels::FormatShortName(value_format))},
-                              {"cold.kind", "v"},
-                              {"cold.fraction", absl::StrFormat("%.9g", fraction)}};
-  policies::PolicyParams windowed = cold;
-  windowed["window.size"] = std::to_string(kLadderRequantWindow);
-  // A policy without a window component refuses window.size.
-  for (const policies::PolicyParams* p : {&windowed, &cold}) {
-    auto text = policies::WithParams(policy_text, *p);
-    if (!text.ok()) return text.status();
-    auto policy = policies::MakePolicyFromText(*text);
-    if (policy.ok()) return *text;
-    if (p == &cold) return policy.status();
-  }
-  return absl::InternalError("unreachable");
+  return policies::ColdStep{value_format, /*keys=*/false, /*values=*/true, fraction,
+                            kLadderRequantWindow};
 }
 
 }  // namespace polykv::daemon

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/page_format.h"
+#include "policies/session_view.h"
 
 namespace polykv::daemon {
 
@@ -71,16 +72,15 @@ kernels::PageFormat LadderValueFormat(std::optional<kernels::PageFormat> value_f
 // window component; its sinks, pins and anchors stay protected too).
 inline constexpr int kLadderRequantWindow = 128;
 
-// The policy a requantization step runs: the agent's `policy_text` with
-// cold.format = `value_format`, cold.kind = v, cold.fraction such that the
-// `blocks` coldest full blocks it does not protect are taken (of
-// `committed_tokens` slots in blocks of `block_tokens`; blocks already in
-// that format count, as the cold step counts them) and, if it has a
-// window, window.size = kLadderRequantWindow. Planned at a budget of all the
-// session's slots, it evicts nothing (the cold step runs within budget,
-// policies/composite.cc). INVALID_ARGUMENT when the text is not a policy.
-absl::StatusOr<std::string> RequantStepPolicy(const std::string& policy_text,
-                                              kernels::PageFormat value_format, uint64_t blocks,
-                                              uint64_t committed_tokens, uint32_t block_tokens);
+// The cold step a requantization step plans with the agent's own policy
+// (CompactionInputs::cold): values to `value_format`, keys kept, a fraction
+// such that the `blocks` coldest full blocks it does not protect are taken
+// (of `committed_tokens` slots in blocks of `block_tokens`; blocks already in
+// that format count, as the cold step counts them) and, where the policy has
+// a window, kLadderRequantWindow recent slots kept. Planned at a budget of
+// all the session's slots, it evicts nothing (the cold step runs within
+// budget, policies/composite.cc).
+policies::ColdStep LadderColdStep(kernels::PageFormat value_format, uint64_t blocks,
+                                  uint64_t committed_tokens, uint32_t block_tokens);
 
 }  // namespace polykv::daemon

@@ -503,11 +503,13 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
                     kernels::FormatBits(to);
         }
         const uint64_t epoch = s.tables.epoch;
-        auto text =
-            RequantStepPolicy(qos.policy, to, blocks, s.tables.committed_tokens, s.block_tokens);
-        auto st = text.ok() ? Compact(s, *text, s.tables.committed_tokens) : text.status();
+        const policies::ColdStep step =
+            LadderColdStep(to, blocks, s.tables.committed_tokens, s.block_tokens);
+        auto st = Compact(s, qos.policy, s.tables.committed_tokens, step);
         if (absl::IsNotFound(st)) return st;
-        if (!st.ok()) CompactionFailed(s, {s.tables.committed_tokens, s.policy.reports, *text}, st);
+        if (!st.ok()) {
+          CompactionFailed(s, {s.tables.committed_tokens, s.policy.reports, qos.policy}, st);
+        }
         if (s.tables.epoch == epoch) s.policy.requant_idle_at = s.tables.committed_tokens;
       }
     }
@@ -636,9 +638,8 @@ absl::Status KvPool::FinishDoomed(Session& s) {
       absl::StrCat("session ", id, " was closed or evicted while a call worked on its pages"));
 }
 
-absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_t target) {
-  // Metrics name the agent's policy (a requantization step runs a variant).
-  const std::string policy_name = admission_.For(s.agent_id()).policy;
+absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_t target,
+                             std::optional<policies::ColdStep> cold) {
   auto policy = policies_.Get(policy_text);
   if (!policy.ok()) return policy.status();
   const QosRecord& qos = admission_.For(s.agent_id());
@@ -654,6 +655,7 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
   in.value_floor = qos.value_floor;
   in.current_turn = s.policy.current_turn;
   in.target_tokens = target;
+  in.cold = cold;
   const uint32_t layers = s.profile.num_layers;
   in.layer_offsets = LayerOffsets(s.tables.blocks, layers, s.block_tokens);
   if (auto st = CheckLayerOffsets(**policy, in.layer_offsets); !st.ok()) return st;
@@ -719,7 +721,7 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
       shapes.push_back(*std::move(shape));
     } else {
       failure = absl::FailedPreconditionError(
-          absl::StrCat("policy '", policy_name, "' requantizes: ", shape.status().message()));
+          absl::StrCat("policy '", policy_text, "' requantizes: ", shape.status().message()));
     }
   }
   if (failure.ok()) failure = StageBlocks(s, shapes, /*in_flight=*/false);
@@ -807,11 +809,11 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
   s.policy.log_count_bias = plan->groups.log_count_bias;
   s.policy.want_tokens = 0;
   s.busy = false;
-  ++compactions_[policy_name];
-  evicted_tokens_[policy_name] += plan->groups.evicted_tokens;
-  merged_tokens_[policy_name] += plan->groups.merged_tokens;
+  ++compactions_[policy_text];
+  evicted_tokens_[policy_text] += plan->groups.evicted_tokens;
+  merged_tokens_[policy_text] += plan->groups.merged_tokens;
   s.events->Push({SessionEventMsg::Type::kEpoch, t.epoch,
-                  absl::StrCat("compacted by policy '", policy_name, "' to ", t.committed_tokens,
+                  absl::StrCat("compacted by policy '", policy_text, "' to ", t.committed_tokens,
                                " slots; Sync then Ack")});
   return absl::OkStatus();
 }
@@ -1297,7 +1299,7 @@ std::vector<std::string> KvPool::RunPressureLadder() {
 void KvPool::DescribeRequant(const Session& s, LadderCandidate& c) const {
   if (s.tables.committed_tokens < s.policy.requant_idle_at + s.block_tokens) return;
   const PageFormat to = LadderValueFormat(admission_.For(s.agent_id()).value_floor);
-  // The recent window stays (RequantStepPolicy); so does the fill block.
+  // The recent window stays (LadderColdStep); so does the fill block.
   const size_t full = s.tables.committed_tokens / s.block_tokens;
   const size_t window = kLadderRequantWindow / s.block_tokens;
   if (full <= window) return;

@@ -226,13 +226,14 @@ class KvPool {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Frees a quarantined session's pages and forgets it.
   void ReleaseQuarantined(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs `policy_text` (the agent's policy, or the ladder's requantization
-  // step) down to `target` tokens and, when the plan changes anything, writes
-  // NEW pages and publishes them at epoch + 1; the old tables become pending.
-  // Releases mu_ while deciding and copying.
+  // Runs `policy_text` (the agent's policy) down to `target` tokens, with
+  // the ladder's requantization step `cold` if set, and, when the plan
+  // changes anything, writes NEW pages and publishes them at epoch + 1; the
+  // old tables become pending. Releases mu_ while deciding and copying.
   // NOT_FOUND when the session was destroyed meanwhile (then `s` is gone).
   // REQUIRES: no pending tables, not busy.
-  absl::Status Compact(Session& s, const std::string& policy_text, uint64_t target)
+  absl::Status Compact(Session& s, const std::string& policy_text, uint64_t target,
+                       std::optional<policies::ColdStep> cold = std::nullopt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves s's blocks that have pages in arenas being vacated
   // (BlockPool::InVacatingArena) into new pages, byte for byte, and

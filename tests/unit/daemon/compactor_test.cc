@@ -2,6 +2,8 @@
 // to how many tokens (CompactionTarget), and what a plan keeps, shares and
 // copies (PlanCompaction) with real policies. No pool, no memory.
 #include "daemon/compaction/compactor.h"
+#include "daemon/compaction/policy_registry.h"
+#include "daemon/compaction/pressure_ladder.h"
 
 #include <gtest/gtest.h>
 
@@ -331,6 +333,38 @@ TEST(PlanCompactionTest, RequantizedBlocksGetNewPagesInTheirFormat) {
   const auto view = BuildView(next, again.shape, again.formats, 0);
   EXPECT_EQ(view.layers[0].slots[0].v_format, F::kInt4);
   EXPECT_EQ(view.layers[0].slots[16].v_format, F::kF16);
+}
+
+// The ladder's requantization step is typed data (CompactionInputs::cold),
+// not a policy text of its own: it plans what the agent's policy with those
+// cold.* and window.size parameters plans, and 10^4 steps of different
+// fractions leave the registry with the one policy sessions named.
+TEST(PlanCompactionTest, ALadderStepPlansAsThePolicyWithItsColdParametersAndAddsNoPolicy) {
+  using F = kernels::PageFormat;
+  for (int64_t window : {-1, 16}) {
+    CompactionInputs step = In(64);  // a budget of every slot: nothing evicted
+    step.cold = policies::ColdStep{F::kInt4, false, true, 0.34, window};
+    policies::PolicyParams params{{"cold.format", "int4"}, {"cold.fraction", "0.34"}};
+    if (window >= 0) params["window.size"] = std::to_string(window);
+    auto typed = PlanCompaction(*Policy("h2o"), ColdSecondBlock(), step);
+    auto text = PlanCompaction(*Policy("h2o", params), ColdSecondBlock(), In(64));
+    ASSERT_TRUE(typed.ok()) << typed.status();
+    ASSERT_TRUE(text.ok()) << text.status();
+    EXPECT_TRUE(typed->changes) << window;
+    EXPECT_EQ(typed->groups.block_v_formats, text->groups.block_v_formats) << window;
+    EXPECT_EQ(typed->groups.block_k_formats, text->groups.block_k_formats) << window;
+    EXPECT_EQ(typed->groups.members, text->groups.members) << window;
+    EXPECT_EQ(typed->shared, text->shared) << window;
+  }
+  PolicyRegistry registry;
+  for (uint64_t i = 0; i < 10000; ++i) {
+    CompactionInputs step = In(64);
+    step.cold = LadderColdStep(F::kInt4, 2, 64 + i, kBt);  // a new fraction each time
+    auto policy = registry.Get("h2o");
+    ASSERT_TRUE(policy.ok()) << policy.status();
+    ASSERT_TRUE(PlanCompaction(**policy, ColdSecondBlock(), step).ok()) << i;
+  }
+  EXPECT_EQ(registry.size(), 1u);
 }
 
 TEST(PlanCompactionTest, NoBlockIsStoredBelowTheQosFloorOrTheFillFormatWhileFilling) {

@@ -182,27 +182,19 @@ TEST(PressureLadderTest, RequantizationComesBeforeCompaction) {
   EXPECT_FALSE(s.refuse);
 }
 
-TEST(PressureLadderTest, TheRequantizationStepIsTheAgentsPolicyWithColdValues) {
+TEST(PressureLadderTest, TheRequantizationStepIsAColdStepOfValues) {
   using F = kernels::PageFormat;
   EXPECT_EQ(LadderValueFormat(std::nullopt), F::kInt4);
   EXPECT_EQ(LadderValueFormat(F::kInt8), F::kInt8);  // a floor finer than int4 wins
   EXPECT_EQ(LadderValueFormat(F::kInt2), F::kInt4);
   // 10 of 100 blocks of 16: fraction (10 + 0.5) x 16 / 1600.
-  EXPECT_EQ(RequantStepPolicy("window", F::kInt4, 10, 1600, 16).value(),
-            "window{cold.format=int4,cold.fraction=0.105,cold.kind=v,window.size=128}");
-  EXPECT_EQ(RequantStepPolicy("h2o{window.size=64,cold.format=int8}", F::kInt4, 200, 1600, 16)
-                .value(),
-            "h2o{cold.format=int4,cold.fraction=1,cold.kind=v,window.size=128}");
-  // No window component: no window.size.
-  EXPECT_EQ(RequantStepPolicy("structural", F::kInt8, 100, 1600, 16).value(),
-            "structural{cold.format=int8,cold.fraction=1,cold.kind=v}");
-  for (const char* text : {"window", "h2o", "hybrid", "merge", "structural", "intent"}) {
-    auto t = RequantStepPolicy(text, F::kInt4, 3, 1600, 16);
-    ASSERT_TRUE(t.ok()) << text << ": " << t.status();
-    EXPECT_TRUE(ValidatePolicyName(*t).ok()) << *t;
-  }
-  EXPECT_EQ(RequantStepPolicy("nope", F::kInt4, 1, 16, 16).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  const policies::ColdStep step = LadderColdStep(F::kInt4, 10, 1600, 16);
+  EXPECT_EQ(step.format, F::kInt4);
+  EXPECT_FALSE(step.keys);
+  EXPECT_TRUE(step.values);
+  EXPECT_DOUBLE_EQ(step.fraction, 0.105);
+  EXPECT_EQ(step.window, kLadderRequantWindow);
+  EXPECT_DOUBLE_EQ(LadderColdStep(F::kInt8, 200, 1600, 16).fraction, 1.0);
 }
 
 // A per-layer allocator acts layer-uniform in the daemon, and QoS says so,
