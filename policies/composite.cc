@@ -132,6 +132,25 @@ struct Config {
   MergeOptions merge;
   std::optional<ColdStep> cold;  // cold.*: unset when cold.format is none
 
+  // What the decision path reads, parsed once by Resolve: never a parameter
+  // looked up by name while deciding.
+  enum class Scorer : uint8_t { kH2o, kSnapkv, kStructural, kIntent, kKvzip };
+  struct Scoring {
+    Scorer kind;
+    double weight;  // <component>.weight
+  };
+  std::vector<Scoring> scorers;  // in component order
+  int64_t sinks = -1;            // sinks.count; -1: no sinks component
+  bool anchor_system = false, anchor_first_user = false;
+  bool window = false, window_auto = true;
+  double window_ratio = 0;
+  int64_t window_size = 0;
+  int snapkv_half = 0;  // snapkv.kernel / 2
+  bool structural = false;
+  float structural_alpha = 0, structural_beta = 0, structural_gamma = 0, structural_boundary = 0;
+  double structural_tau = 1;
+  double intent_min_turns = 0, intent_min_tokens = 0;
+
   bool has(std::string_view c) const {
     return std::find(components.begin(), components.end(), c) != components.end();
   }
@@ -146,6 +165,37 @@ struct Config {
                        [](const std::string& c) { return IsScoring(c); });
   }
 };
+
+// Config's typed fields from its components and values (validated already).
+void ResolveTyped(Config& cfg) {
+  for (const std::string& c : cfg.components) {
+    const double weight = cfg.num(c + ".weight");
+    using S = Config::Scorer;
+    if (c == "h2o") cfg.scorers.push_back({S::kH2o, weight});
+    if (c == "snapkv") cfg.scorers.push_back({S::kSnapkv, weight});
+    if (c == "structural") cfg.scorers.push_back({S::kStructural, weight});
+    if (c == "intent") cfg.scorers.push_back({S::kIntent, weight});
+    if (c == "kvzip") cfg.scorers.push_back({S::kKvzip, weight});
+  }
+  if (cfg.has("sinks")) cfg.sinks = static_cast<int64_t>(cfg.num("sinks.count"));
+  cfg.anchor_system = cfg.has("anchors") && cfg.num("anchors.system") != 0;
+  cfg.anchor_first_user = cfg.has("anchors") && cfg.num("anchors.first_user") != 0;
+  cfg.window = cfg.has("window");
+  if (cfg.window) {
+    cfg.window_auto = cfg.values.at("window.size") == "auto";
+    cfg.window_ratio = cfg.num("window.ratio");
+    if (!cfg.window_auto) cfg.window_size = static_cast<int64_t>(cfg.num("window.size"));
+  }
+  cfg.snapkv_half = std::max(0, static_cast<int>(cfg.num("snapkv.kernel")) / 2);
+  cfg.structural = cfg.has("structural");
+  cfg.structural_alpha = static_cast<float>(cfg.num("structural.alpha"));
+  cfg.structural_beta = static_cast<float>(cfg.num("structural.beta"));
+  cfg.structural_gamma = static_cast<float>(cfg.num("structural.gamma"));
+  cfg.structural_boundary = static_cast<float>(cfg.num("structural.boundary"));
+  cfg.structural_tau = std::max(1.0, cfg.num("structural.tau"));
+  cfg.intent_min_turns = cfg.num("intent.min_turns");
+  cfg.intent_min_tokens = cfg.num("intent.min_tokens");
+}
 
 absl::StatusOr<Config> Resolve(std::string_view spec, const PolicyParams& overrides) {
   Config cfg;
@@ -268,6 +318,7 @@ absl::StatusOr<Config> Resolve(std::string_view spec, const PolicyParams& overri
     return absl::InvalidArgumentError(
         absl::StrCat("trigger must be a finite ratio >= 1, got ", cfg.values["trigger"]));
   }
+  ResolveTyped(cfg);
   std::vector<std::string> kv;
   for (const auto& [k, v] : cfg.values) kv.push_back(absl::StrCat(k, "=", v));
   cfg.spec = absl::StrCat(cfg.full ? "full" : absl::StrJoin(cfg.components, "+"), "{",
@@ -467,11 +518,11 @@ class CompositePolicy final : public Policy {
     w.cold = budget.cold ? budget.cold : cfg_.cold;
     MarkTokens(view, stats, &w);
     w.recency.clear();
-    if (!reference_ && cfg_.has("structural")) {
-      const double tau = std::max(1.0, cfg_.num("structural.tau"));
+    if (!reference_ && cfg_.structural) {
       w.recency.resize(view.tokens.size());
       for (size_t t = 0; t < view.tokens.size(); ++t) {
-        w.recency[t] = Recency(stats.newest_position, view.tokens[t].position, tau);
+        w.recency[t] =
+            Recency(stats.newest_position, view.tokens[t].position, cfg_.structural_tau);
       }
     }
     for (int l = 0; l < view.num_layers(); ++l) {
@@ -527,9 +578,9 @@ class CompositePolicy final : public Policy {
     const size_t num_tokens = view.tokens.size();
     w->token_tier.resize(num_tokens);
     w->token_cls.resize(num_tokens);
-    const int64_t sinks = cfg_.has("sinks") ? static_cast<int64_t>(cfg_.num("sinks.count")) : -1;
-    const bool sys = cfg_.has("anchors") && cfg_.num("anchors.system") != 0;
-    const bool first = cfg_.has("anchors") && cfg_.num("anchors.first_user") != 0;
+    const int64_t sinks = cfg_.sinks;
+    const bool sys = cfg_.anchor_system;
+    const bool first = cfg_.anchor_first_user;
     const TokenMeta* tokens = view.tokens.data();
     uint8_t* tier = w->token_tier.data();
     uint8_t* cls = w->token_cls.data();
@@ -570,10 +621,9 @@ class CompositePolicy final : public Policy {
       hard += token_tier[t] == kTierHard;
     }
     w->hard = hard;
-    if (cfg_.has("window")) {
-      const bool automatic = cfg_.values.at("window.size") == "auto";
-      int64_t win = automatic ? static_cast<int64_t>(std::floor(cfg_.num("window.ratio") * budget))
-                              : static_cast<int64_t>(cfg_.num("window.size"));
+    if (cfg_.window) {
+      int64_t win = cfg_.window_auto ? static_cast<int64_t>(std::floor(cfg_.window_ratio * budget))
+                                     : cfg_.window_size;
       if (w->cold && w->cold->window >= 0) win = w->cold->window;  // the caller's step
       const int64_t room = std::max<int64_t>(0, budget - w->hard);
       const int64_t reserve = std::min(cfg_.pool, room);
@@ -607,12 +657,11 @@ class CompositePolicy final : public Policy {
     w->score.assign(n, 0.f);
     std::vector<float>& raw = w->raw;
     raw.resize(n);
-    for (const std::string& c : cfg_.components) {
-      if (!IsScoring(c)) continue;
-      const double weight = cfg_.num(c + ".weight");
-      if (c == "h2o") {
+    using S = Config::Scorer;
+    for (const Config::Scoring& c : cfg_.scorers) {
+      if (c.kind == S::kH2o) {
         for (size_t i = 0; i < n; ++i) raw[i] = slots[i].attn;
-      } else if (c == "snapkv") {
+      } else if (c.kind == S::kSnapkv) {
         bool any = false;
         for (size_t i = 0; i < n; ++i) any |= slots[i].obs != 0.f;
         // Without observation scores (no user/tool turn ended yet) SnapKV has
@@ -620,14 +669,11 @@ class CompositePolicy final : public Policy {
         std::vector<float>& src = w->src;
         src.resize(n);
         for (size_t i = 0; i < n; ++i) src[i] = any ? slots[i].obs : slots[i].attn;
-        const int half = std::max(0, static_cast<int>(cfg_.num("snapkv.kernel")) / 2);
-        MaxPool(src, half, &raw);
-      } else if (c == "structural") {
-        const float a = static_cast<float>(cfg_.num("structural.alpha"));
-        const float b = static_cast<float>(cfg_.num("structural.beta"));
-        const float g = static_cast<float>(cfg_.num("structural.gamma"));
-        const double tau = std::max(1.0, cfg_.num("structural.tau"));
-        const float bonus = static_cast<float>(cfg_.num("structural.boundary"));
+        MaxPool(src, cfg_.snapkv_half, &raw);
+      } else if (c.kind == S::kStructural) {
+        const float a = cfg_.structural_alpha, b = cfg_.structural_beta, g = cfg_.structural_gamma;
+        const double tau = cfg_.structural_tau;
+        const float bonus = cfg_.structural_boundary;
         float amax = 0.f;
         for (const Slot& s : slots) amax = std::max(amax, std::isfinite(s.attn) ? s.attn : 0.f);
         const float ainv = amax > 0 ? 1.f / amax : 0.f;
@@ -641,14 +687,14 @@ class CompositePolicy final : public Policy {
                                 : w->recency[slots[i].token];
           raw[i] = a * s + b * att + g * rec;
         }
-      } else if (c == "intent") {
-        const bool pays = stats.num_turns > cfg_.num("intent.min_turns") ||
-                          static_cast<double>(view.tokens.size()) > cfg_.num("intent.min_tokens");
+      } else if (c.kind == S::kIntent) {
+        const bool pays = stats.num_turns > cfg_.intent_min_turns ||
+                          static_cast<double>(view.tokens.size()) > cfg_.intent_min_tokens;
         for (size_t i = 0; i < n; ++i) raw[i] = pays ? slots[i].intent : slots[i].attn;
-      } else if (c == "kvzip") {
+      } else if (c.kind == S::kKvzip) {
         for (size_t i = 0; i < n; ++i) raw[i] = slots[i].importance;
       }
-      AddNormalized(raw, weight, &w->score);
+      AddNormalized(raw, c.weight, &w->score);
     }
   }
 
