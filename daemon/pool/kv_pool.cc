@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/compaction/pressure_ladder.h"
+#include "daemon/pool/compaction_run.h"
 #include "daemon/pool/token.h"
 #include "daemon/pool/validation.h"
 #include "policies/policy.h"
@@ -45,11 +46,6 @@ uint32_t DrawInstance() {
   uint32_t v = 0;
   if (getrandom(&v, sizeof(v), 0) != sizeof(v)) v = static_cast<uint32_t>(time(nullptr));
   return v == 0 ? 1 : v;
-}
-
-kernels::PageShape ShapeOf(const Session& s) {
-  return {static_cast<int>(s.block_tokens), static_cast<int>(s.profile.num_kv_heads),
-          static_cast<int>(s.profile.head_dim)};
 }
 
 // A layer's pages start at its first block and go on to the end of the
@@ -548,15 +544,6 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
   return out;
 }
 
-kernels::BlockEntry KvPool::EntryOf(const Session& s, const Block& block, uint32_t layer) const {
-  kernels::BlockEntry e;
-  e.k_offset = blocks_.HostAddress(s.tenant(), block.pages[2 * layer]);
-  e.v_offset = blocks_.HostAddress(s.tenant(), block.pages[2 * layer + 1]);
-  e.k_format = block.shape.key_format;
-  e.v_format = block.shape.value_format;
-  return e;
-}
-
 absl::StatusOr<std::vector<Block>> KvPool::AllocateForReserve(Session& s, uint64_t count) {
   if (count <= kBlocksPerStep) {
     return blocks_.Allocate(s.account, s.shape, count, /*zero=*/true,
@@ -642,129 +629,29 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
                              std::optional<policies::ColdStep> cold) {
   auto policy = policies_.Get(policy_text);
   if (!policy.ok()) return policy.status();
-  const QosRecord& qos = admission_.For(s.agent_id());
-  CompactionInputs in;
-  in.shape = ShapeOf(s);
-  in.formats.fill_k = s.shape.key_format;
-  in.formats.fill_v = s.shape.value_format;
-  for (const Block& b : s.tables.blocks) {
-    in.formats.k.push_back(b.shape.key_format);
-    in.formats.v.push_back(b.shape.value_format);
-  }
-  in.key_floor = qos.key_floor;
-  in.value_floor = qos.value_floor;
-  in.current_turn = s.policy.current_turn;
-  in.target_tokens = target;
-  in.cold = cold;
-  const uint32_t layers = s.profile.num_layers;
-  in.layer_offsets = LayerOffsets(s.tables.blocks, layers, s.block_tokens);
-  if (auto st = CheckLayerOffsets(**policy, in.layer_offsets); !st.ok()) return st;
-  // Merging policies cluster by key: their pages are read while unlocked
-  // below (they stay allocated: the session is busy).
-  std::vector<std::vector<kernels::BlockEntry>> key_tables;
-  const int num_src = static_cast<int>(s.tables.committed_tokens);
-  const size_t src_blocks = (s.tables.committed_tokens + s.block_tokens - 1) / s.block_tokens;
-  if ((*policy)->ReadsKeys()) {
-    for (uint32_t l : KeySummaryLayers(layers)) {
-      auto& t = key_tables.emplace_back();
-      for (size_t b = 0; b < src_blocks; ++b) t.push_back(EntryOf(s, s.tables.blocks[b], l));
-      for (const kernels::BlockEntry& e : t) {
-        if (e.k_offset == 0) return absl::UnimplementedError(
-            "merging over device (CUDA) arenas is not implemented yet");
-      }
-    }
-  }
-  // From here until the end the session cannot change: its worker is in
-  // this Sync, its other mutating calls are refused while `busy`, and
-  // Close / evict / lease reclaim are deferred (`doomed`). Its pages, old
-  // and new, stay allocated, so their arenas stay mapped.
-  // The slot records are read in place: nothing writes them while busy.
+  CompactionRun run(**policy, policy_text, target, cold, options_.superblock_bytes);
+  if (auto st = run.Prepare(s, admission_.For(s.agent_id()), blocks_); !st.ok()) return st;
+  // From here until the end the session cannot change (compaction_run.h).
   s.busy = true;
   mu_.Unlock();
-  absl::Status keys_read;
-  if (!key_tables.empty()) {
-    keys_read = ReadKeySummaries(in.shape, num_src, key_tables, in.keys);
-    if (keys_read.ok()) in.key_dim = static_cast<int>(key_tables.size()) * in.shape.head_dim;
-  }
-  absl::StatusOr<CompactionPlan> plan =
-      keys_read.ok() ? PlanCompaction(**policy, s.policy.slots, s.policy.upper_layers, in)
-                     : absl::StatusOr<CompactionPlan>(keys_read);
+  absl::StatusOr<bool> changes = run.Decide(s);
   mu_.Lock();
   if (s.doomed) return FinishDoomed(s);
-  if (!plan.ok() || !plan->changes) {
+  if (!changes.ok() || !*changes) {
     s.busy = false;
-    return plan.status();
+    return changes.status();
   }
-
   // New pages for the output blocks that are not shared, a few blocks per
   // hold of the lock. Compaction is not a reservation (it shrinks the
   // session), so quotas do not apply, but the pool budget does. They are
   // the session's (staged) from allocation on, so counts stay exact.
-  const size_t out_blocks = plan->out_blocks();
-  // Whether output block j holds layer l's pages (right-aligned layers; a
-  // plan over one record list has one offset, for every layer).
-  auto holds = [&](size_t j, uint32_t l) {
-    const auto& o = plan->layer_offsets;
-    return j * s.block_tokens >= o[o.size() == 1 ? 0 : l];
-  };
-  std::vector<BlockShape> shapes;  // of the new blocks, in order
-  absl::Status failure;
-  for (size_t j = 0; j < out_blocks && failure.ok(); ++j) {
-    if (plan->shared[j] >= 0) continue;
-    std::vector<bool> present(layers);
-    uint32_t count = 0;
-    for (uint32_t l = 0; l < layers; ++l) count += present[l] = holds(j, l);
-    auto shape = MakeBlockShape(count, in.shape, plan->block_k_formats[j],
-                                plan->block_v_formats[j], options_.superblock_bytes);
-    if (shape.ok()) {
-      if (count < layers) shape->present = std::move(present);
-      shapes.push_back(*std::move(shape));
-    } else {
-      failure = absl::FailedPreconditionError(
-          absl::StrCat("policy '", policy_text, "' requantizes: ", shape.status().message()));
-    }
-  }
-  if (failure.ok()) failure = StageBlocks(s, shapes, /*in_flight=*/false);
+  auto shapes = run.NewShapes(s);
+  absl::Status failure = shapes.ok() ? StageBlocks(s, *shapes, /*in_flight=*/false) : shapes.status();
   if (s.doomed) return FinishDoomed(s);
-  std::vector<int64_t> added(out_blocks, -1);  // [out block] index into staged, or -1
-  for (size_t j = 0, next = 0; j < out_blocks && next < s.tables.staged.size(); ++j) {
-    if (plan->shared[j] < 0) added[j] = static_cast<int64_t>(next++);
-  }
-  // Page addresses per layer, of the blocks it holds; device arenas have
-  // none (not implemented).
-  std::vector<const CompactionGroups*> groups{&plan->copy};
-  for (const CompactionGroups& g : plan->upper_copy) groups.push_back(&g);
-  std::vector<LayerTables> tables(layers);
-  bool copies = false;
-  for (const CompactionGroups* g : groups) copies |= g->num_out() > 0;
-  if (failure.ok() && copies) {
-    for (uint32_t l = 0; l < layers; ++l) {
-      const size_t first = in.layer_offsets[l] / s.block_tokens;
-      for (size_t b = first; b < src_blocks; ++b) {
-        tables[l].src.push_back(EntryOf(s, s.tables.blocks[b], l));
-      }
-      tables[l].num_src = num_src - static_cast<int>(in.layer_offsets[l]);
-      for (size_t j = 0; j < out_blocks; ++j) {
-        if (added[j] >= 0 && holds(j, l)) {
-          tables[l].dst.push_back(EntryOf(s, s.tables.staged[size_t(added[j])], l));
-        }
-      }
-    }
-    for (const LayerTables& lt : tables) {
-      for (const auto* list : {&lt.src, &lt.dst}) {
-        for (const kernels::BlockEntry& e : *list) {
-          if (e.k_offset == 0 || e.v_offset == 0) {
-            failure = absl::UnimplementedError(
-                "compaction of device (CUDA) arenas is not implemented yet");
-          }
-        }
-      }
-    }
-  }
-  if (failure.ok() && copies) {
-    const auto shape = ShapeOf(s);
+  if (failure.ok()) failure = run.Address(s, blocks_);
+  if (failure.ok()) {
     mu_.Unlock();
-    failure = ExecuteCompaction(shape, tables, groups);
+    failure = run.Copy(s);
     mu_.Lock();
     if (s.doomed) return FinishDoomed(s);
   }
@@ -773,48 +660,20 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
     s.busy = false;
     return failure;
   }
-
-  // Publish at epoch + 1. Old blocks the new table does not share stay
-  // allocated until the worker acks it.
-  BlockTables& t = s.tables;
-  std::vector<Block> old = std::move(t.blocks);
-  t.blocks.clear();
-  for (size_t j = 0; j < out_blocks; ++j) {
-    if (plan->shared[j] >= 0) {
-      t.blocks.push_back(std::move(old[size_t(plan->shared[j])]));
-      old[size_t(plan->shared[j])].pages.clear();
-    } else {
-      t.blocks.push_back(std::move(t.staged[size_t(added[j])]));
-    }
-  }
-  t.staged.clear();
-  t.pending.clear();
-  t.pending_bytes = 0;
-  for (Block& block : old) {
-    if (block.empty()) continue;
-    t.pending_bytes += block.bytes();
-    t.pending.push_back(std::move(block));
-  }
-  pending_bytes_ += t.pending_bytes;
-  const uint64_t shared = plan->shared_blocks();
-  shared_blocks_ += shared;
-  copied_blocks_ += out_blocks - shared;
-  ++t.epoch;
-  t.pending_epoch = t.epoch;
-  t.committed_tokens = plan->num_out;
-  s.policy.slots = std::move(plan->records[0]);
-  for (size_t l = 1; l < plan->records.size(); ++l) {
-    s.policy.upper_layers[l - 1] = std::move(plan->records[l]);
-  }
-  s.policy.log_count_bias = plan->groups.log_count_bias;
-  s.policy.want_tokens = 0;
+  // Old blocks the new table does not share stay allocated until the
+  // worker acks it.
+  uint64_t pending = 0;
+  const CompactionRun::Published done = run.Publish(s, &pending);
+  pending_bytes_ += pending;
+  shared_blocks_ += done.shared_blocks;
+  copied_blocks_ += done.copied_blocks;
   s.busy = false;
   ++compactions_[policy_text];
-  evicted_tokens_[policy_text] += plan->groups.evicted_tokens;
-  merged_tokens_[policy_text] += plan->groups.merged_tokens;
-  s.events->Push({SessionEventMsg::Type::kEpoch, t.epoch,
-                  absl::StrCat("compacted by policy '", policy_text, "' to ", t.committed_tokens,
-                               " slots; Sync then Ack")});
+  evicted_tokens_[policy_text] += done.evicted_tokens;
+  merged_tokens_[policy_text] += done.merged_tokens;
+  s.events->Push({SessionEventMsg::Type::kEpoch, s.tables.epoch,
+                  absl::StrCat("compacted by policy '", policy_text, "' to ",
+                               s.tables.committed_tokens, " slots; Sync then Ack")});
   return absl::OkStatus();
 }
 
@@ -1307,7 +1166,7 @@ void KvPool::DescribeRequant(const Session& s, LadderCandidate& c) const {
   // The requantized shape of the session's key format; a block whose keys
   // were stored otherwise gets its own.
   const absl::StatusOr<BlockShape> fill = MakeBlockShape(
-      s.profile.num_layers, ShapeOf(s), s.shape.key_format, to, options_.superblock_bytes);
+      s.profile.num_layers, s.page_shape(), s.shape.key_format, to, options_.superblock_bytes);
   uint64_t saved = 0;
   for (size_t b = 0; b < cold; ++b) {
     const Block& block = s.tables.blocks[b];
@@ -1315,7 +1174,7 @@ void KvPool::DescribeRequant(const Session& s, LadderCandidate& c) const {
     const absl::StatusOr<BlockShape> shape =
         block.shape.key_format == s.shape.key_format
             ? fill
-            : MakeBlockShape(block.shape.layers, ShapeOf(s), block.shape.key_format, to,
+            : MakeBlockShape(block.shape.layers, s.page_shape(), block.shape.key_format, to,
                              options_.superblock_bytes);
     if (!shape.ok() || shape->bytes() >= block.bytes()) continue;
     ++c.requant_blocks;

@@ -227,9 +227,10 @@ class KvPool {
   // Frees a quarantined session's pages and forgets it.
   void ReleaseQuarantined(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `policy_text` (the agent's policy) down to `target` tokens, with
-  // the ladder's requantization step `cold` if set, and, when the plan
-  // changes anything, writes NEW pages and publishes them at epoch + 1; the
-  // old tables become pending. Releases mu_ while deciding and copying.
+  // the ladder's requantization step `cold` if set: a CompactionRun, whose
+  // phases this sequences with the lock (compaction_run.h). When the plan
+  // changes anything, NEW pages are published at epoch + 1; the old tables
+  // become pending.
   // NOT_FOUND when the session was destroyed meanwhile (then `s` is gone).
   // REQUIRES: no pending tables, not busy.
   absl::Status Compact(Session& s, const std::string& policy_text, uint64_t target,
@@ -247,9 +248,6 @@ class KvPool {
   // last requantization step found nothing and no block has filled since).
   void DescribeRequant(const Session& s, LadderCandidate& c) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Host addresses of the block's layer-`layer` pages (0 for device arenas).
-  kernels::BlockEntry EntryOf(const Session& s, const Block& block, uint32_t layer) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // `count` new blocks for a Reserve of `s`, all or nothing; more than a few
   // are allocated in steps, yielding the lock between them. NOT_FOUND when
   // `s` was destroyed meanwhile (then it is gone).

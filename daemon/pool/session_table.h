@@ -126,6 +126,11 @@ struct Session {
   const std::string& agent_id() const { return account.agent_id; }
   const std::string& tenant() const { return account.tenant; }
   uint64_t reserved_tokens() const { return uint64_t(tables.blocks.size()) * block_tokens; }
+  // One page's shape: block_tokens rows of num_kv_heads x head_dim.
+  kernels::PageShape page_shape() const {
+    return {static_cast<int>(block_tokens), static_cast<int>(profile.num_kv_heads),
+            static_cast<int>(profile.head_dim)};
+  }
 };
 
 // What is left of a session taken from a live worker (kv_pool.h, Quarantine):

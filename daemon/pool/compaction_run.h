@@ -1,0 +1,99 @@
+// CompactionRun: one compaction of one session, started by KvPool::Sync at
+// the worker's step boundary. Its phases say where the pool's lock is held;
+// KvPool takes or releases the lock between them and checks that the session
+// was not closed meanwhile (docs/compaction.md):
+//
+//   Prepare     locked    inputs from the session: formats, layer offsets,
+//                         the pages of keys a merging policy reads
+//   Decide      unlocked  the policy's plan over the session's slot records
+//   NewShapes   locked    shapes of the output blocks written anew (KvPool
+//                         stages their pages in steps)
+//   Address     locked    page addresses of the source and staged blocks
+//   Copy        unlocked  the kernels' gather, merge and requantization
+//   Publish     locked    the new tables at epoch + 1, the old ones pending
+//
+// Between Prepare and Publish the session is busy (session_table.h): its
+// other mutating calls are refused and its destruction deferred, so what the
+// unlocked phases read — slot records and pages — cannot change under them.
+//
+// Thread-safety: none; one run belongs to one Sync.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/compaction/compactor.h"
+#include "daemon/compaction/executor.h"
+#include "daemon/pool/block_pool.h"
+#include "daemon/pool/session_table.h"
+#include "daemon/pool/types.h"
+#include "policies/policy.h"
+
+namespace polykv::daemon {
+
+class CompactionRun {
+ public:
+  // `policy` (of `policy_text`, the agent's) down to `target` tokens, with
+  // the ladder's requantization step `cold` when set.
+  CompactionRun(const policies::Policy& policy, std::string policy_text, uint64_t target,
+                std::optional<policies::ColdStep> cold, uint64_t superblock_bytes)
+      : policy_(policy),
+        policy_text_(std::move(policy_text)),
+        target_(target),
+        cold_(cold),
+        superblock_bytes_(superblock_bytes) {}
+
+  const std::string& policy_text() const { return policy_text_; }
+
+  // Locked. The plan's inputs; FAILED_PRECONDITION when the policy cannot
+  // run over s's layers, UNIMPLEMENTED for keys in device arenas.
+  absl::Status Prepare(const Session& s, const QosRecord& qos, const BlockPool& blocks);
+  // Unlocked (s busy). Reads the keys Prepare located and plans; false when
+  // the plan changes nothing (then the run is over).
+  absl::StatusOr<bool> Decide(const Session& s);
+  // Locked. The shapes of the output blocks that are not shared with old
+  // ones, in order: KvPool stages them into s.tables.staged.
+  absl::StatusOr<std::vector<BlockShape>> NewShapes(const Session& s) const;
+  // Locked, once the new blocks are staged. Where the copy reads and writes;
+  // UNIMPLEMENTED for device arenas.
+  absl::Status Address(const Session& s, const BlockPool& blocks);
+  // Unlocked (s busy). Writes the new pages from the old ones.
+  absl::Status Copy(const Session& s) const;
+
+  // What Publish changed, for the pool's counters.
+  struct Published {
+    uint64_t shared_blocks = 0;
+    uint64_t copied_blocks = 0;
+    uint64_t evicted_tokens = 0;
+    uint64_t merged_tokens = 0;
+  };
+  // Locked. s's new tables (shared old blocks and its staged ones) at epoch
+  // + 1 and its new slot records; the old blocks not shared become pending
+  // until the worker acks. Returns the pending bytes added.
+  Published Publish(Session& s, uint64_t* pending_bytes_added);
+
+ private:
+  // Whether output block j holds layer l's pages (right-aligned layers; a
+  // plan over one record list has one offset, for every layer).
+  bool Holds(const Session& s, size_t j, uint32_t l) const;
+
+  const policies::Policy& policy_;
+  const std::string policy_text_;
+  const uint64_t target_;
+  const std::optional<policies::ColdStep> cold_;
+  const uint64_t superblock_bytes_;
+
+  CompactionInputs in_;
+  // Prepare: pages of the keys a merging policy clusters by, per summary layer.
+  std::vector<std::vector<kernels::BlockEntry>> key_tables_;
+  std::optional<CompactionPlan> plan_;
+  // Address: [layer] the copy's source and destination pages.
+  std::vector<LayerTables> tables_;
+  bool copies_ = false;
+};
+
+}  // namespace polykv::daemon
