@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -57,7 +58,6 @@ struct FdBroker::Conn {
 namespace {
 
 constexpr size_t kMaxConnections = 256;
-constexpr size_t kMaxConnectionsPerUid = 32;
 constexpr absl::Duration kRequestTimeout = absl::Seconds(2);
 
 void Fail(int fd, const absl::Status& s) {
@@ -119,18 +119,15 @@ void FdBroker::Loop() {
         continue;
       }
       conns.push_back({fd, *creds, {}, 0, absl::Now() + kRequestTimeout});
-      auto of_uid = [&](uid_t uid) {
-        return static_cast<size_t>(std::count_if(
-            conns.begin(), conns.end(), [&](const Conn& c) { return c.creds.uid == uid; }));
-      };
-      uid_t victim = creds->uid;
-      if (of_uid(victim) <= kMaxConnectionsPerUid && conns.size() > kMaxConnections) {
-        for (const Conn& c : conns) {
-          if (of_uid(c.creds.uid) > of_uid(victim)) victim = c.creds.uid;
-        }
-      }
-      if (of_uid(victim) > kMaxConnectionsPerUid || conns.size() > kMaxConnections) {
-        // Its oldest: the one that has waited longest for its request.
+      if (conns.size() > kMaxConnections) {
+        // The uid holding most loses its oldest (the one that has waited
+        // longest for its request): a flood only ever drops its own.
+        std::map<uid_t, size_t> per_uid;
+        for (const Conn& c : conns) ++per_uid[c.creds.uid];
+        const uid_t victim = std::max_element(per_uid.begin(), per_uid.end(),
+                                              [](const auto& x, const auto& y) {
+                                                return x.second < y.second;
+                                              })->first;
         auto oldest = std::find_if(conns.begin(), conns.end(),
                                    [&](const Conn& c) { return c.creds.uid == victim; });
         drop(*oldest);

@@ -6,11 +6,10 @@
 // as soon as its 56 bytes are in, so a silent or slow peer delays nobody
 // else (issue 14, finding 3: served one at a time with 1 s each, 15 silent
 // connections made a worker's fetch miss its lease). Each connection has
-// kRequestTimeout to send its request. A uid holds at most
-// kMaxConnectionsPerUid waiting connections and the broker kMaxConnections:
-// past either, the oldest connection of the uid holding most is dropped, so
-// a flood of one uid only ever drops its own (issue 40: with one global cap
-// dropping the oldest, 83 of 1,472 legitimate fetches failed under a flood).
+// kRequestTimeout to send its request. At kMaxConnections the oldest
+// connection of the uid holding most is dropped to admit a new one, so a
+// flood of one uid only ever drops its own (issue 40: dropping the oldest of
+// all, 83 of 1,472 legitimate fetches of others failed under a flood).
 #pragma once
 
 #include <functional>

@@ -317,7 +317,7 @@ TEST_F(FindingsTest, AFloodOfFdConnectionsOfOneUidDropsOnlyItsOwn) {
     ASSERT_GE(fd, 0);
     flood.push_back(fd);
   }
-  // The flood's own oldest are closed (it holds at most 32), the worker's
+  // At the 256-connection cap the flood loses its own oldest, the worker's
   // connection is not: its request is answered with the arena's fd.
   ASSERT_TRUE(testing::WaitForClose(flood.front()));
   v1::FdRequest req;
