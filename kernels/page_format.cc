@@ -38,20 +38,10 @@ std::optional<PageFormat> ParseFormat(std::string_view s) {
   return std::nullopt;
 }
 
-bool IsValidFormat(int v) { return v >= 1 && v <= 7; }
+// The host API over page_layout.h's definitions (shared with device code).
+bool IsValidFormat(int v) { return v >= 0 && v <= 255 && IsValidFormatValue(PageFormat(v)); }
 
-int FormatBits(PageFormat format) {
-  switch (format) {
-    case PageFormat::kF32: return 32;
-    case PageFormat::kF16:
-    case PageFormat::kBF16: return 16;
-    case PageFormat::kFP8E4M3:
-    case PageFormat::kInt8: return 8;
-    case PageFormat::kInt4: return 4;
-    case PageFormat::kInt2: return 2;
-  }
-  return 0;
-}
+int FormatBits(PageFormat format) { return BitsOf(format); }
 
 size_t PageBytes(PageFormat format, KvKind kind, const PageShape& s) {
   // The layout (data, f16 scale/zero pairs, padding) lives in page_layout.h so
