@@ -46,25 +46,23 @@ void FillLayer(std::span<const SlotRecord> slots, size_t first_token,
   }
 }
 
-// Output slot j's record: its source's, with `count`; a merge group's adds
-// up attention and observation and takes the most intent and importance.
+// Output slot j's record: its source's, with `count`; a merge group's
+// scores by the merge rule (policies/merge_rule.h).
 SlotRecord OutputRecord(const CompactionGroups& g, size_t j, uint32_t count,
                         std::span<const SlotRecord> slots) {
   SlotRecord rec = slots[g.sources[j]];
   rec.count = count;
   if (g.group_offsets[j + 1] - g.group_offsets[j] > 1) {
-    rec.attn = 0.f;
-    rec.obs = std::numeric_limits<float>::quiet_NaN();
+    policies::GroupScores group;
     for (int32_t m = g.group_offsets[j]; m < g.group_offsets[j + 1]; ++m) {
       const SlotRecord& member = slots[size_t(g.members[size_t(m)])];
-      rec.attn += member.attn;
-      rec.obs = SumKnown(rec.obs, member.obs);
-      rec.meta.pinned |= member.meta.pinned;
-      // The most relevant (important) member speaks for the group; unknown
-      // stays unknown.
-      rec.intent = MaxKnown(rec.intent, member.intent);
-      rec.importance = MaxKnown(rec.importance, member.importance);
+      group.Add(member.attn, member.obs, member.intent, member.importance, member.meta.pinned);
     }
+    rec.attn = group.attn;
+    rec.obs = group.obs;
+    rec.intent = group.intent;
+    rec.importance = group.importance;
+    rec.meta.pinned = group.pinned;
   }
   return rec;
 }

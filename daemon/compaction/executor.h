@@ -29,18 +29,13 @@
 #include "absl/status/statusor.h"
 #include "kernels/page_format.h"
 #include "kernels/page_layout.h"
+#include "policies/merge_rule.h"
 #include "policies/plan.h"
 #include "policies/session_view.h"
 
 namespace polykv::daemon {
 
-// The larger of two scores where NaN means "not reported yet": a known value
-// beats an unknown one.
-inline float MaxKnown(float a, float b) {
-  return std::isnan(a) ? b : std::isnan(b) ? a : std::max(a, b);
-}
-// Their sum, with the same rule (attention mass adds up over merged slots).
-inline float SumKnown(float a, float b) { return std::isnan(a) ? b : std::isnan(b) ? a : a + b; }
+using policies::MaxKnown;  // NaN means "not reported yet" (policies/merge_rule.h)
 
 // What the daemon knows about one committed slot of a session.
 struct SlotRecord {

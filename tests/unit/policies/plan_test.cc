@@ -174,6 +174,8 @@ TEST(PlanTest, ApplyPlanBuildsTheNextView) {
   MergeGroup g = Group({4, 5}, 5);
   g.weights = {0.25f, 0.75f};
   lp.merges = {g};
+  v.layers[0].slots[4].intent = 3.f;
+  v.tokens[4].pinned = true;
   // Block {3, 5}: a kept slot and a merged one (its representative).
   lp.requant = {{3, kernels::KvKind::kValue, kernels::PageFormat::kInt8},
                 {5, kernels::KvKind::kValue, kernels::PageFormat::kInt8}};
@@ -202,8 +204,11 @@ TEST(PlanTest, ApplyPlanBuildsTheNextView) {
   EXPECT_EQ(l.slots[3].count, 2u);
   EXPECT_EQ(l.slots[3].v_format, kernels::PageFormat::kInt8);
   EXPECT_EQ(l.slots[0].v_format, kernels::PageFormat::kBF16);
-  EXPECT_FLOAT_EQ(l.slots[3].attn, 9.f);    // attention mass adds up
-  EXPECT_FLOAT_EQ(l.slots[3].intent, 1.f);  // relevance averages
+  // The daemon's merge rule (merge_rule.h): attention mass adds up, the
+  // most relevant member speaks for the group, a pinned member pins it.
+  EXPECT_FLOAT_EQ(l.slots[3].attn, 9.f);
+  EXPECT_FLOAT_EQ(l.slots[3].intent, 3.f);
+  EXPECT_TRUE(next.tokens[5].pinned);
   ASSERT_EQ(l.keys.size(), 8u);
   EXPECT_FLOAT_EQ(l.keys[6], 0.25f * 4 + 0.75f * 5);
   EXPECT_FLOAT_EQ(l.keys[7], 1.f);
