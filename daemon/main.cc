@@ -10,12 +10,35 @@
 #include "daemon/daemon.h"
 #include "daemon/log.h"
 #include "policies/byte_size.h"
+#include "policies/policy.h"
 
 namespace {
 
 int Fail(const std::string& what) {
   spdlog::error("{}", what);
   return 1;
+}
+
+// One JSON line: what an evaluation or operator tool would otherwise
+// re-derive from the policy grammar (bench/eval/live.py reads the trigger).
+int DescribePolicy(const std::string& text) {
+  auto policy = polykv::policies::MakePolicyFromText(text);
+  if (!policy.ok()) return Fail(std::string(policy.status().message()));
+  auto quoted = [](const std::string& s) {
+    std::string out = "\"";
+    for (char c : s) {
+      if (c == '"' || c == '\\') out += '\\';
+      if (static_cast<unsigned char>(c) >= 0x20) out += c;
+    }
+    return out + "\"";
+  };
+  const auto& p = **policy;
+  std::printf("{\"policy\":%s,\"spec\":%s,\"trigger\":%.9g,\"reads_importance\":%s,"
+              "\"reads_observation\":%s,\"selects_per_layer\":%s,\"reads_keys\":%s}\n",
+              quoted(text).c_str(), quoted(p.spec()).c_str(), p.Trigger(),
+              p.ReadsImportance() ? "true" : "false", p.ReadsObservation() ? "true" : "false",
+              p.SelectsPerLayer() ? "true" : "false", p.ReadsKeys() ? "true" : "false");
+  return 0;
 }
 
 }  // namespace
@@ -27,7 +50,11 @@ int main(int argc, char** argv) {
       low_watermark;
   uint32_t lease_ms = 0;
   bool print_config = false, check_invariants = false;
+  std::string describe_policy;
   app.add_option("--config", config_file, "YAML config file (see deploy/polykvd.yaml)");
+  app.add_option("--describe-policy", describe_policy,
+                 "Print how polykvd runs the policy TEXT (its canonical spec, compaction "
+                 "trigger and the score streams it reads) as one JSON line and exit");
   app.add_flag("--print-config", print_config,
                "Print the effective configuration (built-in defaults, then --config, then "
                "flags) as YAML and exit");
@@ -45,6 +72,7 @@ int main(int argc, char** argv) {
                "Debug: check the pool's accounting at every /metrics scrape "
                "(polykv_pool_invariants_ok); holds the pool lock for O(pages)");
   CLI11_PARSE(app, argc, argv);
+  if (!describe_policy.empty()) return DescribePolicy(describe_policy);
 
   spdlog::set_default_logger(polykv::daemon::DaemonLogger());
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ polykvd: %v");

@@ -104,6 +104,9 @@ class Config:
     # and chunk again), until the next Sync, so the chunk sets the peak above
     # the budget.
     prefill_chunk: int = PREFILL_CHUNK
+    # The policy's compaction trigger as polykvd runs it (policy_trigger);
+    # None until asked (then no compaction is checked for).
+    trigger: float | None = None
 
     @property
     def full(self) -> bool:
@@ -298,21 +301,23 @@ def bytes_per_token_f16(geometry: dict) -> int:
     return 2 * 2 * geometry["num_layers"] * geometry["num_kv_heads"] * geometry["head_dim"]
 
 
-def compaction_expected(budget: int, turns: list[dict], chunk: int = PREFILL_CHUNK,
-                        sync_every: int = WORKER_SYNC_EVERY_STEPS,
+def compaction_expected(budget: int, turns: list[dict], *, trigger: float,
+                        chunk: int = PREFILL_CHUNK, sync_every: int = WORKER_SYNC_EVERY_STEPS,
                         sync_tokens: int = WORKER_SYNC_EVERY_TOKENS,
                         fraction: float = 0.0) -> bool:
     """Whether the daemon must have compacted a session with this budget (with
     a fraction: its floor; daemon/compaction/compactor.cc SessionBudget) that
     wrote these turns: some Sync of the last turn saw more committed tokens
-    than the trigger at 110%, had nothing been dropped before. Earlier turns
-    count as already committed (their slots are cached before the last one)."""
+    than the policy's `trigger` allows (CompactionTarget: past budget +
+    max(floor(budget x (trigger - 1)), 1)), had nothing been dropped before.
+    Earlier turns count as already committed (their slots are cached before
+    the last one)."""
     if not turns:
         return False
 
-    def trigger(committed: int) -> int:
+    def threshold(committed: int) -> int:
         b = max(budget, math.ceil(fraction * committed))
-        return b + max(b // 10, 1)
+        return b + max(int(b * (max(trigger, 1.0) - 1.0)), 1)
     last = turns[-1]
     before = sum(t["prompt_tokens"] + t["completion_tokens"] - 1 for t in turns[:-1])
     steps = [chunk] * (last["prompt_tokens"] // chunk)
@@ -323,7 +328,7 @@ def compaction_expected(budget: int, turns: list[dict], chunk: int = PREFILL_CHU
     since_steps, since_tokens = sync_every, 0  # a sync before the first step
     for n in steps:
         if since_steps >= sync_every or since_tokens >= sync_tokens:
-            if committed > trigger(committed):
+            if committed > threshold(committed):
                 return True
             since_steps, since_tokens = 0, 0
         committed += n
@@ -347,6 +352,16 @@ def base_record(task: Task, cfg: Config, context: int | None, bpt: int | None) -
             "and every later token in f16; a live worker attends its newest pages covering at "
             f"least {cfg.f16_tail} tokens (and the page being filled) from f16 copies"]
     return rec
+
+
+def policy_trigger(bins: "Bins", policy: str) -> float:
+    """The policy's compaction trigger, from polykvd itself (its grammar and
+    defaults are the daemon's: nothing here re-derives them)."""
+    p = subprocess.run([bins.polykvd, "--describe-policy", policy], capture_output=True,
+                       text=True)
+    if p.returncode != 0:
+        raise LiveError(tool_error("polykvd --describe-policy", p.stderr or p.stdout))
+    return float(json.loads(p.stdout)["trigger"])
 
 
 def live_record(task: Task, cfg: Config, context: int, bpt: int, budget: int | None,
@@ -375,8 +390,9 @@ def live_record(task: Task, cfg: Config, context: int, bpt: int, budget: int | N
         rec["error"] = "polykv-worker printed no token ids (rebuild it: this run's is too old)"
         return rec
     fraction = cfg.budget if cfg.fractional else 0.0
-    if (budget is not None and not last.get("epoch")
-            and compaction_expected(budget, turns, chunk=cfg.prefill_chunk, fraction=fraction)):
+    if (budget is not None and cfg.trigger is not None and not last.get("epoch")
+            and compaction_expected(budget, turns, trigger=cfg.trigger, chunk=cfg.prefill_chunk,
+                                    fraction=fraction)):
         what = (f"budget {cfg.budget:g} of the context, at least {budget} tokens"
                 if cfg.fractional else f"budget {budget} tokens")
         rec["error"] = (f"polykvd never compacted the session ({what}, "
@@ -612,6 +628,9 @@ def run_live(tasks_dir: str, config_texts: list[str], model: str, out_dir: str, 
         c = parse_config(t)
         if c.text not in [x.text for x in configs]:
             configs.append(c)
+    for c in configs:
+        if not c.full:
+            c.trigger = policy_trigger(bins, c.policy)
     results = os.path.join(out_dir, "results.jsonl")
     workers_dir = os.path.join(out_dir, "live")
     os.makedirs(workers_dir, exist_ok=True)

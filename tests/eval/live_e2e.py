@@ -29,6 +29,9 @@ BIN_DIR = os.environ.get("POLYKV_BIN_DIR") or os.path.join(ROOT, "build", "bin")
 MODEL_DIR = os.environ.get("POLYKV_MODEL_DIR") or os.path.join(
     os.path.expanduser("~"), ".cache", "polykv", "models")
 MODEL = os.path.join(MODEL_DIR, "SmolLM2-135M-Instruct.Q4_1.gguf")
+sys.path.insert(0, os.path.join(ROOT, "bench", "eval"))
+import live  # noqa: E402
+
 CONFIGS = ["full@1/f16", "window@0.5/f16", "nosuchpolicy@0.5/f16", "full@1/K4V2/T32"]
 
 
@@ -59,6 +62,16 @@ class LiveEndToEndTest(unittest.TestCase):
         p = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
         self.assertEqual(p.returncode, 0, p.stderr[-3000:])
         return p
+
+    def test_the_compaction_trigger_comes_from_polykvd(self):
+        # live.py checks that a session compacted by the daemon's own trigger
+        # (the shipped default's is 1, h2o's 1.10), not by a copy of it.
+        bins = live.Bins.at(BIN_DIR)
+        self.assertEqual(live.policy_trigger(bins, "h2o"), 1.1)
+        self.assertEqual(live.policy_trigger(bins, "kvzip{select=layer,trigger=1}"), 1.0)
+        with self.assertRaises(live.LiveError) as e:
+            live.policy_trigger(bins, "nosuchpolicy")
+        self.assertIn("nosuchpolicy", str(e.exception))
 
     def test_live_run_matches_the_harness_reference(self):
         with tempfile.TemporaryDirectory() as d:

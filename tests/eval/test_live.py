@@ -165,25 +165,30 @@ class TaskTest(unittest.TestCase):
     def test_compaction_expected_follows_the_sync_cadence(self):
         # 1050 prompt tokens = 8 chunks of 128 + 26; a chunk is past the
         # 64 tokens of a sync, so the worker syncs before every prefill step
-        self.assertTrue(live.compaction_expected(513, [turn(1050, 24, [])]))
-        self.assertTrue(live.compaction_expected(200, [turn(300, 1, [])]))  # the Sync at 256
-        self.assertFalse(live.compaction_expected(2000, [turn(1050, 24, [])]))
+        self.assertTrue(live.compaction_expected(513, [turn(1050, 24, [])], trigger=1.1))
+        self.assertTrue(live.compaction_expected(200, [turn(300, 1, [])], trigger=1.1))  # the Sync at 256
+        self.assertFalse(live.compaction_expected(2000, [turn(1050, 24, [])], trigger=1.1))
         # trigger 1100: the Syncs see 0, 128, ..., 1024, 1050, 1058 and 1066 tokens
-        self.assertFalse(live.compaction_expected(1000, [turn(1050, 24, [])]))
+        self.assertFalse(live.compaction_expected(1000, [turn(1050, 24, [])], trigger=1.1))
+        # at the shipped default's trigger 1, past 1001: the Sync at 1050
+        self.assertTrue(live.compaction_expected(1000, [turn(1050, 24, [])], trigger=1.0))
         # trigger 1045: only the Sync after the last prefill chunk sees past it
-        self.assertTrue(live.compaction_expected(950, [turn(1050, 24, [])]))
+        self.assertTrue(live.compaction_expected(950, [turn(1050, 24, [])], trigger=1.1))
         # earlier turns are already committed at the last turn's first Sync
-        self.assertTrue(live.compaction_expected(100, [turn(200, 5, []), turn(10, 2, [])]))
-        self.assertFalse(live.compaction_expected(100, []))
+        self.assertTrue(live.compaction_expected(100, [turn(200, 5, []), turn(10, 2, [])], trigger=1.1))
+        self.assertFalse(live.compaction_expected(100, [], trigger=1.1))
 
     def test_compaction_expected_with_a_fractional_budget(self):
         # 3/4 of what is held, nothing dropped: past 110% of it at the Sync
         # after the first chunk (128 > 96 + 9), whatever the context's length
-        self.assertTrue(live.compaction_expected(0, [turn(300, 1, [])], fraction=0.75))
+        self.assertTrue(live.compaction_expected(0, [turn(300, 1, [])], fraction=0.75,
+                                                 trigger=1.1))
         # the floor holds it off: 2000 + 200 is never reached in 1050 + 24
-        self.assertFalse(live.compaction_expected(2000, [turn(1050, 24, [])], fraction=0.75))
+        self.assertFalse(live.compaction_expected(2000, [turn(1050, 24, [])], fraction=0.75,
+                                                  trigger=1.1))
         # 0.95 x 110% > 1: a session that drops nothing never outgrows its trigger
-        self.assertFalse(live.compaction_expected(0, [turn(1050, 24, [])], fraction=0.95))
+        self.assertFalse(live.compaction_expected(0, [turn(1050, 24, [])], fraction=0.95,
+                                                  trigger=1.1))
 
 
 class RecordTest(unittest.TestCase):
@@ -232,6 +237,7 @@ class RecordTest(unittest.TestCase):
         self.assertIn("pages of 16 tokens, not the 64", rec["error"])
         # a budget that had to compact, but the table never changed
         cfg = live.parse_config("h2o@0.25/f16")
+        cfg.trigger = 1.1  # as polykvd --describe-policy h2o says
         rec = live.live_record(self.task, cfg, 1025, 23040, 256, "a",
                                [turn(1050, 8, [1], epoch=0)], None, {"output_tokens": [1]}, 1.0)
         self.assertIn("never compacted", rec["error"])
