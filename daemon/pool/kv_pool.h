@@ -236,6 +236,12 @@ class KvPool {
   absl::Status Compact(Session& s, const std::string& policy_text, uint64_t target,
                        std::optional<policies::ColdStep> cold = std::nullopt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // At s's step boundary (Sync, when the worker holds the current tables
+  // and has acknowledged the previous ones): the compaction its budget or
+  // the ladder asks for, if any (kv_pool_compaction.cc). NOT_FOUND when the
+  // session was destroyed meanwhile; any other failure is recorded
+  // (CompactionFailed) and the session keeps its tables.
+  absl::Status CompactAtStepBoundary(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves s's blocks that have pages in arenas being vacated
   // (BlockPool::InVacatingArena) into new pages, byte for byte, and
   // publishes them at epoch + 1 (the old ones become pending): no slot

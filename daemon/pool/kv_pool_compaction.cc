@@ -1,0 +1,234 @@
+// KvPool's compaction side: what a Sync at the worker's step boundary asks
+// of its session (the budget's compaction, the ladder's requantization step),
+// the run itself (CompactionRun, sequenced with the pool lock), failures, and
+// the pressure ladder's rounds. kv_pool.h documents the members.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/compaction/pressure_ladder.h"
+#include "daemon/pool/compaction_run.h"
+#include "daemon/pool/kv_pool.h"
+
+namespace polykv::daemon {
+namespace {
+
+// What the compaction trigger counts as the session's size: the slots its
+// layers hold, on average (committed tokens unless layers keep budgets of
+// their own).
+uint64_t HeldTokens(const Session& s) {
+  const auto offsets = LayerOffsets(s.tables.blocks, s.profile.num_layers, s.block_tokens);
+  uint64_t sum = 0;
+  for (uint64_t o : offsets) sum += s.tables.committed_tokens - std::min(o, s.tables.committed_tokens);
+  return offsets.empty() ? s.tables.committed_tokens : sum / offsets.size();
+}
+
+}  // namespace
+
+absl::Status KvPool::CompactAtStepBoundary(Session& s) {
+  if (s.policy.wants_layer_importance) SplitLayerRecords(s);
+  const QosRecord& qos = admission_.For(s.agent_id());
+  // A policy that ranks by importance has nothing to rank by until the
+  // worker reports some (one that runs no probes never does): its
+  // session is not evicted meanwhile.
+  const bool can_rank = !s.policy.wants_importance || s.policy.importance_reported;
+  TargetInputs in{.compacting_policy = qos.policy != "full" && can_rank,
+                  .committed_tokens = HeldTokens(s),
+                  .block_tokens = s.block_tokens,
+                  .budget_tokens = SessionBudget(qos.budget_tokens, qos.budget_fraction,
+                                                 s.policy.next_position),
+                  .want_tokens = s.policy.want_tokens};
+  // Only a budget reads the policy's trigger, so a Sync without one looks
+  // nothing up. A policy the registry refuses keeps the default trigger;
+  // Compact reports the error.
+  if (in.compacting_policy && in.budget_tokens > 0) {
+    if (auto policy = policies_.Get(qos.policy); policy.ok()) in.trigger = (*policy)->Trigger();
+  }
+  const uint64_t target = CompactionTarget(in);
+  const PolicyInputs::Failure now{s.tables.committed_tokens, s.policy.reports, qos.policy};
+  if (target > 0 && s.policy.failed == now) {
+    // Failed as it is: the session keeps its tables until it changes.
+    s.policy.want_tokens = 0;
+  } else if (target > 0) {
+    auto st = Compact(s, qos.policy, target);  // releases mu_ while it decides and copies
+    if (absl::IsNotFound(st)) return st;  // closed or evicted meanwhile
+    if (!st.ok()) {
+      // The session keeps its tables; the ladder and budget retry once
+      // it has changed.
+      CompactionFailed(s, now, st);
+      s.policy.want_tokens = 0;
+    } else {
+      s.policy.failed.reset();
+    }
+  } else if (s.policy.want_requant_blocks > 0) {
+    // The ladder's step 1: every slot stays, cold blocks' values shrink.
+    // The cold step counts blocks already cold towards its fraction (so
+    // repeated compactions keep the share steady): ask for those too.
+    const PageFormat to = LadderValueFormat(qos.value_floor);
+    uint64_t blocks = std::exchange(s.policy.want_requant_blocks, 0);
+    for (size_t b = 0; b < s.tables.committed_tokens / s.block_tokens; ++b) {
+      blocks += kernels::FormatBits(s.tables.blocks[b].shape.value_format) <=
+                kernels::FormatBits(to);
+    }
+    const uint64_t epoch = s.tables.epoch;
+    const policies::ColdStep step =
+        LadderColdStep(to, blocks, s.tables.committed_tokens, s.block_tokens);
+    auto st = Compact(s, qos.policy, s.tables.committed_tokens, step);
+    if (absl::IsNotFound(st)) return st;
+    if (!st.ok()) {
+      CompactionFailed(s, {s.tables.committed_tokens, s.policy.reports, qos.policy}, st);
+    }
+    if (s.tables.epoch == epoch) s.policy.requant_idle_at = s.tables.committed_tokens;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_t target,
+                             std::optional<policies::ColdStep> cold) {
+  auto policy = policies_.Get(policy_text);
+  if (!policy.ok()) return policy.status();
+  CompactionRun run(**policy, policy_text, target, cold, options_.superblock_bytes);
+  if (auto st = run.Prepare(s, admission_.For(s.agent_id()), blocks_); !st.ok()) return st;
+  // From here until the end the session cannot change (compaction_run.h).
+  s.busy = true;
+  mu_.Unlock();
+  absl::StatusOr<bool> changes = run.Decide(s);
+  mu_.Lock();
+  if (s.doomed) return FinishDoomed(s);
+  if (!changes.ok() || !*changes) {
+    s.busy = false;
+    return changes.status();
+  }
+  // New pages for the output blocks that are not shared, a few blocks per
+  // hold of the lock. Compaction is not a reservation (it shrinks the
+  // session), so quotas do not apply, but the pool budget does. They are
+  // the session's (staged) from allocation on, so counts stay exact.
+  auto shapes = run.NewShapes(s);
+  absl::Status failure = shapes.ok() ? StageBlocks(s, *shapes, /*in_flight=*/false) : shapes.status();
+  if (s.doomed) return FinishDoomed(s);
+  if (failure.ok()) failure = run.Address(s, blocks_);
+  if (failure.ok()) {
+    mu_.Unlock();
+    failure = run.Copy(s);
+    mu_.Lock();
+    if (s.doomed) return FinishDoomed(s);
+  }
+  if (!failure.ok()) {
+    if (!FreeGradually(s, s.tables.staged)) return FinishDoomed(s);
+    s.busy = false;
+    return failure;
+  }
+  // Old blocks the new table does not share stay allocated until the
+  // worker acks it.
+  uint64_t pending = 0;
+  const CompactionRun::Published done = run.Publish(s, &pending);
+  pending_bytes_ += pending;
+  shared_blocks_ += done.shared_blocks;
+  copied_blocks_ += done.copied_blocks;
+  s.busy = false;
+  ++compactions_[policy_text];
+  evicted_tokens_[policy_text] += done.evicted_tokens;
+  merged_tokens_[policy_text] += done.merged_tokens;
+  s.events->Push({SessionEventMsg::Type::kEpoch, s.tables.epoch,
+                  absl::StrCat("compacted by policy '", policy_text, "' to ",
+                               s.tables.committed_tokens, " slots; Sync then Ack")});
+  return absl::OkStatus();
+}
+
+void KvPool::CompactionFailed(Session& s, PolicyInputs::Failure what, const absl::Status& why) {
+  s.policy.failed = std::move(what);
+  ++ladder_steps_["compaction_failed"];
+  if (compaction_errors_.size() < kMaxCompactionErrors) {
+    compaction_errors_.push_back(absl::StrCat("session ", s.id, " (agent ", s.agent_id(),
+                                              ", policy '", s.policy.failed->policy,
+                                              "'): ", why.message()));
+  }
+}
+
+std::vector<std::string> KvPool::TakeCompactionErrors() {
+  absl::MutexLock lock(&mu_);
+  return std::exchange(compaction_errors_, {});
+}
+
+void KvPool::SplitLayerRecords(Session& s) {
+  if (!s.policy.upper_layers.empty() || s.profile.num_layers < 2) return;
+  s.policy.upper_layers.assign(s.profile.num_layers - 1, s.policy.slots);
+}
+
+std::vector<std::string> KvPool::RunPressureLadder() {
+  absl::MutexLock lock(&mu_);
+  std::vector<LadderCandidate> candidates;
+  const bool under_pressure = blocks_.free_bytes() < admission_.low_watermark();
+  Priority lowest = Priority::kCritical;
+  for (const auto& [id, s] : sessions_) {
+    lowest = std::min(lowest, s.priority);
+    const QosRecord& q = admission_.For(s.agent_id());
+    // A compacting session publishes soon and clears its ask; it is asked
+    // again next round if still needed.
+    if (q.policy == "full" || s.busy || s.policy.want_tokens != 0 ||
+        s.policy.want_requant_blocks != 0 || !s.tables.pending.empty()) {
+      continue;
+    }
+    LadderCandidate& c = candidates.emplace_back(
+        LadderCandidate{id, static_cast<int>(s.priority), s.account.bytes,
+                        s.tables.committed_tokens, s.block_tokens, s.shape.bytes(),
+                        q.guaranteed_bytes});
+    // A scan of the session's blocks, under the lock: only when step 1 can run.
+    if (under_pressure) DescribeRequant(s, c);
+  }
+  const LadderSteps plan =
+      PlanLadder(std::move(candidates), {blocks_.free_bytes(), admission_.low_watermark(),
+                                         admission_.refusing(), sessions_.size() > 0});
+  std::vector<std::string> steps;
+  if (plan.resume) {
+    admission_.Resume();
+    steps.push_back("resume");
+  }
+  for (const auto& [id, blocks] : plan.requant) {
+    sessions_.Find(id)->policy.want_requant_blocks = blocks;
+    steps.push_back("requant");
+  }
+  for (const auto& [id, want] : plan.compact) {
+    sessions_.Find(id)->policy.want_tokens = want;
+    steps.push_back("compact");
+  }
+  if (plan.refuse) {
+    admission_.Refuse(lowest);
+    steps.push_back("refuse");
+  }
+  for (const std::string& name : steps) ++ladder_steps_[name];
+  return steps;
+}
+
+void KvPool::DescribeRequant(const Session& s, LadderCandidate& c) const {
+  if (s.tables.committed_tokens < s.policy.requant_idle_at + s.block_tokens) return;
+  const PageFormat to = LadderValueFormat(admission_.For(s.agent_id()).value_floor);
+  // The recent window stays (LadderColdStep); so does the fill block.
+  const size_t full = s.tables.committed_tokens / s.block_tokens;
+  const size_t window = kLadderRequantWindow / s.block_tokens;
+  if (full <= window) return;
+  const size_t cold = std::min(full - window, s.tables.blocks.size());
+  // The requantized shape of the session's key format; a block whose keys
+  // were stored otherwise gets its own.
+  const absl::StatusOr<BlockShape> fill = MakeBlockShape(
+      s.profile.num_layers, s.page_shape(), s.shape.key_format, to, options_.superblock_bytes);
+  uint64_t saved = 0;
+  for (size_t b = 0; b < cold; ++b) {
+    const Block& block = s.tables.blocks[b];
+    if (kernels::FormatBits(block.shape.value_format) <= kernels::FormatBits(to)) continue;
+    const absl::StatusOr<BlockShape> shape =
+        block.shape.key_format == s.shape.key_format
+            ? fill
+            : MakeBlockShape(block.shape.layers, s.page_shape(), block.shape.key_format, to,
+                             options_.superblock_bytes);
+    if (!shape.ok() || shape->bytes() >= block.bytes()) continue;
+    ++c.requant_blocks;
+    saved += block.bytes() - shape->bytes();
+    c.requant_block_bytes = std::max(c.requant_block_bytes, shape->bytes());
+  }
+  if (c.requant_blocks == 0) return;
+  c.requant_saving = saved / c.requant_blocks;
+  if (fill.ok()) c.requant_room = blocks_.FreeBlocksFor(s.tenant(), *fill);
+}
+
+}  // namespace polykv::daemon
