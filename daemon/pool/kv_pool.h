@@ -5,7 +5,12 @@
 //   Admission    (admission.h)     QoS: guarantees, caps, watermarks, refusal
 //   compaction/  (compactor.h, pressure_ladder.h, policy_registry.h)
 //                decisions and copies over plain data, run WITHOUT the lock
-// and sequences them: authorize, admit, allocate, publish.
+// and sequences them: authorize, admit, allocate, publish. Its members are
+// defined by concern: kv_pool.cc (sessions: open, reserve, commit, sync, ack,
+// release, close, leases), kv_pool_compaction.cc (what a Sync compacts; the
+// pressure ladder), compaction_run.h (one compaction's phases),
+// relocation.cc (blocks moved out of vacated arenas), kv_pool_reports.cc
+// (score reports), kv_pool_admin.cc (stats, QoS, evict, drain, invariants).
 //
 // Invariants (checked by CheckInvariants, asserted in tests):
 //  - used bytes of the pool == sum over tenants == sum over sessions == sum
