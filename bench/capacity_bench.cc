@@ -156,8 +156,9 @@ int CapacityMain(int argc, char** argv) {
           "polykv-bench capacity [--json] [--pool-mib 512] [--session NAME=TOKENS:KFMT:VFMT ...]\n"
           "    [--layers 30 --kv-heads 3 --head-dim 64]\n"
           "Sessions one pool admits per strategy, each strategy on a fresh in-process polykvd.\n"
-          "Formats: f32 f16 bf16 fp8 int8 int4 int2. Default strategies: static=8192:f16:f16,\n"
-          "paged=2600:f16:f16, compressed=700:int4:int4.\n");
+          "Formats: %s. Default strategies: static=8192:f16:f16,\n"
+          "paged=2600:f16:f16, compressed=700:int4:int4.\n",
+          kernels::FormatShortNames().c_str());
       return 0;
     } else {
       std::fprintf(stderr, "capacity: unknown argument %s (see --help)\n", a.c_str());

@@ -31,11 +31,20 @@ std::string_view FormatShortName(PageFormat format) {
 }
 
 std::optional<PageFormat> ParseFormat(std::string_view s) {
-  for (int v = 1; v <= 7; ++v) {
+  for (int v = 1; IsValidFormat(v); ++v) {
     auto f = static_cast<PageFormat>(v);
     if (FormatShortName(f) == s) return f;
   }
   return std::nullopt;
+}
+
+std::string FormatShortNames(std::string_view separator) {
+  std::string out;
+  for (int v = 1; IsValidFormat(v); ++v) {
+    if (v > 1) out += separator;
+    out += FormatShortName(static_cast<PageFormat>(v));
+  }
+  return out;
 }
 
 // The host API over page_layout.h's definitions (shared with device code).

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace polykv::kernels {
@@ -46,6 +47,10 @@ std::string_view FormatName(PageFormat format);
 // "fp8", "int8", "int4", "int2".
 std::string_view FormatShortName(PageFormat format);
 std::optional<PageFormat> ParseFormat(std::string_view short_name);
+// Every format's short name in wire order, joined by `separator`
+// ("f32 f16 bf16 fp8 int8 int4 int2"): the one list help texts and errors
+// print, so none is written by hand.
+std::string FormatShortNames(std::string_view separator = " ");
 bool IsValidFormat(int wire_value);
 // Bits per stored element (scales excluded): 32, 16, 16, 8, 8, 4, 2.
 int FormatBits(PageFormat format);

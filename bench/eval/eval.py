@@ -111,7 +111,7 @@ BENCH = os.path.join(BIN_DIR, "polykv-bench")
 # polykv-bench capacity takes seconds; a run far past that is stuck, and the
 # evaluation's results should not wait on it.
 CAPACITY_TIMEOUT_S = 600
-CAPACITY_FORMATS = {"f32", "f16", "bf16", "fp8", "int8", "int4", "int2"}
+CAPACITY_FORMATS = set(live.PAGE_FORMATS)
 HOME_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "polykv")
 
 _T0 = time.monotonic()

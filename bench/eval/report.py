@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import live  # noqa: E402  (its PAGE_FORMATS)
 import stats  # noqa: E402
 from stats import Estimate  # noqa: E402
 
@@ -58,7 +59,7 @@ NEGOTIATION_FILE = "rpc.json"
 # round trip per 8 generated tokens.
 COMMIT_EVERY_STEPS = 8
 # Page formats polykv-bench capacity accepts (its --session KFMT:VFMT).
-BENCH_FORMATS = ("f32", "f16", "bf16", "fp8", "int8", "int4", "int2")
+BENCH_FORMATS = live.PAGE_FORMATS
 _BITS_FORMAT = {"32": "f32", "16": "f16", "8": "int8", "4": "int4", "2": "int2"}
 # Slack a live session reserves beyond the counted tokens (held context,
 # question, answer): a reservation short of what the session held would

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/page_format.h"
 #include "policies/byte_size.h"
 #include "polykv/admin.h"
 
@@ -56,9 +57,11 @@ bool ParseBytesFlag(const std::string& flag, const std::string& text, uint64_t* 
   return true;
 }
 
-const char* FormatName(int f) {
-  static const char* kNames[] = {"-", "f32", "f16", "bf16", "fp8", "int8", "int4", "int2"};
-  return f >= 0 && f <= 7 ? kNames[f] : "?";
+std::string FormatName(int f) {
+  if (f == 0) return "-";
+  return polykv::kernels::IsValidFormat(f)
+             ? std::string(polykv::kernels::FormatShortName(static_cast<polykv::kernels::PageFormat>(f)))
+             : "?";
 }
 
 const char* PriorityName(int p) {
@@ -67,10 +70,8 @@ const char* PriorityName(int p) {
 }
 
 int ParseFormat(const std::string& s) {
-  for (int f = 1; f <= 7; ++f) {
-    if (s == FormatName(f)) return f;
-  }
-  return -1;
+  auto f = polykv::kernels::ParseFormat(s);
+  return f ? static_cast<int>(*f) : -1;
 }
 
 int ParsePriority(const std::string& s) {
@@ -90,10 +91,10 @@ void PrintQos(const polykv::v1::QosRecord& q) {
   std::printf("priority            %s\n", PriorityName(q.priority()));
   std::printf("guaranteed_bytes    %s\n", q.guaranteed_bytes() ? Human(q.guaranteed_bytes()).c_str() : "0");
   std::printf("max_bytes           %s\n", q.max_bytes() ? Human(q.max_bytes()).c_str() : "unlimited");
-  std::printf("key_floor           %s\n", FormatName(q.key_precision_floor()));
-  std::printf("value_floor         %s\n", FormatName(q.value_precision_floor()));
-  std::printf("key_format          %s\n", FormatName(q.key_format()));
-  std::printf("value_format        %s\n", FormatName(q.value_format()));
+  std::printf("key_floor           %s\n", FormatName(q.key_precision_floor()).c_str());
+  std::printf("value_floor         %s\n", FormatName(q.value_precision_floor()).c_str());
+  std::printf("key_format          %s\n", FormatName(q.key_format()).c_str());
+  std::printf("value_format        %s\n", FormatName(q.value_format()).c_str());
   std::printf("block_tokens        %s\n",
               q.block_tokens() ? std::to_string(q.block_tokens()).c_str() : "daemon default");
   std::printf("policy              %s\n", q.policy().c_str());
@@ -142,12 +143,13 @@ int main(int argc, char** argv) {
   qos_set->add_option("--priority", priority, "best_effort|low|normal|high|critical");
   qos_set->add_option("--max-bytes", max_bytes, "Cap on the agent's page bytes (0 = none), e.g. 256MiB");
   qos_set->add_option("--guaranteed-bytes", guaranteed_bytes, "Bytes kept available for the agent");
-  qos_set->add_option("--key-floor", key_floor, "Lowest key precision: f32 f16 bf16 fp8 int8 int4 int2");
+  const std::string formats = polykv::kernels::FormatShortNames();
+  qos_set->add_option("--key-floor", key_floor, "Lowest key precision: " + formats);
   qos_set->add_option("--value-floor", value_floor, "Lowest value precision");
   std::string key_format, value_format, block_tokens;
   qos_set->add_option("--key-format", key_format,
-                      "Key format of new sessions whose worker asks for none: f32 f16 bf16 fp8 int8 "
-                      "int4 int2, or 'default' (the model's dtype)");
+                      "Key format of new sessions whose worker asks for none: " + formats +
+                          ", or 'default' (the model's dtype)");
   qos_set->add_option("--value-format", value_format, "Value format, likewise");
   qos_set->add_option("--block-tokens", block_tokens,
                       "Tokens per page of new sessions whose worker asks for none: a power of two "
@@ -226,8 +228,8 @@ int main(int argc, char** argv) {
                   (unsigned long long)x.session_id(), x.agent_id().c_str(), x.tenant().c_str(),
                   PriorityName(x.priority()), (unsigned long long)x.reserved_tokens(),
                   (unsigned long long)x.committed_tokens(), Human(x.bytes()).c_str(),
-                  (unsigned long long)x.epoch(), FormatName(x.key_format()),
-                  FormatName(x.value_format()), x.peer_pid());
+                  (unsigned long long)x.epoch(), FormatName(x.key_format()).c_str(),
+                  FormatName(x.value_format()).c_str(), x.peer_pid());
     }
     return 0;
   }
@@ -264,12 +266,12 @@ int main(int argc, char** argv) {
     }
     if (!key_floor.empty()) {
       int f = ParseFormat(key_floor);
-      if (f < 0) return bad("--key-floor must be one of f32 f16 bf16 fp8 int8 int4 int2");
+      if (f < 0) return bad("--key-floor must be one of " + polykv::kernels::FormatShortNames());
       q.set_key_precision_floor(static_cast<polykv::v1::PageFormat>(f));
     }
     if (!value_floor.empty()) {
       int f = ParseFormat(value_floor);
-      if (f < 0) return bad("--value-floor must be one of f32 f16 bf16 fp8 int8 int4 int2");
+      if (f < 0) return bad("--value-floor must be one of " + polykv::kernels::FormatShortNames());
       q.set_value_precision_floor(static_cast<polykv::v1::PageFormat>(f));
     }
     for (auto [flag, text, set] :
@@ -278,7 +280,8 @@ int main(int argc, char** argv) {
       if (text->empty()) continue;
       const int f = *text == "default" ? 0 : ParseFormat(*text);
       if (f < 0) {
-        return bad(std::string(flag) + " must be one of f32 f16 bf16 fp8 int8 int4 int2 default");
+        return bad(std::string(flag) + " must be one of " + polykv::kernels::FormatShortNames() +
+                   " default");
       }
       (q.*set)(static_cast<polykv::v1::PageFormat>(f));
     }

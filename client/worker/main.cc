@@ -84,7 +84,7 @@ absl::StatusOr<kernels::PageFormat> FormatFlag(const std::string& name, const ch
   auto f = kernels::ParseFormat(name);
   if (!f.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        flag, " ", name, ": unknown page format (f32, f16, bf16, fp8, int8, int4, int2)"));
+        flag, " ", name, ": unknown page format (", kernels::FormatShortNames(", "), ")"));
   }
   return *f;
 }
@@ -484,7 +484,8 @@ int main(int argc, char** argv) {
     c->add_flag("--local-cache", f.local_cache, "keep the KV cache in process memory (dense f32; the baseline)");
     c->add_flag("--local-pages", f.local_pages, "keep the KV cache in process-memory pages (paged store without a daemon)");
     c->add_option("--tenant", f.tenant, "tenant of the daemon session");
-    c->add_option("--key-format", f.key_format, "page format of keys: f32 f16 bf16 fp8 int8 int4 int2");
+    c->add_option("--key-format", f.key_format,
+                  "page format of keys: " + polykv::kernels::FormatShortNames());
     c->add_option("--value-format", f.value_format, "page format of values");
     c->add_option("--block-tokens", f.block_tokens, "tokens per page (--local-pages; --daemon: 0 = daemon default)")
         ->check(CLI::NonNegativeNumber);

@@ -51,7 +51,10 @@ absl::StatusOr<QosRecord> ParseQos(const YAML::Node& n, QosRecord base, const st
       continue;
     }
     auto f = kernels::ParseFormat(n[key].as<std::string>());
-    if (!f) return KeyError(absl::StrCat(where, ".", key), "one of f32 f16 bf16 fp8 int8 int4 int2");
+    if (!f) {
+      return KeyError(absl::StrCat(where, ".", key),
+                      absl::StrCat("one of ", kernels::FormatShortNames()));
+    }
     *field = *f;
   }
   if (n["block_tokens"]) {

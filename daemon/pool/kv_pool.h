@@ -281,7 +281,9 @@ class KvPool {
   bool FreeGradually(Session& s, std::vector<Block>& blocks, bool pending = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreePending(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records a failed compaction of `s` (not retried until `what` changes).
+  // Records a failed compaction of `s`: counted and kept for the log; not
+  // retried until `what` changes, unless it was UNAVAILABLE (no room for its
+  // new pages now: the next Sync tries again).
   void CompactionFailed(Session& s, PolicyInputs::Failure what, const absl::Status& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives each layer its own slot records, for a policy that selects per

@@ -105,6 +105,10 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
   // the session's (staged) from allocation on, so counts stay exact.
   auto shapes = run.NewShapes(s);
   absl::Status failure = shapes.ok() ? StageBlocks(s, *shapes, /*in_flight=*/false) : shapes.status();
+  if (absl::IsResourceExhausted(failure)) {
+    failure = absl::UnavailableError(
+        absl::StrCat("no room for the compaction's new pages now: ", failure.message()));
+  }
   if (s.doomed) return FinishDoomed(s);
   if (failure.ok()) failure = run.Address(s, blocks_);
   if (failure.ok()) {
@@ -136,13 +140,14 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
 }
 
 void KvPool::CompactionFailed(Session& s, PolicyInputs::Failure what, const absl::Status& why) {
-  s.policy.failed = std::move(what);
   ++ladder_steps_["compaction_failed"];
   if (compaction_errors_.size() < kMaxCompactionErrors) {
     compaction_errors_.push_back(absl::StrCat("session ", s.id, " (agent ", s.agent_id(),
-                                              ", policy '", s.policy.failed->policy,
-                                              "'): ", why.message()));
+                                              ", policy '", what.policy, "'): ", why.message()));
   }
+  // No room for new pages depends on other sessions: the next Sync may
+  // find it. Anything else fails again until the session changes.
+  if (!absl::IsUnavailable(why)) s.policy.failed = std::move(what);
 }
 
 std::vector<std::string> KvPool::TakeCompactionErrors() {

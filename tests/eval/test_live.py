@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import sys
 import tempfile
 import unittest
@@ -161,6 +162,15 @@ class TaskTest(unittest.TestCase):
             t4 = live.read_task(write_task(d, "plain.jsonl", TASK_LINES[:4] + [
                 {"role": "assistant"}]))
             self.assertEqual((t4.id, t4.family, t4.eval), ("plain", "script", None))
+
+    def test_page_formats_are_the_kernels_table(self):
+        # One list of formats in Python (live.PAGE_FORMATS; report and eval
+        # use it), checked against kernels/page_format.cc's, in wire order.
+        with open(os.path.join(ROOT, "kernels", "page_format.cc")) as f:
+            src = f.read()
+        table = src[src.index("std::string_view FormatShortName("):]
+        table = table[:table.index("\n}\n")]
+        self.assertEqual(live.PAGE_FORMATS, tuple(re.findall(r'return "(\w+)";', table)[:-1]))
 
     def test_compaction_expected_follows_the_sync_cadence(self):
         # 1050 prompt tokens = 8 chunks of 128 + 26; a chunk is past the

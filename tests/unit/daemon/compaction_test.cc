@@ -806,6 +806,36 @@ TEST_F(CompactionTest, ImportanceBudgetsGiveTheLayerThatNeedsMoreMoreSlots) {
   Check();
 }
 
+// A compaction that finds no room for its new pages (the pool is full of
+// another session's) is counted and tried again at the next Sync, though
+// the session has not changed: the room depends on other sessions. (Other
+// failures wait for the session to change; see the test above.)
+TEST_F(CompactionTest, ACompactionWithoutRoomForItsPagesIsRetriedAtTheNextSync) {
+  SetQos("a", "streaming", 32);  // 4 sinks + the newest: a new first block
+  SetQos("b", "full", 0);
+  Sess a = Open("a");
+  ASSERT_TRUE(Append(a, 60).ok());
+  Sess b = Open("b");
+  while (pool_->Reserve(b.id, b.token, peer_, 16).ok()) {
+  }
+  auto failures = [&] {
+    PoolSummary st = pool_->Stats();
+    std::map<std::string, uint64_t> ladder(st.ladder_steps.begin(), st.ladder_steps.end());
+    return ladder["compaction_failed"];
+  };
+  EXPECT_FALSE(Sync(a).value());
+  EXPECT_EQ(failures(), 1u);
+  EXPECT_FALSE(Sync(a).value());  // unchanged, and tried again
+  EXPECT_EQ(failures(), 2u);
+  const std::vector<std::string> errors = pool_->TakeCompactionErrors();
+  ASSERT_FALSE(errors.empty());
+  EXPECT_NE(errors[0].find("no room"), std::string::npos) << errors[0];
+  ASSERT_TRUE(pool_->Close(b.id, b.token, peer_).ok());
+  ASSERT_TRUE(Sync(a).value());
+  EXPECT_EQ(a.committed, 28u);
+  Check();
+}
+
 // `snapkv` ranks by the observation window the worker probes at the end of
 // each user or tool message (ReportSlots.observation), not by the decayed
 // attention; slots newer than the window rank with the most observed.
