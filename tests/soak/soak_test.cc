@@ -133,7 +133,7 @@ TEST(SoakTest, SixtyFourAgentsChurnSessionsAndCompactions) {
       "\"rss_peak_bytes\":%llu,\"rss_allowed_bytes\":%llu,\"rss_anon_warm_bytes\":%llu,"
       "\"rss_anon_end_bytes\":%llu,\"fds_warm\":%llu,\"fds_end\":%llu,\"fds_peak\":%llu,"
       "\"retired_arenas\":%.0f,\"retired_resident_bytes\":%.0f,\"quarantined_bytes\":%.0f,"
-      "\"leaked_sessions\":%u,\"leaked_pages\":%llu,\"leaked_bytes\":%llu}\n",
+      "\"relocated_blocks\":%.0f,\"leaked_sessions\":%u,\"leaked_pages\":%llu,\"leaked_bytes\":%llu}\n",
       (unsigned long long)seconds, agents, (unsigned long long)seed, tally.CountsJson().c_str(),
       SampleSum(page, "polykv_compactions_total"), SampleSum(page, "polykv_evicted_tokens_total"),
       SampleSum(page, "polykv_ladder_steps_total"), (unsigned long long)stats->lease_expiries(),
@@ -145,7 +145,8 @@ TEST(SoakTest, SixtyFourAgentsChurnSessionsAndCompactions) {
       (unsigned long long)rss_anon_end, (unsigned long long)fds_warm, (unsigned long long)fds_end,
       (unsigned long long)fds_peak, Sample(page, "polykv_retired_arenas{kind=\"arenas\"}"),
       Sample(page, "polykv_retired_arenas{kind=\"resident_bytes\"}"),
-      Sample(page, "polykv_quarantined_bytes"), stats->num_sessions(),
+      Sample(page, "polykv_quarantined_bytes"), Sample(page, "polykv_relocated_blocks_total"),
+      stats->num_sessions(),
       (unsigned long long)stats->pool().num_pages(),
       (unsigned long long)stats->pool().used_bytes());
   std::fflush(stdout);
