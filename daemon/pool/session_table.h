@@ -9,8 +9,8 @@
 
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,7 +90,8 @@ struct PolicyInputs {
   uint64_t reports = 0;
   // A compaction that failed is not retried (nor counted again) until the
   // session changes: more tokens, a report, another policy text. Otherwise
-  // every idle Sync ran and counted the same failure.
+  // every idle Sync ran and counted the same failure. (One that found no
+  // room for its new pages is not recorded here: KvPool::CompactionFailed.)
   struct Failure {
     uint64_t committed = 0;
     uint64_t reports = 0;
