@@ -303,8 +303,7 @@ void Daemon::LadderLoop() {
     }
     for (const std::string& error : pool_->TakeCompactionErrors()) {
       if (auto skipped = session_log_->Admit("compaction_failed")) {
-        DaemonLogger()->warn("compaction failed: {} (the session keeps its tables; retried once "
-                             "it changes){}", error,
+        DaemonLogger()->warn("compaction failed: {} (the session keeps its tables){}", error,
                              *skipped == 0 ? "" : absl::StrCat("; ", *skipped, " more not logged"));
       }
     }
