@@ -349,9 +349,9 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     // previous ones. A move first (it changes the epoch: no compaction then).
     if (known_epoch == s.tables.epoch && s.tables.pending.empty() && !s.busy) {
       if (auto st = Relocate(s); absl::IsNotFound(st)) return st;
-    }
-    if (known_epoch == s.tables.epoch && s.tables.pending.empty() && !s.busy) {
-      if (auto st = CompactAtStepBoundary(s); absl::IsNotFound(st)) return st;
+      if (s.tables.epoch == known_epoch) {
+        if (auto st = CompactAtStepBoundary(s); absl::IsNotFound(st)) return st;
+      }
     }
     // A compaction may outlast the lease; the worker's call is live until
     // it returns, so the lease runs from now.

@@ -79,6 +79,13 @@ class CompactionTest : public ::testing::Test {
     }
   };
 
+  // Ladder step "compaction_failed" so far.
+  uint64_t CompactionFailures() {
+    PoolSummary st = pool_->Stats();
+    std::map<std::string, uint64_t> ladder(st.ladder_steps.begin(), st.ladder_steps.end());
+    return ladder["compaction_failed"];
+  }
+
   void SetQos(const std::string& agent, const std::string& policy, uint64_t budget,
               Priority prio = Priority::kNormal, uint64_t guaranteed = 0,
               std::optional<kernels::PageFormat> value_floor = std::nullopt) {
@@ -757,19 +764,14 @@ TEST_F(CompactionTest, ImportanceBudgetsGiveTheLayerThatNeedsMoreMoreSlots) {
   // The refusal is reported once, with its reason, and not retried (nor
   // counted) at every idle Sync until the session changes (issue 40).
   for (int i = 0; i < 3; ++i) EXPECT_FALSE(Sync(s).value());
-  auto failures = [&] {
-    PoolSummary st = pool_->Stats();
-    std::map<std::string, uint64_t> ladder(st.ladder_steps.begin(), st.ladder_steps.end());
-    return ladder["compaction_failed"];
-  };
-  EXPECT_EQ(failures(), 1u);
+  EXPECT_EQ(CompactionFailures(), 1u);
   const std::vector<std::string> errors = pool_->TakeCompactionErrors();
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0].find("kvzip{window.size=16}"), std::string::npos) << errors[0];
   EXPECT_TRUE(pool_->TakeCompactionErrors().empty());
   ASSERT_TRUE(Append(s, 1).ok());  // changed: tried again
   EXPECT_FALSE(Sync(s).value());
-  EXPECT_EQ(failures(), 2u);
+  EXPECT_EQ(CompactionFailures(), 2u);
 
   // Back to per-layer budgets: the next compaction reads layer 0 from its
   // offset on, and new tokens were appended to both layers alike.
@@ -818,15 +820,10 @@ TEST_F(CompactionTest, ACompactionWithoutRoomForItsPagesIsRetriedAtTheNextSync) 
   Sess b = Open("b");
   while (pool_->Reserve(b.id, b.token, peer_, 16).ok()) {
   }
-  auto failures = [&] {
-    PoolSummary st = pool_->Stats();
-    std::map<std::string, uint64_t> ladder(st.ladder_steps.begin(), st.ladder_steps.end());
-    return ladder["compaction_failed"];
-  };
   EXPECT_FALSE(Sync(a).value());
-  EXPECT_EQ(failures(), 1u);
+  EXPECT_EQ(CompactionFailures(), 1u);
   EXPECT_FALSE(Sync(a).value());  // unchanged, and tried again
-  EXPECT_EQ(failures(), 2u);
+  EXPECT_EQ(CompactionFailures(), 2u);
   const std::vector<std::string> errors = pool_->TakeCompactionErrors();
   ASSERT_FALSE(errors.empty());
   EXPECT_NE(errors[0].find("no room"), std::string::npos) << errors[0];
