@@ -17,5 +17,8 @@ for model in smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
 done
 # The bfcl and humaneval data the workload generator's tests read.
 python3 bench/eval/data.py >/dev/null
+# The Python package, built and installed into its venv (torch, transformers):
+# the tests labelled `python` run it.
+bash scripts/setup-python-venv.sh >/dev/null
 export CI=${CI:-1}
 ctest --test-dir build -LE soak -j"$(nproc)" --output-on-failure --timeout 900

@@ -158,7 +158,7 @@ class Session:
         self._s.report_observation(first_slot, _floats(observation))
 
     @property
-    def token(self) -> str:
+    def token(self) -> bytes:
         """The session's capability token (secret; for tests of token checks)."""
         return self._s.token
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import weakref
 from typing import Iterator, Optional
 
 import numpy as np
@@ -59,7 +60,7 @@ class PolykvLayer(CacheLayerMixin):
 
     def __init__(self, cache: "PolykvCache", layer: int):
         super().__init__()
-        self._cache = cache
+        self._cache = weakref.proxy(cache)  # no cycle: the session closes with its cache
         self._layer = layer
 
     def lazy_initialization(self, key_states, value_states) -> None:
@@ -129,6 +130,17 @@ class PolykvCache(Cache):
         self._step_end = 0  # the step's last position + 1
         super().__init__(layers=[PolykvLayer(self, i) for i in range(self.num_layers)])
 
+    def close(self) -> None:
+        """Closes the session: its pages go back to the pool. Also when the
+        cache is garbage-collected or leaves its ``with``."""
+        self._store.close()
+
+    def __enter__(self) -> "PolykvCache":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # --- what the daemon and the store say ---
     @property
     def num_slots(self) -> int:
@@ -162,6 +174,11 @@ class PolykvCache(Cache):
         self._turn += 1
         self._role = role
         self._store.begin_turn(self._turn, role, intent)
+
+    def commit(self) -> None:
+        """Commits the tokens written since the last commit now (the store
+        commits every few steps and at each begin_turn on its own)."""
+        self._store.commit_pending()
 
     @contextlib.contextmanager
     def probe(self, kind: str) -> Iterator[None]:

@@ -99,7 +99,8 @@ void BindSession(nb::module_& m) {
       .def_prop_ro("reserved_tokens", &Session::reserved_tokens)
       .def_prop_ro("committed_tokens", &Session::committed_tokens)
       .def_prop_ro("epoch", &Session::epoch)
-      .def_prop_ro("token", &Session::token)
+      .def_prop_ro("token",
+                   [](const Session& s) { return nb::bytes(s.token().data(), s.token().size()); })
       .def_prop_ro("slot_positions", &Session::slot_positions)
       .def_prop_ro("slot_counts", &Session::slot_counts)
       .def_prop_ro("layer_slot_positions", &Session::layer_slot_positions)
@@ -193,12 +194,14 @@ void BindConnection(nb::module_& m) {
           nb::arg("heartbeat"));
   m.def(
       "fetch_arena_fd",
-      [](const std::string& fd_socket, uint64_t session_id, const std::string& token,
+      [](const std::string& fd_socket, uint64_t session_id, const nb::bytes& token,
          uint32_t arena_id) {
-        return Take(FetchArenaFd(fd_socket, SessionRef{session_id, token}, arena_id));
+        SessionRef ref{session_id, std::string(token.c_str(), token.size())};
+        nb::gil_scoped_release unlocked;
+        return Take(FetchArenaFd(fd_socket, ref, arena_id));
       },
       nb::arg("fd_socket"), nb::arg("session_id"), nb::arg("token"), nb::arg("arena_id"),
-      Unlocked(), "Raw: an arena's fd as the daemon hands it to a session (tests and tools).");
+      "Raw: an arena's fd as the daemon hands it to a session (tests and tools).");
 }
 
 }  // namespace

@@ -56,15 +56,17 @@ class KvStore {
     for (size_t i = 0; i < step_.size(); ++i) {
       step_[i] = worker::TokenMeta{ids.data()[i], positions.data()[i], turn, r};
     }
+    PagedKvStore& store = this->store();
     nb::gil_scoped_release unlocked;
-    Check(store_->BeginStep(step_));
+    Check(store.BeginStep(step_));
   }
 
   void Append(int layer, const Rows& k, const Rows& v) {
     CheckRows("append: k", k, shape().num_kv_heads);
     CheckRows("append: v", v, shape().num_kv_heads);
+    PagedKvStore& store = this->store();
     nb::gil_scoped_release unlocked;
-    Check(store_->Append(layer, k.data(), v.data()));
+    Check(store.Append(layer, k.data(), v.data()));
   }
 
   void Attend(int layer, const Rows& q, OutRows out) {
@@ -78,16 +80,26 @@ class KvStore {
           "attend: ", heads, " query heads are not a multiple of ", shape().num_kv_heads,
           " KV heads")));
     }
+    PagedKvStore& store = this->store();
     nb::gil_scoped_release unlocked;
-    Check(store_->Attend(layer, heads, q.data(), out.data()));
+    Check(store.Attend(layer, heads, q.data(), out.data()));
   }
 
-  PagedKvStore& store() { return *store_; }
-  const KvShape& shape() const { return store_->shape(); }
+  // Closes the session (its pages go back to the pool) and unmaps it.
+  void Close() {
+    nb::gil_scoped_release unlocked;
+    store_.reset();
+  }
+
+  PagedKvStore& store() {
+    if (!store_) throw StatusError(absl::FailedPreconditionError("the KV store is closed"));
+    return *store_;
+  }
+  const KvShape& shape() { return store().shape(); }
 
  private:
   template <typename A>
-  void CheckRows(const char* what, const A& a, int heads) const {
+  void CheckRows(const char* what, const A& a, int heads) {
     if (a.shape(0) != step_.size() || a.shape(1) != static_cast<size_t>(heads) ||
         a.shape(2) != static_cast<size_t>(shape().head_dim)) {
       throw StatusError(absl::InvalidArgumentError(absl::StrCat(
@@ -164,6 +176,7 @@ void BindKvStore(nb::module_& m) {
              nb::gil_scoped_release unlocked;
              Check(s.store().EndProbe());
            })
+      .def("close", &KvStore::Close)
       .def("commit_pending",
            [](KvStore& s) {
              nb::gil_scoped_release unlocked;

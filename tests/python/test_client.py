@@ -1,0 +1,129 @@
+"""polykv.Client / Session / Admin against a real polykvd: pages are the
+pool's memory (zero-copy), errors are the daemon's, with its message, and a
+refused call changes nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+
+import numpy as np
+import pytest
+
+import polykv
+from polykv import errors
+
+from conftest import pool_problems
+
+PROFILE = polykv.ModelProfile(num_layers=2, num_kv_heads=2, head_dim=64, dtype="f32")
+
+
+def session_state(daemon, agent_id):
+    """The agent's sessions as the daemon sees them, but for their idle time."""
+    sessions = daemon.admin.sessions(agent_id=agent_id)
+    return [dataclasses.replace(s, idle_seconds=0) for s in sessions]
+
+
+def test_session_pages_are_the_pools_memory(daemon):
+    with polykv.Client(daemon.socket) as client:
+        with client.open_session("pages", PROFILE, tenant="t-pages", key_format="f32",
+                                 value_format="int8", block_tokens=16) as s:
+            assert (s.info.key_format, s.info.value_format) == ("f32", "int8")
+            assert s.info.block_tokens == 16
+            blocks = s.reserve(40)
+            assert len(blocks) == 3 and s.reserved_tokens == 48
+            page = blocks[1].pages[2]  # layer 1's keys
+            assert (page.layer, page.is_value, page.format) == (1, False, "f32")
+            assert page.size_bytes == s.info.key_page_bytes
+            a, b = s.page(1, 2), s.page(1, 2)
+            assert a.size == page.size_bytes and a.dtype == np.uint8
+            a[:] = np.arange(a.size, dtype=np.uint64).astype(np.uint8)
+            # Two views of one page: the same bytes, no copy in between.
+            assert np.array_equal(a, b)
+            assert a.ctypes.data == b.ctypes.data
+            assert s.page(1, 3).ctypes.data != a.ctypes.data
+            s.commit(40)
+            [info] = daemon.admin.sessions(agent_id="pages")
+            assert (info.committed_tokens, info.reserved_tokens) == (40, 48)
+            assert info.bytes == 3 * 2 * (s.info.key_page_bytes + s.info.value_page_bytes)
+    assert pool_problems(daemon.admin) == ""
+
+
+def test_a_page_view_keeps_its_session_mapped(daemon):
+    client = polykv.Client(daemon.socket)
+    s = client.open_session("views", PROFILE, tenant="t-views")
+    s.reserve(16)
+    view = s.page(0, 0)
+    view[:4] = [1, 2, 3, 4]
+    del s, client
+    gc.collect()
+    # The session object lives while the view does: reading is safe.
+    assert list(view[:4]) == [1, 2, 3, 4]
+    assert len(daemon.admin.sessions(agent_id="views")) == 1
+    del view
+    gc.collect()
+    assert daemon.admin.sessions(agent_id="views") == []
+
+
+def test_errors_carry_the_code_and_the_daemons_message(daemon):
+    with pytest.raises(errors.Unavailable, match="cannot reach polykvd"):
+        polykv.Client(daemon.socket + ".nothing", timeout_ms=200)
+    with polykv.Client(daemon.socket) as client:
+        with pytest.raises(errors.InvalidArgument, match="not a page format"):
+            client.open_session("e", PROFILE, key_format="int3")
+        with pytest.raises(errors.InvalidArgument, match="compute dtype"):
+            client.open_session("e", polykv.ModelProfile(2, 2, 64, dtype="int8"))
+        with pytest.raises(errors.InvalidArgument):
+            client.open_session("e", polykv.ModelProfile(0, 2, 64))
+        with client.open_session("e", PROFILE, tenant="t-errors") as s:
+            s.reserve(16)
+            s.commit(10)
+            before = session_state(daemon, "e")
+            too_many = s.reserved_tokens + 1
+            with pytest.raises(errors.Error) as e:
+                s.commit(too_many)
+            assert e.value.code in ("INVALID_ARGUMENT", "OUT_OF_RANGE", "FAILED_PRECONDITION")
+            assert str(too_many) in e.value.message
+            with pytest.raises(errors.InvalidArgument, match="not all committed"):
+                s.report_importance(0, np.ones(12))
+            with pytest.raises(errors.OutOfRange):
+                s.page(5, 0)
+            # A refused call changes nothing.
+            assert session_state(daemon, "e") == before
+            s.report_importance(0, np.ones(10))
+        with pytest.raises(errors.Error):
+            s.reserve(16)  # closed
+    assert issubclass(errors.ResourceExhausted, polykv.Error)
+    assert pool_problems(daemon.admin) == ""
+
+
+def test_admin_qos_stats_sessions_and_evict(daemon):
+    admin = daemon.admin
+    stored = admin.set_qos(polykv.Qos(agent_id="qos-a", priority="high", policy="h2o",
+                                      budget_tokens=128, key_format="int8",
+                                      key_precision_floor="int4", max_bytes=1 << 24))
+    assert (stored.priority, stored.policy, stored.budget_tokens) == ("high", "h2o", 128)
+    assert (stored.key_format, stored.key_precision_floor) == ("int8", "int4")
+    assert admin.get_qos("qos-a") == stored
+    with pytest.raises(ValueError, match="not a page format"):
+        admin.set_qos(polykv.Qos(agent_id="qos-a", key_format="q4"))
+    with pytest.raises(errors.InvalidArgument):
+        admin.set_qos(polykv.Qos(agent_id="qos-a", policy="no-such-policy"))
+    assert admin.get_qos("qos-a") == stored  # the refused record changed nothing
+
+    with polykv.Client(daemon.socket) as client:
+        s = client.open_session("qos-a", PROFILE, tenant="t-qos")
+        assert s.info.key_format == "int8"  # the QoS's format, as the daemon granted it
+        s.reserve(32)
+        stats = admin.stats()
+        assert stats.num_sessions == 1 and stats.pool.used_bytes > 0
+        assert [t.num_sessions for t in stats.tenants if t.tenant.startswith("t-qos")] == [1]
+        [info] = admin.sessions(tenant="t-qos")
+        assert (info.agent_id, info.priority, info.profile.dtype) == ("qos-a", "high", "f32")
+        assert admin.evict(info.session_id) > 0
+        assert admin.sessions(tenant="t-qos") == []
+        with pytest.raises(errors.Error):
+            s.reserve(16)
+    with pytest.raises(errors.NotFound):
+        admin.evict(info.session_id)
+    assert pool_problems(admin) == ""
