@@ -15,8 +15,10 @@ pinned_venv() {
   if [[ ! -x "$py" ]]; then
     echo "$name: creating $venv" >&2
     mkdir -p "$(dirname "$venv")"
-    python3 -m venv "$venv" ||
-      { echo "$name: error: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2; return 1; }
+    if ! python3 -m venv "$venv"; then
+      echo "$name: error: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2
+      return 1
+    fi
   fi
   echo "$name: pip install -r $req into $venv (a few minutes the first time)" >&2
   "$py" -m pip install --disable-pip-version-check --progress-bar off -r "$req" >&2 ||

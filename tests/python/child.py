@@ -50,7 +50,8 @@ def generate(socket: str, tenant: str, model_path: str) -> None:
         model(ids, past_key_values=cache, use_cache=True)
         print("generating", flush=True)
         while True:
-            ids = model(ids[:, -1:], past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            logits = model(ids[:, -1:], past_key_values=cache, use_cache=True).logits
+            ids = logits[:, -1:].argmax(-1)
 
 
 if __name__ == "__main__":

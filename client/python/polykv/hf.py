@@ -269,9 +269,9 @@ def prefill(model, cache: PolykvCache, input_ids: torch.Tensor, *, chunk: int = 
     last logits. Where the agent's policy ranks by KVzip's importance
     (``cache.supports_probe("reconstruct")``) each chunk is followed by the
     worker's reconstruction probe (REPEAT_PROMPT, then the chunk again), which
-    needs ``tokenizer``; without one the policy has no importance for these
-    tokens and ranks them as never attended (ValueError instead, so that
-    this is not silent)."""
+    needs ``tokenizer`` (ValueError without one). Tokens no probe scored rank
+    with the most important, so a kvzip session prefilled without probes
+    (e.g. by ``generate`` alone) is compacted by recency instead."""
     probe = cache.supports_probe("reconstruct")
     if probe and tokenizer is None:
         raise ValueError("the agent's policy ranks by reconstruction probes (kvzip): "

@@ -21,7 +21,8 @@ policies::Role RoleArg(const std::string& name) {
   if (!r) {
     std::string names;
     for (int i = 0; i < policies::kNumRoles; ++i) {
-      absl::StrAppend(&names, i ? ", " : "", std::string(policies::RoleName(static_cast<policies::Role>(i))));
+      const std::string_view role = policies::RoleName(static_cast<policies::Role>(i));
+      absl::StrAppend(&names, i ? ", " : "", std::string(role));
     }
     throw StatusError(
         absl::InvalidArgumentError(absl::StrCat("role '", name, "' is not a role (", names, ")")));
