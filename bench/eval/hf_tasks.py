@@ -165,9 +165,9 @@ def main() -> int:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
     import polykv
+    import polykv.hf  # registers attn_implementation="polykv"
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
-    os.environ.setdefault("TQDM_DISABLE", "1")
 
     done = set()
     if args.resume and args.out.exists():

@@ -16,7 +16,6 @@ import pytest
 
 import polykv
 
-os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF loader's progress bars
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "eval"))
 from missing_input import missing_input  # noqa: E402
