@@ -10,6 +10,8 @@ packages=(
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   libyaml-cpp-dev libspdlog-dev libopenblas-dev nlohmann-json3-dev
   clang  # scripts/check-thread-safety.sh (the thread_safety_test)
+  prometheus  # promtool: the alerts' unit tests (prometheus_rules_test)
+  strace  # systemd_syscalls_test: polykvd's system calls against the unit's filter
 )
 
 missing=()
