@@ -9,6 +9,7 @@ import gc
 
 import numpy as np
 import pytest
+import torch
 
 import polykv
 from polykv import errors
@@ -42,6 +43,10 @@ def test_session_pages_are_the_pools_memory(daemon):
             assert np.array_equal(a, b)
             assert a.ctypes.data == b.ctypes.data
             assert s.page(1, 3).ctypes.data != a.ctypes.data
+            # torch takes the page through DLPack, also without a copy.
+            t = torch.from_dlpack(a)
+            t[:3] = torch.tensor([7, 8, 9], dtype=torch.uint8)
+            assert list(b[:3]) == [7, 8, 9] and t.data_ptr() == a.ctypes.data
             s.commit(40)
             [info] = daemon.admin.sessions(agent_id="pages")
             assert (info.committed_tokens, info.reserved_tokens) == (40, 48)
