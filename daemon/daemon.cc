@@ -105,7 +105,14 @@ absl::Status Daemon::Start() {
                       std::make_move_iterator(state.end()));
       return prometheus::TextSerializer().Serialize(families);
     };
-    auto server = MetricsHttpServer::Start({.address = config_.metrics_address}, std::move(render));
+    // Ready (GET /readyz) once Start has finished, until a drain or shutdown.
+    auto ready = [this]() -> absl::Status {
+      if (!serving_.load() || shut_down_.load()) return absl::UnavailableError("not serving");
+      if (pool_->draining()) return absl::UnavailableError("draining");
+      return absl::OkStatus();
+    };
+    auto server = MetricsHttpServer::Start({.address = config_.metrics_address}, std::move(render),
+                                           std::move(ready));
     if (!server.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
           server.status().message(),
@@ -204,6 +211,7 @@ absl::Status Daemon::Start() {
   listener_->Start();
   reaper_ = std::thread([this] { ReaperLoop(); });
   ladder_ = std::thread([this] { LadderLoop(); });
+  serving_ = true;
   DaemonLogger()->info("polykvd {} listening on {} (fds {}), tier {}, pool {} bytes, lease {} ms, metrics {}",
                POLYKV_VERSION, config_.socket, fd_socket_path_, config_.tier, config_.pool_bytes,
                config_.lease_ms, metrics_address_.empty() ? "off" : metrics_address_);

@@ -96,6 +96,7 @@ class Daemon {
   std::thread reaper_;
   std::thread ladder_;
   std::atomic<bool> shut_down_{false};
+  std::atomic<bool> serving_{false};  // Start finished: /readyz may say ready
 };
 
 }  // namespace polykv::daemon

@@ -33,7 +33,8 @@ std::string Reply(int code, absl::string_view reason, absl::string_view type,
 }
 
 // The reply to one request head ("GET /metrics HTTP/1.1\r\n...").
-std::string Answer(absl::string_view head, const std::function<std::string()>& render) {
+std::string Answer(absl::string_view head, const std::function<std::string()>& render,
+                   const std::function<absl::Status()>& ready) {
   const size_t sp1 = head.find(' ');
   const size_t sp2 = sp1 == absl::string_view::npos ? sp1 : head.find(' ', sp1 + 1);
   if (sp2 == absl::string_view::npos) {
@@ -45,15 +46,29 @@ std::string Answer(absl::string_view head, const std::function<std::string()>& r
   if (method != "GET" && method != "HEAD") {
     return Reply(405, "Method Not Allowed", "text/plain", "only GET /metrics\n");
   }
-  if (path != "/metrics" && path != "/") {
-    return Reply(404, "Not Found", "text/plain", "try /metrics\n");
+  int code = 200;
+  absl::string_view reason = "OK";
+  std::string page;
+  std::string type = "text/plain; charset=utf-8";
+  if (path == "/metrics" || path == "/") {
+    page = render();
+    type = "text/plain; version=0.0.4; charset=utf-8";
+  } else if (path == "/healthz") {
+    page = "ok\n";
+  } else if (path == "/readyz") {
+    const absl::Status s = ready ? ready() : absl::OkStatus();
+    if (s.ok()) {
+      page = "ready\n";
+    } else {
+      code = 503;
+      reason = "Service Unavailable";
+      page = absl::StrCat("not ready: ", s.message(), "\n");
+    }
+  } else {
+    return Reply(404, "Not Found", "text/plain", "try /metrics, /healthz or /readyz\n");
   }
-  std::string page = render();
-  if (method == "HEAD") {
-    std::string r = Reply(200, "OK", "text/plain; version=0.0.4; charset=utf-8", page);
-    return r.substr(0, r.size() - page.size());
-  }
-  return Reply(200, "OK", "text/plain; version=0.0.4; charset=utf-8", page);
+  std::string r = Reply(code, reason, type, page);
+  return method == "HEAD" ? r.substr(0, r.size() - page.size()) : r;
 }
 
 void CloseConn(Conn& c) {
@@ -64,7 +79,8 @@ void CloseConn(Conn& c) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const MetricsHttpOptions& options, std::function<std::string()> render) {
+    const MetricsHttpOptions& options, std::function<std::string()> render,
+    std::function<absl::Status()> ready) {
   const size_t colon = options.address.rfind(':');
   if (colon == std::string::npos || colon + 1 == options.address.size()) {
     return absl::InvalidArgumentError(
@@ -113,14 +129,17 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     return wake.status();
   }
   return std::unique_ptr<MetricsHttpServer>(
-      new MetricsHttpServer(options, std::move(render), fd, *std::move(wake), bound_port));
+      new MetricsHttpServer(options, std::move(render), std::move(ready), fd, *std::move(wake),
+                            bound_port));
 }
 
 MetricsHttpServer::MetricsHttpServer(const MetricsHttpOptions& options,
-                                     std::function<std::string()> render, int listen_fd,
+                                     std::function<std::string()> render,
+                                     std::function<absl::Status()> ready, int listen_fd,
                                      WakeFd wake, int port)
     : options_(options),
       render_(std::move(render)),
+      ready_(std::move(ready)),
       listen_fd_(listen_fd),
       wake_(std::move(wake)),
       port_(port),
@@ -175,7 +194,7 @@ void MetricsHttpServer::Loop() {
           }
           continue;
         }
-        c.out = Answer(absl::string_view(c.in).substr(0, end), render_);
+        c.out = Answer(absl::string_view(c.in).substr(0, end), render_, ready_);
         c.replying = true;
       }
       if (c.replying && (ev & (POLLOUT | POLLIN | POLLHUP | POLLERR))) {

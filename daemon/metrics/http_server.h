@@ -1,5 +1,8 @@
 // MetricsHttpServer: serves GET /metrics (Prometheus text format) on a TCP
-// address, from one thread that multiplexes every connection with poll().
+// address, from one thread that multiplexes every connection with poll();
+// with it the probes an orchestrator asks (Kubernetes' liveness and
+// readiness): GET /healthz answers 200 while this loop runs, GET /readyz 200
+// when `ready` says OK and 503 with its message otherwise.
 //
 // Why not prometheus-cpp's Exposer: it is civetweb with a thread per
 // connection (two by default) and a 30 s request timeout, so two idle TCP
@@ -34,9 +37,11 @@ struct MetricsHttpOptions {
 
 class MetricsHttpServer {
  public:
-  // Binds and starts serving. `render` returns the page body.
+  // Binds and starts serving. `render` returns the /metrics page body;
+  // `ready` says whether the daemon takes work (null: always).
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
-      const MetricsHttpOptions& options, std::function<std::string()> render);
+      const MetricsHttpOptions& options, std::function<std::string()> render,
+      std::function<absl::Status()> ready = nullptr);
   ~MetricsHttpServer();
   MetricsHttpServer(const MetricsHttpServer&) = delete;
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
@@ -45,11 +50,12 @@ class MetricsHttpServer {
 
  private:
   MetricsHttpServer(const MetricsHttpOptions& options, std::function<std::string()> render,
-                    int listen_fd, WakeFd wake, int port);
+                    std::function<absl::Status()> ready, int listen_fd, WakeFd wake, int port);
   void Loop();
 
   const MetricsHttpOptions options_;
   const std::function<std::string()> render_;
+  const std::function<absl::Status()> ready_;
   const int listen_fd_;
   WakeFd wake_;  // the destructor wakes the poll
   const int port_;

@@ -209,6 +209,22 @@ TEST_F(DaemonIntegrationTest, MetricsEndpointListsPolykvMetrics) {
   for (int fd : idle) close(fd);
 }
 
+// Kubernetes' probes: /healthz while the daemon runs; /readyz until it drains.
+TEST_F(DaemonIntegrationTest, ReadinessEndsWhenTheDaemonDrains) {
+  auto stats = admin_->GetStats();
+  ASSERT_TRUE(stats.ok());
+  const std::string addr = stats->metrics_address();
+  const int port = std::stoi(addr.substr(addr.rfind(':') + 1));
+  EXPECT_EQ(HttpGet(port, "/healthz").rfind("HTTP/1.1 200", 0), 0u);
+  const std::string ready = HttpGet(port, "/readyz");
+  EXPECT_EQ(ready.rfind("HTTP/1.1 200", 0), 0u) << ready;
+  ASSERT_TRUE(admin_->Drain(0).ok());
+  const std::string draining = HttpGet(port, "/readyz");
+  EXPECT_EQ(draining.rfind("HTTP/1.1 503", 0), 0u) << draining;
+  EXPECT_NE(draining.find("not ready: draining"), std::string::npos) << draining;
+  EXPECT_EQ(HttpGet(port, "/healthz").rfind("HTTP/1.1 200", 0), 0u);
+}
+
 // Finding 9 of issue 14: a name that is not valid UTF-8 made protobuf refuse
 // the whole request (INTERNAL, empty message, a log line per request).
 TEST_F(DaemonIntegrationTest, Finding9_InvalidUtf8NamesAreInvalidArgument) {

@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -383,6 +384,22 @@ TEST(MetricsHttpServerTest, AnswersOnlyGetOfMetricsAndBoundsRequests) {
   EXPECT_EQ(head.rfind("HTTP/1.1 200 OK", 0), 0u) << head;
   EXPECT_EQ(head.substr(head.size() - 4), "\r\n\r\n") << head;  // no body
   EXPECT_FALSE(MetricsHttpServer::Start({.address = "no-port"}, [] { return std::string(); }).ok());
+}
+
+TEST(MetricsHttpServerTest, HealthAndReadinessProbes) {
+  std::atomic<bool> draining{false};  // read on the server's thread
+  auto server = MetricsHttpServer::Start(
+      {.address = "127.0.0.1:0"}, [] { return std::string("x 1\n"); },
+      [&] { return draining ? absl::UnavailableError("draining") : absl::OkStatus(); });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  EXPECT_EQ(Request(port, "GET /healthz HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_EQ(Request(port, "GET /readyz HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
+  draining = true;
+  const std::string not_ready = Request(port, "GET /readyz HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(not_ready.rfind("HTTP/1.1 503", 0), 0u) << not_ready;
+  EXPECT_NE(not_ready.find("not ready: draining"), std::string::npos) << not_ready;
+  EXPECT_EQ(Request(port, "GET /healthz HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
 }
 
 }  // namespace
