@@ -96,6 +96,13 @@ def test_errors_carry_the_code_and_the_daemons_message(daemon):
             # A refused call changes nothing.
             assert session_state(daemon, "e") == before
             s.report_importance(0, np.ones(10))
+            s.report_intent(0, np.linspace(-1, 1, 10))
+            s.report_observation(0, np.ones(10))
+            s.report_slots(0, [polykv.SlotMeta()] * 10, np.ones(10), current_turn=1)
+            with pytest.raises(errors.InvalidArgument):
+                s.report_layer_importance(0, np.ones(2 * 10 + 1))  # not [layers x slots]
+            with pytest.raises(errors.InvalidArgument, match="role"):
+                polykv.SlotMeta().role = "narrator"
         with pytest.raises(errors.Error):
             s.reserve(16)  # closed
     assert issubclass(errors.ResourceExhausted, polykv.Error)

@@ -82,8 +82,22 @@ void BindPages(nb::module_& m) {
       .def_rw("pinned", &SlotMeta::pinned);
 }
 
+// One score-stream report: values cross as one float32 array.
+using ReportFn = absl::Status (Session::*)(uint64_t, const std::vector<float>&);
+void DefReport(nb::class_<Session>& cls, const char* name, ReportFn report, const char* values) {
+  cls.def(
+      name,
+      [report](Session& s, uint64_t first, const FloatArray& v) {
+        std::vector<float> a = Floats(v);
+        nb::gil_scoped_release unlocked;
+        Check((s.*report)(first, a));
+      },
+      nb::arg("first_slot"), nb::arg(values));
+}
+
 void BindSession(nb::module_& m) {
-  nb::class_<Session>(m, "Session")
+  nb::class_<Session> session(m, "Session");
+  session
       .def_prop_ro("info", [](const Session& s) { return InfoDict(s.info()); })
       .def("reserve", [](Session& s, uint64_t n) { return Take(s.Reserve(n)); },
            nb::arg("num_tokens"), Unlocked(),
@@ -119,39 +133,12 @@ void BindSession(nb::module_& m) {
             Check(s.ReportSlots(first, meta, a, turn));
           },
           nb::arg("first_slot"), nb::arg("meta"), nb::arg("attention"),
-          nb::arg("current_turn") = 0)
-      .def(
-          "report_intent",
-          [](Session& s, uint64_t first, const FloatArray& v) {
-            std::vector<float> a = Floats(v);
-            nb::gil_scoped_release unlocked;
-            Check(s.ReportIntent(first, a));
-          },
-          nb::arg("first_slot"), nb::arg("relevance"))
-      .def(
-          "report_importance",
-          [](Session& s, uint64_t first, const FloatArray& v) {
-            std::vector<float> a = Floats(v);
-            nb::gil_scoped_release unlocked;
-            Check(s.ReportImportance(first, a));
-          },
-          nb::arg("first_slot"), nb::arg("importance"))
-      .def(
-          "report_layer_importance",
-          [](Session& s, uint64_t first, const FloatArray& v) {
-            std::vector<float> a = Floats(v);
-            nb::gil_scoped_release unlocked;
-            Check(s.ReportLayerImportance(first, a));
-          },
-          nb::arg("first_slot"), nb::arg("importance"))
-      .def(
-          "report_observation",
-          [](Session& s, uint64_t first, const FloatArray& v) {
-            std::vector<float> a = Floats(v);
-            nb::gil_scoped_release unlocked;
-            Check(s.ReportObservation(first, a));
-          },
-          nb::arg("first_slot"), nb::arg("observation"));
+          nb::arg("current_turn") = 0);
+  // The score streams: each takes values for slots [first_slot, + len).
+  DefReport(session, "report_intent", &Session::ReportIntent, "relevance");
+  DefReport(session, "report_importance", &Session::ReportImportance, "importance");
+  DefReport(session, "report_layer_importance", &Session::ReportLayerImportance, "importance");
+  DefReport(session, "report_observation", &Session::ReportObservation, "observation");
 }
 
 void BindConnection(nb::module_& m) {
