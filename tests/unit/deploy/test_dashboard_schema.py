@@ -26,7 +26,8 @@ def lost(original, again, path="") -> list[str]:
     if isinstance(original, list):
         if not isinstance(again, list) or len(again) != len(original):
             return [path]
-        return [p for i, (a, b) in enumerate(zip(original, again)) for p in lost(a, b, f"{path}[{i}]")]
+        return [p for i, (a, b) in enumerate(zip(original, again))
+                for p in lost(a, b, f"{path}[{i}]")]
     return [] if original == again else [path]
 
 
