@@ -112,8 +112,9 @@ class PolykvCache(Cache):
                  recent_f16_tokens: int = 0, threads: int = 0,
                  reserve_retry_ms: int = 30000):
         text = config.get_text_config()
-        if getattr(text, "use_sliding_window", False) or getattr(text, "layer_types", None) and \
-                any(t != "full_attention" for t in text.layer_types):
+        layer_types = getattr(text, "layer_types", None) or []
+        if getattr(text, "use_sliding_window", False) or \
+                any(t != "full_attention" for t in layer_types):
             raise ValueError("polykv caches hold full-attention layers only (no sliding window)")
         self.num_layers = text.num_hidden_layers
         self.num_kv_heads = text.num_key_value_heads
