@@ -418,6 +418,7 @@ class CompositePolicy final : public Policy {
   bool ReadsImportance() const override { return cfg_.has("kvzip"); }
   bool ReadsObservation() const override { return cfg_.has("snapkv"); }
   bool SelectsPerLayer() const override { return cfg_.per_layer; }
+  LayerAllocator Layers() const override { return cfg_.layers; }
 
   absl::StatusOr<std::vector<int64_t>> LayerBudgets(const SessionView& view,
                                                     const Budget& budget) const override {

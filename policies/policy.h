@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "policies/layer_budget.h"
 #include "policies/plan.h"
 #include "policies/session_view.h"
 
@@ -80,6 +81,10 @@ class Policy {
   // select=layer). Such a policy ranks by nothing but per-layer importance,
   // positions and structure (no attention stream a worker sums over layers).
   virtual bool SelectsPerLayer() const { return false; }
+  // Its layer allocator (parameter layers=): how a total budget is split over
+  // layers. A caller that keeps one slot list for all layers (the daemon)
+  // says where that makes the policy act layer-uniform (PolicyNote).
+  virtual LayerAllocator Layers() const { return LayerAllocator::kUniform; }
 
   // Plans one compaction of `view` down to `budget`.
   // REQUIRES: nothing; bad input returns InvalidArgument.

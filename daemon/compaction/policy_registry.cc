@@ -1,5 +1,7 @@
 #include "daemon/compaction/policy_registry.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace polykv::daemon {
 
 absl::Status ValidatePolicyName(const std::string& text) {
@@ -9,21 +11,14 @@ absl::Status ValidatePolicyName(const std::string& text) {
 std::string PolicyNote(const std::string& text) {
   auto p = policies::MakePolicyFromText(text);
   if (!p.ok()) return "";
-  // The canonical spec lists every parameter, the layer allocator included.
-  const std::string& spec = (*p)->spec();
-  const size_t at = spec.find("layers=");
-  if (at == std::string::npos) return "";
-  const size_t end = spec.find_first_of(",}", at);
-  const std::string allocator = spec.substr(at + 7, end == std::string::npos ? end : end - at - 7);
-  if (allocator == "uniform") return "";
-  if ((*p)->SelectsPerLayer()) {
-    // Each layer holds its own slots, and its budget is the allocator's,
-    // rounded so that layers differ by whole blocks (compactor.h).
-    return "";
-  }
-  return "layers=" + allocator +
-         " acts layer-uniform here: the daemon plans one layer for all layers (a session has "
-         "one block table), while the evaluation harness gives each layer its own budget";
+  const policies::LayerAllocator layers = (*p)->Layers();
+  // Selecting per layer, each layer holds its own slots and its budget is the
+  // allocator's, rounded so that layers differ by whole blocks (compactor.h).
+  if (layers == policies::LayerAllocator::kUniform || (*p)->SelectsPerLayer()) return "";
+  return absl::StrCat(
+      "layers=", std::string(policies::LayerAllocatorName(layers)),
+      " acts layer-uniform here: the daemon plans one layer for all layers (a session has "
+      "one block table), while the evaluation harness gives each layer its own budget");
 }
 
 absl::StatusOr<const policies::Policy*> PolicyRegistry::Get(const std::string& text) {
