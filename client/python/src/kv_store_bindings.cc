@@ -75,7 +75,7 @@ class KvStore {
     if (out.shape(0) != q.shape(0) || out.shape(1) != q.shape(1) || out.shape(2) != q.shape(2)) {
       throw StatusError(absl::InvalidArgumentError("attend: out must have q's shape"));
     }
-    if (heads % shape().num_kv_heads != 0) {
+    if (heads <= 0 || heads % shape().num_kv_heads != 0) {
       throw StatusError(absl::InvalidArgumentError(absl::StrCat(
           "attend: ", heads, " query heads are not a multiple of ", shape().num_kv_heads,
           " KV heads")));
