@@ -112,6 +112,10 @@ def test_what_the_cache_refuses(daemon):
     cache = polykv.hf.PolykvCache(model.config, agent_id="refusals", socket=daemon.socket)
     with pytest.raises(ValueError, match="batch size 1"):
         model(ids.repeat(2, 1), past_key_values=cache)
+    with pytest.raises(polykv.errors.InvalidArgument, match="role"):
+        cache.begin_turn("narrator")
+    cache.begin_turn("user")
+    assert (cache._turn, cache._role) == (0, "user")
     with pytest.raises(polykv.errors.InvalidArgument, match="not a page format"):
         polykv.hf.PolykvCache(model.config, agent_id="refusals", socket=daemon.socket,
                               key_format="q4_0")

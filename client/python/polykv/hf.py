@@ -172,9 +172,9 @@ class PolykvCache(Cache):
         """A new message starts: its tokens carry the next turn index and
         ``role`` (system, user, assistant, tool_call, tool_output, error).
         Commits and syncs with the daemon first, as the worker does."""
-        self._turn += 1
-        self._role = role
-        self._store.begin_turn(self._turn, role, intent)
+        turn = self._turn + 1
+        self._store.begin_turn(turn, role, intent)  # a bad role raises here, nothing changed
+        self._turn, self._role = turn, role
 
     def commit(self) -> None:
         """Commits the tokens written since the last commit now (the store
