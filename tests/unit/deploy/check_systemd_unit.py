@@ -13,6 +13,7 @@ systemd_syscalls_test).
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -99,11 +100,21 @@ def syscalls(bin_dir: str) -> int:
             subprocess.run([os.path.join(bin_dir, "polykvctl"), "--socket", sock, "status"],
                            check=True, capture_output=True)
         finally:
-            # SIGTERM to polykvd itself (it drains and exits), not to strace.
-            children = open(f"/proc/{daemon.pid}/task/{daemon.pid}/children").read().split()
-            for pid in children:
-                os.kill(int(pid), 15)
-            daemon.wait(timeout=60)
+            # SIGTERM to polykvd itself (it drains and exits), not to strace,
+            # which would detach and leave it running; SIGKILL if it hangs.
+            children = [int(p) for p in
+                        open(f"/proc/{daemon.pid}/task/{daemon.pid}/children").read().split()]
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                for pid in children:
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
+                try:
+                    daemon.wait(timeout=60)
+                    break
+                except subprocess.TimeoutExpired:
+                    daemon.kill()
         used = set(re.findall(r"^\d+\s+(?:<\.\.\. )?([a-z_0-9]+)\(", open(trace).read(), re.M))
     outside = sorted(used - allowed - {"execve"})  # execve: strace starting polykvd
     if not used or outside:
