@@ -106,16 +106,6 @@ def run_one(args) -> dict:
             "rss_rise_bytes": peak_rss - base_rss}
 
 
-def start_daemon(folder: str) -> tuple[subprocess.Popen, str]:
-    sock = os.path.join(folder, "polykvd.sock")
-    proc = subprocess.Popen(
-        [str(ROOT / "build/bin/polykvd"), "--socket", sock, "--metrics-address", "off",
-         "--pool-bytes", "8GiB", "--arena-bytes", "256MiB", "--log-level", "warn"])
-    import polykv
-    polykv.Admin(sock, timeout_ms=20000).close()
-    return proc, sock
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=sorted(MODELS), default="qwen")
@@ -132,7 +122,12 @@ def main() -> int:
     daemon = None
     with tempfile.TemporaryDirectory(prefix="polykv-hf-bench-") as tmp:
         if not args.socket:
-            daemon, args.socket = start_daemon(tmp)
+            sys.path.insert(0, str(ROOT / "bench" / "eval"))
+            from live import Daemon  # polykvd on a private socket
+            daemon = Daemon(str(ROOT / "build/bin/polykvd"), 8 << 30,
+                            os.path.join(tmp, "polykvd.log"), ("--arena-bytes", "256MiB"))
+            daemon.start()
+            args.socket = daemon.socket
         rows = []
         try:
             for context in [int(c) for c in args.contexts.split(",")]:
@@ -146,8 +141,7 @@ def main() -> int:
                     rows.append(json.loads(out.strip().splitlines()[-1]))
         finally:
             if daemon:
-                daemon.terminate()
-                daemon.wait(timeout=30)
+                daemon.stop()
     ratios = {}
     for context in sorted({r["context"] for r in rows}):
         by = {r["cache"]: r for r in rows if r["context"] == context}

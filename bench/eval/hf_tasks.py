@@ -45,6 +45,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench" / "eval"))
+from live import Daemon  # noqa: E402
 from score import score  # noqa: E402
 
 MODELS = {"qwen": ("Qwen2.5-Coder-0.5B-Instruct.gguf", "qwen2.5-coder-0.5b"),
@@ -164,7 +165,6 @@ def main() -> int:
 
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    import polykv
     import polykv.hf  # registers attn_implementation="polykv"
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
@@ -180,11 +180,11 @@ def main() -> int:
     model = AutoModelForCausalLM.from_pretrained(model_dir, gguf_file=file,
                                                  dtype=torch.float32).eval()
     with tempfile.TemporaryDirectory(prefix="polykv-hf-tasks-") as tmp:
-        sock = os.path.join(tmp, "polykvd.sock")
-        daemon = subprocess.Popen([str(ROOT / "build/bin/polykvd"), "--socket", sock,
-                                   "--metrics-address", "off", "--log-level", "warn"])
+        # polykvd's built-in pool (1 GiB), so its default QoS is what runs.
+        daemon = Daemon(str(ROOT / "build/bin/polykvd"), 1 << 30, os.path.join(tmp, "polykvd.log"))
+        daemon.start()
+        sock = daemon.socket
         try:
-            polykv.Admin(sock, timeout_ms=20000).close()
             for task in args.tasks:
                 messages, gen = read_task(task)
                 if gen["id"] in done:
@@ -218,8 +218,7 @@ def main() -> int:
                     f.write(json.dumps(row) + "\n")
                 print(f"hf_tasks: {gen['id']}: {row['seconds']} s", file=sys.stderr)
         finally:
-            daemon.terminate()
-            daemon.wait(timeout=30)
+            daemon.stop()
     rows = [json.loads(l) for l in args.out.read_text().splitlines() if l.strip()]
     summary = {"tasks": len(rows)}
     for side, keys in (("hf", ("identical", "ref_success", "polykv_success", "kl_mean",

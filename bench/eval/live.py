@@ -488,9 +488,10 @@ def free_port() -> int:
 
 class Daemon:
     """polykvd on a private socket (in a temp dir), its log at `log_path`,
-    metrics on a free local port; stop() sends SIGTERM (it drains)."""
+    metrics on a free local port; stop() sends SIGTERM (it drains). `extra`:
+    more polykvd flags (e.g. --arena-bytes)."""
 
-    def __init__(self, binary: str, pool_bytes: int, log_path: str):
+    def __init__(self, binary: str, pool_bytes: int, log_path: str, extra: tuple = ()):
         self.dir = tempfile.mkdtemp(prefix="polykv-eval-live.")
         self.socket = os.path.join(self.dir, "polykvd.sock")
         self.metrics = f"127.0.0.1:{free_port()}"
@@ -498,7 +499,8 @@ class Daemon:
         # busy, a starved worker's heartbeat came late and its session was
         # reclaimed mid-answer (2026-12-03). Leases are not what is measured.
         self.cmd = [binary, "--socket", self.socket, "--metrics-address", self.metrics,
-                    "--pool-bytes", f"{pool_bytes >> 20}MiB", "--lease-ms", str(LEASE_MS)]
+                    "--pool-bytes", f"{pool_bytes >> 20}MiB", "--lease-ms", str(LEASE_MS),
+                    *extra]
         self.log_path = log_path
         self.proc = None
 
