@@ -21,8 +21,8 @@ from typing import Optional
 from . import _core
 from .client import PAGE_FORMATS, default_socket
 
-# proto/polykv/v1/common.proto's PriorityClass, in wire order.
-PRIORITIES = ("unspecified", "best_effort", "low", "normal", "high", "critical")
+#: Priority classes in wire order (proto/polykv/v1/common.proto's PriorityClass).
+PRIORITIES = tuple(_core.priority_names().split())
 # Enums whose wire values are the page formats' (a DType's are the first three).
 _FORMAT_FIELDS = {"key_precision_floor", "value_precision_floor", "key_format", "value_format",
                   "dtype"}

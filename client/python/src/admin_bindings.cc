@@ -6,7 +6,13 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "client/python/src/bindings.h"
 #include "polykv/admin.h"
 
@@ -26,9 +32,22 @@ std::string ToJson(const google::protobuf::Message& msg) {
   return out;
 }
 
+// The priority classes' names by wire value, from the proto's own enum:
+// PRIORITY_BEST_EFFORT -> "best_effort".
+std::string PriorityNames() {
+  const google::protobuf::EnumDescriptor* e = v1::PriorityClass_descriptor();
+  std::vector<std::string> names;
+  for (int n = 0; const auto* v = e->FindValueByNumber(n); ++n) {
+    names.push_back(absl::AsciiStrToLower(absl::StripPrefix(v->name(), "PRIORITY_")));
+  }
+  return absl::StrJoin(names, " ");
+}
+
 }  // namespace
 
 void BindAdmin(nb::module_& m) {
+  m.def("priority_names", &PriorityNames,
+        "The priority classes' names in wire order, space-separated (proto's PriorityClass).");
   nb::class_<AdminClient>(m, "Admin")
       .def_static(
           "connect",
