@@ -155,7 +155,9 @@ absl::StatusOr<bool> CompactOnce(KvPool& pool, Handle& h, uint64_t budget, std::
     rep.epoch = h.epoch;
     rep.first_slot = before;
     std::exponential_distribution<float> mass(1.0f);
-    for (uint64_t i = before; i < h.committed; ++i) rep.attention.push_back(mass(rng));
+    auto& attention = rep.scores.emplace_back();
+    attention.stream = policies::ScoreStream::kAttention;
+    for (uint64_t i = before; i < h.committed; ++i) attention.values.push_back(mass(rng));
     if (auto st = Timed(out.report, [&] { return pool.ReportSlots(h.id, h.token, kPeer, rep); });
         !st.ok()) {
       return st;

@@ -33,10 +33,14 @@ int DescribePolicy(const std::string& text) {
     return out + "\"";
   };
   const auto& p = **policy;
-  std::printf("{\"policy\":%s,\"spec\":%s,\"trigger\":%.9g,\"reads_importance\":%s,"
-              "\"reads_observation\":%s,\"selects_per_layer\":%s,\"reads_keys\":%s}\n",
-              quoted(text).c_str(), quoted(p.spec()).c_str(), p.Trigger(),
-              p.ReadsImportance() ? "true" : "false", p.ReadsObservation() ? "true" : "false",
+  std::string reads;
+  for (polykv::policies::ScoreStream s : polykv::policies::AllScoreStreams()) {
+    if (!p.Reads().has(s)) continue;
+    reads += (reads.empty() ? "" : ",") + quoted(std::string(ScoreStreamName(s)));
+  }
+  std::printf("{\"policy\":%s,\"spec\":%s,\"trigger\":%.9g,\"reads\":[%s],"
+              "\"selects_per_layer\":%s,\"reads_keys\":%s}\n",
+              quoted(text).c_str(), quoted(p.spec()).c_str(), p.Trigger(), reads.c_str(),
               p.SelectsPerLayer() ? "true" : "false", p.ReadsKeys() ? "true" : "false");
   return 0;
 }

@@ -415,8 +415,19 @@ class CompositePolicy final : public Policy {
 
   const std::string& spec() const override { return cfg_.spec; }
   bool ReadsKeys() const override { return cfg_.mode != Mode::kSelective; }
-  bool ReadsImportance() const override { return cfg_.has("kvzip"); }
-  bool ReadsObservation() const override { return cfg_.has("snapkv"); }
+  StreamSet Reads() const override {
+    StreamSet reads;
+    using S = Config::Scorer;
+    for (const Config::Scoring& c : cfg_.scorers) {
+      // Every scorer but kvzip falls back to (or mixes in) decayed attention.
+      if (c.kind != S::kKvzip) reads.add(ScoreStream::kAttention);
+      if (c.kind == S::kSnapkv) reads.add(ScoreStream::kObservation);
+      if (c.kind == S::kIntent) reads.add(ScoreStream::kIntent);
+      if (c.kind == S::kKvzip) reads.add(ScoreStream::kImportance);
+    }
+    if (cfg_.layers == LayerAllocator::kEntropy) reads.add(ScoreStream::kEntropy);
+    return reads;
+  }
   bool SelectsPerLayer() const override { return cfg_.per_layer; }
   LayerAllocator Layers() const override { return cfg_.layers; }
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "policies/lowering.h"
-#include "policies/merge_rule.h"
+#include "policies/slot_record.h"
 
 namespace polykv::policies {
 
@@ -383,20 +383,16 @@ SessionView ApplyPlan(const SessionView& view, const Plan& plan) {
       }
       Slot s = in.slots[i];
       s.count = mg->count;
-      GroupScores group;  // the daemon's rule (merge_rule.h)
+      GroupScores group;  // the daemon's rule (slot_record.h)
       std::vector<float> key(keys ? d : 0, 0.f);
       for (size_t m = 0; m < mg->members.size(); ++m) {
         const Slot& src = in.slots[mg->members[m]];
-        group.Add(src.attn, src.obs, src.intent, src.importance,
-                  view.tokens[src.token].pinned);
+        group.Add(ScoresOf(src), view.tokens[src.token].pinned);
         for (size_t j = 0; j < key.size(); ++j) {
           key[j] += mg->weights[m] * in.keys[mg->members[m] * d + j];
         }
       }
-      s.attn = group.attn;
-      s.obs = group.obs;
-      s.intent = group.intent;
-      s.importance = group.importance;
+      SetScores(s, group.score);
       out.tokens[s.token].pinned |= group.pinned;
       o.slots.push_back(s);
       o.keys.insert(o.keys.end(), key.begin(), key.end());

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "policies/layer_budget.h"
 #include "policies/plan.h"
+#include "policies/score_stream.h"
 #include "policies/session_view.h"
 
 namespace polykv::policies {
@@ -68,13 +69,10 @@ class Policy {
   // its pages) knows it has to. Without keys such a policy evicts instead.
   virtual bool ReadsKeys() const { return false; }
 
-  // True when its plans rank by Slot::importance, which only a worker that
-  // runs context-reconstruction probes reports (the daemon tells the worker
-  // at OpenSession), so a caller knows the stream must be there.
-  virtual bool ReadsImportance() const { return false; }
-  // Whether it reads Slot::obs (SnapKV's observation window), which a worker
-  // computes only when asked (OpenSession's wants_observation).
-  virtual bool ReadsObservation() const { return false; }
+  // The score streams its plans rank by (score_stream.h): the one place a
+  // policy says what a worker must measure, which the daemon passes on to the
+  // worker (OpenSession and Sync) so that it measures nothing else.
+  virtual StreamSet Reads() const { return {}; }
   // Whether a caller that keeps one slot list for all layers (the daemon,
   // until the policy asks otherwise) should give each layer its own: then
   // each layer keeps its own slots by its own importance (parameter

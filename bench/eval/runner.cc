@@ -77,7 +77,7 @@ absl::StatusOr<std::vector<std::string>> RunTask(
     if (!p.ok()) return p.status();
     // The harness's prefill runs no reconstruction probes: such a policy
     // would rank every slot alike here, a number that means nothing.
-    if ((*p)->ReadsImportance()) {
+    if ((*p)->Reads().has(policies::ScoreStream::kImportance)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config ", c.text, ": policy ", c.policy,
           " ranks by reconstruction importance, which only the product path measures (--live)"));

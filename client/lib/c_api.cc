@@ -20,6 +20,7 @@ namespace {
 
 using polykv::DType;
 using polykv::PageFormat;
+using polykv::ScoreStream;
 
 // The C constants are the ABI; they must keep meaning the C++ values.
 static_assert(PKV_FORMAT_F32 == static_cast<int>(PageFormat::kF32));
@@ -35,6 +36,12 @@ static_assert(PKV_ROLE_ASSISTANT == static_cast<int>(polykv::policies::Role::kAs
 static_assert(PKV_ROLE_TOOL_CALL == static_cast<int>(polykv::policies::Role::kToolCall));
 static_assert(PKV_ROLE_TOOL_OUTPUT == static_cast<int>(polykv::policies::Role::kToolOutput));
 static_assert(PKV_ROLE_ERROR == static_cast<int>(polykv::policies::Role::kError));
+static_assert(PKV_STREAM_ATTENTION == static_cast<int>(ScoreStream::kAttention));
+static_assert(PKV_STREAM_INTENT == static_cast<int>(ScoreStream::kIntent));
+static_assert(PKV_STREAM_IMPORTANCE == static_cast<int>(ScoreStream::kImportance));
+static_assert(PKV_STREAM_OBSERVATION == static_cast<int>(ScoreStream::kObservation));
+static_assert(PKV_STREAM_ENTROPY == static_cast<int>(ScoreStream::kEntropy));
+static_assert(polykv::policies::kNumScoreStreams == 5, "a stream without a PKV_STREAM_*");
 static_assert(PKV_DTYPE_F32 == static_cast<int>(DType::kF32));
 static_assert(PKV_DTYPE_F16 == static_cast<int>(DType::kF16));
 static_assert(PKV_DTYPE_BF16 == static_cast<int>(DType::kBF16));
@@ -132,14 +139,14 @@ int pkv_session_close(pkv_session* session) {
 
 uint64_t pkv_session_id(const pkv_session* s) { return s ? s->impl->info().session_id : 0; }
 uint32_t pkv_block_tokens(const pkv_session* s) { return s ? s->impl->info().block_tokens : 0; }
-int pkv_wants_importance(const pkv_session* s) {
-  return s && s->impl->info().wants_importance ? 1 : 0;
+int pkv_wants(const pkv_session* s, uint32_t stream) {
+  return s && stream < polykv::policies::kNumScoreStreams &&
+                 s->impl->info().wants.has(static_cast<ScoreStream>(stream))
+             ? 1
+             : 0;
 }
-int pkv_wants_observation(const pkv_session* s) {
-  return s && s->impl->info().wants_observation ? 1 : 0;
-}
-int pkv_wants_layer_importance(const pkv_session* s) {
-  return s && s->impl->info().wants_layer_importance ? 1 : 0;
+int pkv_wants_per_layer(const pkv_session* s) {
+  return s && s->impl->info().wants.per_layer ? 1 : 0;
 }
 
 int pkv_reserve(pkv_session* s, uint64_t n) {
@@ -228,45 +235,27 @@ int pkv_slot_info(const pkv_session* s, uint64_t first, size_t n, int64_t* posit
 }
 
 int pkv_report_slots(pkv_session* s, uint64_t first, size_t n, const pkv_slot_meta* meta,
-                     const float* attention, uint32_t current_turn) {
-  if (!s) return Report(absl::InvalidArgumentError("null session"));
+                     uint32_t current_turn) {
+  if (!s || (!meta && n)) return Report(absl::InvalidArgumentError("null argument"));
   std::vector<polykv::SlotMeta> m;
-  if (meta) {
-    m.reserve(n);
-    for (size_t i = 0; i < n; ++i) {
-      auto one = MetaFromC(meta[i], i);
-      if (!one.ok()) return Report(one.status());
-      m.push_back(*one);
-    }
+  m.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto one = MetaFromC(meta[i], i);
+    if (!one.ok()) return Report(one.status());
+    m.push_back(*one);
   }
-  std::vector<float> a;
-  if (attention) a.assign(attention, attention + n);
-  return Report(s->impl->ReportSlots(first, m, a, current_turn));
+  return Report(s->impl->ReportSlots(first, m, {}, current_turn));
 }
 
-int pkv_report_intent(pkv_session* s, uint64_t first, size_t n, const float* relevance) {
-  if (!s || (!relevance && n)) return Report(absl::InvalidArgumentError("null argument"));
-  return Report(s->impl->ReportIntent(first, std::vector<float>(relevance, relevance + n)));
-}
-
-int pkv_report_importance(pkv_session* s, uint64_t first, size_t n, const float* importance) {
-  if (!s || (!importance && n)) return Report(absl::InvalidArgumentError("null argument"));
-  return Report(s->impl->ReportImportance(first, std::vector<float>(importance, importance + n)));
-}
-int pkv_report_layer_importance(pkv_session* s, uint64_t first, size_t num_layers, size_t n,
-                                const float* importance) {
-  if (!s || (!importance && n && num_layers)) return Report(absl::InvalidArgumentError("null argument"));
-  if (num_layers != 0 && n > SIZE_MAX / num_layers) {
-    return Report(absl::InvalidArgumentError("num_layers x n overflows"));
+int pkv_report(pkv_session* s, uint32_t stream, uint64_t first, int per_layer,
+               const float* values, size_t count) {
+  if (!s || (!values && count)) return Report(absl::InvalidArgumentError("null argument"));
+  if (stream >= polykv::policies::kNumScoreStreams) {
+    return Report(absl::InvalidArgumentError(absl::StrCat(
+        "stream ", stream, " unknown (0..", polykv::policies::kNumScoreStreams - 1, ")")));
   }
-  return Report(s->impl->ReportLayerImportance(
-      first, std::vector<float>(importance, importance + num_layers * n)));
-}
-
-int pkv_report_observation(pkv_session* s, uint64_t first, size_t n, const float* observation) {
-  if (!s || (!observation && n)) return Report(absl::InvalidArgumentError("null argument"));
-  return Report(
-      s->impl->ReportObservation(first, std::vector<float>(observation, observation + n)));
+  return Report(s->impl->Report(static_cast<ScoreStream>(stream), first,
+                                std::vector<float>(values, values + count), per_layer != 0));
 }
 
 const char* pkv_last_error(void) { return last_error.c_str(); }

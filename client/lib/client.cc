@@ -26,6 +26,19 @@ absl::StatusOr<PageFormat> FormatFromWire(int value, absl::string_view what) {
   return static_cast<PageFormat>(value);
 }
 
+// Open's and Sync's wanted streams (proto values are ScoreStream + 1). A
+// stream this build does not know comes from a newer daemon: it is not asked
+// for, since this worker cannot measure it.
+template <typename Response>
+WantedStreams WantedFromWire(const Response& resp) {
+  WantedStreams w;
+  for (int s : resp.wanted_streams()) {
+    if (s >= 1 && s <= policies::kNumScoreStreams) w.streams.add(ScoreStream(s - 1));
+  }
+  w.per_layer = resp.wants_per_layer();
+  return w;
+}
+
 v1::PageFormat FormatToWire(std::optional<PageFormat> f) {
   return f ? static_cast<v1::PageFormat>(*f) : v1::PAGE_FORMAT_UNSPECIFIED;
 }
@@ -104,7 +117,9 @@ class SessionImpl final : public Session {
   const std::vector<uint32_t>& slot_counts() const override { return slot_counts_; }
 
   absl::Status ReportSlots(uint64_t first_slot, const std::vector<SlotMeta>& meta,
-                           const std::vector<float>& attention, uint32_t current_turn) override {
+                           const std::vector<ScoreValues>& scores,
+                           uint32_t current_turn) override {
+    if (closed_) return absl::FailedPreconditionError("session is closed");
     v1::ReportSlotsRequest req;
     req.set_current_turn(current_turn);
     for (const SlotMeta& m : meta) {
@@ -118,48 +133,19 @@ class SessionImpl final : public Session {
       p->set_tag_boundary(m.tag.boundary);
       p->set_pinned(m.pinned);
     }
-    req.mutable_attention()->Add(attention.begin(), attention.end());
-    return SendReport(first_slot, &req);
-  }
-
-  absl::Status ReportIntent(uint64_t first_slot, const std::vector<float>& relevance) override {
-    v1::ReportSlotsRequest req;
-    req.mutable_intent()->Add(relevance.begin(), relevance.end());
-    return SendReport(first_slot, &req);
-  }
-
-  absl::Status ReportImportance(uint64_t first_slot,
-                                const std::vector<float>& importance) override {
-    v1::ReportSlotsRequest req;
-    req.mutable_importance()->Add(importance.begin(), importance.end());
-    return SendReport(first_slot, &req);
-  }
-
-  absl::Status ReportLayerImportance(uint64_t first_slot,
-                                     const std::vector<float>& importance) override {
-    v1::ReportSlotsRequest req;
-    req.mutable_layer_importance()->Add(importance.begin(), importance.end());
-    return SendReport(first_slot, &req);
-  }
-
-  absl::Status ReportObservation(uint64_t first_slot,
-                                 const std::vector<float>& observation) override {
-    v1::ReportSlotsRequest req;
-    req.mutable_observation()->Add(observation.begin(), observation.end());
-    return SendReport(first_slot, &req);
-  }
-
-  // ReportSlots and the per-slot score reports share one RPC: the session, its epoch and
-  // the first slot go into whatever the caller filled.
-  absl::Status SendReport(uint64_t first_slot, v1::ReportSlotsRequest* req) {
-    if (closed_) return absl::FailedPreconditionError("session is closed");
+    for (const ScoreValues& v : scores) {
+      auto* p = req.add_scores();
+      p->set_stream(static_cast<v1::ScoreStream>(static_cast<int>(v.stream) + 1));
+      p->set_per_layer(v.per_layer);
+      p->mutable_values()->Add(v.values.begin(), v.values.end());
+    }
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
-    FillRef(ref_, req->mutable_session());
-    req->set_epoch(epoch_);
-    req->set_first_slot(first_slot);
+    FillRef(ref_, req.mutable_session());
+    req.set_epoch(epoch_);
+    req.set_first_slot(first_slot);
     v1::ReportSlotsResponse resp;
-    return FromGrpc(stub_->ReportSlots(&ctx, *req, &resp));
+    return FromGrpc(stub_->ReportSlots(&ctx, req, &resp));
   }
 
   absl::StatusOr<bool> Sync() override {
@@ -177,9 +163,7 @@ class SessionImpl final : public Session {
       if (auto s = mapper_.Add(a); !s.ok()) return s;
     }
     // The agent's QoS may have changed since Open: the streams follow it.
-    info_.wants_importance = resp.wants_importance();
-    info_.wants_observation = resp.wants_observation();
-    info_.wants_layer_importance = resp.wants_layer_importance();
+    info_.wants = WantedFromWire(resp);
     if (!resp.changed()) return false;
     std::vector<Block> blocks;
     for (const auto& b : resp.blocks()) {
@@ -341,9 +325,7 @@ class ClientImpl final : public Client {
     info.value_format = vf.value_or(PageFormat::kF16);
     info.key_page_bytes = resp.key_page_bytes();
     info.value_page_bytes = resp.value_page_bytes();
-    info.wants_importance = resp.wants_importance();
-    info.wants_observation = resp.wants_observation();
-    info.wants_layer_importance = resp.wants_layer_importance();
+    info.wants = WantedFromWire(resp);
     auto session = std::make_unique<SessionImpl>(
         stub_, info, SessionRef{resp.session_id(), resp.token()}, resp.fd_socket_path());
     // Checked once the session exists, so that its destructor closes it.

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "policies/score_stream.h"
 #include "policies/session_view.h"
 
 namespace polykv::worker {
@@ -30,6 +31,8 @@ namespace polykv::worker {
 // A message's role is the policies' role of its tokens: a tool message's are
 // kToolOutput.
 using policies::Role;
+using policies::ScoreStream;
+using policies::WantedStreams;
 
 // Per-token metadata the worker reports to the daemon with the token.
 struct TokenMeta {
@@ -62,6 +65,15 @@ enum class ProbeKind {
   // summed over layers, heads and queries and replaces the previous one.
   kObservation,
 };
+// The score stream a probe's mass is reported as.
+inline policies::ScoreStream ProbeStream(ProbeKind kind) {
+  switch (kind) {
+    case ProbeKind::kIntent: return policies::ScoreStream::kIntent;
+    case ProbeKind::kReconstruct: return policies::ScoreStream::kImportance;
+    case ProbeKind::kObservation: return policies::ScoreStream::kObservation;
+  }
+  return policies::ScoreStream::kIntent;
+}
 
 struct KvShape {
   int num_layers = 0;

@@ -298,10 +298,24 @@ absl::Status PagedKvStore::CommitAndSync() {
   // Attention mass of committed slots, in the current epoch's slot order.
   if (options_.report_every_steps > 0 && steps_since_report_ >= options_.report_every_steps) {
     steps_since_report_ = 0;
-    if (source_->wants_attention()) {
-      const double t0 = SteadySeconds();
-      RETURN_IF_ERROR_(source_->ReportAttention(std::span(mass_).first(num_slots_)));
+    const WantedStreams wants = source_->wants();
+    const bool entropy = wants.has(ScoreStream::kEntropy) && entropy_steps_ > 0;
+    const double t0 = SteadySeconds();
+    if (wants.has(ScoreStream::kAttention)) {
+      RETURN_IF_ERROR_(source_->Report(ScoreStream::kAttention,
+                                       std::span(mass_).first(num_slots_), false));
       std::fill(mass_.begin(), mass_.end(), 0.0f);
+    }
+    if (entropy) {
+      std::vector<float> mean(entropy_sum_.size());
+      for (size_t l = 0; l < mean.size(); ++l) {
+        mean[l] = static_cast<float>(entropy_sum_[l] / entropy_steps_);
+      }
+      RETURN_IF_ERROR_(source_->Report(ScoreStream::kEntropy, mean, false));
+      std::fill(entropy_sum_.begin(), entropy_sum_.end(), 0.0);
+      entropy_steps_ = 0;
+    }
+    if (wants.has(ScoreStream::kAttention) || entropy) {
       CountSignal(SteadySeconds() - t0, /*tags=*/false);
     }
   }
@@ -438,7 +452,13 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
   // outrank the ones a query copies from.
   const bool most = probing_ && probe_kind_ == ProbeKind::kReconstruct;
   if (most) params.mass_reduce = kernels::MassReduce::kMax;
-  if (!source_->wants_attention() || (n > 1 && !options_.prefill_attention_mass)) {
+  // Mass is computed only for what is reported: the attention stream (and
+  // decode entropy), and every probe.
+  const WantedStreams wants = source_->wants();
+  const bool attention = wants.has(ScoreStream::kAttention) && !probing_;
+  const bool entropy = wants.has(ScoreStream::kEntropy) && !probing_ && n == 1;
+  if (!probing_ && !entropy &&
+      (!attention || (n > 1 && !options_.prefill_attention_mass))) {
     if (n == 1) {
       return kernels::PagedDecodeAttention(options_.exec, view, params, q, out, nullptr, nullptr);
     }
@@ -453,8 +473,13 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
     RETURN_IF_ERROR_(kernels::PagedDecodeAttention(options_.exec, view, params, q, out, nullptr,
                                                    head_mass_.data()));
   }
-  // A probe's attention scores the slots it began with.
   const double t0 = SteadySeconds();
+  if (entropy) AddEntropy(layer, kvh, held, num_heads / kvh);
+  if (!probing_ && !attention) {
+    CountSignal(SteadySeconds() - t0, /*tags=*/false);
+    return absl::OkStatus();
+  }
+  // A probe's attention scores the slots it began with.
   float* acc = (!probing_          ? mass_.data()
                 : probe_per_layer_ ? probe_mass_.data() + static_cast<size_t>(layer) * probe_base_
                                    : probe_mass_.data()) +
@@ -470,6 +495,24 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
   }
   CountSignal(SteadySeconds() - t0, /*tags=*/false);
   return absl::OkStatus();
+}
+
+void PagedKvStore::AddEntropy(int layer, int num_kv_heads, int64_t held, int group) {
+  // head_mass_[g] sums the group's query heads' attention (each sums to 1):
+  // divided by the group, the group's mean distribution.
+  if (entropy_sum_.empty()) entropy_sum_.assign(size_t(options_.shape.num_layers), 0.0);
+  const double inv = 1.0 / std::max(group, 1);
+  double h = 0;
+  for (int g = 0; g < num_kv_heads; ++g) {
+    const float* hm = head_mass_.data() + static_cast<size_t>(g) * held;
+    for (int64_t s = 0; s < held; ++s) {
+      const double p = hm[s] * inv;
+      if (p > 0) h -= p * std::log(p);
+    }
+  }
+  entropy_sum_[size_t(layer)] += h / std::max(num_kv_heads, 1);
+  // A step counts once, at its last layer.
+  if (layer == options_.shape.num_layers - 1) ++entropy_steps_;
 }
 
 absl::Status PagedKvStore::EndStep() {
@@ -507,7 +550,7 @@ absl::Status PagedKvStore::BeginProbe(ProbeKind kind) {
   probe_k_residual_ = k_residual_;
   probe_v_residual_ = v_residual_;
   probe_recent_ = recent_buf_;  // The probe's rows may take ring slots of window blocks.
-  probe_per_layer_ = kind == ProbeKind::kReconstruct && source_->wants_layer_importance();
+  probe_per_layer_ = kind == ProbeKind::kReconstruct && source_->wants().per_layer;
   probe_mass_.assign(static_cast<size_t>(num_slots_) *
                          (probe_per_layer_ ? options_.shape.num_layers : 1),
                      0.0f);
@@ -539,15 +582,7 @@ absl::Status PagedKvStore::EndProbe() {
   }
   std::vector<float> mass = std::move(probe_mass_);
   probe_mass_.clear();
-  switch (probe_kind_) {
-    case ProbeKind::kIntent: RETURN_IF_ERROR_(source_->ReportIntent(mass)); break;
-    case ProbeKind::kReconstruct:
-      RETURN_IF_ERROR_(probe_per_layer_
-                           ? source_->ReportLayerImportance(mass, options_.shape.num_layers)
-                           : source_->ReportImportance(mass));
-      break;
-    case ProbeKind::kObservation: RETURN_IF_ERROR_(source_->ReportObservation(mass)); break;
-  }
+  RETURN_IF_ERROR_(source_->Report(ProbeStream(probe_kind_), mass, probe_per_layer_));
   signal_cost_.probe_seconds += SteadySeconds() - probe_start_;
   ++signal_cost_.probes;
   return absl::OkStatus();

@@ -80,43 +80,17 @@ class PageSource {
   // At a step boundary: the new table if the source's epoch moved, else
   // nullopt. Adopting it acknowledges the epoch.
   virtual absl::StatusOr<std::optional<PagedTable>> Sync() = 0;
-  // Per-slot attention mass of the latest steps, for the daemon's
-  // eviction scores. Default: dropped.
-  //   mass: [num_slots] summed over layers and query heads since the last report.
-  virtual absl::Status ReportAttention(std::span<const float> mass) { return absl::OkStatus(); }
-  // Whether ReportAttention goes anywhere: the store skips the extra work of
-  // attention mass (decode and prefill) for a source that drops it.
-  virtual bool wants_attention() const { return false; }
-  // Per-slot relevance to the current turn's intent (the intent probe's
-  // attention mass), replacing what was reported before. Default: dropped.
-  //   relevance: [committed slots]
-  virtual absl::Status ReportIntent(std::span<const float> relevance) {
-    return absl::OkStatus();
-  }
-  // Whether the daemon's policy for this session ranks by importance (it
-  // asked at OpenSession): the store then supports reconstruction probes.
-  virtual bool wants_importance() const { return false; }
-  // Per-slot query-agnostic importance (a reconstruction probe's mass); the
-  // daemon keeps the largest each slot was given. Default: dropped.
-  //   importance: [committed slots]
-  virtual absl::Status ReportImportance(std::span<const float> importance) {
-    return absl::OkStatus();
-  }
-  // Whether the daemon's policy selects per layer (select=layer): importance
-  // is then reported per layer, through ReportLayerImportance.
-  virtual bool wants_layer_importance() const { return false; }
-  // Importance per layer: [num_layers x slots] layer-major, each the most any
-  // KV head of the layer paid the slot. Default: dropped.
-  virtual absl::Status ReportLayerImportance(std::span<const float> importance, int num_layers) {
-    return absl::OkStatus();
-  }
-  // Whether the daemon's policy ranks by SnapKV's observation window (asked
-  // at OpenSession): the store then supports observation probes.
-  virtual bool wants_observation() const { return false; }
-  // Per-slot attention from the latest observation window, replacing what was
-  // reported before. Default: dropped.
-  //   observation: [committed slots]
-  virtual absl::Status ReportObservation(std::span<const float> observation) {
+  // What the daemon's policy for this session reads (OpenSession, then each
+  // Sync): the store measures those streams and no others (attention mass in
+  // decode and prefill, entropy in decode, the probes that report intent,
+  // importance and observation). Default: nothing.
+  virtual WantedStreams wants() const { return {}; }
+  // One score stream's values (policies/score_stream.h), of the slots in the
+  // current epoch's order: a slot stream's [num_slots], or [num_layers x
+  // num_slots] layer-major when per_layer; a per-layer stream's
+  // [num_layers]. Default: dropped.
+  virtual absl::Status Report(ScoreStream stream, std::span<const float> values,
+                              bool per_layer) {
     return absl::OkStatus();
   }
   // Wall seconds spent so far computing the structure tags reported with
@@ -137,14 +111,14 @@ class PageSource {
 //          commit's turn and role is not counted: a source without tags sends
 //          it too.
 //   mass:  summing the kernel's per-KV-head attention mass into the pending
-//          per-slot mass (Attend), and ReportAttention (CommitAndSync).
+//          per-slot mass (Attend), and its report (CommitAndSync).
 //   probe: each probe (intent, reconstruction, observation), from after
 //          BeginProbe's commit to the end of EndProbe: its forward pass, the
 //          cache restore and the report.
 // Not counted: what computing the slot mass costs inside the attention
 // kernels themselves (only a whole-run A/B sees that), and the timer itself
 // (two steady_clock reads per timed section). All zero for a source that
-// neither tags nor wants_attention(), but for commit_seconds, which is not a
+// neither tags nor wants attention, but for commit_seconds, which is not a
 // signal: the whole PageSource::Commit (tagging, the Commit and ReportSlots
 // RPCs), an upper bound of what the tags add to the report's RPC.
 struct SignalCost {
@@ -241,16 +215,10 @@ class PagedKvStore : public KvStore {
   // Probes: between BeginProbe and EndProbe, steps attend over the cache
   // (and each other) as usual but are never committed; EndProbe drops them,
   // restores the block being filled and reports the mass they gave each slot
-  // (ProbeKind): as its intent relevance (PageSource::ReportIntent), its
-  // importance (PageSource::ReportImportance) or its observation
-  // (PageSource::ReportObservation).
+  // (ProbeKind): as its intent relevance, importance or observation
+  // (ProbeStream; PageSource::Report).
   bool SupportsProbe(ProbeKind kind) const override {
-    switch (kind) {
-      case ProbeKind::kIntent: return source_->wants_attention();
-      case ProbeKind::kReconstruct: return source_->wants_importance();
-      case ProbeKind::kObservation: return source_->wants_observation();
-    }
-    return false;
+    return source_->wants().has(ProbeStream(kind));
   }
   absl::Status BeginProbe(ProbeKind kind) override;
   absl::Status EndProbe() override;
@@ -258,7 +226,7 @@ class PagedKvStore : public KvStore {
   absl::Status CommitPending();
 
   // [num_slots] attention mass (summed over layers, query heads and the
-  // step's queries) not yet reported, when the source wants_attention():
+  // step's queries) not yet reported, when the source wants attention:
   // decode steps, and prefill chunks when options.prefill_attention_mass.
   const std::vector<float>& pending_attention_mass() const { return mass_; }
   // The signals' cost since the store was created (see SignalCost).
@@ -326,6 +294,13 @@ class PagedKvStore : public KvStore {
   // gets no bias at all, the unmerged path).
   std::vector<float> slot_bias_;
   std::vector<float> head_mass_;  // Scratch: [num_kv_heads][slots].
+  // Adds the entropy of the decode step's attention in head_mass_ (held
+  // slots per KV head, `group` query heads each) to `layer`'s sum.
+  void AddEntropy(int layer, int num_kv_heads, int64_t held, int group);
+  // [num_layers] decode attention entropy summed over steps (each step's
+  // mean over KV heads) since the last report, and the steps summed.
+  std::vector<double> entropy_sum_;
+  int entropy_steps_ = 0;
   // Probe state (BeginProbe..EndProbe).
   bool probing_ = false;
   ProbeKind probe_kind_ = ProbeKind::kIntent;
@@ -334,7 +309,7 @@ class PagedKvStore : public KvStore {
   std::vector<std::vector<float>> probe_k_residual_, probe_v_residual_;
   std::vector<uint8_t> probe_recent_;  // The recent window as the probe found it.
   // [probe_base_], or [num_layers][probe_base_] for a reconstruction probe
-  // whose source wants_layer_importance() (probe_per_layer_).
+  // whose source wants slot streams per layer (probe_per_layer_).
   std::vector<float> probe_mass_;
   bool probe_per_layer_ = false;
   double probe_start_ = 0;         // steady_clock seconds, after BeginProbe's commit

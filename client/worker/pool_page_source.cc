@@ -69,47 +69,26 @@ class PoolPageSource : public PageSource {
     return Benign(session_->ReportSlots(first, meta, {}, turn));
   }
 
-  bool wants_attention() const override { return true; }
-  bool wants_importance() const override { return session_->info().wants_importance; }
-  bool wants_observation() const override { return session_->info().wants_observation; }
+  WantedStreams wants() const override { return session_->info().wants; }
   double tag_seconds() const override { return tag_seconds_; }
 
-  absl::Status ReportIntent(std::span<const float> relevance) override {
-    std::vector<float> v = Committed(relevance);
-    return v.empty() ? absl::OkStatus() : Benign(session_->ReportIntent(0, v));
-  }
-
-  absl::Status ReportImportance(std::span<const float> importance) override {
-    std::vector<float> v = Committed(importance);
-    return v.empty() ? absl::OkStatus() : Benign(session_->ReportImportance(0, v));
-  }
-
-  bool wants_layer_importance() const override {
-    return session_->info().wants_layer_importance;
-  }
-  absl::Status ReportLayerImportance(std::span<const float> importance,
-                                     int num_layers) override {
-    // Each layer's row trimmed to the committed slots, as the others are.
-    const size_t per = num_layers > 0 ? importance.size() / static_cast<size_t>(num_layers) : 0;
+  absl::Status Report(ScoreStream stream, std::span<const float> values,
+                      bool per_layer) override {
+    if (policies::RuleOf(stream).per_layer) {
+      return Benign(session_->Report(stream, 0, {values.begin(), values.end()}));
+    }
+    // Slot values trimmed to the committed slots (each layer's row, per layer).
+    const size_t layers = per_layer ? session_->info().num_layers : 1;
+    const size_t per = layers > 0 ? values.size() / layers : 0;
     const size_t n = std::min(per, static_cast<size_t>(committed_));
     if (n == 0) return absl::OkStatus();
     std::vector<float> v;
-    v.reserve(n * static_cast<size_t>(num_layers));
-    for (int l = 0; l < num_layers; ++l) {
-      const auto row = importance.subspan(static_cast<size_t>(l) * per, n);
+    v.reserve(n * layers);
+    for (size_t l = 0; l < layers; ++l) {
+      const auto row = values.subspan(l * per, n);
       v.insert(v.end(), row.begin(), row.end());
     }
-    return Benign(session_->ReportLayerImportance(0, v));
-  }
-
-  absl::Status ReportObservation(std::span<const float> observation) override {
-    std::vector<float> v = Committed(observation);
-    return v.empty() ? absl::OkStatus() : Benign(session_->ReportObservation(0, v));
-  }
-
-  absl::Status ReportAttention(std::span<const float> mass) override {
-    std::vector<float> v = Committed(mass);
-    return v.empty() ? absl::OkStatus() : Benign(session_->ReportSlots(0, {}, v));
+    return Benign(session_->Report(stream, 0, std::move(v), per_layer));
   }
 
   absl::StatusOr<std::optional<PagedTable>> Sync() override {
@@ -193,13 +172,6 @@ class PoolPageSource : public PageSource {
       out.v_pages[l] = v.addr;
     }
     return out;
-  }
-
-  // The values of the committed slots (from slot 0): only those may be
-  // reported.
-  std::vector<float> Committed(std::span<const float> per_slot) const {
-    const size_t n = std::min(per_slot.size(), static_cast<size_t>(committed_));
-    return std::vector<float>(per_slot.begin(), per_slot.begin() + n);
   }
 
   std::unique_ptr<Client> client_;

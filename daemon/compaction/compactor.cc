@@ -72,9 +72,12 @@ SlotRecord Absent() {
 absl::StatusOr<std::vector<CompactionGroups>> DecidePerLayer(
     const policies::Policy& policy, const std::vector<std::span<const SlotRecord>>& records,
     const CompactionInputs& in) {
-  const policies::SessionView view =
-      BuildLayerView(records, in.shape, in.formats, in.current_turn);
+  policies::SessionView view = BuildLayerView(records, in.shape, in.formats, in.current_turn);
   const int L = view.num_layers();
+  for (size_t l = 0; l < std::min(in.layer_entropy.size(), view.layers.size()); ++l) {
+    const float e = in.layer_entropy[l];
+    view.layers[l].entropy = std::isnan(e) ? -1.f : e;  // the view's "unknown"
+  }
   auto budgets = policy.LayerBudgets(
       view, policies::Budget::TotalTokens(static_cast<int64_t>(in.target_tokens) * L));
   if (!budgets.ok()) return budgets.status();

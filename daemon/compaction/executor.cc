@@ -17,29 +17,14 @@ void FillLayer(std::span<const SlotRecord> slots, size_t first_token,
                policies::SessionView& v, size_t l) {
   auto& layer = v.layers[l];
   layer.slots.resize(slots.size());
-  // Slots newer than the last intent probe have no relevance yet: they rank
-  // with the most relevant, not below everything (they are the current turn).
-  // Likewise slots no reconstruction probe or observation window has scored
-  // yet (the newest).
-  float most_relevant = 0.f, most_important = 0.f, most_observed = 0.f;
-  bool any_intent = false;
-  for (const SlotRecord& r : slots) {
-    if (!std::isnan(r.importance)) most_important = std::max(most_important, r.importance);
-    if (!std::isnan(r.obs)) most_observed = std::max(most_observed, r.obs);
-    if (std::isnan(r.intent)) continue;
-    most_relevant = any_intent ? std::max(most_relevant, r.intent) : r.intent;
-    any_intent = true;
-  }
+  const policies::SlotScores absent = policies::AbsentValues(slots);
   for (size_t i = 0; i < slots.size(); ++i) {
     const SlotRecord& r = slots[i];
     v.tokens[first_token + i] = r.meta;
     policies::Slot& s = layer.slots[i];
     s.token = static_cast<uint32_t>(first_token + i);
     s.count = std::max<uint32_t>(r.count, 1);
-    s.attn = r.attn;
-    s.intent = std::isnan(r.intent) ? most_relevant : r.intent;
-    s.importance = std::isnan(r.importance) ? most_important : r.importance;
-    s.obs = std::isnan(r.obs) ? most_observed : r.obs;
+    policies::SetScores(s, policies::Resolved(r.score, absent));
     const size_t block = i / static_cast<size_t>(std::max(shape.block_tokens, 1));
     s.k_format = formats.key(block);
     s.v_format = formats.value(block);
@@ -47,7 +32,7 @@ void FillLayer(std::span<const SlotRecord> slots, size_t first_token,
 }
 
 // Output slot j's record: its source's, with `count`; a merge group's
-// scores by the merge rule (policies/merge_rule.h).
+// scores by the merge rule (policies/slot_record.h).
 SlotRecord OutputRecord(const CompactionGroups& g, size_t j, uint32_t count,
                         std::span<const SlotRecord> slots) {
   SlotRecord rec = slots[g.sources[j]];
@@ -56,12 +41,9 @@ SlotRecord OutputRecord(const CompactionGroups& g, size_t j, uint32_t count,
     policies::GroupScores group;
     for (int32_t m = g.group_offsets[j]; m < g.group_offsets[j + 1]; ++m) {
       const SlotRecord& member = slots[size_t(g.members[size_t(m)])];
-      group.Add(member.attn, member.obs, member.intent, member.importance, member.meta.pinned);
+      group.Add(member.score, member.meta.pinned);
     }
-    rec.attn = group.attn;
-    rec.obs = group.obs;
-    rec.intent = group.intent;
-    rec.importance = group.importance;
+    rec.score = group.score;
     rec.meta.pinned = group.pinned;
   }
   return rec;

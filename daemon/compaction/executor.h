@@ -29,28 +29,14 @@
 #include "absl/status/statusor.h"
 #include "kernels/page_format.h"
 #include "kernels/page_layout.h"
-#include "policies/merge_rule.h"
 #include "policies/plan.h"
 #include "policies/session_view.h"
+#include "policies/slot_record.h"
 
 namespace polykv::daemon {
 
-using policies::MaxKnown;  // NaN means "not reported yet" (policies/merge_rule.h)
-
 // What the daemon knows about one committed slot of a session.
-struct SlotRecord {
-  policies::TokenMeta meta;  // of the slot's (representative) token
-  uint32_t count = 1;        // tokens folded into this slot
-  float attn = 0.f;          // accumulated attention mass
-  // Relevance to the current intent (ReportSlots); NaN until reported.
-  float intent = std::numeric_limits<float>::quiet_NaN();
-  // Query-agnostic importance (ReportSlots): the most any context-
-  // reconstruction probe reported for it; NaN until one did.
-  float importance = std::numeric_limits<float>::quiet_NaN();
-  // Attention from the latest observation window (ReportSlots; SnapKV); NaN
-  // until reported, or for slots newer than the window.
-  float obs = std::numeric_limits<float>::quiet_NaN();
-};
+using policies::SlotRecord;
 
 // The K/V formats of a session's blocks. A requantized block is coarser than
 // the fill formats (what the worker appends in); blocks past k/v (all of

@@ -30,10 +30,10 @@ absl::StatusOr<const policies::Policy*> PolicyRegistry::Get(const std::string& t
   return (policies_[text] = *std::move(p)).get();
 }
 
-PolicyStreams PolicyRegistry::Streams(const std::string& text) {
+policies::WantedStreams PolicyRegistry::Streams(const std::string& text) {
   auto p = Get(text);
   if (!p.ok()) return {};
-  return {(*p)->ReadsImportance(), (*p)->ReadsObservation(), (*p)->SelectsPerLayer()};
+  return {(*p)->Reads(), (*p)->SelectsPerLayer()};
 }
 
 size_t PolicyRegistry::size() const {

@@ -28,21 +28,13 @@ absl::Status ValidatePolicyName(const std::string& text);
 // allocator acts uniform.
 std::string PolicyNote(const std::string& text);
 
-// The score streams a policy reads from the worker beyond attention.
-struct PolicyStreams {
-  bool importance = false;   // ReportSlots.importance (KVzip's probe)
-  bool observation = false;  // ReportSlots.observation (SnapKV's window)
-  // ReportSlots.layer_importance: the policy selects per layer
-  // (Policy::SelectsPerLayer), so each layer keeps its own slot records.
-  bool layer_importance = false;
-};
-
 class PolicyRegistry {
  public:
   // The policy for `text`; the pointer stays valid as long as the registry.
   absl::StatusOr<const policies::Policy*> Get(const std::string& text) ABSL_LOCKS_EXCLUDED(mu_);
-  // Of the policy for `text`; none for a text Get refuses.
-  PolicyStreams Streams(const std::string& text) ABSL_LOCKS_EXCLUDED(mu_);
+  // What a worker of a session under the policy `text` should report (its
+  // Reads(), per layer when it SelectsPerLayer); none for a text Get refuses.
+  policies::WantedStreams Streams(const std::string& text) ABSL_LOCKS_EXCLUDED(mu_);
   // Policies built so far: one per distinct text sessions named (the
   // ladder's steps are typed data, not texts, so they add none).
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -36,6 +36,7 @@ absl::Status CompactionRun::Prepare(const Session& s, const QosRecord& qos,
   in_.key_floor = qos.key_floor;
   in_.value_floor = qos.value_floor;
   in_.current_turn = s.policy.current_turn;
+  in_.layer_entropy = s.policy.layer_entropy;
   in_.target_tokens = target_;
   in_.cold = cold_;
   in_.layer_offsets = LayerOffsets(s.tables.blocks, s.profile.num_layers, s.block_tokens);

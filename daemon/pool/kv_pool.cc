@@ -244,10 +244,7 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
   out.epoch = in.tables.epoch;
   out.qos = qos;
   out.qos.agent_id = agent;
-  const PolicyStreams streams = policies_.Streams(qos.policy);
-  in.policy.wants_importance = out.wants_importance = streams.importance;
-  in.policy.wants_observation = out.wants_observation = streams.observation;
-  in.policy.wants_layer_importance = out.wants_layer_importance = streams.layer_importance;
+  in.policy.wants = out.wants = policies_.Streams(qos.policy);
   out.arenas = blocks_.NewArenas(in.tenant(), in.known_arenas);
   return out;
 }
@@ -354,9 +351,7 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     s.lease.Renew(Now());
     out.epoch = s.tables.epoch;
     out.committed_tokens = s.tables.committed_tokens;
-    out.wants_importance = s.policy.wants_importance;
-    out.wants_observation = s.policy.wants_observation;
-    out.wants_layer_importance = s.policy.wants_layer_importance;
+    out.wants = s.policy.wants;
     out.changed = known_epoch != s.tables.epoch;
     if (out.changed) {
       tables = s.tables.blocks;

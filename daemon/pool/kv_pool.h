@@ -231,14 +231,15 @@ class KvPool {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Frees a quarantined session's pages and forgets it.
   void ReleaseQuarantined(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs `policy_text` (the agent's policy) down to `target` tokens, with
-  // the ladder's requantization step `cold` if set: a CompactionRun, whose
-  // phases this sequences with the lock (compaction_run.h). When the plan
-  // changes anything, NEW pages are published at epoch + 1; the old tables
-  // become pending.
+  // Runs the agent's policy (its QoS `qos`, read only until the lock is
+  // first released: an operator may change it meanwhile) down to `target`
+  // tokens, with the ladder's requantization step `cold` if set: a
+  // CompactionRun, whose phases this sequences with the lock
+  // (compaction_run.h). When the plan changes anything, NEW pages are
+  // published at epoch + 1; the old tables become pending.
   // NOT_FOUND when the session was destroyed meanwhile (then `s` is gone).
   // REQUIRES: no pending tables, not busy.
-  absl::Status Compact(Session& s, const std::string& policy_text, uint64_t target,
+  absl::Status Compact(Session& s, const QosRecord& qos, uint64_t target,
                        std::optional<policies::ColdStep> cold = std::nullopt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At s's step boundary (Sync, when the worker holds the current tables

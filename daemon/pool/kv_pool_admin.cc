@@ -169,15 +169,13 @@ absl::StatusOr<QosRecord> KvPool::SetQos(const QosRecord& qos) {
       return absl::InvalidArgumentError(absl::StrCat("qos.", s.message()));
     }
   }
-  const PolicyStreams streams = policies_.Streams(qos.policy);
+  const policies::WantedStreams wants = policies_.Streams(qos.policy);
   absl::MutexLock lock(&mu_);
   if (auto st = admission_.Set(qos); !st.ok()) return st;
   for (auto& [id, s] : sessions_) {
     if (s.agent_id() != qos.agent_id) continue;
     s.priority = qos.priority;
-    s.policy.wants_importance = streams.importance;
-    s.policy.wants_observation = streams.observation;
-    s.policy.wants_layer_importance = streams.layer_importance;
+    s.policy.wants = wants;
     s.events->Push({SessionEventMsg::Type::kQos, s.tables.epoch, "QoS changed"});
   }
   return qos;

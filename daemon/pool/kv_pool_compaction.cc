@@ -26,12 +26,13 @@ uint64_t HeldTokens(const Session& s) {
 }  // namespace
 
 absl::Status KvPool::CompactAtStepBoundary(Session& s) {
-  if (s.policy.wants_layer_importance) SplitLayerRecords(s);
+  if (s.policy.wants.per_layer) SplitLayerRecords(s);
   const QosRecord& qos = admission_.For(s.agent_id());
   // A policy that ranks by importance has nothing to rank by until the
   // worker reports some (one that runs no probes never does): its
   // session is not evicted meanwhile.
-  const bool can_rank = !s.policy.wants_importance || s.policy.importance_reported;
+  const bool can_rank =
+      !s.policy.wants.has(policies::ScoreStream::kImportance) || s.policy.importance_reported;
   TargetInputs in{.compacting_policy = qos.policy != "full" && can_rank,
                   .committed_tokens = HeldTokens(s),
                   .block_tokens = s.block_tokens,
@@ -50,7 +51,7 @@ absl::Status KvPool::CompactAtStepBoundary(Session& s) {
     // Failed as it is: the session keeps its tables until it changes.
     s.policy.want_tokens = 0;
   } else if (target > 0) {
-    auto st = Compact(s, qos.policy, target);  // releases mu_ while it decides and copies
+    auto st = Compact(s, qos, target);  // releases mu_ while it decides and copies
     if (absl::IsNotFound(st)) return st;  // closed or evicted meanwhile
     if (!st.ok()) {
       // The session keeps its tables; the ladder and budget retry once
@@ -73,22 +74,20 @@ absl::Status KvPool::CompactAtStepBoundary(Session& s) {
     const uint64_t epoch = s.tables.epoch;
     const policies::ColdStep step =
         LadderColdStep(to, blocks, s.tables.committed_tokens, s.block_tokens);
-    auto st = Compact(s, qos.policy, s.tables.committed_tokens, step);
+    auto st = Compact(s, qos, s.tables.committed_tokens, step);
     if (absl::IsNotFound(st)) return st;
-    if (!st.ok()) {
-      CompactionFailed(s, {s.tables.committed_tokens, s.policy.reports, qos.policy}, st);
-    }
+    if (!st.ok()) CompactionFailed(s, now, st);
     if (s.tables.epoch == epoch) s.policy.requant_idle_at = s.tables.committed_tokens;
   }
   return absl::OkStatus();
 }
 
-absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_t target,
+absl::Status KvPool::Compact(Session& s, const QosRecord& qos, uint64_t target,
                              std::optional<policies::ColdStep> cold) {
-  auto policy = policies_.Get(policy_text);
+  auto policy = policies_.Get(qos.policy);
   if (!policy.ok()) return policy.status();
-  CompactionRun run(**policy, policy_text, target, cold, options_.superblock_bytes);
-  if (auto st = run.Prepare(s, admission_.For(s.agent_id()), blocks_); !st.ok()) return st;
+  CompactionRun run(**policy, qos.policy, target, cold, options_.superblock_bytes);
+  if (auto st = run.Prepare(s, qos, blocks_); !st.ok()) return st;
   // From here until the end the session cannot change (compaction_run.h).
   s.busy = true;
   mu_.Unlock();
@@ -130,6 +129,8 @@ absl::Status KvPool::Compact(Session& s, const std::string& policy_text, uint64_
   shared_blocks_ += done.shared_blocks;
   copied_blocks_ += done.copied_blocks;
   s.busy = false;
+  // The policy this run decided by, whatever the QoS says by now.
+  const std::string& policy_text = run.policy_text();
   ++compactions_[policy_text];
   evicted_tokens_[policy_text] += done.evicted_tokens;
   merged_tokens_[policy_text] += done.merged_tokens;

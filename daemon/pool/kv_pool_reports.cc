@@ -1,12 +1,51 @@
-// KvPool::ReportSlots: the worker's score streams (attention, intent,
-// observation, importance, per-layer importance) into the session's slot
-// records, which its policy ranks by at the next compaction.
+// KvPool::ReportSlots: slot metadata and the worker's score streams
+// (policies/score_stream.h) into the session's slot records and per-layer
+// values, which its policy ranks by at the next compaction. Every stream
+// goes through the same checks and folds by its own rule.
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/pool/kv_pool.h"
 
 namespace polykv::daemon {
+
+namespace {
+
+using policies::ScoreStream;
+using policies::ScoreValues;
+
+// Slots `v` covers from the report's first slot: INVALID_ARGUMENT unless its
+// size fits its stream's shape.
+absl::StatusOr<uint64_t> SlotsCovered(const ScoreValues& v, uint64_t layers) {
+  const auto& rule = policies::RuleOf(v.stream);
+  const std::string name(rule.name);
+  if (rule.per_layer) {
+    if (v.values.size() != layers) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " has ", v.values.size(),
+                                                     " values; it takes one per layer (",
+                                                     layers, ")"));
+    }
+    return 0;
+  }
+  if (!v.per_layer) return v.values.size();
+  if (v.values.size() % layers != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " per layer has ", v.values.size(), " values, not a multiple of the ", layers,
+        " layers (layer-major, [layers x slots])"));
+  }
+  return v.values.size() / layers;
+}
+
+// Folds `values` ([n], of slots from `first`) into `records` by `stream`'s rule.
+void Fold(ScoreStream stream, const float* values, uint64_t n, uint64_t first,
+          std::vector<SlotRecord>& records) {
+  for (uint64_t i = 0; i < n; ++i) {
+    float& held = records[first + i].score[stream];
+    held = policies::FoldReport(stream, held, values[i]);
+  }
+}
+
+}  // namespace
 
 absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
                                  const PeerCreds& peer, const ReportSlotsRequest& r) {
@@ -21,19 +60,31 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
   }
   const uint64_t committed = s.tables.committed_tokens;
   const uint64_t layers = s.profile.num_layers;
-  if (r.layer_importance.size() % layers != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layer_importance has ", r.layer_importance.size(), " values, not a multiple of the ",
-        layers, " layers (layer-major, [layers x slots])"));
+  uint64_t n = r.slots.size();
+  policies::StreamSet seen;
+  for (const ScoreValues& v : r.scores) {
+    if (static_cast<int>(v.stream) >= policies::kNumScoreStreams) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("score stream ", static_cast<int>(v.stream), " unknown"));
+    }
+    const std::string name(policies::ScoreStreamName(v.stream));
+    if (seen.has(v.stream)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " reported twice in one request (per slot or per layer, once)"));
+    }
+    seen.add(v.stream);
+    auto covered = SlotsCovered(v, layers);
+    if (!covered.ok()) return covered.status();
+    n = std::max(n, *covered);
+    for (size_t i = 0; i < v.values.size(); ++i) {
+      if (!policies::ValidScore(v.stream, v.values[i])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, "[", i, "] = ", v.values[i],
+            policies::RuleOf(v.stream).signed_values ? " is not finite"
+                                                     : " is not a finite value >= 0"));
+      }
+    }
   }
-  if (!r.layer_importance.empty() && !r.importance.empty()) {
-    return absl::InvalidArgumentError(
-        "report importance or layer_importance, not both in one request");
-  }
-  const uint64_t layer_n = r.layer_importance.size() / layers;
-  const uint64_t n =
-      std::max({r.slots.size(), r.attention.size(), r.intent.size(), r.importance.size(),
-                r.observation.size(), layer_n});
   if (r.first_slot > committed || n > committed - r.first_slot) {
     return absl::InvalidArgumentError(absl::StrCat(
         "slots [", r.first_slot, ", ", r.first_slot + n, ") are not all committed (",
@@ -49,62 +100,53 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
           m.turn, " out of range"));
     }
   }
-  for (size_t i = 0; i < r.attention.size(); ++i) {
-    if (!std::isfinite(r.attention[i]) || r.attention[i] < 0.f) {
-      return absl::InvalidArgumentError(absl::StrCat("attention[", i, "] = ", r.attention[i],
-                                                     " is not a finite value >= 0"));
-    }
-  }
-  for (size_t i = 0; i < r.intent.size(); ++i) {
-    if (!std::isfinite(r.intent[i])) {
-      return absl::InvalidArgumentError(absl::StrCat("intent[", i, "] = ", r.intent[i],
-                                                     " is not finite"));
-    }
-  }
-  for (const auto& [name, values] : {std::pair{"importance", &r.importance},
-                                      std::pair{"observation", &r.observation},
-                                      std::pair{"layer_importance", &r.layer_importance}}) {
-    for (size_t i = 0; i < values->size(); ++i) {
-      if (!std::isfinite((*values)[i]) || (*values)[i] < 0.f) {
-        return absl::InvalidArgumentError(absl::StrCat(name, "[", i, "] = ", (*values)[i],
-                                                       " is not a finite value >= 0"));
-      }
-    }
-  }
   if (r.current_turn > static_cast<uint32_t>(INT32_MAX)) {
     return absl::InvalidArgumentError("current_turn out of range");
   }
   // Valid: from here on nothing fails.
-  if (!r.layer_importance.empty() && s.policy.wants_layer_importance) SplitLayerRecords(s);
-  s.policy.importance_reported |= !r.importance.empty() || !r.layer_importance.empty();
-  // The streams other than layer_importance are per slot index, the same for
-  // every layer: where the layers were compacted apart, a select=layer policy
-  // reads none of them but the metadata of new slots (the same token in
-  // every layer).
+  const bool any_per_layer = std::any_of(r.scores.begin(), r.scores.end(), [](const auto& v) {
+    return v.per_layer && !policies::RuleOf(v.stream).per_layer;
+  });
+  if (any_per_layer && s.policy.wants.per_layer) SplitLayerRecords(s);
+  s.policy.importance_reported |= seen.has(ScoreStream::kImportance);
   s.policy.ForEachLayer([&](std::vector<SlotRecord>& slots) {
     for (size_t i = 0; i < r.slots.size(); ++i) {
       // Assigns the SlotMeta part only: the position stays the daemon's.
       static_cast<policies::SlotMeta&>(slots[r.first_slot + i].meta) = r.slots[i];
     }
-    for (size_t i = 0; i < r.attention.size(); ++i) slots[r.first_slot + i].attn += r.attention[i];
-    for (size_t i = 0; i < r.intent.size(); ++i) slots[r.first_slot + i].intent = r.intent[i];
-    for (size_t i = 0; i < r.observation.size(); ++i) {
-      slots[r.first_slot + i].obs = r.observation[i];
-    }
-    for (size_t i = 0; i < r.importance.size(); ++i) {
-      float& have = slots[r.first_slot + i].importance;
-      have = MaxKnown(have, r.importance[i]);
-    }
   });
-  // Per layer where each layer has its records, else the most over layers.
-  for (uint64_t l = 0; l < (layer_n > 0 ? layers : 0); ++l) {
-    auto& slots = s.policy.upper_layers.empty() || l == 0 ? s.policy.slots
-                                                          : s.policy.upper_layers[l - 1];
-    const float* values = r.layer_importance.data() + l * layer_n;
-    for (size_t i = 0; i < layer_n; ++i) {
-      float& have = slots[r.first_slot + i].importance;
-      have = MaxKnown(have, values[i]);
+  for (const ScoreValues& v : r.scores) {
+    if (policies::RuleOf(v.stream).per_layer) {
+      s.policy.layer_entropy = v.values;
+      continue;
     }
+    if (!v.per_layer) {
+      // The same slot index in every layer (where the layers were compacted
+      // apart, a select=layer policy reads no per-slot stream but its
+      // per-layer one).
+      s.policy.ForEachLayer([&](std::vector<SlotRecord>& slots) {
+        Fold(v.stream, v.values.data(), v.values.size(), r.first_slot, slots);
+      });
+      continue;
+    }
+    const uint64_t per = v.values.size() / layers;
+    if (!s.policy.upper_layers.empty()) {
+      for (uint64_t l = 0; l < layers; ++l) {
+        Fold(v.stream, v.values.data() + l * per, per, r.first_slot,
+             l == 0 ? s.policy.slots : s.policy.upper_layers[l - 1]);
+      }
+      continue;
+    }
+    // One record list for all layers: the layers' values combined first, as
+    // a merge combines its members (mass adds up, relevance is the most).
+    std::vector<float> combined(v.values.begin(), v.values.begin() + per);
+    for (uint64_t l = 1; l < layers; ++l) {
+      for (uint64_t i = 0; i < per; ++i) {
+        combined[i] = policies::Combine(policies::RuleOf(v.stream).on_combine, combined[i],
+                                        v.values[l * per + i]);
+      }
+    }
+    Fold(v.stream, combined.data(), per, r.first_slot, s.policy.slots);
   }
   if (r.current_turn > 0) s.policy.current_turn = static_cast<int32_t>(r.current_turn);
   ++s.policy.reports;

@@ -79,11 +79,11 @@ struct PolicyInputs {
   // Committed tokens when a requantization step last found nothing to do:
   // the ladder asks again only once a new full block is past it.
   uint64_t requant_idle_at = 0;
-  // The score streams the agent's policy reads (set at Open and by SetQos;
-  // Sync tells the worker).
-  bool wants_importance = false;
-  bool wants_observation = false;
-  bool wants_layer_importance = false;  // the policy selects per layer
+  // What the agent's policy reads (set at Open and by SetQos; Sync tells the
+  // worker).
+  policies::WantedStreams wants;
+  // [num_layers] the latest entropy report per layer; NaN until reported.
+  std::vector<float> layer_entropy;
   // The worker has reported importance (ReportSlots) at least once.
   bool importance_reported = false;
   // ReportSlots calls accepted so far.

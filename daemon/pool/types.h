@@ -13,6 +13,7 @@
 #include "daemon/memory/arena.h"
 #include "daemon/pool/page_allocator.h"
 #include "kernels/page_format.h"
+#include "policies/score_stream.h"
 #include "policies/session_view.h"
 
 namespace polykv::daemon {
@@ -115,14 +116,8 @@ struct OpenResult {
   std::vector<ArenaExport> arenas;
   uint64_t epoch = 0;
   QosRecord qos;
-  // The agent's policy ranks by query-agnostic importance: the worker should
-  // run its context-reconstruction probes and report what they find.
-  bool wants_importance = false;
-  // The agent's policy ranks by SnapKV's observation window: the worker
-  // should probe it at the end of each user or tool message.
-  bool wants_observation = false;
-  // The policy selects per layer: importance is wanted per layer.
-  bool wants_layer_importance = false;
+  // What the worker should report: the streams the agent's policy reads.
+  policies::WantedStreams wants;
 };
 
 struct ReserveResult {
@@ -142,11 +137,9 @@ struct SyncResult {
   // each slot of the new tables.
   std::vector<int64_t> slot_positions;
   std::vector<uint32_t> slot_counts;
-  // The score streams the agent's policy reads now (its QoS may have changed
+  // What the worker should report now (the agent's QoS may have changed
   // since Open).
-  bool wants_importance = false;
-  bool wants_observation = false;
-  bool wants_layer_importance = false;
+  policies::WantedStreams wants;
   // When changed and the layers hold their own slots: [num_layers x
   // committed_tokens] positions, layer-major; else empty.
   std::vector<int64_t> layer_slot_positions;
@@ -157,12 +150,9 @@ struct ReportSlotsRequest {
   uint64_t first_slot = 0;
   // Checked by KvPool::ReportSlots: enums in range, turn >= 0.
   std::vector<policies::SlotMeta> slots;  // for [first_slot, first_slot + size)
-  std::vector<float> attention;           // for [first_slot, first_slot + size)
-  std::vector<float> intent;              // for [first_slot, first_slot + size); replaces
-  std::vector<float> importance;  // for [first_slot, first_slot + size); the slot keeps the max
-  std::vector<float> observation;  // for [first_slot, first_slot + size); replaces
-  // [num_layers x n], layer-major: per layer, as `importance` (the max kept).
-  std::vector<float> layer_importance;
+  // At most one entry per stream; checked by KvPool::ReportSlots (sizes,
+  // values by the stream's rule).
+  std::vector<policies::ScoreValues> scores;
   uint32_t current_turn = 0;          // 0 = unchanged
 };
 

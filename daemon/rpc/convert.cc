@@ -136,6 +136,10 @@ absl::StatusOr<QosRecord> FromProto(const v1::QosRecord& q) {
   return o;
 }
 
+// The wire's streams are policies::ScoreStream + 1, in the same order.
+static_assert(v1::ScoreStream_ARRAYSIZE == policies::kNumScoreStreams + 1);
+static_assert(v1::SCORE_STREAM_ENTROPY == static_cast<int>(policies::ScoreStream::kEntropy) + 1);
+
 absl::StatusOr<ReportSlotsRequest> FromProto(const v1::ReportSlotsRequest& r) {
   ReportSlotsRequest o;
   o.epoch = r.epoch();
@@ -163,11 +167,18 @@ absl::StatusOr<ReportSlotsRequest> FromProto(const v1::ReportSlotsRequest& r) {
     s.tag.boundary = m.tag_boundary();
     s.pinned = m.pinned();
   }
-  o.attention.assign(r.attention().begin(), r.attention().end());
-  o.intent.assign(r.intent().begin(), r.intent().end());
-  o.importance.assign(r.importance().begin(), r.importance().end());
-  o.observation.assign(r.observation().begin(), r.observation().end());
-  o.layer_importance.assign(r.layer_importance().begin(), r.layer_importance().end());
+  for (int i = 0; i < r.scores_size(); ++i) {
+    const v1::ScoreValues& v = r.scores(i);
+    if (v.stream() <= v1::SCORE_STREAM_UNSPECIFIED || v.stream() > policies::kNumScoreStreams) {
+      return absl::InvalidArgumentError(absl::StrCat("scores[", i, "]: stream ", v.stream(),
+                                                     " unknown (1..", policies::kNumScoreStreams,
+                                                     ")"));
+    }
+    policies::ScoreValues& s = o.scores.emplace_back();
+    s.stream = static_cast<policies::ScoreStream>(v.stream() - 1);
+    s.per_layer = v.per_layer();
+    s.values.assign(v.values().begin(), v.values().end());
+  }
   return o;
 }
 
@@ -224,9 +235,7 @@ void ToProto(const OpenResult& in, v1::OpenSessionResponse* out) {
   for (const auto& a : in.arenas) ToProto(a, out->add_arenas());
   out->set_epoch(in.epoch);
   ToProto(in.qos, out->mutable_qos());
-  out->set_wants_importance(in.wants_importance);
-  out->set_wants_observation(in.wants_observation);
-  out->set_wants_layer_importance(in.wants_layer_importance);
+  SetWanted(in.wants, out);
 }
 
 void ToProto(const ModelProfile& in, v1::ModelProfile* out) {

@@ -23,6 +23,14 @@ void ToProto(const BlockDesc& in, v1::Block* out);
 void ToProto(const SessionSummary& in, v1::SessionInfo* out);
 void ToProto(const PoolSummary& in, v1::Stats* out);
 void ToProto(const ModelProfile& in, v1::ModelProfile* out);
+// OpenSessionResponse's and SyncResponse's wanted_streams and wants_per_layer.
+template <typename Response>
+void SetWanted(const policies::WantedStreams& in, Response* out) {
+  for (policies::ScoreStream s : policies::AllScoreStreams()) {
+    if (in.has(s)) out->add_wanted_streams(static_cast<v1::ScoreStream>(static_cast<int>(s) + 1));
+  }
+  out->set_wants_per_layer(in.per_layer);
+}
 v1::PageFormat FormatToProto(PageFormat f);
 // nullopt: PAGE_FORMAT_UNSPECIFIED.
 v1::PageFormat FormatToProto(const std::optional<PageFormat>& f);

@@ -95,9 +95,7 @@ grpc::Status SessionService::Sync(grpc::ServerContext* c, const v1::SyncRequest*
     for (const auto& a : out->new_arenas) ToProto(a, resp->add_new_arenas());
     resp->mutable_slot_positions()->Add(out->slot_positions.begin(), out->slot_positions.end());
     resp->mutable_slot_counts()->Add(out->slot_counts.begin(), out->slot_counts.end());
-    resp->set_wants_importance(out->wants_importance);
-    resp->set_wants_observation(out->wants_observation);
-    resp->set_wants_layer_importance(out->wants_layer_importance);
+    SetWanted(out->wants, resp);
     resp->mutable_layer_slot_positions()->Add(out->layer_slot_positions.begin(),
                                               out->layer_slot_positions.end());
     return absl::OkStatus();

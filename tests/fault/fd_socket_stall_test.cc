@@ -2,7 +2,8 @@
 // half a request, while real workers map their arenas through it. The broker
 // must answer the workers regardless (the client library gives up a fetch
 // after 2 s, so a blocked broker fails them) and drop the stalled clients.
-// The unit test Finding3_... covers the broker in-process; this is the
+// The unit test IsolationTest.SilentConnectionsDoNotDelayAnArenaFetch
+// (finding 3) covers the broker in-process; this is the
 // daemon's, with churn: stalled clients are replaced as soon as they are
 // dropped, so every worker's fetch meets them.
 #include <gtest/gtest.h>

@@ -84,13 +84,15 @@ v1::ReportSlotsRequest Slots(uint64_t epoch, uint64_t first, int n, float attent
   return With<v1::ReportSlotsRequest>([&](auto& r) {
     r.set_epoch(epoch);
     r.set_first_slot(first);
+    v1::ScoreValues* mass = r.add_scores();
+    mass->set_stream(v1::SCORE_STREAM_ATTENTION);
     for (int i = 0; i < n; ++i) {
       v1::SlotMeta* m = r.add_slots();
       m->set_turn(uint32_t(i / 8));
       m->set_role(v1::Role(i % 4));
       m->set_tag_kind(v1::BlockKind(i % 3));
       m->set_block_id(uint32_t(i / 4));
-      r.add_attention(attention * float(i % 5));
+      mass->add_values(attention * float(i % 5));
     }
   });
 }
@@ -141,11 +143,16 @@ std::map<std::string, std::string> SessionSequences() {
   auto bad_slots = Slots(0, 0, 4, 1.0f);
   bad_slots.mutable_slots(1)->set_role(v1::Role(99));
   auto nan_slots = Slots(0, 0, 4, 1.0f);
-  nan_slots.set_attention(2, std::nanf(""));
-  nan_slots.set_attention(3, -1.0f);
+  nan_slots.mutable_scores(0)->set_values(2, std::nanf(""));
+  nan_slots.mutable_scores(0)->set_values(3, -1.0f);
+  auto bad_streams = Slots(0, 0, 4, 1.0f);
+  bad_streams.mutable_scores(0)->set_stream(v1::ScoreStream(99));  // unknown
+  *bad_streams.add_scores() = bad_streams.scores(0);
+  bad_streams.mutable_scores(1)->set_stream(v1::SCORE_STREAM_ENTROPY);  // not one per layer
   c["report_slots_invalid"] =
       Cmd(kReserve, kSetup, Reserve(16)) + Cmd(kCommit, kSetup, Commit(8)) +
       Cmd(kReportSlots, kSetup, bad_slots) + Cmd(kReportSlots, kSetup, nan_slots) +
+      Cmd(kReportSlots, kSetup, bad_streams) +
       Cmd(kReportSlots, kSetup, Slots(0, ~uint64_t{0} - 1, 4, 1.0f)) +
       Cmd(kReportSlots, kSetup, Slots(3, 0, 4, 1.0f));
   auto bad_qos = Qos("h2o{window.size=", 0);

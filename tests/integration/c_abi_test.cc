@@ -25,11 +25,10 @@ using testing::Subprocess;
 
 // A per-slot score stream of the C ABI: the flag OpenSession sets for the
 // policies that read it, and the report whose values decide compaction.
-struct ScoreStream {
+struct StreamCase {
   const char* agent;
   const char* policy;
-  int (*wants)(const pkv_session*);
-  int (*report)(pkv_session*, uint64_t, size_t, const float*);
+  uint32_t stream;  // PKV_STREAM_*
 };
 
 // A polykvd of its own per test, and the options of a small f32 session.
@@ -61,7 +60,7 @@ class CAbiTest : public ::testing::Test {
     o.block_tokens = 16;
     return o;
   }
-  void ExpectTheStreamDecidesCompaction(const ScoreStream& stream);
+  void ExpectTheStreamDecidesCompaction(const StreamCase& stream);
   // `polykvctl qos set AGENT --policy POLICY --budget-tokens 32`, as an
   // operator would (no share of the context: the budget is 32 tokens).
   void SetQos(const std::string& agent, const std::string& policy) {
@@ -156,7 +155,7 @@ TEST_F(CAbiTest, ReportsReachTheDaemonAndSyncAdoptsItsCompaction) {
   // Bad metadata is refused before anything is sent.
   pkv_slot_meta meta[64] = {};
   meta[3].role = 99;
-  EXPECT_EQ(pkv_report_slots(session, 0, 64, meta, nullptr, 0), 3);
+  EXPECT_EQ(pkv_report_slots(session, 0, 64, meta, 0), 3);
   EXPECT_NE(std::string(pkv_last_error()).find("meta[3]"), std::string::npos) << pkv_last_error();
   meta[3].role = PKV_ROLE_USER;
   // Slot 5 is a heavy hitter, slot 7 pinned: h2o keeps both.
@@ -164,11 +163,13 @@ TEST_F(CAbiTest, ReportsReachTheDaemonAndSyncAdoptsItsCompaction) {
   for (float& a : attention) a = 0.01f;
   attention[5] = 50.f;
   meta[7].pinned = 1;
-  ASSERT_EQ(pkv_report_slots(session, 0, 64, meta, attention, 1), 0) << pkv_last_error();
+  ASSERT_EQ(pkv_report_slots(session, 0, 64, meta, 1), 0) << pkv_last_error();
+  ASSERT_EQ(pkv_report(session, PKV_STREAM_ATTENTION, 0, 0, attention, 64), 0)
+      << pkv_last_error();
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_EQ(pkv_report_intent(session, 0, 1, &nan), 3);  // values must be finite
+  EXPECT_EQ(pkv_report(session, PKV_STREAM_INTENT, 0, 0, &nan, 1), 3);  // values finite
   float relevance[64] = {};
-  ASSERT_EQ(pkv_report_intent(session, 0, 64, relevance), 0) << pkv_last_error();
+  ASSERT_EQ(pkv_report(session, PKV_STREAM_INTENT, 0, 0, relevance, 64), 0) << pkv_last_error();
 
   ASSERT_EQ(pkv_sync(session, &changed), 0) << pkv_last_error();
   EXPECT_EQ(changed, 1);
@@ -194,22 +195,24 @@ TEST_F(CAbiTest, ReportsReachTheDaemonAndSyncAdoptsItsCompaction) {
 
 // An agent whose policy ranks by the stream is told so at open, and what it
 // reports decides its compaction.
-void CAbiTest::ExpectTheStreamDecidesCompaction(const ScoreStream& stream) {
+void CAbiTest::ExpectTheStreamDecidesCompaction(const StreamCase& stream) {
   ASSERT_NO_FATAL_FAILURE(SetQos(stream.agent, stream.policy));
   pkv_client* client = nullptr;
   pkv_session* session = nullptr;
   ASSERT_NO_FATAL_FAILURE(Open(stream.agent, &client, &session));
-  EXPECT_EQ(stream.wants(session), 1);
-  EXPECT_EQ(stream.wants(nullptr), 0);
+  EXPECT_EQ(pkv_wants(session, stream.stream), 1);
+  EXPECT_EQ(pkv_wants(nullptr, stream.stream), 0);
+  EXPECT_EQ(pkv_wants(session, 99), 0);
   ASSERT_EQ(pkv_reserve(session, 64), 0) << pkv_last_error();
   ASSERT_EQ(pkv_commit(session, 64), 0) << pkv_last_error();
   const float negative = -1.f;
-  EXPECT_EQ(stream.report(session, 0, 1, &negative), 3);  // values must be >= 0
-  EXPECT_EQ(stream.report(session, 0, 1, nullptr), 3);
+  EXPECT_EQ(pkv_report(session, stream.stream, 0, 0, &negative, 1), 3);  // values >= 0
+  EXPECT_EQ(pkv_report(session, stream.stream, 0, 0, nullptr, 1), 3);
+  EXPECT_EQ(pkv_report(session, 99, 0, 0, &negative, 1), 3);  // no such stream
   float scores[64];
   for (float& x : scores) x = 0.01f;
   scores[20] = scores[21] = 9.f;
-  ASSERT_EQ(stream.report(session, 0, 64, scores), 0) << pkv_last_error();
+  ASSERT_EQ(pkv_report(session, stream.stream, 0, 0, scores, 64), 0) << pkv_last_error();
   int changed = -1;
   ASSERT_EQ(pkv_sync(session, &changed), 0) << pkv_last_error();
   EXPECT_EQ(changed, 1);
@@ -235,9 +238,9 @@ TEST_F(CAbiTest, PerLayerSelectionKeepsEachLayersReportedSlots) {
   pkv_client* client = nullptr;
   pkv_session* session = nullptr;
   ASSERT_NO_FATAL_FAILURE(Open("c-layer", &client, &session));
-  EXPECT_EQ(pkv_wants_importance(session), 1);
-  EXPECT_EQ(pkv_wants_layer_importance(session), 1);
-  EXPECT_EQ(pkv_wants_layer_importance(nullptr), 0);
+  EXPECT_EQ(pkv_wants(session, PKV_STREAM_IMPORTANCE), 1);
+  EXPECT_EQ(pkv_wants_per_layer(session), 1);
+  EXPECT_EQ(pkv_wants_per_layer(nullptr), 0);
   ASSERT_EQ(pkv_reserve(session, 64), 0) << pkv_last_error();
   ASSERT_EQ(pkv_commit(session, 64), 0) << pkv_last_error();
   float scores[2 * 64];
@@ -245,11 +248,12 @@ TEST_F(CAbiTest, PerLayerSelectionKeepsEachLayersReportedSlots) {
   // Old slots (ties among the rest go to the recent ones).
   scores[5] = scores[6] = 9.f;              // layer 0
   scores[64 + 10] = scores[64 + 11] = 9.f;  // layer 1
-  EXPECT_EQ(pkv_report_layer_importance(session, 0, 3, 1, scores), 3);  // 3 layers: 2 here
+  EXPECT_EQ(pkv_report(session, PKV_STREAM_IMPORTANCE, 0, 1, scores, 3), 3);  // [2 x n]
   scores[64] = -1.f;
-  EXPECT_EQ(pkv_report_layer_importance(session, 0, 2, 64, scores), 3);  // values >= 0
+  EXPECT_EQ(pkv_report(session, PKV_STREAM_IMPORTANCE, 0, 1, scores, 128), 3);  // values >= 0
   scores[64] = 0.01f;
-  ASSERT_EQ(pkv_report_layer_importance(session, 0, 2, 64, scores), 0) << pkv_last_error();
+  ASSERT_EQ(pkv_report(session, PKV_STREAM_IMPORTANCE, 0, 1, scores, 128), 0)
+      << pkv_last_error();
   int changed = -1;
   ASSERT_EQ(pkv_sync(session, &changed), 0) << pkv_last_error();
   ASSERT_EQ(changed, 1);
@@ -284,7 +288,7 @@ TEST_F(CAbiTest, ASessionAskingNothingGetsTheBuiltInDefault) {
   pkv_session* session = nullptr;
   ASSERT_EQ(pkv_session_open(client, &o, &session), 0) << pkv_last_error();
   EXPECT_EQ(pkv_block_tokens(session), 64u);
-  EXPECT_EQ(pkv_wants_importance(session), 1);
+  EXPECT_EQ(pkv_wants(session, PKV_STREAM_IMPORTANCE), 1);
   ASSERT_EQ(pkv_reserve(session, 64), 0) << pkv_last_error();
   pkv_page pages[4];
   size_t n = 0;
@@ -313,7 +317,8 @@ TEST_F(CAbiTest, ImportanceBudgetsLeaveALayerWithoutTheOldestBlock) {
   for (float& x : scores) x = 0.01f;
   scores[5] = scores[6] = 9.f;                         // layer 0: two slots matter
   for (int i = 0; i < 40; ++i) scores[64 + i] = 9.f;  // layer 1: forty
-  ASSERT_EQ(pkv_report_layer_importance(session, 0, 2, 64, scores), 0) << pkv_last_error();
+  ASSERT_EQ(pkv_report(session, PKV_STREAM_IMPORTANCE, 0, 1, scores, 128), 0)
+      << pkv_last_error();
   int changed = -1;
   ASSERT_EQ(pkv_sync(session, &changed), 0) << pkv_last_error();
   ASSERT_EQ(changed, 1);
@@ -358,29 +363,28 @@ TEST_F(CAbiTest, AQosChangeMidSessionReachesTheWorkerAtItsNextSync) {
   const pkv_session_options o = Options("c-switch");
   pkv_session* session = nullptr;
   ASSERT_EQ(pkv_session_open(client, &o, &session), 0) << pkv_last_error();
-  EXPECT_EQ(pkv_wants_importance(session), 0);
+  EXPECT_EQ(pkv_wants(session, PKV_STREAM_IMPORTANCE), 0);
   std::tie(code, out) =
       testing::RunProgram({ctl, "--socket", sock_, "qos", "set", "c-switch", "--policy", "kvzip"});
   ASSERT_EQ(code, 0) << out;
-  EXPECT_EQ(pkv_wants_importance(session), 0);  // not before it asks
+  EXPECT_EQ(pkv_wants(session, PKV_STREAM_IMPORTANCE), 0);  // not before it asks
   int changed = -1;
   ASSERT_EQ(pkv_sync(session, &changed), 0) << pkv_last_error();
   EXPECT_EQ(changed, 0);
-  EXPECT_EQ(pkv_wants_importance(session), 1);
-  EXPECT_EQ(pkv_wants_observation(session), 0);
+  EXPECT_EQ(pkv_wants(session, PKV_STREAM_IMPORTANCE), 1);
+  EXPECT_EQ(pkv_wants(session, PKV_STREAM_OBSERVATION), 0);
   EXPECT_EQ(pkv_session_close(session), 0) << pkv_last_error();
   pkv_client_free(client);
 }
 
 TEST_F(CAbiTest, KvzipAsksForImportanceAndKeepsWhatItReports) {
   ExpectTheStreamDecidesCompaction(
-      {"c-kvzip", "kvzip{window.size=4}", pkv_wants_importance, pkv_report_importance});
+      {"c-kvzip", "kvzip{window.size=4}", PKV_STREAM_IMPORTANCE});
 }
 
 TEST_F(CAbiTest, SnapkvAsksForItsObservationWindowAndKeepsWhatItReports) {
   ExpectTheStreamDecidesCompaction(
-      {"c-snapkv", "snapkv{window.size=4,snapkv.kernel=1}", pkv_wants_observation,
-       pkv_report_observation});
+      {"c-snapkv", "snapkv{window.size=4,snapkv.kernel=1}", PKV_STREAM_OBSERVATION});
 }
 
 }  // namespace

@@ -174,7 +174,7 @@ TEST_F(DaemonIntegrationTest, QosSetTakesABudgetFractionAndRefusesABadOne) {
 // process of its uid could take the fds from /proc/<worker>/fd and map another
 // session's pages. libpolykv_client makes the process non-dumpable before it
 // receives its first arena fd.
-TEST_F(DaemonIntegrationTest, Finding11_WorkersHoldingArenaFdsAreNotDumpable) {
+TEST_F(DaemonIntegrationTest, WorkersHoldingArenaFdsAreNotDumpable) {  // finding 11
   Subprocess holder(Worker("hang", "t", "holder", 16, 1));
   const std::string held = holder.ReadLine();
   ASSERT_EQ(Field(held, "ok"), "true") << held;
@@ -227,7 +227,7 @@ TEST_F(DaemonIntegrationTest, ReadinessEndsWhenTheDaemonDrains) {
 
 // Finding 9 of issue 14: a name that is not valid UTF-8 made protobuf refuse
 // the whole request (INTERNAL, empty message, a log line per request).
-TEST_F(DaemonIntegrationTest, Finding9_InvalidUtf8NamesAreInvalidArgument) {
+TEST_F(DaemonIntegrationTest, InvalidUtf8NamesAreInvalidArgument) {  // finding 9
   auto client = Client::Connect(socket_);
   ASSERT_TRUE(client.ok()) << client.status();
   SessionOptions o;

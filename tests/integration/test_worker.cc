@@ -358,8 +358,10 @@ int RunAgent(const std::map<std::string, std::string>& f) {
     }
     std::vector<float> attention(committed + n);
     for (auto& a : attention) a = float(rng() % 1000) / 1000.f;
-    if (auto st = s.ReportSlots(0, {}, attention, turn); !st.ok()) return Report(st, stats());
-    if (auto st = s.ReportSlots(committed, meta, {}); !st.ok()) return Report(st, stats());
+    if (auto st = s.Report(polykv::ScoreStream::kAttention, 0, std::move(attention)); !st.ok()) {
+      return Report(st, stats());
+    }
+    if (auto st = s.ReportSlots(committed, meta, {}, turn); !st.ok()) return Report(st, stats());
     committed += n;
     max_committed = std::max(max_committed, committed);
     next_pos += int64_t(n);

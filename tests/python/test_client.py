@@ -90,17 +90,29 @@ def test_errors_carry_the_code_and_the_daemons_message(daemon):
             assert e.value.code in ("INVALID_ARGUMENT", "OUT_OF_RANGE", "FAILED_PRECONDITION")
             assert str(too_many) in e.value.message
             with pytest.raises(errors.InvalidArgument, match="not all committed"):
-                s.report_importance(0, np.ones(12))
+                s.report("importance", 0, np.ones(12))
             with pytest.raises(errors.OutOfRange):
                 s.page(5, 0)
             # A refused call changes nothing.
             assert session_state(daemon, "e") == before
-            s.report_importance(0, np.ones(10))
-            s.report_intent(0, np.linspace(-1, 1, 10))
-            s.report_observation(0, np.ones(10))
-            s.report_slots(0, [polykv.SlotMeta()] * 10, np.ones(10), current_turn=1)
+            # Every stream, through the one report call.
+            assert polykv.SCORE_STREAMS == ("attention", "intent", "importance", "observation",
+                                            "entropy")
+            s.report("importance", 0, np.ones(10))
+            s.report("intent", 0, np.linspace(-1, 1, 10))
+            s.report("observation", 0, np.ones(10))
+            s.report("attention", 0, np.ones(10))
+            s.report("importance", 0, np.ones(2 * 10), per_layer=True)
+            s.report("entropy", 0, [1.5, 2.5])  # one per layer
+            s.report_slots(0, [polykv.SlotMeta()] * 10, current_turn=1)
             with pytest.raises(errors.InvalidArgument):
-                s.report_layer_importance(0, np.ones(2 * 10 + 1))  # not [layers x slots]
+                s.report("importance", 0, np.ones(2 * 10 + 1), per_layer=True)  # [layers x n]
+            with pytest.raises(errors.InvalidArgument, match="one per layer"):
+                s.report("entropy", 0, [1.5])
+            with pytest.raises(errors.InvalidArgument, match=">= 0"):
+                s.report("attention", 0, [-1.0])
+            with pytest.raises(errors.InvalidArgument, match="unknown"):
+                s.report("loudness", 0, [1.0])
             with pytest.raises(errors.InvalidArgument, match="role"):
                 polykv.SlotMeta().role = "narrator"
         with pytest.raises(errors.Error):
@@ -126,6 +138,7 @@ def test_admin_qos_stats_sessions_and_evict(daemon):
     with polykv.Client(daemon.socket) as client:
         s = client.open_session("qos-a", PROFILE, tenant="t-qos")
         assert s.info.key_format == "int8"  # the QoS's format, as the daemon granted it
+        assert (s.info.wanted_streams, s.info.wants_per_layer) == ({"attention"}, False)  # h2o
         s.reserve(32)
         stats = admin.stats()
         assert stats.num_sessions == 1 and stats.pool.used_bytes > 0

@@ -69,8 +69,10 @@ bool Decode(Session& s, std::mt19937& rng, Tally& t, bool abandoning) {
     }
     std::vector<float> attention(committed + n);
     for (auto& a : attention) a = float(rng() % 1000) / 1000.f;
-    if (auto st = s.ReportSlots(0, {}, attention, turn); !st.ok()) return lost("ReportSlots", st);
-    if (auto st = s.ReportSlots(committed, meta, {}); !st.ok()) return lost("ReportSlots", st);
+    if (auto st = s.Report(polykv::ScoreStream::kAttention, 0, std::move(attention)); !st.ok()) {
+      return lost("ReportSlots", st);
+    }
+    if (auto st = s.ReportSlots(committed, meta, {}, turn); !st.ok()) return lost("ReportSlots", st);
     fed += n;
     t.Add("tokens_committed", n);
     // Think time: 64 agents share 2 cores with the daemon. Abandoning

@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/page_format.h"
+#include "policies/score_stream.h"
 #include "policies/session_view.h"
 
 namespace polykv {
@@ -35,6 +36,10 @@ using policies::BlockKind;
 using policies::Role;
 // Metadata of one slot for the daemon's policy.
 using SlotMeta = policies::SlotMeta;
+// What a worker measures for the daemon's policy (policies/score_stream.h).
+using policies::ScoreStream;
+using policies::ScoreValues;
+using policies::WantedStreams;
 
 struct ModelProfile {
   uint32_t num_layers = 0;
@@ -87,16 +92,10 @@ struct SessionInfo {
   PageFormat value_format = PageFormat::kF16;
   uint32_t key_page_bytes = 0;
   uint32_t value_page_bytes = 0;
-  // The agent's policy ranks by query-agnostic importance: report it
-  // (ReportImportance) from context-reconstruction probes. Both streams are
-  // as of the last Sync (the agent's QoS may change mid-session).
-  bool wants_importance = false;
-  // The agent's policy ranks by SnapKV's observation window: report it
-  // (ReportObservation) at the end of each user or tool message.
-  bool wants_observation = false;
-  // The policy selects per layer: report importance per layer
-  // (ReportLayerImportance) instead of its most over layers.
-  bool wants_layer_importance = false;
+  // What the agent's policy reads, as of the last Sync (the agent's QoS may
+  // change mid-session): measure and report these streams (Report), per
+  // layer where wants.per_layer, and no others.
+  WantedStreams wants;
 };
 
 class Client;
@@ -147,50 +146,22 @@ class Session {
     return kEmpty;
   }
   // Reports metadata for slots [first_slot, first_slot + meta.size()) and
-  // attention mass (summed over layers and query heads since the last report)
-  // for [first_slot, first_slot + attention.size()), in the tables of epoch().
-  // Slots must be committed. current_turn: the turn being decoded (0 = keep).
-  // FAILED_PRECONDITION when the daemon's epoch moved (Sync first).
+  // score streams' values (policies/score_stream.h says each stream's shape
+  // and how the daemon folds it in; at most one entry per stream), in the
+  // tables of epoch(). Slots must be committed. current_turn: the turn being
+  // decoded (0 = keep). FAILED_PRECONDITION when the daemon's epoch moved
+  // (Sync first); INVALID_ARGUMENT, changing nothing, for a value out of its
+  // stream's range or a size that does not fit its shape.
   virtual absl::Status ReportSlots(uint64_t first_slot, const std::vector<SlotMeta>& meta,
-                                   const std::vector<float>& attention,
+                                   const std::vector<ScoreValues>& scores,
                                    uint32_t current_turn = 0) {
     return absl::UnimplementedError("ReportSlots");
   }
-  // Reports each slot's relevance to the current turn's intent (e.g. the
-  // attention an intent probe's tokens give it) for [first_slot, first_slot +
-  // relevance.size()), replacing earlier values: what `intent` policies rank
-  // by. Slots must be committed; values finite. FAILED_PRECONDITION when the
-  // daemon's epoch moved (Sync first).
-  virtual absl::Status ReportIntent(uint64_t first_slot, const std::vector<float>& relevance) {
-    return absl::UnimplementedError("ReportIntent");
-  }
-  // Reports each slot's query-agnostic importance (e.g. the attention a
-  // context-reconstruction probe gives it, KVzip) for [first_slot,
-  // first_slot + importance.size()); the daemon keeps the largest value each
-  // slot was ever given: what `kvzip` policies rank by. Slots must be
-  // committed; values finite and >= 0. FAILED_PRECONDITION when the daemon's
-  // epoch moved (Sync first).
-  virtual absl::Status ReportImportance(uint64_t first_slot,
-                                        const std::vector<float>& importance) {
-    return absl::UnimplementedError("ReportImportance");
-  }
-  // ReportImportance per layer (SessionInfo::wants_layer_importance):
-  // importance is [num_layers x n] layer-major, n slots from first_slot, each
-  // the most any KV head of the layer gave the slot; each layer's slot keeps
-  // its largest value.
-  virtual absl::Status ReportLayerImportance(uint64_t first_slot,
-                                             const std::vector<float>& importance) {
-    return absl::UnimplementedError("ReportLayerImportance");
-  }
-  // Reports the attention each slot got from the observation window at the
-  // end of the latest user or tool message (SnapKV: the window's queries,
-  // summed) for [first_slot, first_slot + observation.size()), replacing
-  // earlier values: what `snapkv` policies rank by. Slots must be committed;
-  // values finite and >= 0. FAILED_PRECONDITION when the daemon's epoch
-  // moved (Sync first).
-  virtual absl::Status ReportObservation(uint64_t first_slot,
-                                         const std::vector<float>& observation) {
-    return absl::UnimplementedError("ReportObservation");
+  // One stream's values for the slots from first_slot ([n]; [num_layers x n]
+  // layer-major when per_layer; a per-layer stream's [num_layers]).
+  absl::Status Report(ScoreStream stream, uint64_t first_slot, std::vector<float> values,
+                      bool per_layer = false) {
+    return ReportSlots(first_slot, {}, {ScoreValues{stream, per_layer, std::move(values)}});
   }
 };
 

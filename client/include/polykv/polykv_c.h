@@ -70,15 +70,23 @@ int pkv_session_close(pkv_session* session);
 
 uint64_t pkv_session_id(const pkv_session* session);
 uint32_t pkv_block_tokens(const pkv_session* session);
-/* 1 when the agent's policy ranks by importance (pkv_report_importance), as
- * of the last pkv_sync (the agent's QoS may change mid-session). */
-int pkv_wants_importance(const pkv_session* session);
-/* 1 when the agent's policy ranks by SnapKV's observation window
- * (pkv_report_observation), as of the last pkv_sync. */
-int pkv_wants_observation(const pkv_session* session);
-/* 1 when the agent's policy selects per layer: report importance per layer
- * (pkv_report_layer_importance), as of the last pkv_sync. */
-int pkv_wants_layer_importance(const pkv_session* session);
+/* Score streams a worker measures for the daemon's policy (values equal
+ * policies::ScoreStream, policies/score_stream.h, which says each one's
+ * shape and how the daemon folds a report in). */
+enum {
+  PKV_STREAM_ATTENTION = 0,   /* per slot: mass since the last report, summed */
+  PKV_STREAM_INTENT = 1,      /* per slot: relevance to the turn's intent */
+  PKV_STREAM_IMPORTANCE = 2,  /* per slot: a reconstruction probe's most */
+  PKV_STREAM_OBSERVATION = 3, /* per slot: the observation window's mass */
+  PKV_STREAM_ENTROPY = 4      /* per layer: mean decode attention entropy */
+};
+/* 1 when the agent's policy reads `stream` (PKV_STREAM_*): measure and
+ * report it (pkv_report), as of the last pkv_sync (the agent's QoS may
+ * change mid-session); 0 otherwise or for an unknown stream. */
+int pkv_wants(const pkv_session* session, uint32_t stream);
+/* 1 when slot streams are wanted per layer (the policy keeps each layer's
+ * slots apart), as of the last pkv_sync. */
+int pkv_wants_per_layer(const pkv_session* session);
 /* Reserves pages for num_tokens more tokens. */
 int pkv_reserve(pkv_session* session, uint64_t num_tokens);
 int pkv_commit(pkv_session* session, uint64_t committed_tokens);
@@ -138,32 +146,19 @@ typedef struct {
 } pkv_slot_meta;
 
 /* Reports, for slots [first, first + n) of the current tables (committed),
- * their metadata (meta may be NULL) and the attention mass they received
- * since the last report, summed over layers and query heads (attention may
- * be NULL); current_turn: the turn being decoded (0 = unchanged). One call
- * per step or chunk, not per token. FAILED_PRECONDITION when the epoch moved
- * (pkv_sync first); nothing is recorded then. */
+ * their metadata; current_turn: the turn being decoded (0 = unchanged). One
+ * call per step or chunk, not per token. FAILED_PRECONDITION when the epoch
+ * moved (pkv_sync first); nothing is recorded then. */
 int pkv_report_slots(pkv_session* session, uint64_t first, size_t n, const pkv_slot_meta* meta,
-                     const float* attention, uint32_t current_turn);
-/* Reports each slot's relevance to the current turn's intent (e.g. the
- * attention an intent probe gives it) for [first, first + n), replacing
- * earlier values: what `intent` policies rank by. Values must be finite. */
-int pkv_report_intent(pkv_session* session, uint64_t first, size_t n, const float* relevance);
-/* Reports each slot's query-agnostic importance (e.g. the attention a
- * context-reconstruction probe gives it) for [first, first + n); the daemon
- * keeps each slot's largest: what `kvzip` policies rank by. Values must be
- * finite and >= 0. */
-int pkv_report_importance(pkv_session* session, uint64_t first, size_t n, const float* importance);
-/* pkv_report_importance per layer: importance is [num_layers x n],
- * layer-major (layer l's values for [first, first + n) at l * n). */
-int pkv_report_layer_importance(pkv_session* session, uint64_t first, size_t num_layers, size_t n,
-                                const float* importance);
-/* Reports the attention each slot got from the observation window at the end
- * of the latest user or tool message for [first, first + n), replacing
- * earlier values: what `snapkv` policies rank by. Values must be finite and
- * >= 0. */
-int pkv_report_observation(pkv_session* session, uint64_t first, size_t n,
-                           const float* observation);
+                     uint32_t current_turn);
+/* Reports `count` values of `stream` (PKV_STREAM_*): a slot stream's for
+ * slots [first, first + count) (per_layer 0), or [num_layers x n] layer-major
+ * for slots [first, first + n) (per_layer 1, count = num_layers x n); a
+ * per-layer stream's (entropy) [num_layers]. Values finite, >= 0 except
+ * intent's. INVALID_ARGUMENT for a value or size the stream does not take,
+ * FAILED_PRECONDITION when the epoch moved; nothing is recorded then. */
+int pkv_report(pkv_session* session, uint32_t stream, uint64_t first, int per_layer,
+               const float* values, size_t count);
 
 /* Message of this thread's last failed call ("" if none). */
 const char* pkv_last_error(void);

@@ -11,12 +11,12 @@ Docs: docs/python.md.
 """
 
 from .admin import Admin, PoolStats, Qos, SessionStatus, Stats, TenantStats
-from .client import (DEFAULT_SOCKET, PAGE_FORMATS, Block, Client, ModelProfile, Page, Session,
-                     SessionInfo, SlotMeta, default_socket)
+from .client import (DEFAULT_SOCKET, PAGE_FORMATS, SCORE_STREAMS, Block, Client, ModelProfile,
+                     Page, Session, SessionInfo, SlotMeta, default_socket)
 from .errors import Error
 
 __all__ = [
     "Admin", "Block", "Client", "DEFAULT_SOCKET", "Error", "ModelProfile", "PAGE_FORMATS",
-    "Page", "PoolStats", "Qos", "Session", "SessionInfo", "SessionStatus", "SlotMeta", "Stats",
-    "TenantStats", "default_socket",
+    "Page", "PoolStats", "Qos", "SCORE_STREAMS", "Session", "SessionInfo", "SessionStatus",
+    "SlotMeta", "Stats", "TenantStats", "default_socket",
 ]

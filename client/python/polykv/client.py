@@ -37,6 +37,11 @@ def default_socket() -> str:
 #: Page formats in wire order: "f32 f16 bf16 fp8 int8 int4 int2".
 PAGE_FORMATS = tuple(_core.format_names().split())
 
+#: What a worker measures for the daemon's policy, in wire order:
+#: "attention intent importance observation entropy" (policies/score_stream.h
+#: says each one's shape and how the daemon folds a report in).
+SCORE_STREAMS = tuple(_core.score_streams())
+
 Page = _core.Page
 Block = _core.Block
 SlotMeta = _core.SlotMeta
@@ -65,12 +70,15 @@ class SessionInfo:
     value_format: str
     key_page_bytes: int
     value_page_bytes: int
-    wants_importance: bool
-    wants_observation: bool
-    wants_layer_importance: bool
+    #: The score streams the agent's policy reads (names of SCORE_STREAMS):
+    #: measure and report these (:meth:`Session.report`), as of the last sync.
+    wanted_streams: frozenset
+    #: Report slot streams per layer (the policy keeps each layer's slots apart).
+    wants_per_layer: bool
 
     @classmethod
     def _from(cls, d: dict) -> "SessionInfo":
+        d = dict(d, wanted_streams=frozenset(d["wanted_streams"]))
         return cls(**{f.name: d[f.name] for f in fields(cls)})
 
 
@@ -139,23 +147,18 @@ class Session:
         return self._s.slot_counts
 
     def report_slots(self, first_slot: int, meta: Sequence[SlotMeta],
-                     attention: Sequence[float] | np.ndarray, current_turn: int = 0) -> None:
-        """Metadata of slots [first_slot, +len(meta)) and their attention mass
-        (summed over layers and heads since the last report)."""
-        self._s.report_slots(first_slot, list(meta), _floats(attention), current_turn)
+                     current_turn: int = 0) -> None:
+        """Metadata of slots [first_slot, +len(meta)); ``current_turn``: the
+        turn being decoded (0 keeps the daemon's)."""
+        self._s.report_slots(first_slot, list(meta), current_turn)
 
-    def report_intent(self, first_slot: int, relevance) -> None:
-        self._s.report_intent(first_slot, _floats(relevance))
-
-    def report_importance(self, first_slot: int, importance) -> None:
-        self._s.report_importance(first_slot, _floats(importance))
-
-    def report_layer_importance(self, first_slot: int, importance) -> None:
-        """``importance``: [num_layers x n] layer-major."""
-        self._s.report_layer_importance(first_slot, _floats(importance))
-
-    def report_observation(self, first_slot: int, observation) -> None:
-        self._s.report_observation(first_slot, _floats(observation))
+    def report(self, stream: str, first_slot: int, values, per_layer: bool = False) -> None:
+        """One score stream's values (``stream`` one of :data:`SCORE_STREAMS`):
+        a slot stream's for slots [first_slot, +len(values)), or
+        [num_layers x n] layer-major with ``per_layer``; entropy's one per
+        layer. A value out of the stream's range or a size that does not fit
+        is :class:`polykv.errors.InvalidArgument`, and nothing is recorded."""
+        self._s.report(stream, first_slot, _floats(values), per_layer)
 
     @property
     def token(self) -> bytes:

@@ -37,9 +37,12 @@ nb::dict InfoDict(const SessionInfo& i) {
   d["value_format"] = FormatOut(i.value_format);
   d["key_page_bytes"] = i.key_page_bytes;
   d["value_page_bytes"] = i.value_page_bytes;
-  d["wants_importance"] = i.wants_importance;
-  d["wants_observation"] = i.wants_observation;
-  d["wants_layer_importance"] = i.wants_layer_importance;
+  nb::list wanted;
+  for (ScoreStream s : policies::AllScoreStreams()) {
+    if (i.wants.has(s)) wanted.append(std::string(policies::ScoreStreamName(s)));
+  }
+  d["wanted_streams"] = wanted;
+  d["wants_per_layer"] = i.wants.per_layer;
   return d;
 }
 
@@ -82,17 +85,14 @@ void BindPages(nb::module_& m) {
       .def_rw("pinned", &SlotMeta::pinned);
 }
 
-// One score-stream report: values cross as one float32 array.
-using ReportFn = absl::Status (Session::*)(uint64_t, const std::vector<float>&);
-void DefReport(nb::class_<Session>& cls, const char* name, ReportFn report, const char* values) {
-  cls.def(
-      name,
-      [report](Session& s, uint64_t first, const FloatArray& v) {
-        std::vector<float> a = Floats(v);
-        nb::gil_scoped_release unlocked;
-        Check((s.*report)(first, a));
-      },
-      nb::arg("first_slot"), nb::arg(values));
+ScoreStream StreamArg(const std::string& name) {
+  if (auto s = policies::ParseScoreStream(name)) return *s;
+  std::string known;
+  for (ScoreStream s : policies::AllScoreStreams()) {
+    absl::StrAppend(&known, known.empty() ? "" : ", ", std::string(policies::ScoreStreamName(s)));
+  }
+  throw StatusError(absl::InvalidArgumentError(
+      absl::StrCat("score stream '", name, "' unknown (", known, ")")));
 }
 
 void BindSession(nb::module_& m) {
@@ -126,19 +126,22 @@ void BindSession(nb::module_& m) {
           nb::arg("block"), nb::arg("page"))
       .def(
           "report_slots",
-          [](Session& s, uint64_t first, const std::vector<SlotMeta>& meta,
-             const FloatArray& attention, uint32_t turn) {
-            std::vector<float> a = Floats(attention);
+          [](Session& s, uint64_t first, const std::vector<SlotMeta>& meta, uint32_t turn) {
             nb::gil_scoped_release unlocked;
-            Check(s.ReportSlots(first, meta, a, turn));
+            Check(s.ReportSlots(first, meta, {}, turn));
           },
-          nb::arg("first_slot"), nb::arg("meta"), nb::arg("attention"),
-          nb::arg("current_turn") = 0);
-  // The score streams: each takes values for slots [first_slot, + len).
-  DefReport(session, "report_intent", &Session::ReportIntent, "relevance");
-  DefReport(session, "report_importance", &Session::ReportImportance, "importance");
-  DefReport(session, "report_layer_importance", &Session::ReportLayerImportance, "importance");
-  DefReport(session, "report_observation", &Session::ReportObservation, "observation");
+          nb::arg("first_slot"), nb::arg("meta"), nb::arg("current_turn") = 0)
+      .def(
+          "report",
+          [](Session& s, const std::string& stream, uint64_t first, const FloatArray& values,
+             bool per_layer) {
+            const ScoreStream st = StreamArg(stream);
+            std::vector<float> v = Floats(values);
+            nb::gil_scoped_release unlocked;
+            Check(s.Report(st, first, std::move(v), per_layer));
+          },
+          nb::arg("stream"), nb::arg("first_slot"), nb::arg("values"),
+          nb::arg("per_layer") = false);
 }
 
 void BindConnection(nb::module_& m) {
@@ -179,6 +182,16 @@ void BindConnection(nb::module_& m) {
           nb::arg("head_dim"), nb::arg("dtype"), nb::arg("model_id"), nb::arg("key_format"),
           nb::arg("value_format"), nb::arg("block_tokens"), nb::arg("lease_ms"),
           nb::arg("heartbeat"));
+  m.def(
+      "score_streams",
+      [] {
+        std::vector<std::string> names;
+        for (ScoreStream s : policies::AllScoreStreams()) {
+          names.emplace_back(policies::ScoreStreamName(s));
+        }
+        return names;
+      },
+      "The score streams' names in wire order (policies/score_stream.h).");
   m.def(
       "fetch_arena_fd",
       [](const std::string& fd_socket, uint64_t session_id, const nb::bytes& token,

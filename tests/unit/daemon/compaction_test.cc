@@ -39,6 +39,20 @@ struct FakeClock {
   absl::Time now = absl::FromUnixSeconds(1000000);
 };
 
+using policies::ScoreStream;
+
+// r's values of `stream` (per layer when per_layer), added empty if absent.
+std::vector<float>& Values(ReportSlotsRequest& r, ScoreStream stream, bool per_layer = false) {
+  for (auto& v : r.scores) {
+    if (v.stream == stream && v.per_layer == per_layer) return v.values;
+  }
+  r.scores.push_back({stream, per_layer, {}});
+  return r.scores.back().values;
+}
+void Erase(ReportSlotsRequest& r, ScoreStream stream) {
+  std::erase_if(r.scores, [&](const auto& v) { return v.stream == stream; });
+}
+
 class CompactionTest : public ::testing::Test {
  protected:
   void SetUp() override { pool_ = MakePool(16 * kMiB); }
@@ -69,9 +83,7 @@ class CompactionTest : public ::testing::Test {
     uint64_t committed = 0;
     std::vector<int64_t> positions;  // [committed]
     std::vector<uint32_t> counts;    // [committed] tokens each slot stands for
-    bool wants_importance = false;   // OpenResult: the policy ranks by importance
-    bool wants_observation = false;  // OpenResult: the policy ranks by SnapKV's window
-    bool wants_layer_importance = false;  // OpenResult: the policy selects per layer
+    policies::WantedStreams wants;  // OpenResult: what the policy reads
     // [kLayers x committed] once the layers hold their own slots; else empty.
     std::vector<int64_t> layer_positions;
     int64_t position(int layer, size_t slot) const {
@@ -113,9 +125,7 @@ class CompactionTest : public ::testing::Test {
     EXPECT_TRUE(o.ok()) << o.status();
     Map(o->session_id, o->token, o->arenas);
     Sess out{o->session_id, o->token};
-    out.wants_importance = o->wants_importance;
-    out.wants_observation = o->wants_observation;
-    out.wants_layer_importance = o->wants_layer_importance;
+    out.wants = o->wants;
     return out;
   }
 
@@ -390,7 +400,7 @@ TEST_F(CompactionTest, H2oKeepsReportedHeavyHittersAndPinnedSlots) {
   ReportSlotsRequest r;
   r.epoch = 0;
   r.first_slot = 0;
-  r.attention = attn;
+  Values(r, ScoreStream::kAttention) = attn;
   r.slots.resize(3);
   r.slots[2].pinned = true;  // slot 2
   ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
@@ -416,7 +426,7 @@ TEST_F(CompactionTest, ColdBlocksAreRequantizedIntoNewPagesOfTheirFormat) {
   std::vector<float> attn(64);
   for (int i = 0; i < 64; ++i) attn[i] = i < 16 ? 0.f : i < 32 ? 1.f : 10.f;
   ReportSlotsRequest r;
-  r.attention = attn;
+  Values(r, ScoreStream::kAttention) = attn;
   ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
   ASSERT_TRUE(Sync(s).value());  // verifies every slot's content
   ASSERT_EQ(s.committed, 48u);
@@ -528,7 +538,7 @@ TEST_F(CompactionTest, MergeWithoutBiasSendsCountsOfOne) {
   Check();
 }
 
-// The worker's intent probe (ReportSlots.intent) is what `intent` ranks by;
+// The worker's intent probe (the intent stream) is what `intent` ranks by;
 // slots committed after the probe have none yet and rank with the most
 // relevant (they are the turn in progress), not below everything.
 TEST_F(CompactionTest, IntentKeepsTheSlotsMostRelevantToTheReportedIntent) {
@@ -538,8 +548,8 @@ TEST_F(CompactionTest, IntentKeepsTheSlotsMostRelevantToTheReportedIntent) {
   ReportSlotsRequest r;
   r.slots.resize(60);
   for (int i = 0; i < 60; ++i) r.slots[i].turn = i / 8;  // 8 turns: past intent.min_turns
-  r.intent.assign(56, 0.01f);                            // slots 56..59: after the probe
-  for (int i = 20; i < 28; ++i) r.intent[i] = 5.f;
+  Values(r, ScoreStream::kIntent).assign(56, 0.01f);  // slots 56..59: after the probe
+  for (int i = 20; i < 28; ++i) Values(r, ScoreStream::kIntent)[i] = 5.f;
   ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
   ASSERT_TRUE(Sync(s).value());
   EXPECT_EQ(s.committed, 28u);
@@ -553,9 +563,11 @@ TEST_F(CompactionTest, IntentKeepsTheSlotsMostRelevantToTheReportedIntent) {
   ASSERT_TRUE(Append(s, 24).ok());  // 52 slots
   ReportSlotsRequest next;
   next.epoch = s.epoch;
-  next.intent.assign(52, 0.01f);
+  Values(next, ScoreStream::kIntent).assign(52, 0.01f);
   for (size_t i = 0; i < 52; ++i) {
-    if (s.positions.size() > i && s.positions[i] >= 60 && s.positions[i] < 68) next.intent[i] = 9.f;
+    if (s.positions.size() > i && s.positions[i] >= 60 && s.positions[i] < 68) {
+      Values(next, ScoreStream::kIntent)[i] = 9.f;
+    }
   }
   ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, next).ok());
   ASSERT_TRUE(Sync(s).value());
@@ -565,27 +577,27 @@ TEST_F(CompactionTest, IntentKeepsTheSlotsMostRelevantToTheReportedIntent) {
 }
 
 // `kvzip` ranks by the importance the worker's reconstruction probes report
-// (ReportSlots.importance); each slot keeps the most it was ever given, and
+// (the importance stream); each slot keeps the most it was ever given, and
 // slots no probe scored yet rank with the most important.
 // An operator switches the agent's policy mid-session: the next Sync tells
 // the worker which score streams the new policy reads.
 TEST_F(CompactionTest, AQosChangeMidSessionChangesTheStreamsSyncAsksFor) {
   SetQos("a", "h2o", 0);
   Sess s = Open("a");
-  EXPECT_FALSE(s.wants_importance);
+  EXPECT_FALSE(s.wants.has(ScoreStream::kImportance));
   auto r = pool_->Sync(s.id, s.token, peer_, s.epoch);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_FALSE(r->wants_importance || r->wants_observation);
+  EXPECT_EQ(r->wants.streams, policies::StreamSet{ScoreStream::kAttention});
   SetQos("a", "kvzip", 0);
   r = pool_->Sync(s.id, s.token, peer_, s.epoch);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_TRUE(r->wants_importance);
-  EXPECT_FALSE(r->wants_observation);
+  EXPECT_TRUE(r->wants.has(ScoreStream::kImportance));
+  EXPECT_FALSE(r->wants.has(ScoreStream::kObservation));
   SetQos("a", "snapkv", 0);
   r = pool_->Sync(s.id, s.token, peer_, s.epoch);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_FALSE(r->wants_importance);
-  EXPECT_TRUE(r->wants_observation);
+  EXPECT_FALSE(r->wants.has(ScoreStream::kImportance));
+  EXPECT_TRUE(r->wants.has(ScoreStream::kObservation));
   EXPECT_FALSE(r->changed);
   Check();
 }
@@ -594,18 +606,21 @@ TEST_F(CompactionTest, KvzipKeepsTheSlotsItsReconstructionFoundImportant) {
   SetQos("a", "kvzip{window.size=4}", 32);
   SetQos("b", "h2o", 32);
   Sess s = Open("a");
-  EXPECT_TRUE(s.wants_importance);
-  EXPECT_FALSE(Open("b").wants_importance);
+  EXPECT_TRUE(s.wants.has(ScoreStream::kImportance));
+  EXPECT_FALSE(Open("b").wants.has(ScoreStream::kImportance));
   ASSERT_TRUE(Append(s, 60).ok());
   ReportSlotsRequest r;
-  r.importance.assign(52, 0.01f);  // slots 52..59: after the last probe
-  for (int i = 10; i < 18; ++i) r.importance[i] = 2.f;
+  // slots 52..59: after the last probe
+  Values(r, ScoreStream::kImportance).assign(52, 0.01f);
+  for (int i = 10; i < 18; ++i) Values(r, ScoreStream::kImportance)[i] = 2.f;
   ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
   // A later, smaller value for 10..17 does not lower them; 30..33 rise.
   ReportSlotsRequest later;
   later.first_slot = 10;
-  later.importance.assign(24, 0.f);
-  for (int i = 20; i < 24; ++i) later.importance[i] = 3.f;  // slots 30..33
+  Values(later, ScoreStream::kImportance).assign(24, 0.f);
+  for (int i = 20; i < 24; ++i) {
+    Values(later, ScoreStream::kImportance)[i] = 3.f;  // slots 30..33
+  }
   ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, later).ok());
   ASSERT_TRUE(Sync(s).value());
   // 28 slots (as for `intent` above): 4 sinks, the 4-slot window (56..59),
@@ -643,11 +658,11 @@ TEST_F(CompactionTest, ImportancePoliciesWaitForTheFirstReport) {
   EXPECT_FALSE(Sync(s).value());
   EXPECT_EQ(s.committed, 60u);
   ReportSlotsRequest attention;  // another stream does not count
-  attention.attention.assign(60, 1.f);
+  Values(attention, ScoreStream::kAttention).assign(60, 1.f);
   ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, attention).ok());
   EXPECT_FALSE(Sync(s).value());
   ReportSlotsRequest r;
-  r.layer_importance.assign(kLayers * 60, 1.f);
+  Values(r, ScoreStream::kImportance, true).assign(kLayers * 60, 1.f);
   ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
   ASSERT_TRUE(Sync(s).value());
   EXPECT_LE(s.committed, 32u);
@@ -655,21 +670,22 @@ TEST_F(CompactionTest, ImportancePoliciesWaitForTheFirstReport) {
 }
 
 // kvzip{select=layer}: each layer keeps the slots ITS reconstruction found
-// important (ReportSlots.layer_importance), as many in every layer, so the
+// important (importance reported per layer), as many in every layer, so the
 // layers' pages then hold different tokens; Sync says which
 // (layer_slot_positions). A later QoS without select=layer applies layer 0's
 // plan to every layer, each keeping its own tokens.
 TEST_F(CompactionTest, PerLayerSelectionKeepsEachLayersOwnImportantSlots) {
   SetQos("a", "kvzip{select=layer,window.size=16}", 40);
   Sess s = Open("a");
-  EXPECT_TRUE(s.wants_importance);
-  EXPECT_TRUE(s.wants_layer_importance);
-  EXPECT_FALSE(Open("b").wants_layer_importance);
+  EXPECT_TRUE(s.wants.has(ScoreStream::kImportance));
+  EXPECT_TRUE(s.wants.per_layer);
+  EXPECT_FALSE(Open("b").wants.per_layer);
   ASSERT_TRUE(Append(s, 60).ok());
   ReportSlotsRequest r;
-  r.layer_importance.assign(kLayers * 60, 0.01f);
-  for (int i = 8; i < 24; ++i) r.layer_importance[i] = 2.f;        // layer 0
-  for (int i = 28; i < 44; ++i) r.layer_importance[60 + i] = 2.f;  // layer 1
+  Values(r, ScoreStream::kImportance, true).assign(kLayers * 60, 0.01f);
+  std::vector<float>& per_layer = Values(r, ScoreStream::kImportance, true);
+  for (int i = 8; i < 24; ++i) per_layer[i] = 2.f;        // layer 0
+  for (int i = 28; i < 44; ++i) per_layer[60 + i] = 2.f;  // layer 1
   ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
   Check();  // the layers' records: one per slot, each
   ASSERT_TRUE(Append(s, 8).ok());  // 68 > 40 + 4: down to 36 (whole blocks go)
@@ -707,6 +723,36 @@ TEST_F(CompactionTest, PerLayerSelectionKeepsEachLayersOwnImportantSlots) {
   Check();
 }
 
+// kvzip{select=layer,layers=entropy}: the worker's entropy report decides
+// which layer keeps more (the most focused gets 1.2x the mean, the other
+// 0.8x; IntentKV); without one the allocator falls back to depth (the top
+// layer focused). Everything else equal, the two sessions come out mirrored.
+TEST_F(CompactionTest, EntropyReportsSetWhichLayerKeepsMore) {
+  SetQos("a", "kvzip{select=layer,layers=entropy,window.size=16}", 40);
+  auto held = [&](const Sess& s, int layer) {
+    int64_t n = 0;
+    for (size_t i = 0; i < s.committed; ++i) n += s.position(layer, i) >= 0;
+    return n;
+  };
+  for (bool entropy : {true, false}) {
+    Sess s = Open("a");
+    EXPECT_EQ(s.wants.streams,
+              (policies::StreamSet{ScoreStream::kImportance, ScoreStream::kEntropy}));
+    ASSERT_TRUE(Append(s, 60).ok());
+    ReportSlotsRequest r;
+    Values(r, ScoreStream::kImportance, true).assign(kLayers * 60, 1.f);
+    if (entropy) Values(r, ScoreStream::kEntropy) = {0.5f, 3.f};  // layer 0 focused
+    ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
+    ASSERT_TRUE(Append(s, 8).ok());  // 68 > 44: down to 36 per layer on average
+    ASSERT_TRUE(Sync(s).value());
+    // 72 in all, 1.2 : 0.8 = 43 : 29, the smaller rounded to whole blocks
+    // from the larger: 27.
+    EXPECT_EQ(held(s, entropy ? 0 : 1), 43) << entropy;
+    EXPECT_EQ(held(s, entropy ? 1 : 0), 27) << entropy;
+    Check();
+  }
+}
+
 // kvzip{select=layer,layers=importance}: one importance threshold over both
 // layers' slots sets how many each keeps, so a layer whose tokens matter
 // more keeps more. The table is right-aligned: the layer that keeps fewer
@@ -718,12 +764,13 @@ TEST_F(CompactionTest, PerLayerSelectionKeepsEachLayersOwnImportantSlots) {
 TEST_F(CompactionTest, ImportanceBudgetsGiveTheLayerThatNeedsMoreMoreSlots) {
   SetQos("a", "kvzip{select=layer,layers=importance,window.size=16}", 40);
   Sess s = Open("a");
-  EXPECT_TRUE(s.wants_layer_importance);
+  EXPECT_TRUE(s.wants.per_layer);
   ASSERT_TRUE(Append(s, 60).ok());
   ReportSlotsRequest r;
-  r.layer_importance.assign(kLayers * 60, 0.01f);
-  for (int i = 8; i < 12; ++i) r.layer_importance[i] = 2.f;       // layer 0: 4 slots
-  for (int i = 4; i < 52; ++i) r.layer_importance[60 + i] = 2.f;  // layer 1: 48 slots
+  Values(r, ScoreStream::kImportance, true).assign(kLayers * 60, 0.01f);
+  std::vector<float>& per_layer = Values(r, ScoreStream::kImportance, true);
+  for (int i = 8; i < 12; ++i) per_layer[i] = 2.f;       // layer 0: 4 slots
+  for (int i = 4; i < 52; ++i) per_layer[60 + i] = 2.f;  // layer 1: 48 slots
   ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, r).ok());
   ASSERT_TRUE(Append(s, 8).ok());  // 68 > 40 + 4: 36 per layer on average, 72 in all
   const uint64_t full_block = pool_->used_bytes() / 5;  // 5 blocks of both layers
@@ -834,28 +881,31 @@ TEST_F(CompactionTest, ACompactionWithoutRoomForItsPagesIsRetriedAtTheNextSync) 
 }
 
 // `snapkv` ranks by the observation window the worker probes at the end of
-// each user or tool message (ReportSlots.observation), not by the decayed
+// each user or tool message (the observation stream), not by the decayed
 // attention; slots newer than the window rank with the most observed.
 TEST_F(CompactionTest, SnapkvKeepsWhatItsObservationWindowAttended) {
   SetQos("a", "snapkv{window.size=4,snapkv.kernel=1}", 32);
   SetQos("b", "h2o", 32);
   Sess s = Open("a");
-  EXPECT_TRUE(s.wants_observation);
-  EXPECT_FALSE(s.wants_importance);
-  EXPECT_FALSE(Open("b").wants_observation);
+  EXPECT_TRUE(s.wants.has(ScoreStream::kObservation));
+  EXPECT_FALSE(s.wants.has(ScoreStream::kImportance));
+  EXPECT_FALSE(Open("b").wants.has(ScoreStream::kObservation));
   ASSERT_TRUE(Append(s, 60).ok());
   ReportSlotsRequest attention;
-  attention.attention.assign(60, 0.f);
-  for (int i = 20; i < 28; ++i) attention.attention[i] = 50.f;  // heavy, but not observed
+  Values(attention, ScoreStream::kAttention).assign(60, 0.f);
+  for (int i = 20; i < 28; ++i) {
+    Values(attention, ScoreStream::kAttention)[i] = 50.f;  // heavy, but not observed
+  }
   ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, attention).ok());
   ReportSlotsRequest first;
-  first.observation.assign(52, 0.01f);
-  for (int i = 30; i < 34; ++i) first.observation[i] = 5.f;
+  Values(first, ScoreStream::kObservation).assign(52, 0.01f);
+  for (int i = 30; i < 34; ++i) Values(first, ScoreStream::kObservation)[i] = 5.f;
   ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, first).ok());
   // A later window replaces the first: 30..33 fall back among the rest.
   ReportSlotsRequest later;
-  later.observation.assign(52, 0.01f);  // slots 52..59: after the window
-  for (int i = 10; i < 18; ++i) later.observation[i] = 2.f;
+  // slots 52..59: after the window
+  Values(later, ScoreStream::kObservation).assign(52, 0.01f);
+  for (int i = 10; i < 18; ++i) Values(later, ScoreStream::kObservation)[i] = 2.f;
   ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, later).ok());
   ASSERT_TRUE(Sync(s).value());
   EXPECT_LE(s.committed, 32u);
@@ -882,33 +932,40 @@ TEST_F(CompactionTest, BadReportSlotsChangesNothing) {
   bad.slots[1].tag.kind = static_cast<policies::BlockKind>(11);
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
   bad.slots[1].tag.kind = policies::BlockKind::kNone;
-  bad.attention = {1.f, std::nanf("")};
+  Values(bad, ScoreStream::kAttention) = {1.f, std::nanf("")};
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
-  bad.attention = {1.f, -1.f};
+  Values(bad, ScoreStream::kAttention) = {1.f, -1.f};
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
-  bad.attention.clear();
-  bad.intent = {0.5f, std::numeric_limits<float>::infinity()};
+  Erase(bad, ScoreStream::kAttention);
+  Values(bad, ScoreStream::kIntent) = {0.5f, std::numeric_limits<float>::infinity()};
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
-  bad.intent.clear();
-  bad.importance = {0.5f, -0.5f};
+  Erase(bad, ScoreStream::kIntent);
+  Values(bad, ScoreStream::kImportance) = {0.5f, -0.5f};
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
-  bad.importance = {0.5f, std::nanf("")};
+  Values(bad, ScoreStream::kImportance) = {0.5f, std::nanf("")};
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
-  bad.importance.clear();
-  bad.observation = {0.5f, -0.5f};
+  Erase(bad, ScoreStream::kImportance);
+  Values(bad, ScoreStream::kObservation) = {0.5f, -0.5f};
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
-  bad.observation = {std::numeric_limits<float>::infinity()};
+  Values(bad, ScoreStream::kObservation) = {std::numeric_limits<float>::infinity()};
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
-  bad.observation.clear();
-  bad.layer_importance = {0.5f, 0.5f, 0.5f};  // not [layers x n]
+  Erase(bad, ScoreStream::kObservation);
+  Values(bad, ScoreStream::kImportance, true) = {0.5f, 0.5f, 0.5f};  // not [layers x n]
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
-  bad.layer_importance = {0.5f, 0.5f, -0.5f, 0.5f};
+  Values(bad, ScoreStream::kImportance, true) = {0.5f, 0.5f, -0.5f, 0.5f};
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
-  bad.layer_importance = {0.5f, 0.5f, 0.5f, 0.5f};
-  bad.importance = {0.5f, 0.5f};  // one or the other
+  Values(bad, ScoreStream::kImportance, true) = {0.5f, 0.5f, 0.5f, 0.5f};
+  Values(bad, ScoreStream::kImportance) = {0.5f, 0.5f};  // one or the other
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
-  bad.importance.clear();
-  bad.layer_importance.clear();
+  bad.scores.clear();
+  Values(bad, ScoreStream::kEntropy) = {1.f};  // one per layer
+  EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
+  Values(bad, ScoreStream::kEntropy) = {1.f, -1.f};
+  EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.scores.clear();
+  bad.scores.push_back({static_cast<ScoreStream>(policies::kNumScoreStreams), false, {1.f}});
+  EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.scores.clear();
   bad.first_slot = 39;  // slots 39, 40: 40 is not committed
   EXPECT_EQ(report(bad).code(), absl::StatusCode::kInvalidArgument);
   bad.first_slot = 3;
@@ -1100,7 +1157,7 @@ TEST(CompactionExecutorTest, LowersMergeGroupsAndAveragesTheirRows) {
   std::vector<SlotRecord> slots(5);
   for (int i = 0; i < 5; ++i) {
     slots[i].meta.position = 10 + i;
-    slots[i].attn = float(i);
+    slots[i].score[ScoreStream::kAttention] = float(i);
   }
   policies::Plan plan;
   plan.layers.resize(1);
@@ -1121,7 +1178,7 @@ TEST(CompactionExecutorTest, LowersMergeGroupsAndAveragesTheirRows) {
   EXPECT_EQ(groups->members, (std::vector<int32_t>{0, 2, 3, 4}));
   EXPECT_EQ(groups->slots[1].meta.position, 13);
   EXPECT_EQ(groups->slots[1].count, 2u);
-  EXPECT_FLOAT_EQ(groups->slots[1].attn, 5.f);
+  EXPECT_FLOAT_EQ(groups->slots[1].score[ScoreStream::kAttention], 5.f);
   EXPECT_EQ(groups->evicted_tokens, 1u);
   EXPECT_EQ(groups->merged_tokens, 1u);
 
@@ -1200,8 +1257,9 @@ TEST(CompactionConcurrencyTest, CloseDuringTheUnlockedCopyLeaksNothing) {
     ASSERT_TRUE(pool->Reserve(s.session_id, s.token, peer, 1024).ok());
     ASSERT_TRUE(pool->Commit(s.session_id, s.token, peer, 1024).ok());
     ReportSlotsRequest rep;
-    rep.attention.resize(1024);
-    for (size_t i = 0; i < rep.attention.size(); ++i) rep.attention[i] = float((i * 7919) % 997);
+    std::vector<float>& mass = Values(rep, ScoreStream::kAttention);
+    mass.resize(1024);
+    for (size_t i = 0; i < mass.size(); ++i) mass[i] = float((i * 7919) % 997);
     ASSERT_TRUE(pool->ReportSlots(s.session_id, s.token, peer, rep).ok());
     absl::StatusOr<SyncResult> synced;
     std::thread worker([&] { synced = pool->Sync(s.session_id, s.token, peer, 0); });

@@ -13,6 +13,8 @@
 namespace polykv::daemon {
 namespace {
 
+using policies::ScoreStream;
+
 constexpr int kBt = 16;
 
 TargetInputs Inputs(uint64_t committed, uint64_t budget, uint64_t want = 0) {
@@ -232,7 +234,7 @@ TEST(PlanCompactionTest, H2oKeepsHeavyHittersAndTheRecentWindow) {
   auto h2o = Policy("h2o");  // half window, half heavy hitters
   // Heavy hitters are exactly block 0: both kept blocks are shared.
   std::vector<SlotRecord> slots = Slots(64);
-  for (int i = 0; i < 16; ++i) slots[i].attn = 10.f + i;
+  for (int i = 0; i < 16; ++i) slots[i].score[ScoreStream::kAttention] = 10.f + i;
   auto plan = PlanCompaction(*h2o, slots, In(32));
   ASSERT_TRUE(plan.ok()) << plan.status();
   std::vector<int32_t> kept = Range(0, 16);
@@ -244,7 +246,7 @@ TEST(PlanCompactionTest, H2oKeepsHeavyHittersAndTheRecentWindow) {
 
   // Heavy hitters scattered over blocks 0 and 1: that output block is copied.
   slots = Slots(64);
-  for (int i = 0; i < 16; ++i) slots[2 * i + 1].attn = 10.f + i;
+  for (int i = 0; i < 16; ++i) slots[2 * i + 1].score[ScoreStream::kAttention] = 10.f + i;
   plan = PlanCompaction(*h2o, slots, In(32));
   ASSERT_TRUE(plan.ok()) << plan.status();
   kept.clear();
@@ -271,7 +273,7 @@ TEST(PlanCompactionTest, OnlyPlainRowsOfOneBlockAreShared) {
   // The daemon's view carries no keys, so a merge policy has nothing to
   // cluster by; whatever it keeps, shared blocks hold single-member groups.
   std::vector<SlotRecord> slots = Slots(96);
-  for (int i = 0; i < 96; ++i) slots[i].attn = float((i * 37) % 11);
+  for (int i = 0; i < 96; ++i) slots[i].score[ScoreStream::kAttention] = float((i * 37) % 11);
   auto plan = PlanCompaction(*Policy("merge", {{"window.size", "16"}}), slots, In(48));
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(plan->changes);
@@ -304,7 +306,9 @@ TEST(PlanCompactionTest, PolicyErrorsPassThrough) {
 // the coldest kept, so a third of the kept slots is exactly output block 0.
 std::vector<SlotRecord> ColdSecondBlock() {
   std::vector<SlotRecord> slots = Slots(64);
-  for (int i = 0; i < 64; ++i) slots[i].attn = i < 16 ? 0.f : i < 32 ? 1.f : 10.f;
+  for (int i = 0; i < 64; ++i) {
+    slots[i].score[ScoreStream::kAttention] = i < 16 ? 0.f : i < 32 ? 1.f : 10.f;
+  }
   return slots;
 }
 
@@ -392,7 +396,7 @@ std::vector<SlotRecord> Scored(int n, int64_t first, std::pair<int, int> high,
                                std::pair<int, int> mid = {0, 0}) {
   std::vector<SlotRecord> s = Slots(n, first);
   for (int i = 0; i < n; ++i) {
-    s[i].importance = i >= high.first && i < high.second ? 3.f
+    s[i].score[ScoreStream::kImportance] = i >= high.first && i < high.second ? 3.f
                       : i >= mid.first && i < mid.second ? 2.f
                                                          : 0.1f;
   }
@@ -528,7 +532,7 @@ TEST(PlanCompactionTest, ImportanceBudgetsRightAlignTheLayers) {
   std::vector<std::vector<SlotRecord>> next = plan->records;
   for (auto& r : next) {
     for (const SlotRecord& s : Slots(16, 64)) r.push_back(s);
-    for (SlotRecord& s : r) s.importance = s.meta.position < 0 ? NAN : 0.1f;
+    for (SlotRecord& s : r) s.score[ScoreStream::kImportance] = s.meta.position < 0 ? NAN : 0.1f;
   }
   CompactionInputs in = In(32);
   in.layer_offsets = plan->layer_offsets;

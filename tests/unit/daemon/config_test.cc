@@ -251,7 +251,7 @@ namespace polykv::daemon {
 namespace {
 
 // Finding 4 of issue 14: the gRPC socket's connection limits and idle timeout.
-TEST(ConfigTest, Finding4_ConnectionLimitsHaveDefaultsAndAreChecked) {
+TEST(ConfigTest, ConnectionLimitsHaveDefaultsAndAreChecked) {  // finding 4
   const DaemonConfig d;
   EXPECT_EQ(d.max_connections, 1024u);
   EXPECT_EQ(d.max_connections_per_uid, 64u);

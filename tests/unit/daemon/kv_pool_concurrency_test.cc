@@ -93,8 +93,9 @@ TEST(KvPoolConcurrencyTest, CompactionInManyLockStepsIsExact) {
   // Heavy hitters: the 320 odd slots of blocks 0..39; h2o keeps them and the
   // 320 most recent slots (blocks 40..59, shared). 960 > 640 + 64.
   ReportSlotsRequest rep;
-  rep.attention.assign(960, 0.f);
-  for (int i = 1; i < 640; i += 2) rep.attention[i] = 1.f + float(i);
+  std::vector<float>& mass = rep.scores.emplace_back().values;  // attention
+  mass.assign(960, 0.f);
+  for (int i = 1; i < 640; i += 2) mass[i] = 1.f + float(i);
   ASSERT_TRUE(pool->ReportSlots(s->session_id, s->token, peer, rep).ok());
   ASSERT_EQ(pool->used_bytes(), 60 * kBlockBytes);
 
@@ -303,8 +304,9 @@ void RunRace(const RaceConfig& cfg) {
         ReportSlotsRequest rep;
         rep.epoch = epoch;
         rep.first_slot = committed;
-        rep.attention.resize(want - committed);
-        for (float& a : rep.attention) a = float(rng() % 1000) / 10.f;
+        std::vector<float>& mass = rep.scores.emplace_back().values;  // attention
+        mass.resize(want - committed);
+        for (float& a : mass) a = float(rng() % 1000) / 10.f;
         committed = want;
         auto rs = pool->ReportSlots(id, token, peer, rep);
         if (absl::IsNotFound(rs)) {

@@ -42,7 +42,7 @@ TEST(SessionTableTest, CheckRoomRefusesAtMaxSessions) {
 }
 
 // Finding 5 of issue 14: one client could open all 4,096 session slots.
-TEST(SessionTableTest, Finding5_OneUidCannotTakeEverySessionSlot) {
+TEST(SessionTableTest, OneUidCannotTakeEverySessionSlot) {  // finding 5
   SessionTable t(10, 3, kInstance);
   std::vector<uint64_t> mine;
   for (int i = 0; i < 3; ++i) {

@@ -204,7 +204,7 @@ TEST(PlanTest, ApplyPlanBuildsTheNextView) {
   EXPECT_EQ(l.slots[3].count, 2u);
   EXPECT_EQ(l.slots[3].v_format, kernels::PageFormat::kInt8);
   EXPECT_EQ(l.slots[0].v_format, kernels::PageFormat::kBF16);
-  // The daemon's merge rule (merge_rule.h): attention mass adds up, the
+  // The daemon's merge rule (slot_record.h): attention mass adds up, the
   // most relevant member speaks for the group, a pinned member pins it.
   EXPECT_FLOAT_EQ(l.slots[3].attn, 9.f);
   EXPECT_FLOAT_EQ(l.slots[3].intent, 3.f);

@@ -276,12 +276,12 @@ TEST(KvzipPolicyTest, KeepsTheMostImportantSlotsBesideSinksAndWindow) {
   for (int i : {9, 17, 25}) v.layers[0].slots[i].importance = 1.f + 0.1f * i;
   auto p = Make("kvzip", {{"window.size", "2"}});
   ASSERT_NE(p, nullptr);
-  EXPECT_TRUE(p->ReadsImportance());
+  EXPECT_TRUE(p->Reads().has(ScoreStream::kImportance));
   EXPECT_THAT(Decide1(*p, v, 9).keep, ElementsAre(0, 1, 2, 3, 9, 17, 25, 38, 39));
   for (const char* other : {"h2o", "snapkv", "hybrid", "merge", "structural", "intent", "full"}) {
-    EXPECT_FALSE(Make(other)->ReadsImportance()) << other;
+    EXPECT_FALSE(Make(other)->Reads().has(ScoreStream::kImportance)) << other;
   }
-  EXPECT_TRUE(Make("sinks+kvzip+h2o")->ReadsImportance());
+  EXPECT_TRUE(Make("sinks+kvzip+h2o")->Reads().has(ScoreStream::kImportance));
 }
 
 // select=layer tells a caller with one slot list for all layers (the daemon)
@@ -306,11 +306,27 @@ TEST(KvzipPolicyTest, SelectPerLayerOnlyForSelectiveKvzip) {
 // Only policies with a snapkv component ask the worker for the observation
 // window's stream.
 TEST(SnapkvPolicyTest, OnlySnapkvReadsTheObservationWindow) {
-  EXPECT_TRUE(Make("snapkv")->ReadsObservation());
-  EXPECT_TRUE(Make("sinks+snapkv+h2o")->ReadsObservation());
+  EXPECT_TRUE(Make("snapkv")->Reads().has(ScoreStream::kObservation));
+  EXPECT_TRUE(Make("sinks+snapkv+h2o")->Reads().has(ScoreStream::kObservation));
   for (const char* other : {"h2o", "kvzip", "hybrid", "merge", "structural", "intent", "full"}) {
-    EXPECT_FALSE(Make(other)->ReadsObservation()) << other;
+    EXPECT_FALSE(Make(other)->Reads().has(ScoreStream::kObservation)) << other;
   }
+}
+
+// What each policy asks a worker to measure: attention for every scorer that
+// ranks by (or falls back to) it, nothing for policies that only protect,
+// entropy only for entropy-calibrated layer budgets.
+TEST(CompositeTest, ReadsTheStreamsItsComponentsRankBy) {
+  using S = ScoreStream;
+  EXPECT_EQ(Make("window")->Reads(), StreamSet{});
+  EXPECT_EQ(Make("streaming")->Reads(), StreamSet{});
+  EXPECT_EQ(Make("full")->Reads(), StreamSet{});
+  EXPECT_EQ(Make("h2o")->Reads(), StreamSet{S::kAttention});
+  EXPECT_EQ(Make("kvzip")->Reads(), StreamSet{S::kImportance});
+  EXPECT_EQ(Make("snapkv")->Reads(), (StreamSet{S::kAttention, S::kObservation}));
+  EXPECT_EQ(Make("intent")->Reads(), (StreamSet{S::kAttention, S::kIntent, S::kEntropy}));
+  EXPECT_EQ(Make("kvzip", {{"select", "layer"}, {"layers", "entropy"}})->Reads(),
+            (StreamSet{S::kImportance, S::kEntropy}));
 }
 
 TEST(CompositeTest, WeightsCombineComponents) {

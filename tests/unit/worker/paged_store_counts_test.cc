@@ -67,7 +67,7 @@ class CountingSource : public PageSource {
     return t;
   }
   // The store then asks for the prefill attention mass too (the mass path).
-  bool wants_attention() const override { return true; }
+  WantedStreams wants() const override { return {{ScoreStream::kAttention}}; }
   int64_t bytes() const override { return inner_->bytes(); }
   std::string name() const override { return "counting"; }
 

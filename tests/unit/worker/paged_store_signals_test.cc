@@ -52,15 +52,15 @@ class SignalSource : public PageSource {
     return absl::OkStatus();
   }
   absl::StatusOr<std::optional<PagedTable>> Sync() override { return std::nullopt; }
-  absl::Status ReportAttention(std::span<const float>) override {
-    ++attention_reports_;
+  absl::Status Report(ScoreStream stream, std::span<const float>, bool) override {
+    attention_reports_ += stream == ScoreStream::kAttention;
+    intent_reports_ += stream == ScoreStream::kIntent;
     return absl::OkStatus();
   }
-  absl::Status ReportIntent(std::span<const float>) override {
-    ++intent_reports_;
-    return absl::OkStatus();
+  WantedStreams wants() const override {
+    if (!signals_) return {};
+    return {{ScoreStream::kAttention, ScoreStream::kIntent}};
   }
-  bool wants_attention() const override { return signals_; }
   double tag_seconds() const override { return tag_seconds_; }
   int64_t bytes() const override { return inner_->bytes(); }
   std::string name() const override { return signals_ ? "signals" : "bare"; }

@@ -145,45 +145,48 @@ class RepublishingSource : public PageSource {
     ++syncs_;
     return PagedTable{blocks_, committed_, 7};
   }
-  absl::Status ReportAttention(std::span<const float> mass) override {
-    for (float m : mass) reported_mass_ += m;
+  // Attention and intent always (as a pool source whose policy reads them);
+  // the others when a test sets its flag.
+  WantedStreams wants() const override {
+    WantedStreams w{{ScoreStream::kAttention, ScoreStream::kIntent}, wants_layer_importance_};
+    if (wants_importance_) w.streams.add(ScoreStream::kImportance);
+    if (wants_observation_) w.streams.add(ScoreStream::kObservation);
+    if (wants_entropy_) w.streams.add(ScoreStream::kEntropy);
+    return w;
+  }
+  absl::Status Report(ScoreStream stream, std::span<const float> v, bool per_layer) override {
+    switch (stream) {
+      case ScoreStream::kAttention:
+        for (float m : v) reported_mass_ += m;
+        break;
+      case ScoreStream::kIntent: intent_.assign(v.begin(), v.end()); break;
+      case ScoreStream::kImportance:
+        (per_layer ? layer_importance_ : importance_).assign(v.begin(), v.end());
+        importance_reports_ += !per_layer;
+        importance_layers_ = per_layer && committed_ > 0 ? int(v.size() / committed_) : 0;
+        break;
+      case ScoreStream::kObservation:
+        observation_.assign(v.begin(), v.end());
+        ++observation_reports_;
+        break;
+      case ScoreStream::kEntropy: entropy_.assign(v.begin(), v.end()); break;
+    }
     return absl::OkStatus();
   }
-  absl::Status ReportIntent(std::span<const float> relevance) override {
-    intent_.assign(relevance.begin(), relevance.end());
-    return absl::OkStatus();
-  }
-  std::vector<float> intent_;
-  absl::Status ReportImportance(std::span<const float> importance) override {
-    importance_.assign(importance.begin(), importance.end());
-    ++importance_reports_;
-    return absl::OkStatus();
-  }
-  bool wants_importance() const override { return wants_importance_; }
   bool wants_importance_ = false;
-  bool wants_layer_importance() const override { return wants_layer_importance_; }
   bool wants_layer_importance_ = false;
-  absl::Status ReportLayerImportance(std::span<const float> importance, int layers) override {
-    layer_importance_.assign(importance.begin(), importance.end());
-    importance_layers_ = layers;
-    return absl::OkStatus();
-  }
+  bool wants_observation_ = false;
+  bool wants_entropy_ = false;
+  std::vector<float> intent_;
   std::vector<float> layer_importance_;
   int importance_layers_ = 0;
   std::vector<float> importance_;
   int importance_reports_ = 0;
-  absl::Status ReportObservation(std::span<const float> observation) override {
-    observation_.assign(observation.begin(), observation.end());
-    ++observation_reports_;
-    return absl::OkStatus();
-  }
-  bool wants_observation() const override { return wants_observation_; }
-  bool wants_observation_ = false;
   std::vector<float> observation_;
   int observation_reports_ = 0;
+  std::vector<float> entropy_;
   int64_t bytes() const override { return inner_->bytes(); }
   std::string name() const override { return "republishing"; }
-  bool wants_attention() const override { return true; }
   double reported_mass_ = 0;
   int syncs_tried_ = 0;
   bool publish_ = false;
@@ -441,6 +444,42 @@ TEST(PagedKvStoreTest, AReconstructionProbeReportsTheMostAnyQueryPaid) {
   }
   EXPECT_TRUE(some_below_sum) << "the probe summed instead of taking the most";
   ASSERT_NO_FATAL_FAILURE(ExpectSameNextTokens(m, recon.get(), plain.get(), 27));
+}
+
+// A source whose policy reads entropy gets each layer's mean decode attention
+// entropy at the report cadence: one value per layer, each between 0 and
+// log(slots attended); prefill chunks add none, nor do probes.
+TEST(PagedKvStoreTest, DecodeReportsEachLayersAttentionEntropyWhenAsked) {
+  POLYKV_REQUIRE_MODEL();
+  const LlamaModel& m = *model->model;
+  PagedKvStoreOptions po;
+  po.sync_every_steps = po.report_every_steps = 1;  // a report at every step boundary
+  auto [src, store] = NewRecorded(m, po);
+  src->wants_entropy_ = true;
+  std::vector<TokenMeta> context;
+  for (int i = 0; i < 27; ++i) context.push_back({300 + 7 * i, i, 0, Role::kUser});
+  std::vector<float> logits;
+  ASSERT_TRUE(m.Forward(context, store.get(), &logits).ok());
+  const TokenMeta t{500, 27, 0, Role::kUser};
+  ASSERT_TRUE(m.Forward(std::span(&t, 1), store.get(), &logits).ok());
+  EXPECT_TRUE(src->entropy_.empty()) << "prefill reported entropy";
+  const TokenMeta u{501, 28, 0, Role::kUser};
+  ASSERT_TRUE(m.Forward(std::span(&u, 1), store.get(), &logits).ok());  // reports t's step
+  ASSERT_EQ(src->entropy_.size(), size_t(m.config().num_layers));
+  bool differ = false;
+  for (float e : src->entropy_) {
+    EXPECT_GT(e, 0.f);
+    EXPECT_LE(e, std::log(28.f) + 1e-4f);
+    differ |= std::abs(e - src->entropy_[0]) > 1e-3f;
+  }
+  EXPECT_TRUE(differ) << "every layer reported the same entropy";
+  // Without the stream, nothing.
+  auto [plain_src, plain] = NewRecorded(m, po);
+  ASSERT_TRUE(m.Forward(context, plain.get(), &logits).ok());
+  for (const TokenMeta& d : {t, u}) {
+    ASSERT_TRUE(m.Forward(std::span(&d, 1), plain.get(), &logits).ok());
+  }
+  EXPECT_TRUE(plain_src->entropy_.empty());
 }
 
 // A source that selects per layer gets the reconstruction probe's score per

@@ -1,5 +1,5 @@
-// Regression tests for the memory findings of issue 14 ([harden]), named
-// after them: arenas re-lent across tenants (2), pages neither reused while
+// Memory isolation between tenants and sessions (the memory findings of
+// issue 14, [harden], each marked `// finding N`): arenas re-lent across tenants (2), pages neither reused while
 // their previous worker can still write them nor handed out unscrubbed (6),
 // and pool_bytes capping the memory of arenas whatever workers keep mapped
 // (10). Each failed before its fix.
@@ -81,7 +81,7 @@ ArenaFactory NoMemory() {
 
 // Finding 2: every tenant with pages held a whole 64 MiB arena, so a 1 GiB
 // pool refused the 17th tenant's first block at 512 KiB used.
-TEST(MemoryFindingsTest, Finding2_SmallTenantsAreNotLockedOutByLargeArenas) {
+TEST(MemoryIsolationTest, SmallTenantsAreNotLockedOutByLargeArenas) {  // finding 2
   BlockPool pool(BlockPoolOptions{1024 * kMiB, 64 * kMiB, 2 * kMiB, NoMemory()});
   std::vector<BlockAccount> accounts(256);
   for (size_t i = 0; i < accounts.size(); ++i) {
@@ -111,7 +111,7 @@ TEST(MemoryFindingsTest, Finding2_SmallTenantsAreNotLockedOutByLargeArenas) {
 
 // Finding 2: a tenant that once filled the pool and kept one empty session
 // blocked every other tenant at 0 bytes used.
-TEST(MemoryFindingsTest, Finding2_EmptyArenasOfATenantWithASessionAreLentToOthers) {
+TEST(MemoryIsolationTest, EmptyArenasOfATenantWithASessionAreLentToOthers) {  // finding 2
   BlockPool pool(BlockPoolOptions{64 * kMiB, 16 * kMiB, 1 * kMiB, NoMemory()});
   BlockAccount hog{"hog", "h", 0}, other{"other", "o", 0};
   pool.AttachSession(hog);
@@ -141,7 +141,7 @@ TEST(MemoryFindingsTest, Finding2_EmptyArenasOfATenantWithASessionAreLentToOther
 
 // Finding 10: a worker that kept its mappings after its sessions closed
 // pinned 255 MiB of memfds on a 128 MiB pool while polykvd reported 0 arenas.
-TEST(MemoryFindingsTest, Finding10_ArenasCostNoMoreThanPoolBytesWhateverWorkersKeepMapped) {
+TEST(MemoryIsolationTest, ArenasCostNoMoreThanPoolBytesWhateverWorkersKeepMapped) {  // finding 10
   FakeProcesses procs;
   BlockPoolOptions o{8 * kMiB, 8 * kMiB, 256 * kKiB, CreateHostShmArena};
   o.first_arena_bytes = 8 * kMiB;
@@ -199,7 +199,7 @@ TEST(MemoryFindingsTest, Finding10_ArenasCostNoMoreThanPoolBytesWhateverWorkersK
 
 // Finding 6 (second half): freshly reserved pages held the previous
 // session's KV.
-TEST(MemoryFindingsTest, Finding6_ReservedPagesAreZeroed) {
+TEST(MemoryIsolationTest, ReservedPagesAreZeroed) {  // finding 6
   BlockPoolOptions o{1 * kMiB, 1 * kMiB, 256 * kKiB, CreateHostShmArena};
   BlockPool pool(o);
   BlockAccount a{"t", "x", 0};
@@ -230,7 +230,7 @@ TEST(MemoryFindingsTest, Finding6_ReservedPagesAreZeroed) {
 // worker fetched it made the fetch PERMISSION_DENIED, and the client's
 // OpenSession failed. It is NOT_FOUND now (the client skips it: nothing of
 // the session is in it); to other tenants it stays PERMISSION_DENIED.
-TEST(MemoryFindingsTest, Finding2_AnArenaRetiredBeforeItsFetchIsNotFoundAndAnnouncedAgainIfReused) {
+TEST(MemoryIsolationTest, AnArenaRetiredBeforeItsFetchIsNotFoundAndAnnouncedAgainIfReused) {  // finding 2
   KvPoolOptions o;
   o.pool_bytes = 8 * kMiB;
   o.arena_bytes = 4 * kMiB;
@@ -332,7 +332,7 @@ class QuarantineTest : public ::testing::Test {
   std::unique_ptr<KvPool> pool_;
 };
 
-TEST_F(QuarantineTest, Finding6_PagesOfAnExpiredLiveWorkerAreNotGivenToAnotherSession) {
+TEST_F(QuarantineTest, PagesOfAnExpiredLiveWorkerAreNotGivenToAnotherSession) {  // finding 6
   const OpenResult stale = Open("stale", 101);
   const std::set<PageId> stale_pages = Reserve(stale, 101, 8 * 16);
   ASSERT_EQ(stale_pages.size(), 8u * 8);
@@ -373,7 +373,7 @@ TEST_F(QuarantineTest, Finding6_PagesOfAnExpiredLiveWorkerAreNotGivenToAnotherSe
   ASSERT_TRUE(pool_->CheckInvariants().ok()) << pool_->CheckInvariants();
 }
 
-TEST_F(QuarantineTest, Finding6_PagesOfAnEvictedWorkerComeBackWhenItsProcessIsGone) {
+TEST_F(QuarantineTest, PagesOfAnEvictedWorkerComeBackWhenItsProcessIsGone) {  // finding 6
   const OpenResult a = Open("a", 101);
   Reserve(a, 101, 4 * 16);
   ASSERT_TRUE(pool_->Evict(a.session_id, "test").ok());
@@ -388,7 +388,7 @@ TEST_F(QuarantineTest, Finding6_PagesOfAnEvictedWorkerComeBackWhenItsProcessIsGo
   ASSERT_TRUE(pool_->CheckInvariants().ok()) << pool_->CheckInvariants();
 }
 
-TEST_F(QuarantineTest, Finding6_PagesGivenBackOrOfDeadWorkersAreReusedAtOnce) {
+TEST_F(QuarantineTest, PagesGivenBackOrOfDeadWorkersAreReusedAtOnce) {  // finding 6
   // Close: the worker itself gives them back, and the next session of the
   // tenant may have them.
   const OpenResult a = Open("a", 101);
@@ -412,7 +412,7 @@ TEST_F(QuarantineTest, Finding6_PagesGivenBackOrOfDeadWorkersAreReusedAtOnce) {
 // worker it watches — this process — stays alive) and the client library.
 // A worker stops past its lease; its pages must not go to the next session
 // of its tenant, or its writes on resume land in that session's KV.
-TEST(MemoryFindingsEndToEndTest, Finding6_AWorkerResumedPastItsLeaseCannotOverwriteAnotherSession) {
+TEST(MemoryIsolationEndToEndTest, AWorkerResumedPastItsLeaseCannotOverwriteAnotherSession) {  // finding 6
   char tmpl[] = "/tmp/polykv-finding6-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   DaemonConfig cfg;
@@ -491,7 +491,7 @@ TEST(MemoryFindingsEndToEndTest, Finding6_AWorkerResumedPastItsLeaseCannotOverwr
 }
 
 // Letting leases run out does not get a uid more sessions than its cap.
-TEST_F(QuarantineTest, Finding6_QuarantinedSessionsCountAgainstTheUidsSessionCap) {
+TEST_F(QuarantineTest, QuarantinedSessionsCountAgainstTheUidsSessionCap) {  // finding 6
   MakePool(/*max_sessions_per_uid=*/2);
   const OpenResult a = Open("a", 101);
   Reserve(a, 101, 16);
@@ -546,7 +546,7 @@ namespace {
 // Issue 40: one pidfd was kept per process that ever fetched an arena, so a
 // uid forking fetchers grew the daemon's fds without bound. Live holders of
 // an arena are capped; a dead one makes room.
-TEST(MemoryFindingsTest, TheProcessesWatchedPerArenaAreBounded) {
+TEST(MemoryIsolationTest, TheProcessesWatchedPerArenaAreBounded) {
   FakeProcesses procs;
   BlockPoolOptions o{16 * kMiB, 4 * kMiB, 256 * kKiB, CreateHostShmArena};
   o.watcher = procs.Watcher();

@@ -111,7 +111,7 @@ absl::Status OpenOneSession(const std::string& socket, int connect_timeout_ms = 
 // Out of fds, accept() failed at once for the waiting connection, poll() woke
 // again at once: 66% CPU. The listener now pauses, and accepts the
 // connection once fds are free.
-TEST(RpcFindingsTest, Finding4_AcceptLoopBacksOffWhenOutOfFds) {
+TEST(RpcLimitsTest, AcceptLoopBacksOffWhenOutOfFds) {  // finding 4
   const std::string path = SmallConfig("emfile").socket;
   std::vector<Connection> accepted;
   absl::Mutex mu;
@@ -154,7 +154,7 @@ TEST(RpcFindingsTest, Finding4_AcceptLoopBacksOffWhenOutOfFds) {
 
 // The caps' arithmetic, and closes noticed by socket identity: a closed fd,
 // and a number reused by another file, both end their connection.
-TEST(RpcFindingsTest, Finding4_ConnectionTableCountsPerUidAndInAll) {
+TEST(RpcLimitsTest, ConnectionTableCountsPerUidAndInAll) {  // finding 4
   ConnectionTable t({.max_connections = 3, .max_connections_per_uid = 2});
   int fds[3][2];
   for (auto& p : fds) ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p), 0);
@@ -182,7 +182,7 @@ TEST(RpcFindingsTest, Finding4_ConnectionTableCountsPerUidAndInAll) {
 // Finding 4: ~1,013 idle connections stopped polykvd serving anyone. Now one
 // uid holds at most max_connections_per_uid; the rest are closed at once, and
 // another uid still opens a session.
-TEST(RpcFindingsTest, Finding4_IdleConnectionsOfOneUidDoNotLockOutAnother) {
+TEST(RpcLimitsTest, IdleConnectionsOfOneUidDoNotLockOutAnother) {  // finding 4
   if (geteuid() != 0) GTEST_SKIP() << "needs root to connect as uid " << kOtherUid;
   DaemonConfig c = SmallConfig("peruid");
   c.max_connections_per_uid = 8;
@@ -206,7 +206,7 @@ TEST(RpcFindingsTest, Finding4_IdleConnectionsOfOneUidDoNotLockOutAnother) {
 
 // Past the cap a connection is refused; once the others close, the count
 // goes down and the uid connects again.
-TEST(RpcFindingsTest, Finding4_ConnectionsPastTheCapAreRefusedUntilOthersClose) {
+TEST(RpcLimitsTest, ConnectionsPastTheCapAreRefusedUntilOthersClose) {  // finding 4
   DaemonConfig c = SmallConfig("cap");
   c.max_connections_per_uid = 3;
   auto d = StartDaemon(c);
@@ -227,7 +227,7 @@ TEST(RpcFindingsTest, Finding4_ConnectionsPastTheCapAreRefusedUntilOthersClose) 
 // No RPC for connection_idle_ms: the daemon closes the connection (gRPC's
 // GRPC_ARG_MAX_CONNECTION_IDLE_MS does apply to fds handed over with
 // AddInsecureChannelFromFd). A real client reconnects on its next call.
-TEST(RpcFindingsTest, Finding4_IdleConnectionsAreClosedAfterTheTimeout) {
+TEST(RpcLimitsTest, IdleConnectionsAreClosedAfterTheTimeout) {  // finding 4
   DaemonConfig c = SmallConfig("idle");
   c.connection_idle_ms = 300;
   auto d = StartDaemon(c);
@@ -248,7 +248,7 @@ TEST(RpcFindingsTest, Finding4_IdleConnectionsAreClosedAfterTheTimeout) {
 
 // Finding 11: the registry kept an entry per fd number forever. Entries now
 // go with their connections.
-TEST(RpcFindingsTest, Finding11_RegistryEntriesGoWhenConnectionsClose) {
+TEST(RpcLimitsTest, RegistryEntriesGoWhenConnectionsClose) {  // finding 11
   DaemonConfig c = SmallConfig("registry");
   auto d = StartDaemon(c);
   ASSERT_NE(d, nullptr);
@@ -266,7 +266,7 @@ TEST(RpcFindingsTest, Finding11_RegistryEntriesGoWhenConnectionsClose) {
 // A number gRPC closed and accept() hands out again carries the new
 // connection's credentials, and the old connection's removal does not erase
 // them.
-TEST(RpcFindingsTest, Finding11_AReusedFdNumberGetsTheNewConnectionsCreds) {
+TEST(RpcLimitsTest, AReusedFdNumberGetsTheNewConnectionsCreds) {  // finding 11
   const std::string path = SmallConfig("reuse").socket;
   PeerRegistry registry;
   absl::Mutex mu;
@@ -352,7 +352,7 @@ grpc::Status CallRaw(const std::string& socket, const std::string& method,
 // Finding 9: requests protobuf cannot parse got INTERNAL with an empty
 // message and a log line each. Now INVALID_ARGUMENT naming the method, with
 // one log line per method per period; the daemon serves on.
-TEST(RpcFindingsTest, Finding9_UnparseableRequestsAreInvalidArgument) {
+TEST(RpcLimitsTest, UnparseableRequestsAreInvalidArgument) {  // finding 9
   DaemonConfig c = SmallConfig("parse");
   auto d = StartDaemon(c);
   ASSERT_NE(d, nullptr);
