@@ -373,7 +373,7 @@ absl::StatusOr<KernelMass> TimeKernelMass(const worker::ModelConfig& cfg, const 
 // the intent probe when `probe`, then decode_tokens decoded.
 absl::Status RunOnce(const worker::LoadedModel& m, const std::vector<int32_t>& prompt,
                      const Options& o, bool probe, KvStore* store, Kind* k) {
-  std::vector<worker::TokenMeta> metas;
+  std::vector<worker::StepToken> metas;
   for (size_t i = 0; i < prompt.size(); ++i) {
     metas.push_back({prompt[i], static_cast<int32_t>(i), 0, worker::Role::kUser});
   }
@@ -394,7 +394,7 @@ absl::Status RunOnce(const worker::LoadedModel& m, const std::vector<int32_t>& p
     return s;
   }
   if (probe && store->SupportsProbe(worker::ProbeKind::kIntent) && !o.intent.empty()) {
-    std::vector<worker::TokenMeta> intent;
+    std::vector<worker::StepToken> intent;
     for (int32_t id : m.tokenizer->Encode(o.intent, false)) {
       const int32_t p = pos + static_cast<int32_t>(intent.size());
       intent.push_back({id, p, turn, worker::Role::kAssistant});
@@ -408,7 +408,7 @@ absl::Status RunOnce(const worker::LoadedModel& m, const std::vector<int32_t>& p
   }
   t0 = worker::SteadySeconds();
   for (int i = 0; i < o.decode_tokens; ++i) {
-    const worker::TokenMeta t{worker::Argmax(logits), pos++, turn, worker::Role::kAssistant};
+    const worker::StepToken t{worker::Argmax(logits), pos++, turn, worker::Role::kAssistant};
     if (auto s = m.model->Forward(std::span(&t, 1), store, &logits); !s.ok()) return s;
   }
   const double decode_seconds = worker::SteadySeconds() - t0;

@@ -208,7 +208,7 @@ int64_t EvalKvStore::bytes() const {
   return total;
 }
 
-absl::Status EvalKvStore::BeginStep(std::span<const TokenMeta> tokens) {
+absl::Status EvalKvStore::BeginStep(std::span<const StepToken> tokens) {
   if (!step_.empty()) return absl::FailedPreconditionError("BeginStep inside a step");
   if (tokens.empty()) return absl::InvalidArgumentError("BeginStep without tokens");
   step_.assign(tokens.begin(), tokens.end());

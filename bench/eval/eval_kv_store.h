@@ -34,7 +34,7 @@
 namespace polykv::eval {
 
 using worker::KvShape;
-using worker::TokenMeta;
+using worker::StepToken;
 
 struct EvalKvStoreOptions {
   KvShape shape;
@@ -96,7 +96,7 @@ class EvalKvStore : public worker::KvStore {
   int64_t bytes() const override;
   std::string name() const override { return "eval"; }
 
-  absl::Status BeginStep(std::span<const TokenMeta> tokens) override;
+  absl::Status BeginStep(std::span<const StepToken> tokens) override;
   absl::Status Append(int layer, const float* k, const float* v) override;
   absl::Status Attend(int layer, int num_heads, const float* q, float* out) override;
   absl::Status EndStep() override;
@@ -106,7 +106,7 @@ class EvalKvStore : public worker::KvStore {
   void set_probe(bool probe) { probe_ = probe; }
 
   // Token metadata of every token written (index = token id in the session).
-  const std::vector<TokenMeta>& tokens() const { return tokens_; }
+  const std::vector<StepToken>& tokens() const { return tokens_; }
   // Source token of each slot of a layer.
   const std::vector<uint32_t>& slot_tokens(int layer) const { return layers_[layer].token; }
   // Per layer: captured scores; obs and entropy computed here from the
@@ -138,8 +138,8 @@ class EvalKvStore : public worker::KvStore {
   const int64_t row_;
   int num_heads_ = 0;  // learned at the first Attend (for the window ring)
   std::vector<Layer> layers_;
-  std::vector<TokenMeta> tokens_;
-  std::vector<TokenMeta> step_;
+  std::vector<StepToken> tokens_;
+  std::vector<StepToken> step_;
   std::vector<float> scores_;  // scratch [n, t]
   int next_layer_ = 0;
   bool probe_ = false;

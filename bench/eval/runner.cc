@@ -119,7 +119,7 @@ absl::StatusOr<std::vector<std::string>> RunTask(
   // context (IntentKV relevance), not cached.
   if (!task.generation.intent.empty()) {
     const std::vector<int32_t> ids = model.tokenizer->Encode(task.generation.intent, false);
-    std::vector<worker::TokenMeta> probe;
+    std::vector<worker::StepToken> probe;
     for (size_t i = 0; i < ids.size(); ++i) {
       probe.push_back({ids[i], static_cast<int32_t>(conv.next_position() + i), conv.turns(),
                        worker::Role::kAssistant});
@@ -134,7 +134,7 @@ absl::StatusOr<std::vector<std::string>> RunTask(
   // 3. The view every policy decides on.
   std::vector<std::string> texts;
   texts.reserve(base.tokens().size());
-  for (const worker::TokenMeta& t : base.tokens()) {
+  for (const worker::StepToken& t : base.tokens()) {
     const int32_t id = t.token_id;
     texts.push_back(model.tokenizer->TokenText(id));
   }

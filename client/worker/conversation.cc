@@ -110,13 +110,13 @@ Conversation::Conversation(const LoadedModel* model, KvStore* store,
 
 void Conversation::Queue(const std::vector<int32_t>& ids, Role role) {
   for (int32_t id : ids) {
-    pending_.push_back(TokenMeta{id, next_position_++, turn_, role});
+    pending_.push_back(StepToken{id, next_position_++, turn_, role});
   }
 }
 
 void Conversation::Queue(const std::vector<TaggedToken>& tokens) {
   for (const TaggedToken& t : tokens) {
-    pending_.push_back(TokenMeta{t.id, next_position_++, t.turn, t.role});
+    pending_.push_back(StepToken{t.id, next_position_++, t.turn, t.role});
   }
 }
 
@@ -149,7 +149,7 @@ absl::Status Conversation::ForwardPending(std::vector<float>* last_logits) {
   const int chunk = std::max(1, options_.prefill_chunk);
   for (size_t i = 0; i < pending_.size(); i += chunk) {
     const size_t n = std::min(pending_.size() - i, static_cast<size_t>(chunk));
-    const std::span<const TokenMeta> chunk = std::span(pending_).subspan(i, n);
+    const std::span<const StepToken> chunk = std::span(pending_).subspan(i, n);
     if (absl::Status s = m_->model->Forward(chunk, store_, last_logits); !s.ok()) return s;
     if (absl::Status s = ProbeReconstruction(chunk); !s.ok()) return s;
   }
@@ -194,9 +194,9 @@ void Conversation::EndGeneratedTurn(TurnResult* r) {
   r->text = m_->tokenizer->Decode(r->tokens, /*skip_special=*/true);
   // These tokens are prefilled with the next message.
   if (r->stop == "length" && !r->tokens.empty()) {
-    pending_.push_back(TokenMeta{r->tokens.back(), next_position_++, turn_, Role::kAssistant});
+    pending_.push_back(StepToken{r->tokens.back(), next_position_++, turn_, Role::kAssistant});
   }
-  pending_.push_back(TokenMeta{end_of_turn_id_, next_position_++, turn_, Role::kAssistant});
+  pending_.push_back(StepToken{end_of_turn_id_, next_position_++, turn_, Role::kAssistant});
   std::vector<TaggedToken> after;
   chat_.AddAfterGeneratedTurn(turn_, &after);
   Queue(after);
@@ -230,7 +230,7 @@ absl::StatusOr<TurnResult> Conversation::Generate(
       }
     }
     if (!more) break;
-    const TokenMeta meta{id, next_position_++, turn_, Role::kAssistant};
+    const StepToken meta{id, next_position_++, turn_, Role::kAssistant};
     if (absl::Status s = m_->model->Forward(std::span(&meta, 1), store_, &logits); !s.ok()) {
       return s;
     }
@@ -279,7 +279,7 @@ std::vector<absl::StatusOr<TurnResult>> Conversation::GenerateBatch(
     active[i] = true;
   }
   const int vocab = n > 0 ? convs[0]->m_->model->config().vocab_size : 0;
-  std::vector<TokenMeta> metas;
+  std::vector<StepToken> metas;
   std::vector<KvStore*> stores;
   std::vector<size_t> rows;
   std::vector<float> all;
@@ -295,7 +295,7 @@ std::vector<absl::StatusOr<TurnResult>> Conversation::GenerateBatch(
         active[i] = false;
         continue;
       }
-      metas.push_back(TokenMeta{id, c->next_position_++, c->turn_, Role::kAssistant});
+      metas.push_back(StepToken{id, c->next_position_++, c->turn_, Role::kAssistant});
       stores.push_back(c->store_);
       rows.push_back(i);
     }
@@ -345,9 +345,9 @@ absl::StatusOr<TurnResult> Conversation::ForceTurn(const std::vector<int32_t>& t
   if (on_logits) on_logits(0, logits);
   // Every target but the last is an input, as in Generate: the last is the
   // end-of-turn token or is fed with the next turn.
-  std::vector<TokenMeta> inputs;
+  std::vector<StepToken> inputs;
   for (size_t i = 0; i + 1 < targets.size(); ++i) {
-    inputs.push_back(TokenMeta{targets[i], next_position_++, turn_, Role::kAssistant});
+    inputs.push_back(StepToken{targets[i], next_position_++, turn_, Role::kAssistant});
   }
   const int chunk = std::max(1, options_.prefill_chunk);
   std::vector<float> rows;
@@ -372,7 +372,7 @@ absl::StatusOr<TurnResult> Conversation::ForceTurn(const std::vector<int32_t>& t
   return r;
 }
 
-absl::Status Conversation::ProbeReconstruction(std::span<const TokenMeta> chunk) {
+absl::Status Conversation::ProbeReconstruction(std::span<const StepToken> chunk) {
   if (!options_.reconstruct || !store_->SupportsProbe(ProbeKind::kReconstruct)) {
     return absl::OkStatus();
   }
@@ -382,12 +382,12 @@ absl::Status Conversation::ProbeReconstruction(std::span<const TokenMeta> chunk)
   if (repeat_prompt_.empty()) {
     repeat_prompt_ = m_->tokenizer->Encode("\n\nRepeat the previous context exactly.\n", false);
   }
-  std::vector<TokenMeta> probe;
+  std::vector<StepToken> probe;
   probe.reserve(repeat_prompt_.size() + chunk.size());
   int32_t position = chunk.back().position + 1;
-  for (int32_t id : repeat_prompt_) probe.push_back(TokenMeta{id, position++, turn_, Role::kUser});
-  for (const TokenMeta& t : chunk) {
-    probe.push_back(TokenMeta{t.token_id, position++, turn_, Role::kAssistant});
+  for (int32_t id : repeat_prompt_) probe.push_back(StepToken{id, position++, turn_, Role::kUser});
+  for (const StepToken& t : chunk) {
+    probe.push_back(StepToken{t.token_id, position++, turn_, Role::kAssistant});
   }
   std::vector<float> logits;
   if (absl::Status s = store_->BeginProbe(ProbeKind::kReconstruct); !s.ok()) return s;
@@ -427,9 +427,9 @@ absl::Status Conversation::ProbeIntent(std::string_view intent) {
   }
   const std::vector<int32_t> ids = m_->tokenizer->Encode(intent, false);
   if (ids.empty()) return absl::OkStatus();
-  std::vector<TokenMeta> probe;
+  std::vector<StepToken> probe;
   for (size_t i = 0; i < ids.size(); ++i) {
-    probe.push_back(TokenMeta{ids[i], next_position_ + static_cast<int32_t>(i), turn_,
+    probe.push_back(StepToken{ids[i], next_position_ + static_cast<int32_t>(i), turn_,
                               Role::kAssistant});
   }
   if (absl::Status s = store_->BeginProbe(ProbeKind::kIntent); !s.ok()) return s;

@@ -156,7 +156,7 @@ class Conversation {
   // a probe the store does not keep.
   absl::Status ProbeIntent(std::string_view intent);
   // The reconstruction probe over the chunk of pending_ just prefilled.
-  absl::Status ProbeReconstruction(std::span<const TokenMeta> chunk);
+  absl::Status ProbeReconstruction(std::span<const StepToken> chunk);
   // The observation probe, when the message that just ended was a user or
   // tool message (observe_next_).
   absl::Status ProbeObservation();
@@ -176,9 +176,9 @@ class Conversation {
   const ConversationOptions options_;
   Sampler sampler_;
   ChatTokenizer chat_;  // Rendered and tokenized prompt pieces.
-  std::vector<TokenMeta> pending_;
+  std::vector<StepToken> pending_;
   std::vector<int32_t> repeat_prompt_;  // ProbeReconstruction's prompt, encoded once
-  std::vector<TokenMeta> last_prefilled_;  // up to observation_window, oldest first
+  std::vector<StepToken> last_prefilled_;  // up to observation_window, oldest first
   bool observe_next_ = false;  // the latest message was a user or tool message
   // Prefilled since the last generated turn (its prompt_tokens, prefill_seconds).
   int64_t prefilled_tokens_ = 0;

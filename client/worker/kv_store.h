@@ -34,8 +34,9 @@ using policies::Role;
 using policies::ScoreStream;
 using policies::WantedStreams;
 
-// Per-token metadata the worker reports to the daemon with the token.
-struct TokenMeta {
+// One token of a forward step: its id and what the worker reports of it
+// with the commit (the daemon's policies::TokenMeta holds the last three).
+struct StepToken {
   int32_t token_id = 0;
   int32_t position = 0;  // RoPE position (logical; survives eviction).
   int32_t turn = 0;      // Index of the conversation message the token belongs to.
@@ -115,7 +116,7 @@ class KvStore {
 
   // REQUIRES: no step in progress; tokens non-empty.
   // RESOURCE_EXHAUSTED when the cache has no room for the tokens.
-  virtual absl::Status BeginStep(std::span<const TokenMeta> tokens) = 0;
+  virtual absl::Status BeginStep(std::span<const StepToken> tokens) = 0;
   // k, v: [n, num_kv_heads, head_dim] for the step's n tokens.
   // REQUIRES: inside a step; layers appended in order 0..L-1, each once.
   virtual absl::Status Append(int layer, const float* k, const float* v) = 0;
@@ -156,14 +157,14 @@ class LocalKvStore : public KvStore {
   int64_t num_slots() const override { return num_slots_; }
   int64_t bytes() const override;
   std::string name() const override { return "local-f32"; }
-  absl::Status BeginStep(std::span<const TokenMeta> tokens) override;
+  absl::Status BeginStep(std::span<const StepToken> tokens) override;
   absl::Status Append(int layer, const float* k, const float* v) override;
   absl::Status Attend(int layer, int num_heads, const float* q, float* out) override;
   absl::Status EndStep() override;
 
   // [num_slots] Attention mass each slot received, summed over steps.
   const std::vector<float>& attention_mass() const { return mass_; }
-  const std::vector<TokenMeta>& metadata() const { return meta_; }
+  const std::vector<StepToken>& metadata() const { return meta_; }
 
  private:
   explicit LocalKvStore(const LocalKvStoreOptions& options)
@@ -181,7 +182,7 @@ class LocalKvStore : public KvStore {
   std::vector<uint8_t*> k_, v_;
   int64_t capacity_ = 0;       // Slots allocated per layer.
   size_t page_bytes_ = 0;      // kKernels: bytes of one f32 page.
-  std::vector<TokenMeta> meta_;
+  std::vector<StepToken> meta_;
   std::vector<float> mass_;
   std::vector<float> scores_;  // Scratch: [n, slots] or [kv_heads, slots].
   int64_t num_slots_ = 0;      // Committed slots.

@@ -69,7 +69,7 @@ absl::Status LocalKvStore::Grow(int64_t slots) {
   return absl::OkStatus();
 }
 
-absl::Status LocalKvStore::BeginStep(std::span<const TokenMeta> tokens) {
+absl::Status LocalKvStore::BeginStep(std::span<const StepToken> tokens) {
   if (step_tokens_ != 0) return absl::FailedPreconditionError("BeginStep inside a step");
   if (tokens.empty()) return absl::InvalidArgumentError("BeginStep with no tokens");
   const int64_t need = num_slots_ + static_cast<int64_t>(tokens.size());

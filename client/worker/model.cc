@@ -218,14 +218,14 @@ void LlamaModel::Project(const WeightMatrix& w, const float* x, int n, float* y,
   }
 }
 
-absl::Status LlamaModel::Forward(std::span<const TokenMeta> tokens, KvStore* store,
+absl::Status LlamaModel::Forward(std::span<const StepToken> tokens, KvStore* store,
                                  std::vector<float>* last_logits,
                                  std::vector<float>* all_logits) const {
   KvStore* const stores[] = {store};
   return Run(tokens, stores, last_logits, all_logits);
 }
 
-absl::Status LlamaModel::ForwardBatch(std::span<const TokenMeta> tokens,
+absl::Status LlamaModel::ForwardBatch(std::span<const StepToken> tokens,
                                       std::span<KvStore* const> stores,
                                       std::vector<float>* logits) const {
   if (tokens.size() != stores.size()) {
@@ -242,7 +242,7 @@ absl::Status LlamaModel::ForwardBatch(std::span<const TokenMeta> tokens,
   return Run(tokens, stores, nullptr, logits);
 }
 
-absl::Status LlamaModel::Run(std::span<const TokenMeta> tokens, std::span<KvStore* const> stores,
+absl::Status LlamaModel::Run(std::span<const StepToken> tokens, std::span<KvStore* const> stores,
                              std::vector<float>* last_logits,
                              std::vector<float>* all_logits) const {
   const ModelConfig& c = config_;
@@ -258,7 +258,7 @@ absl::Status LlamaModel::Run(std::span<const TokenMeta> tokens, std::span<KvStor
   }
   // One store per row: decode steps of different sequences.
   const bool apart = stores.size() > 1;
-  for (const TokenMeta& t : tokens) {
+  for (const StepToken& t : tokens) {
     if (t.token_id < 0 || t.token_id >= c.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("token id ", t.token_id, " out of range"));
     }

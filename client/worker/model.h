@@ -75,7 +75,7 @@ class LlamaModel {
   // to `last_logits` ([vocab]) and, when non-null, of every token to
   // `all_logits` ([n, vocab]).
   // REQUIRES: store->shape() == config().kv_shape(); tokens non-empty.
-  absl::Status Forward(std::span<const TokenMeta> tokens, KvStore* store,
+  absl::Status Forward(std::span<const StepToken> tokens, KvStore* store,
                        std::vector<float>* last_logits,
                        std::vector<float>* all_logits = nullptr) const;
 
@@ -83,7 +83,7 @@ class LlamaModel {
   // stores[i] (distinct stores), the weights read once for all of them.
   // logits: [n, vocab]; row i is what Forward() of tokens[i] alone on
   // stores[i] gives, bit for bit (the same products, row by row).
-  absl::Status ForwardBatch(std::span<const TokenMeta> tokens, std::span<KvStore* const> stores,
+  absl::Status ForwardBatch(std::span<const StepToken> tokens, std::span<KvStore* const> stores,
                             std::vector<float>* logits) const;
 
  private:
@@ -105,7 +105,7 @@ class LlamaModel {
   void Project(const WeightMatrix& w, const float* x, int n, float* y, bool accumulate,
                Activations mode, bool rows_apart) const;
   // Forward and ForwardBatch: one store for every row, or one per row.
-  absl::Status Run(std::span<const TokenMeta> tokens, std::span<KvStore* const> stores,
+  absl::Status Run(std::span<const StepToken> tokens, std::span<KvStore* const> stores,
                    std::vector<float>* last_logits, std::vector<float>* all_logits) const;
 
   std::shared_ptr<const GgufFile> file_;

@@ -57,7 +57,7 @@ class HeapPageSource : public PageSource {
     }
     return out;
   }
-  absl::Status Commit(int64_t, std::span<const TokenMeta>) override { return absl::OkStatus(); }
+  absl::Status Commit(int64_t, std::span<const StepToken>) override { return absl::OkStatus(); }
   absl::StatusOr<std::optional<PagedTable>> Sync() override { return std::nullopt; }
   int64_t bytes() const override {
     return num_blocks_ * o_.shape.num_layers * static_cast<int64_t>(k_bytes_ + v_bytes_);
@@ -331,7 +331,7 @@ absl::Status PagedKvStore::BeginTurn(const TurnInfo& turn) {
   return CommitAndSync();
 }
 
-absl::Status PagedKvStore::BeginStep(std::span<const TokenMeta> tokens) {
+absl::Status PagedKvStore::BeginStep(std::span<const StepToken> tokens) {
   if (!step_meta_.empty()) return absl::FailedPreconditionError("BeginStep inside a step");
   if (tokens.empty()) return absl::InvalidArgumentError("BeginStep with no tokens");
   decode_phase_ = tokens.size() == 1;  // The commit below counts with this step.

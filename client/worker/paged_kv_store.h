@@ -76,7 +76,7 @@ class PageSource {
   virtual absl::StatusOr<std::vector<PagedBlock>> Reserve(int64_t total_tokens) = 0;
   // The first `total_tokens` slots hold tokens; `new_tokens` are the metadata
   // of the ones added since the last commit (position, turn, role).
-  virtual absl::Status Commit(int64_t total_tokens, std::span<const TokenMeta> new_tokens) = 0;
+  virtual absl::Status Commit(int64_t total_tokens, std::span<const StepToken> new_tokens) = 0;
   // At a step boundary: the new table if the source's epoch moved, else
   // nullopt. Adopting it acknowledges the epoch.
   virtual absl::StatusOr<std::optional<PagedTable>> Sync() = 0;
@@ -206,7 +206,7 @@ class PagedKvStore : public KvStore {
   int64_t reserve_retries() const { return reserve_retries_; }
   std::string name() const override { return source_->name(); }
   int block_tokens() const override { return page_shape_.block_tokens; }
-  absl::Status BeginStep(std::span<const TokenMeta> tokens) override;
+  absl::Status BeginStep(std::span<const StepToken> tokens) override;
   absl::Status Append(int layer, const float* k, const float* v) override;
   absl::Status Attend(int layer, int num_heads, const float* q, float* out) override;
   absl::Status EndStep() override;
@@ -282,8 +282,8 @@ class PagedKvStore : public KvStore {
   int64_t reserved_ = 0;
   uint64_t epoch_ = 0;
   int64_t peak_bytes_ = 0;  // The largest bytes() after AddBlocks.
-  std::vector<TokenMeta> step_meta_;
-  std::vector<TokenMeta> uncommitted_;  // Written, not yet committed to the source.
+  std::vector<StepToken> step_meta_;
+  std::vector<StepToken> uncommitted_;  // Written, not yet committed to the source.
   int steps_since_sync_ = -1;           // -1: sync before the first step.
   int64_t tokens_since_sync_ = 0;
   int next_layer_ = 0;

@@ -45,7 +45,7 @@ class PoolPageSource : public PageSource {
     return out;
   }
 
-  absl::Status Commit(int64_t total_tokens, std::span<const TokenMeta> new_tokens) override {
+  absl::Status Commit(int64_t total_tokens, std::span<const StepToken> new_tokens) override {
     if (absl::Status s = session_->Commit(static_cast<uint64_t>(total_tokens)); !s.ok()) return s;
     committed_ = total_tokens;
     if (new_tokens.empty()) return absl::OkStatus();
@@ -60,7 +60,7 @@ class PoolPageSource : public PageSource {
     }
     std::vector<SlotMeta> meta;
     meta.reserve(new_tokens.size());
-    for (const TokenMeta& t : new_tokens) {
+    for (const StepToken& t : new_tokens) {
       SlotMeta m;
       m.turn = t.turn;
       m.role = t.role;

@@ -4,9 +4,9 @@
 
 namespace polykv::worker {
 
-SlotTagger::Report SlotTagger::Commit(uint64_t first_slot, std::span<const TokenMeta> tokens) {
+SlotTagger::Report SlotTagger::Commit(uint64_t first_slot, std::span<const StepToken> tokens) {
   const size_t first_new = tokens_.size();
-  for (const TokenMeta& t : tokens) {
+  for (const StepToken& t : tokens) {
     // A new turn is a new message even when its role is the previous one's.
     if (!tokens_.empty() && tokens_.back().turn != t.turn) tagger_.EndMessage();
     tagger_.Feed(token_text_(t.token_id), t.role);

@@ -40,7 +40,7 @@ class SlotTagger {
   };
   // `tokens` were committed at slots [first_slot, first_slot + tokens.size()),
   // in conversation order.
-  Report Commit(uint64_t first_slot, std::span<const TokenMeta> tokens);
+  Report Commit(uint64_t first_slot, std::span<const StepToken> tokens);
   // The daemon's table changed: slot numbers of earlier commits no longer hold.
   void SlotsMoved() { provisional_.reset(); }
 
@@ -55,7 +55,7 @@ class SlotTagger {
 
   const std::function<std::string(int32_t)> token_text_;
   policies::StructureTagger tagger_;
-  std::vector<TokenMeta> tokens_;          // every token fed, in order (turn, role)
+  std::vector<StepToken> tokens_;          // every token fed, in order (turn, role)
   std::optional<Provisional> provisional_;  // the first token reported before its tag was final
 };
 

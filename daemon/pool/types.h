@@ -12,6 +12,7 @@
 
 #include "daemon/memory/arena.h"
 #include "daemon/pool/page_allocator.h"
+#include "kernels/model_profile.h"
 #include "kernels/page_format.h"
 #include "policies/score_stream.h"
 #include "policies/session_view.h"
@@ -19,20 +20,13 @@
 namespace polykv::daemon {
 
 using kernels::DType;
+using kernels::ModelProfile;
 using kernels::PageFormat;
 
 // Wire values equal proto PriorityClass.
 enum class Priority { kBestEffort = 1, kLow = 2, kNormal = 3, kHigh = 4, kCritical = 5 };
 absl::string_view PriorityName(Priority p);  // "best_effort", "low", ...
 std::optional<Priority> ParsePriority(absl::string_view name);
-
-struct ModelProfile {
-  uint32_t num_layers = 0;
-  uint32_t num_kv_heads = 0;
-  uint32_t head_dim = 0;
-  DType dtype = DType::kF16;
-  std::string model_id;
-};
 
 struct QosRecord {
   std::string agent_id;

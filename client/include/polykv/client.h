@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/model_profile.h"
 #include "kernels/page_format.h"
 #include "policies/score_stream.h"
 #include "policies/session_view.h"
@@ -31,6 +32,7 @@
 namespace polykv {
 
 using kernels::DType;
+using kernels::ModelProfile;
 using kernels::PageFormat;
 using policies::BlockKind;
 using policies::Role;
@@ -40,14 +42,6 @@ using SlotMeta = policies::SlotMeta;
 using policies::ScoreStream;
 using policies::ScoreValues;
 using policies::WantedStreams;
-
-struct ModelProfile {
-  uint32_t num_layers = 0;
-  uint32_t num_kv_heads = 0;
-  uint32_t head_dim = 0;
-  DType dtype = DType::kF16;
-  std::string model_id;
-};
 
 struct SessionOptions {
   std::string agent_id;

@@ -54,7 +54,7 @@ class KvStore {
     const policies::Role r = RoleArg(role);
     step_.resize(ids.shape(0));
     for (size_t i = 0; i < step_.size(); ++i) {
-      step_[i] = worker::TokenMeta{ids.data()[i], positions.data()[i], turn, r};
+      step_[i] = worker::StepToken{ids.data()[i], positions.data()[i], turn, r};
     }
     PagedKvStore& store = this->store();
     nb::gil_scoped_release unlocked;
@@ -109,7 +109,7 @@ class KvStore {
   }
 
   std::unique_ptr<PagedKvStore> store_;
-  std::vector<worker::TokenMeta> step_;
+  std::vector<worker::StepToken> step_;
 };
 
 }  // namespace

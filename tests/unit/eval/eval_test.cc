@@ -26,7 +26,7 @@ constexpr int kHeads = 4;
 constexpr int64_t kRow = 2 * 32;
 
 struct Step {
-  std::vector<worker::TokenMeta> meta;
+  std::vector<worker::StepToken> meta;
   std::vector<float> k, v, q;  // per layer, concatenated
 };
 

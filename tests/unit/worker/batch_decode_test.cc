@@ -32,10 +32,10 @@ void ExpectForwardBatchRowsAreForwardOfEachSequence(const LoadedModel* model) {
   const int vocab = m.config().vocab_size;
   // Three sequences of different lengths, prefilled alone, twice over.
   std::vector<std::unique_ptr<LocalKvStore>> alone, batched;
-  std::vector<TokenMeta> next;
+  std::vector<StepToken> next;
   for (int i = 0; i < 3; ++i) {
     const std::vector<int32_t> ids = model->tokenizer->Encode(kQuestions[i], true);
-    std::vector<TokenMeta> metas;
+    std::vector<StepToken> metas;
     for (size_t j = 0; j < ids.size(); ++j) {
       metas.push_back({ids[j], static_cast<int32_t>(j), 0, Role::kUser});
     }
@@ -117,8 +117,8 @@ TEST(BatchDecodeTest, BadBatchesAreRefused) {
   POLYKV_REQUIRE_MODEL();
   const LlamaModel& m = *model->model;
   auto s = NewLocalStore(m);
-  const TokenMeta t{1, 0, 0, Role::kUser};
-  const TokenMeta two[] = {t, t};
+  const StepToken t{1, 0, 0, Role::kUser};
+  const StepToken two[] = {t, t};
   KvStore* same[] = {s.get(), s.get()};
   KvStore* one[] = {s.get()};
   std::vector<float> logits;

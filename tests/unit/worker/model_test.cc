@@ -31,8 +31,8 @@ std::unique_ptr<LocalKvStore> NewStore(const LlamaModel& m, bool mass = false,
   return std::move(*s);
 }
 
-std::vector<TokenMeta> Metas(const std::vector<int32_t>& ids, int32_t first_pos = 0) {
-  std::vector<TokenMeta> out;
+std::vector<StepToken> Metas(const std::vector<int32_t>& ids, int32_t first_pos = 0) {
+  std::vector<StepToken> out;
   for (size_t i = 0; i < ids.size(); ++i) {
     out.push_back({ids[i], static_cast<int32_t>(first_pos + i), 0, Role::kUser});
   }
@@ -120,7 +120,7 @@ TEST(ModelTest, GreedyDecodeMatchesTransformers) {
       if (margins[step] < 1e-2) break;
       const int32_t next = Argmax(logits);
       ASSERT_EQ(next, want[step]) << "step " << step << " of " << JsonQuote(Field(row, "text").get_ref<const std::string&>());
-      const TokenMeta t{next, pos++, 0, Role::kAssistant};
+      const StepToken t{next, pos++, 0, Role::kAssistant};
       ASSERT_TRUE(m.Forward(std::span(&t, 1), store.get(), &logits).ok());
     }
   }
@@ -149,7 +149,7 @@ void CheckFastDecode(const std::string& name, const std::vector<std::vector<int3
     std::vector<float> lb = Prefill(fast, b.get(), ids, 64);
     int32_t pos = static_cast<int32_t>(ids.size());
     for (int step = 0; step < 24; ++step) {
-      const TokenMeta t{Argmax(la), pos++, 0, Role::kAssistant};
+      const StepToken t{Argmax(la), pos++, 0, Role::kAssistant};
       ASSERT_TRUE(exact.Forward(std::span(&t, 1), a.get(), &la).ok());
       ASSERT_TRUE(fast.Forward(std::span(&t, 1), b.get(), &lb).ok());
       std::vector<float> sorted = la;

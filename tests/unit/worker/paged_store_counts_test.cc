@@ -50,7 +50,7 @@ class CountingSource : public PageSource {
     if (b.ok()) blocks_.insert(blocks_.end(), b->begin(), b->end());
     return b;
   }
-  absl::Status Commit(int64_t total, std::span<const TokenMeta>) override {
+  absl::Status Commit(int64_t total, std::span<const StepToken>) override {
     committed_ = total;
     return absl::OkStatus();
   }
@@ -205,7 +205,7 @@ TEST(PagedKvStoreCountsTest, BadCountsAreRefused) {
   std::mt19937 rng(Seed());
   const Rows context = RandomRows(kContext, rng);
   const std::vector<float> q_context = RandomQ(kContext, rng);
-  const std::vector<TokenMeta> one = {{7, 100, 0, Role::kUser}};
+  const std::vector<StepToken> one = {{7, 100, 0, Role::kUser}};
   struct Case {
     std::vector<uint32_t> counts;
     const char* message;
@@ -274,7 +274,7 @@ TEST(PagedKvStoreLayersTest, ALayerThatStartsLaterAttendsOnlyToItsNewestSlots) {
   Store bad = NewStore();
   Step(bad.store.get(), context, q_context, 0);
   bad.src->Publish({}, {0, 3});
-  const std::vector<TokenMeta> one = {{7, 100, 0, Role::kUser}};
+  const std::vector<StepToken> one = {{7, 100, 0, Role::kUser}};
   const absl::Status st = bad.store->BeginStep(one);
   EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
   EXPECT_NE(st.message().find("layer 1"), std::string_view::npos) << st;

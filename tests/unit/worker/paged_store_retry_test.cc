@@ -43,7 +43,7 @@ class RefusingSource : public PageSource {
     }
     return inner_->Reserve(total);
   }
-  absl::Status Commit(int64_t total, std::span<const TokenMeta> t) override {
+  absl::Status Commit(int64_t total, std::span<const StepToken> t) override {
     return inner_->Commit(total, t);
   }
   absl::StatusOr<std::optional<PagedTable>> Sync() override {
@@ -82,8 +82,8 @@ Store NewStore(int refusals, int retry_ms,
   return s;
 }
 
-std::vector<TokenMeta> Tokens(int n) {
-  std::vector<TokenMeta> t(n);
+std::vector<StepToken> Tokens(int n) {
+  std::vector<StepToken> t(n);
   for (int i = 0; i < n; ++i) t[i].position = i;
   return t;
 }

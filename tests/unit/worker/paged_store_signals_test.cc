@@ -42,7 +42,7 @@ class SignalSource : public PageSource {
   absl::StatusOr<std::vector<PagedBlock>> Reserve(int64_t total) override {
     return inner_->Reserve(total);
   }
-  absl::Status Commit(int64_t total, std::span<const TokenMeta> tokens) override {
+  absl::Status Commit(int64_t total, std::span<const StepToken> tokens) override {
     ++commits_;
     if (!tagger_ || tokens.empty()) return absl::OkStatus();
     const auto t0 = std::chrono::steady_clock::now();
@@ -98,7 +98,7 @@ Store NewStore(bool signals) {
 // attended.
 void Step(PagedKvStore* store, int n, int32_t* position, std::mt19937& rng) {
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<TokenMeta> meta;
+  std::vector<StepToken> meta;
   for (int i = 0; i < n; ++i) meta.push_back({i, (*position)++, 0, Role::kUser});
   ASSERT_TRUE(store->BeginStep(meta).ok());
   std::vector<float> k(static_cast<size_t>(n) * kRow), v(k.size());

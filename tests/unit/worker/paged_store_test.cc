@@ -90,7 +90,7 @@ TEST(PagedKvStoreTest, CompressedPagesStayClose) {
       model->chat_template.RenderMessage("user", "Explain what a KV cache is, in two sentences.", true) +
           model->chat_template.GenerationPrompt(false), true);
   auto prefill = [&](KvStore* s) {
-    std::vector<TokenMeta> metas;
+    std::vector<StepToken> metas;
     for (size_t i = 0; i < ids.size(); ++i) metas.push_back({ids[i], static_cast<int32_t>(i), 0, Role::kUser});
     std::vector<float> logits;
     for (size_t i = 0; i < metas.size(); i += 9) {
@@ -132,7 +132,7 @@ class RepublishingSource : public PageSource {
     if (b.ok()) blocks_.insert(blocks_.end(), b->begin(), b->end());
     return b;
   }
-  absl::Status Commit(int64_t total, std::span<const TokenMeta> t) override {
+  absl::Status Commit(int64_t total, std::span<const StepToken> t) override {
     EXPECT_EQ(total, committed_ + static_cast<int64_t>(t.size()));
     committed_ = total;
     ++commits_;
@@ -241,7 +241,7 @@ TEST(PagedKvStoreTest, AdoptsANewEpochAtAStepBoundary) {
   ASSERT_GT(ids.size(), 18u);
   std::vector<float> a, b;
   for (size_t i = 0; i < ids.size(); ++i) {
-    const TokenMeta t{ids[i], static_cast<int32_t>(i), 0, Role::kUser};
+    const StepToken t{ids[i], static_cast<int32_t>(i), 0, Role::kUser};
     if (i == 17) src->publish_ = true;  // Slot 17: mid-block: the residual is rebuilt from pages.
     ASSERT_TRUE(m.Forward(std::span(&t, 1), store->get(), &a).ok());
     ASSERT_TRUE(m.Forward(std::span(&t, 1), local.get(), &b).ok());
@@ -259,7 +259,7 @@ TEST(PagedKvStoreTest, CommitsAndSyncsInBatches) {
   auto [src, store] = NewRecorded(m, po);
   std::vector<float> logits;
   for (int i = 0; i < 20; ++i) {  // 20 decode steps: commits before steps 8 and 16.
-    const TokenMeta t{100 + i, i, 0, Role::kUser};
+    const StepToken t{100 + i, i, 0, Role::kUser};
     ASSERT_TRUE(m.Forward(std::span(&t, 1), store.get(), &logits).ok());
   }
   EXPECT_EQ(src->commits_, 2);
@@ -279,7 +279,7 @@ TEST(PagedKvStoreTest, PrefillChunksSyncByTokens) {
   po.sync_every_steps = 8;
   po.sync_every_tokens = 64;
   auto [src, store] = NewRecorded(m, po);
-  std::vector<TokenMeta> chunk;
+  std::vector<StepToken> chunk;
   for (int i = 0; i < 160; ++i) chunk.push_back({300 + i, i, 0, Role::kUser});
   std::vector<float> logits;
   for (int c = 0; c < 160; c += 32) {  // five chunks of 32: a sync before chunks 2 and 4
@@ -303,7 +303,7 @@ TEST(PagedKvStoreTest, PrefillChunksReportTheirAttentionMass) {
     po.report_every_steps = 1;
     po.prefill_attention_mass = prefill_mass;
     auto [src, store] = NewRecorded(m, po);
-    std::vector<TokenMeta> chunk;
+    std::vector<StepToken> chunk;
     for (int i = 0; i < 40; ++i) chunk.push_back({200 + i, i, 0, Role::kUser});
     std::vector<float> logits;
     for (int c = 0; c < 40; c += 8) {  // five prefill chunks of 8 tokens
@@ -320,7 +320,7 @@ TEST(PagedKvStoreTest, PrefillChunksReportTheirAttentionMass) {
 void ExpectSameNextTokens(const LlamaModel& m, KvStore* probed, KvStore* plain, int32_t position) {
   std::vector<float> a, b;
   for (int i = 0; i < 8; ++i) {
-    const TokenMeta t{400 + i, position + i, 1, Role::kUser};
+    const StepToken t{400 + i, position + i, 1, Role::kUser};
     ASSERT_TRUE(m.Forward(std::span(&t, 1), probed, &a).ok());
     ASSERT_TRUE(m.Forward(std::span(&t, 1), plain, &b).ok());
     ASSERT_EQ(a, b) << "token " << i << " after the probe";
@@ -340,13 +340,13 @@ TEST(PagedKvStoreTest, AnIntentProbeIsReportedAndLeavesTheCacheAsItWas) {
     auto [probed_src, probed] = NewRecorded(m, {}, PageFormat::kF16, vf);
     auto [plain_src, plain] = NewRecorded(m, {}, PageFormat::kF16, vf);
     ASSERT_TRUE(probed->SupportsProbe(ProbeKind::kIntent));
-    std::vector<TokenMeta> context;
+    std::vector<StepToken> context;
     for (int i = 0; i < 27; ++i) context.push_back({300 + 7 * i, i, 0, Role::kUser});  // 1 block + 11
     std::vector<float> a, b;
     ASSERT_TRUE(m.Forward(context, probed.get(), &a).ok());
     ASSERT_TRUE(m.Forward(context, plain.get(), &b).ok());
     // Six probe tokens: they fill the partial block past its end into the next one.
-    std::vector<TokenMeta> probe;
+    std::vector<StepToken> probe;
     for (int i = 0; i < 6; ++i) probe.push_back({900 + i, 27 + i, 1, Role::kAssistant});
     ASSERT_TRUE(probed->BeginProbe(ProbeKind::kIntent).ok());
     ASSERT_TRUE(m.Forward(probe, probed.get(), &a).ok());
@@ -413,13 +413,13 @@ TEST(PagedKvStoreTest, AReconstructionProbeReportsTheMostAnyQueryPaid) {
   EXPECT_FALSE(recon->SupportsProbe(ProbeKind::kReconstruct));
   rsrc->wants_importance_ = true;
   ASSERT_TRUE(recon->SupportsProbe(ProbeKind::kReconstruct));
-  std::vector<TokenMeta> context;
+  std::vector<StepToken> context;
   for (int i = 0; i < 27; ++i) context.push_back({300 + 7 * i, i, 0, Role::kUser});
   std::vector<float> a, b, c;
   ASSERT_TRUE(m.Forward(context, recon.get(), &a).ok());
   ASSERT_TRUE(m.Forward(context, intent.get(), &b).ok());
   ASSERT_TRUE(m.Forward(context, plain.get(), &c).ok());
-  std::vector<TokenMeta> probe;
+  std::vector<StepToken> probe;
   for (int i = 0; i < 9; ++i) probe.push_back({300 + 7 * i, 27 + i, 1, Role::kAssistant});
   for (auto [store, kind] : {std::pair{recon.get(), ProbeKind::kReconstruct},
                              std::pair{intent.get(), ProbeKind::kIntent}}) {
@@ -456,14 +456,14 @@ TEST(PagedKvStoreTest, DecodeReportsEachLayersAttentionEntropyWhenAsked) {
   po.sync_every_steps = po.report_every_steps = 1;  // a report at every step boundary
   auto [src, store] = NewRecorded(m, po);
   src->wants_entropy_ = true;
-  std::vector<TokenMeta> context;
+  std::vector<StepToken> context;
   for (int i = 0; i < 27; ++i) context.push_back({300 + 7 * i, i, 0, Role::kUser});
   std::vector<float> logits;
   ASSERT_TRUE(m.Forward(context, store.get(), &logits).ok());
-  const TokenMeta t{500, 27, 0, Role::kUser};
+  const StepToken t{500, 27, 0, Role::kUser};
   ASSERT_TRUE(m.Forward(std::span(&t, 1), store.get(), &logits).ok());
   EXPECT_TRUE(src->entropy_.empty()) << "prefill reported entropy";
-  const TokenMeta u{501, 28, 0, Role::kUser};
+  const StepToken u{501, 28, 0, Role::kUser};
   ASSERT_TRUE(m.Forward(std::span(&u, 1), store.get(), &logits).ok());  // reports t's step
   ASSERT_EQ(src->entropy_.size(), size_t(m.config().num_layers));
   bool differ = false;
@@ -476,7 +476,7 @@ TEST(PagedKvStoreTest, DecodeReportsEachLayersAttentionEntropyWhenAsked) {
   // Without the stream, nothing.
   auto [plain_src, plain] = NewRecorded(m, po);
   ASSERT_TRUE(m.Forward(context, plain.get(), &logits).ok());
-  for (const TokenMeta& d : {t, u}) {
+  for (const StepToken& d : {t, u}) {
     ASSERT_TRUE(m.Forward(std::span(&d, 1), plain.get(), &logits).ok());
   }
   EXPECT_TRUE(plain_src->entropy_.empty());
@@ -493,9 +493,9 @@ TEST(PagedKvStoreTest, AReconstructionProbeReportsEachLayersMostWhenAsked) {
   auto [ssrc, session] = NewRecorded(m, {}, PageFormat::kF16, PageFormat::kInt4);
   lsrc->wants_importance_ = lsrc->wants_layer_importance_ = true;
   ssrc->wants_importance_ = true;
-  std::vector<TokenMeta> context;
+  std::vector<StepToken> context;
   for (int i = 0; i < 27; ++i) context.push_back({300 + 7 * i, i, 0, Role::kUser});
-  std::vector<TokenMeta> probe;
+  std::vector<StepToken> probe;
   for (int i = 0; i < 9; ++i) probe.push_back({300 + 7 * i, 27 + i, 1, Role::kAssistant});
   std::vector<float> logits;
   for (PagedKvStore* store : {per_layer.get(), session.get()}) {
@@ -612,7 +612,7 @@ TEST(PagedKvStoreTest, ReservationFailureIsReported) {
   po.shape = m.config().kv_shape();
   auto store = PagedKvStore::Create(po, std::move(*src));
   ASSERT_TRUE(store.ok());
-  std::vector<TokenMeta> metas;
+  std::vector<StepToken> metas;
   for (int i = 0; i < 40; ++i) metas.push_back({100 + i, i, 0, Role::kUser});
   std::vector<float> logits;
   EXPECT_TRUE(m.Forward(std::span(metas).first(30), store->get(), &logits).ok());

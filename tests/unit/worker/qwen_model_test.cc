@@ -136,7 +136,7 @@ void CheckLogits(const std::string& name) {
     o.shape = m.config().kv_shape();
     auto store = LocalKvStore::Create(o);
     ASSERT_TRUE(store.ok());
-    std::vector<TokenMeta> metas;
+    std::vector<StepToken> metas;
     for (size_t i = 0; i < ids.size(); ++i) {
       metas.push_back({ids[i], static_cast<int32_t>(i), 0, Role::kUser});
     }

@@ -55,7 +55,7 @@ inline Rows Pick(const Rows& from, const std::vector<int>& slots) {
 inline std::vector<float> Step(PagedKvStore* store, const Rows& rows, const std::vector<float>& q,
                         int first_position) {
   const int n = rows.num_tokens();
-  std::vector<TokenMeta> meta;
+  std::vector<StepToken> meta;
   for (int i = 0; i < n; ++i) meta.push_back({7, first_position + i, 0, Role::kUser});
   EXPECT_TRUE(store->BeginStep(meta).ok());
   const size_t per_layer = static_cast<size_t>(n) * kQHeads * kHeadDim;

@@ -35,8 +35,8 @@ std::vector<Piece> Stream() {
   return p;
 }
 
-std::vector<TokenMeta> Metas(const std::vector<Piece>& p) {
-  std::vector<TokenMeta> m;
+std::vector<StepToken> Metas(const std::vector<Piece>& p) {
+  std::vector<StepToken> m;
   for (size_t i = 0; i < p.size(); ++i) {
     m.push_back({static_cast<int32_t>(i), static_cast<int32_t>(i), p[i].turn, p[i].role});
   }
@@ -67,7 +67,7 @@ class SlotTaggerTest : public ::testing::TestWithParam<size_t> {};
 // Commits of every size from 1 token to all of them at once.
 TEST_P(SlotTaggerTest, TheDaemonEndsUpWithTheTaggersTags) {
   const std::vector<Piece> pieces = Stream();
-  const std::vector<TokenMeta> metas = Metas(pieces);
+  const std::vector<StepToken> metas = Metas(pieces);
   SlotTagger tagger([&](int32_t id) { return pieces[static_cast<size_t>(id)].text; });
   std::vector<policies::SlotMeta> daemon;
   const size_t step = GetParam();
@@ -96,7 +96,7 @@ INSTANTIATE_TEST_SUITE_P(CommitSizes, SlotTaggerTest, ::testing::Values(1, 2, 3,
 
 TEST(SlotTaggerMovedTest, AfterTheSlotsMovedOnlyNewTokensAreReported) {
   const std::vector<Piece> pieces = Stream();
-  const std::vector<TokenMeta> metas = Metas(pieces);
+  const std::vector<StepToken> metas = Metas(pieces);
   SlotTagger tagger([&](int32_t id) { return pieces[static_cast<size_t>(id)].text; });
   // "def" of line 3 of the tool output: its line is unfinished, so provisional.
   SlotTagger::Report r = tagger.Commit(0, std::span(metas).first(7));
@@ -111,7 +111,7 @@ TEST(SlotTaggerMovedTest, AfterTheSlotsMovedOnlyNewTokensAreReported) {
 
 TEST(SlotTaggerMovedTest, ACommitThatDoesNotFollowTheLastOneReportsOnlyItself) {
   const std::vector<Piece> pieces = Stream();
-  const std::vector<TokenMeta> metas = Metas(pieces);
+  const std::vector<StepToken> metas = Metas(pieces);
   SlotTagger tagger([&](int32_t id) { return pieces[static_cast<size_t>(id)].text; });
   (void)tagger.Commit(0, std::span(metas).first(8));
   // Slots 8.. were not where these tokens went (e.g. a lost report): no guess.
