@@ -1,5 +1,5 @@
 // Capacity on a live polykvd: how many agent sessions one fixed pool admits
-// when each session holds what a cache strategy needs. The eval harness
+// when each session holds what a cache strategy needs. The evaluation
 // (bench/eval) measures how many tokens, in which formats, a strategy keeps at
 // a given answer quality; this bench turns those per-session sizes into
 // sessions actually admitted by the daemon's allocator — page rounding,

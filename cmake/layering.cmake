@@ -32,7 +32,7 @@ set(_polykv_allowed_daemon daemon/rpc daemon/pool daemon/memory daemon/compactio
     daemon/config daemon/log daemon/sys proto kernels policies)
 set(_polykv_allowed_client kernels proto policies)
 set(_polykv_allowed_client/worker client kernels proto policies)
-# Benchmarks and the evaluation harness measure everything, the daemon in-process too.
+# Benchmarks measure everything, the daemon in-process too.
 set(_polykv_allowed_bench client/worker client daemon daemon/rpc daemon/pool daemon/memory
     daemon/compaction daemon/metrics daemon/config daemon/log daemon/sys proto kernels policies)
 

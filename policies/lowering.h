@@ -1,8 +1,8 @@
 // Lowering: a Plan as the physical operations that carry it out, per layer,
 // in output order (OutputOrder in plan.h). This is the ONE place plans become
-// operations: daemon compaction (daemon/compaction/executor.cc) and the
-// evaluation harness (bench/eval/compress.cc) both execute what it returns,
-// so what is measured is what the daemon does (issue 12, item 1).
+// operations: the daemon's compaction (daemon/compaction/executor.cc)
+// executes what it returns, and the offline replay (ApplyPlan) reads the same
+// plans, so what is measured is what the daemon does.
 //
 // Per output slot: the source slots it gathers (one, weight 1: kept; two or
 // more: a merge group, weights normalised to sum 1), the source slot whose

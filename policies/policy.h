@@ -120,7 +120,7 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec,
 // A policy as configs and command lines name it: a spec, optionally followed
 // by parameter overrides in braces, e.g. "h2o" or
 // "hybrid{cold.format=int4,cold.fraction=0.5}" (the syntax of the daemon's
-// policy names; polykv-eval cache configs use it). InvalidArgument naming the
+// policy names; the evaluation's cache configs use it). InvalidArgument naming the
 // text when it is malformed or MakePolicy refuses it.
 absl::StatusOr<std::unique_ptr<Policy>> MakePolicyFromText(std::string_view text);
 

@@ -6,11 +6,12 @@
   python3 bench/eval/eval.py --preset quick --families recall tools --per-family 1 \\
       --configs "full@1/f16,hybrid@0.1/K8V4" --skip-build
   python3 bench/eval/eval.py --preset quick --workload my_script.json --name mine
-  python3 bench/eval/eval.py --preset quick --live --name quick-live   # on a live polykvd
 
-Everything lands in OUT/NAME/ (default results/<preset>/): tasks/, configs.txt,
-results.jsonl, scored.jsonl, meta.json, report.md, summary.json, *.png; with
---live also polykvd.log, polykvd_metrics.txt and live/ (each worker's output).
+Every (task, config) runs on the product path: a polykv-worker on a live
+polykvd, the config set as the agent's QoS (bench/eval/live.py). Everything
+lands in OUT/NAME/ (default results/<preset>/): tasks/, configs.txt,
+results.jsonl, scored.jsonl, meta.json, report.md, summary.json, *.png,
+polykvd.log, polykvd_metrics.txt and live/ (each worker's output).
 Stdlib only: the plotting dependencies live in a venv this script creates
 (${POLYKV_EVAL_VENV:-~/.cache/polykv/eval-venv}) and report.py runs in it.
 """
@@ -31,7 +32,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import live  # noqa: E402  (bench/eval/live.py: --live)
+import live  # noqa: E402  (bench/eval/live.py: the run)
 
 # ===========================================================================
 # PRESETS — the one place to tune run size. Edit freely after timing a run.
@@ -39,7 +40,7 @@ import live  # noqa: E402  (bench/eval/live.py: --live)
 #   families    task families passed to gen.py
 #   per_family  tasks per family; "*" is the default for families not named
 #   min_tokens, max_tokens   shared-context length range for gen.py
-#   configs     "policy@budget/formats", one polykv-eval config each; the
+#   configs     "policy@budget/formats" (live.parse_config's grammar); the
 #               reference full@1/f16 must stay in every preset (report.py
 #               divides by it)
 # ===========================================================================
@@ -74,17 +75,19 @@ _FULL_CONFIGS = (
 )
 
 PRESETS = {
-    # 11 tasks x 14 configurations: 4 min 42 s end to end on 2 cores (2026-11-30;
-    # 7 min 49 s with other work beside it).
+    # 11 tasks x 14 configurations: 4 min 42 s end to end on 2 cores with the
+    # in-process harness (2026-11-30); a live run re-prefills every (task,
+    # config) pair and takes about 6x that.
     "quick": {
         "families": FAMILIES,
         "per_family": {"*": 1, "recall": 2, "tools": 2, "multiagent": 4},
         "min_tokens": 1500, "max_tokens": 2500,
         "configs": _QUICK_CONFIGS,
     },
-    # 39 tasks x 53 configurations: 47 min end to end on 2 cores (2026-11-30,
-    # docs/results/full-2026-11-30). One HumanEval task: its 160-token
-    # answers cost ~4-6 s per configuration.
+    # 39 tasks x 53 configurations: 47 min end to end on 2 cores with the
+    # in-process harness (2026-11-30, docs/results/full-2026-11-30); live,
+    # hours. One HumanEval task: its 160-token answers cost ~4-6 s per
+    # configuration.
     "full": {
         "families": FAMILIES,
         "per_family": {"*": 4, "recall": 8, "tools": 6, "humaneval": 1, "multiagent": 16},
@@ -99,14 +102,13 @@ DATA_FAMILIES = {"bfcl", "humaneval"}
 # gen.py's --families takes one comma-separated argument.
 GEN_FAMILIES_SEP = ","
 # SmolLM2-135M: 30 layers x (K, V) x 3 KV heads x 64 head dim x 2 bytes (f16).
-# Used only when polykv-eval's records do not report bytes_per_token_f16.
+# Used only when the records do not report bytes_per_token_f16.
 SMOLLM2_BYTES_PER_TOKEN_F16 = 30 * 2 * 3 * 64 * 2
 MAX_CONTEXT_TOKENS = 8192  # what a static allocator would reserve per session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EVAL_DIR = os.path.join(ROOT, "bench", "eval")
 BIN_DIR = os.path.join(ROOT, "build", "bin")
-BINARY = os.path.join(BIN_DIR, "polykv-eval")
 BENCH = os.path.join(BIN_DIR, "polykv-bench")
 # polykv-bench capacity takes seconds; a run far past that is stuck, and the
 # evaluation's results should not wait on it.
@@ -195,7 +197,7 @@ def gen_groups(counts: dict) -> list[tuple[int, list[str]]]:
 def split_list(values) -> list[str]:
     """--families a b / --families a,b / both. Commas inside braces belong to
     a policy's parameters (h2o{cold.format=int4,cold.fraction=0.5}@0.25/f16),
-    as polykv-eval's --configs reads them."""
+    as live.parse_config reads them."""
     out = []
     for v in values or []:
         depth, start = 0, 0
@@ -479,8 +481,7 @@ def parse_args(argv):
     ap.add_argument("--model", help="GGUF model: a path or a scripts/fetch-model.sh name "
                     f"(default: {DEFAULT_MODEL})")
     ap.add_argument("--threads", type=int, default=2,
-                    help="configs answered at once (--live: worker processes at once, each "
-                    "with --threads 1; default 2)")
+                    help="worker processes at once, each with --threads 1 (default 2)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--split", choices=("dev", "test"), default="dev",
                     help="gen.py's split: tune policies on dev (default), report headlines "
@@ -492,11 +493,11 @@ def parse_args(argv):
                     help="where the binaries are (default build/bin; the build step still "
                     "builds build/)")
     ap.add_argument("--live", action="store_true",
-                    help="run every (task, config) as a polykv-worker on a live polykvd, the "
-                    "config set as the agent's QoS, instead of polykv-eval (README: Live mode)")
+                    help="accepted for commands written when an in-process harness was the "
+                    "default: every run is live now")
     ap.add_argument("--resume", action="store_true",
-                    help="keep OUT/NAME and its tasks, and skip what its results.jsonl already "
-                    "holds: (task, config) pairs with --live, whole tasks in polykv-eval")
+                    help="keep OUT/NAME and its tasks, and skip the (task, config) pairs its "
+                    "results.jsonl already holds")
     ap.add_argument("--no-teacher-force", action="store_true",
                     help="answer only: do not also run every config teacher-forced on the "
                     "reference's answer (kl_mean, top1_agreement; README: Teacher forcing)")
@@ -507,21 +508,6 @@ def parse_args(argv):
     ap.add_argument("--capacity-pool-mib", type=int, default=1024, metavar="MIB",
                     help="pool of the live capacity measurement (default 1024)")
     return ap.parse_args(argv)
-
-
-def live_only(config: str) -> str | None:
-    """Why a config only runs live (live.parse_config's grammar: /F<n>, a
-    fractional budget, or /P<n>, the worker's prefill chunk), or None; one it
-    refuses is left to polykv-eval to report."""
-    try:
-        c = live.parse_config(config)
-    except ValueError:
-        return None
-    if c.fractional:
-        return "/F<n> is a fractional budget (the QoS's budget_fraction), which only polykvd runs"
-    if c.prefill_chunk != live.PREFILL_CHUNK:
-        return "/P<n> is polykv-worker's prefill chunk"
-    return None
 
 
 def main(argv=None) -> int:
@@ -546,7 +532,6 @@ def main(argv=None) -> int:
     if args.threads < 1:
         die("--threads must be at least 1")
     bin_dir = os.path.abspath(os.path.expanduser(args.bin_dir))
-    binary = os.path.join(bin_dir, "polykv-eval")
     bench = os.path.join(bin_dir, "polykv-bench")
     name = args.name or args.preset
     # Relative to the repository root, where results/ is gitignored.
@@ -570,15 +555,11 @@ def main(argv=None) -> int:
         step("build: bash scripts/build.sh")
         run(["bash", "scripts/build.sh"], "scripts/build.sh",
             hint="see the compiler output above")
-    if args.live:
-        missing = live.Bins.at(bin_dir).missing()
-        if missing:
-            die(f"--live needs {', '.join(os.path.relpath(m, ROOT) for m in missing)}: build "
-                "them with bash scripts/build.sh" + (" (or drop --skip-build)" if args.skip_build
-                                                     else ""))
-    elif not os.access(binary, os.X_OK):
-        die(f"{os.path.relpath(binary, ROOT)} not found: build it with bash scripts/build.sh"
-            + (" (or drop --skip-build)" if args.skip_build else ""))
+    missing = live.Bins.at(bin_dir).missing()
+    if missing:
+        die(f"the run needs {', '.join(os.path.relpath(m, ROOT) for m in missing)}: build "
+            "them with bash scripts/build.sh" + (" (or drop --skip-build)" if args.skip_build
+                                                 else ""))
 
     step("model")
     model = ensure_model(args.model)
@@ -616,33 +597,19 @@ def main(argv=None) -> int:
     with open(configs_txt, "w") as f:
         f.write("".join(c + "\n" for c in configs))
     results = os.path.join(out, "results.jsonl")
-    live_meta = None
-    if args.live:
-        step(f"run: live, {len(configs)} configs, {args.threads} workers at a time")
-        for c in configs:
-            try:
-                live.parse_config(c)
-            except ValueError as e:
-                die(str(e))
+    step(f"run: live, {len(configs)} configs, {args.threads} workers at a time")
+    for c in configs:
         try:
-            live_meta = live.run_live(tasks_dir, configs, model, out, bin_dir, args.threads,
-                                      args.resume, log,
-                                      teacher_force=not args.no_teacher_force)
-        except live.LiveError as e:
+            live.parse_config(c)
+        except ValueError as e:
             die(str(e))
-        if not os.path.exists(results) or os.path.getsize(results) == 0:
-            die(f"the live run wrote no records to {results}")
-    else:
-        why = next(((c, w) for c in configs if (w := live_only(c))), None)
-        if why:
-            die(f"{why[0]}: {why[1]}: add --live")
-        step(f"run: polykv-eval, {len(configs)} configs, {args.threads} threads")
-        run([binary, "--tasks", tasks_dir, "--configs-file", configs_txt, "--out", results,
-             "--model", model, "--threads", str(args.threads)]
-            + (["--no-teacher-force"] if args.no_teacher_force else [])
-            + (["--resume"] if resumed else []), "polykv-eval")
-        if not os.path.exists(results) or os.path.getsize(results) == 0:
-            die(f"polykv-eval wrote no records to {results}")
+    try:
+        live_meta = live.run_live(tasks_dir, configs, model, out, bin_dir, args.threads,
+                                  args.resume, log, teacher_force=not args.no_teacher_force)
+    except live.LiveError as e:
+        die(str(e))
+    if not os.path.exists(results) or os.path.getsize(results) == 0:
+        die(f"the live run wrote no records to {results}")
 
     step("score: score.py")
     scored = os.path.join(out, "scored.jsonl")
@@ -654,7 +621,7 @@ def main(argv=None) -> int:
     step("meta.json")
     records = read_jsonl(scored)
     bpt = next((r["bytes_per_token_f16"] for r in records if r.get("bytes_per_token_f16")), None)
-    bpt_source = "live records" if args.live else "polykv-eval records"
+    bpt_source = "live records"
     if bpt is None:
         bpt, bpt_source = SMOLLM2_BYTES_PER_TOKEN_F16, (
             "constant for SmolLM2-135M (30 layers x K,V x 3 KV heads x 64 x 2 bytes)")
@@ -679,10 +646,9 @@ def main(argv=None) -> int:
         "bytes_per_token_f16_source": bpt_source,
         "max_context_tokens": MAX_CONTEXT_TOKENS,
         "static_session_bytes": MAX_CONTEXT_TOKENS * bpt,
-        "mode": "live" if args.live else "harness",
+        "mode": "live",
+        "live": live_meta,
     }
-    if live_meta is not None:
-        meta["live"] = live_meta
     with open(os.path.join(out, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
         f.write("\n")

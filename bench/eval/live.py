@@ -1,4 +1,4 @@
-"""eval.py --live: the evaluation on the product path.
+"""eval.py's run: the evaluation on the product path.
 
 Every (task, config) runs as one `polykv-worker run TASK --daemon SOCKET`
 process on one polykvd that this module starts for the run. The config
@@ -7,14 +7,14 @@ its session (`polykvctl qos set AGENT --policy P --budget-tokens N
 --key-format K --value-format V --block-tokens T`; the worker asks for no
 formats or page size, only its own f16 recent window); the daemon then
 compacts the session at its own trigger while the context is prefilled and
-the answer decoded. Each run writes one record in polykv-eval's format
-(bench/eval/runner.cc) with "mode": "live", so score.py and report.py read
-it unchanged; what live mode cannot measure is null, and `live_notes` says
-why.
+the answer decoded. Each run writes one record (the format score.py and
+report.py read, "mode": "live"; the in-process harness that first wrote it
+was removed on 2026-12-06); what a live run cannot measure is null, and
+`live_notes` says why.
 
 The budget: round(budget x context tokens), the context being every message
-before the question, counted as polykv-eval counts it (its EvalKvStore's
-slots after the context is flushed): `polykv-worker run TASK --count-tokens`
+before the question, as the worker's cache holds it once the context is
+prefilled: `polykv-worker run TASK --count-tokens`
 renders and tokenizes the task with the same chat tokenizer and reports the
 question line's position. A config with /F<n> sets the budget as the
 daemon's default QoS would instead: `--budget-fraction budget --budget-tokens
@@ -46,7 +46,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 REFERENCE = "full@1/f16"
-# polykv-eval's defaults, so both paths answer the same turn the same way.
+# The worker's turn defaults, so every config answers the same turn the same way.
 DEFAULT_MAX_NEW_TOKENS = 64  # its --max-new-tokens (turns that set none)
 PREFILL_CHUNK = 128          # its --prefill-chunk, unless a config's /P<n> says otherwise
 MAX_PREFILL_CHUNK = 4096
@@ -55,11 +55,10 @@ WORKER_TIMEOUT_S = 1800
 TENANT = "eval"
 LEASE_MS = 30000             # polykvd --lease-ms (class Daemon says why)
 # The f16 recent window of formats with int2 unless /R<n> says otherwise
-# (cache_config.cc kInt2Residual): polykv-eval's f16 tail, the worker's
-# --recent-f16-tokens.
+# (the worker's --recent-f16-tokens).
 INT2_TAIL = 128
-DEFAULT_BLOCK_TOKENS = 16  # bench/eval/cache_config.h kDefaultBlockTokens
-MAX_RECENT_TOKENS = 1 << 16  # bench/eval/cache_config.cc kMaxRecentTokens
+DEFAULT_BLOCK_TOKENS = 16  # /T<n> when none is named
+MAX_RECENT_TOKENS = 1 << 16  # the largest /R<n>
 # polykvd compacts a session holding more than budget + max(budget / 10, 1)
 # tokens (daemon/compaction/compactor.cc CompactionTarget), and only at a
 # Sync, which the worker's PagedKvStore makes before its first forward step
@@ -87,7 +86,7 @@ class LiveError(Exception):
 
 @dataclass
 class Config:
-    text: str      # canonical, as polykv-eval writes it ("h2o@0.25/K8V4")
+    text: str      # canonical, as records carry it ("h2o@0.25/K8V4")
     policy: str
     budget: float
     formats: str
@@ -124,8 +123,7 @@ _INT_BITS = {"8": "int8", "4": "int4", "2": "int2"}
 
 
 def parse_config(text: str) -> Config:
-    """policy@budget/formats[/T<n>][/R<n>][/F<n>][/P<n>], as bench/eval/cache_config.cc
-    parses it, plus /F<n> and /P<n>, which only a live run has: /F<n> makes the
+    """policy@budget/formats[/T<n>][/R<n>][/F<n>][/P<n>]: /F<n> makes the
     budget a share of the session's context as it grows (QoS budget_fraction),
     n tokens its floor (QoS budget_tokens); /P<n> is the worker's prefill
     chunk (default PREFILL_CHUNK)."""
@@ -204,17 +202,17 @@ def parse_config(text: str) -> Config:
 
 
 def budget_tokens(budget: float, context_tokens: int) -> int:
-    """polykv-eval's per-layer budget: llround(budget x context), at least 1."""
+    """The session's budget: llround(budget x context), at least 1."""
     return max(1, math.floor(budget * context_tokens + 0.5))
 
 
 def num6(v: float) -> float:
-    """Six significant digits, as polykv-eval's records carry."""
+    """Six significant digits, as records carry."""
     return float(f"{v:.6g}")
 
 
 def agreement(ref: list, out: list) -> tuple[float, float]:
-    """(prefix, token) agreement, as runner.cc's Compare computes them."""
+    """(prefix, token) agreement of `out` with the reference's tokens."""
     if not ref and not out:
         return 1.0, 1.0
     prefix = 0
@@ -351,8 +349,7 @@ def base_record(task: Task, cfg: Config, context: int | None, bpt: int | None) -
         rec["budget_fraction"] = num6(cfg.budget)
     if cfg.f16_tail:
         rec["live_notes"] = [
-            f"the f16 recent window: polykv-eval keeps the latest {cfg.f16_tail} context slots "
-            "and every later token in f16; a live worker attends its newest pages covering at "
+            f"the f16 recent window: the worker attends its newest pages covering at "
             f"least {cfg.f16_tail} tokens (and the page being filled) from f16 copies"]
     return rec
 
@@ -431,8 +428,7 @@ def live_record(task: Task, cfg: Config, context: int, bpt: int, budget: int | N
 
 
 def forced_fields(turn: dict) -> dict:
-    """The teacher-forced measures of a `--teacher-force` run's turn, named as
-    polykv-eval names them."""
+    """The teacher-forced measures of a `--teacher-force` run's turn."""
     return {k: turn.get(k) for k in ("forced_positions", "kl_mean", "kl_max", "top1_agreement",
                                       "target_logprob_mean")}
 
@@ -575,7 +571,7 @@ class Bins:
 
 
 def list_tasks(tasks_dir: str) -> list[str]:
-    """*.jsonl under tasks_dir, sorted (polykv-eval's ListTaskFiles)."""
+    """*.jsonl under tasks_dir, sorted."""
     return sorted(os.path.join(tasks_dir, f) for f in os.listdir(tasks_dir)
                   if f.endswith(".jsonl") and os.path.isfile(os.path.join(tasks_dir, f)))
 

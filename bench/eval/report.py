@@ -4,7 +4,7 @@
 Usage: python3 bench/eval/report.py RESULTS_DIR [--resamples N] [--seed S]
 
 Reads RESULTS_DIR/scored.jsonl (one record per (task, config), written by
-polykv-eval and scored by score.py) and RESULTS_DIR/meta.json, and writes
+eval.py's live run and scored by score.py) and RESULTS_DIR/meta.json, and writes
 RESULTS_DIR/report.md, RESULTS_DIR/summary.json and PNG plots beside them.
 RESULTS_DIR/capacity_live.json (polykv-bench capacity, run by eval.py with the
 strategies in summary.json's capacity.live_inputs) adds the live capacity
@@ -111,8 +111,8 @@ def load_live(path: str) -> Optional[dict]:
 
 
 def bench_formats(k_format: str, v_format: str, formats: str) -> Optional[tuple[str, str]]:
-    """(K, V) page formats as polykv-bench names them. polykv-eval's records
-    carry them in k_format/v_format; records without them fall back on the
+    """(K, V) page formats as polykv-bench names them. Records of the removed
+    in-process harness carry them in k_format/v_format; records without them fall back on the
     config's formats ('f16', 'K8V4')."""
     if k_format in BENCH_FORMATS and v_format in BENCH_FORMATS:
         return k_format, v_format
@@ -1362,8 +1362,9 @@ def render_markdown(a: Analysis, plots: dict) -> str:
         if "share_of_decode_step" in ng:
             line += (f", {100 * ng['share_of_decode_step']:.2f}% of the reference's decode step "
                      f"({ng['decode_step_us'] / 1e3:.1f} ms here)")
-        L += [line + ". Compaction ms above is the in-process plan + gather + re-encode of "
-              "one compaction (`polykv-eval`), paid once per compaction, not per token.", ""]
+        L += [line + ". Compaction ms above (runs of the removed in-process harness only) "
+              "is the plan + gather + re-encode of one compaction, paid once per compaction, "
+              "not per token.", ""]
 
     L += ["## Plots", ""]
     captions = {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Scores generated answers of polykv-eval tasks.
+"""Scores generated answers of the evaluation's tasks.
 
 Module: score(eval_obj, output) -> {"success": bool, "detail": str}, where
 eval_obj is the "eval" object of a task's generation line (see

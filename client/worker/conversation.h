@@ -133,8 +133,8 @@ class Conversation {
 
   // A copy of this conversation (positions, turns, queued tokens, sampler)
   // that continues on `store`, which must hold a copy of this one's cache,
-  // possibly compressed: the eval harness prefills one context and answers
-  // its question under many cache configurations.
+  // possibly compressed: one prefilled context can answer its question
+  // under many cache configurations (GenerateBatch).
   // The copy's next turn counts only what it prefills itself.
   Conversation Fork(KvStore* store) const {
     Conversation c(*this);

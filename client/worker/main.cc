@@ -221,7 +221,7 @@ std::string TurnJson(const Flags& f, const std::string& id, int turn, const Turn
 
 // --count-tokens: the number of tokens of the rendered conversation before
 // `chat`'s next message, i.e. its length if it were flushed for the model
-// now (what polykv-eval counts as a task's context). `emitted` holds the
+// now (what the evaluation counts as a task's context). `emitted` holds the
 // tokens `chat` has made final so far.
 size_t TokensBefore(const ChatTokenizer& chat, const std::vector<TaggedToken>& emitted) {
   ChatTokenizer copy = chat;

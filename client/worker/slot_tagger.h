@@ -2,7 +2,7 @@
 // daemon's structure-aware policies (issue 12: everything a policy reads
 // reaches the daemon). It runs policies' incremental StructureTagger over the
 // text of each committed token, so the daemon's `structural` policy sees the
-// same tags the evaluation harness computes from the same tokens.
+// same tags policies' StructureTagger gives the same text offline.
 //
 // The tagger knows a line's kind only once the line is complete, so tags of
 // the tokens of an unfinished line are provisional. Each report therefore

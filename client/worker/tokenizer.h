@@ -56,7 +56,7 @@ class Tokenizer {
   // text unless `skip_special`. May end inside a UTF-8 sequence.
   std::string Decode(std::span<const int32_t> ids, bool skip_special = false) const;
   // One token's text, special tokens dropped: what the structure tagger reads
-  // (the worker's SlotTagger and the eval harness tag the same texts).
+  // (the worker's SlotTagger tags these texts).
   std::string TokenText(int32_t id) const { return Decode(std::span(&id, 1), /*skip_special=*/true); }
 
   // Splits `text` the way the pre-tokenizer does (no special-token handling,

@@ -95,7 +95,7 @@ struct CompactionGroups {
 };
 
 // The daemon's side of policies::LowerLayer (policies/lowering.h, the one
-// lowering the evaluation harness runs too): its groups, and the output
+// lowering the offline replay runs too): its groups, and the output
 // slots' records. A merged slot takes its representative's metadata, the
 // members' summed count and attention, and is pinned if any member was.
 // Requantization is the output blocks' formats (executed by the copy).

@@ -17,8 +17,8 @@ std::string PolicyNote(const std::string& text) {
   if (layers == policies::LayerAllocator::kUniform || (*p)->SelectsPerLayer()) return "";
   return absl::StrCat(
       "layers=", std::string(policies::LayerAllocatorName(layers)),
-      " acts layer-uniform here: the daemon plans one layer for all layers (a session has "
-      "one block table), while the evaluation harness gives each layer its own budget");
+      " acts layer-uniform here: the daemon plans one layer for all layers unless the "
+      "policy selects per layer (select=layer, kvzip), where each layer keeps its own budget");
 }
 
 absl::StatusOr<const policies::Policy*> PolicyRegistry::Get(const std::string& text) {

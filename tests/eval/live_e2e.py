@@ -1,13 +1,12 @@
-"""eval.py --live end to end (ctest eval_live_test; not in the offline
-discover run, as it needs the binaries and the model).
+"""eval.py end to end (ctest eval_live_test; not in the discover run, as it
+needs the binaries and the model).
 
 One SmolLM2 recall task of ~600 tokens under full@1/f16, window@0.5/f16, a
 policy the daemon refuses and full@1/K4V2/T32 (32-token pages, the default
-128-token f16 recent window), on a live polykvd; then polykv-eval's reference
-on the same task. Checks that the records are well-formed, that the refusal is
-an error carrying the daemon's message, that the window session was
-compacted, that the live reference answers with exactly polykv-eval's tokens,
-and that --resume runs nothing twice. About 30 s on 2 cores.
+128-token f16 recent window), on a live polykvd. Checks that the records are
+well-formed, that the refusal is an error carrying the daemon's message, that
+the window session was compacted, and that --resume runs nothing twice. About
+30 s on 2 cores.
 
   POLYKV_BIN_DIR=build/bin python3 tests/eval/live_e2e.py -v
 """
@@ -46,7 +45,7 @@ def read_jsonl(path):
 
 class LiveEndToEndTest(unittest.TestCase):
     def setUp(self):
-        missing = [b for b in ("polykvd", "polykv-worker", "polykvctl", "polykv-eval")
+        missing = [b for b in ("polykvd", "polykv-worker", "polykvctl")
                    if not os.access(os.path.join(BIN_DIR, b), os.X_OK)]
         if missing:
             missing_input(f"not built in {BIN_DIR}: {', '.join(missing)}")
@@ -54,7 +53,7 @@ class LiveEndToEndTest(unittest.TestCase):
             missing_input("run scripts/fetch-model.sh smollm2-135m")
 
     def eval_py(self, out, *extra, configs=CONFIGS):
-        cmd = [sys.executable, EVAL_PY, "--live", "--skip-build", "--no-plots",
+        cmd = [sys.executable, EVAL_PY, "--skip-build", "--no-plots",
                "--no-live-capacity", "--bin-dir", BIN_DIR, "--model", MODEL,
                "--families", "recall", "--per-family", "1", "--min-tokens", "600",
                "--max-tokens", "650", "--configs", ",".join(configs), "--threads", "2",
@@ -73,7 +72,7 @@ class LiveEndToEndTest(unittest.TestCase):
             live.policy_trigger(bins, "nosuchpolicy")
         self.assertIn("nosuchpolicy", str(e.exception))
 
-    def test_live_run_matches_the_harness_reference(self):
+    def test_a_live_run_records_compacts_refuses_and_resumes(self):
         with tempfile.TemporaryDirectory() as d:
             self.eval_py(d)
             run = os.path.join(d, "live")
@@ -129,21 +128,6 @@ class LiveEndToEndTest(unittest.TestCase):
             meta = json.loads(read(os.path.join(run, "meta.json")))
             self.assertEqual(meta["mode"], "live")
             self.assertIn("stopped", read(os.path.join(run, "polykvd.log")))
-
-            # polykv-eval's reference on the same task: the same context
-            # count, question and answer tokens (full cache, f16 pages).
-            harness = os.path.join(d, "harness.jsonl")
-            p = subprocess.run([os.path.join(BIN_DIR, "polykv-eval"), "--tasks",
-                                os.path.join(run, "tasks"), "--configs", "full@1/f16", "--out",
-                                harness, "--model", MODEL, "--threads", "1"],
-                               cwd=ROOT, text=True, capture_output=True)
-            self.assertEqual(p.returncode, 0, p.stderr[-2000:])
-            h = read_jsonl(harness)
-            self.assertEqual(len(h), 1)
-            self.assertEqual(h[0]["context_tokens"], ref["context_tokens"])
-            self.assertEqual(h[0]["question_tokens"], ref["question_tokens"])
-            self.assertEqual(h[0]["output_tokens"], ref["output_tokens"])
-            self.assertEqual(h[0]["output"], ref["output"])
 
             # --resume: every pair is recorded, so nothing runs again.
             before = read(os.path.join(run, "results.jsonl"))

@@ -1,9 +1,9 @@
-"""bench/eval/live.py and compare_live.py without a daemon or a model: config
-parsing as polykv-eval does it, budgets, agent names, task reading, the
-compaction check and the records built from worker output.
+"""bench/eval/live.py without a daemon or a model: config parsing, budgets,
+agent names, task reading, the compaction check and the records built from
+worker output.
 
-The whole path (polykvd, workers, polykv-eval's reference) runs in
-tests/eval/live_e2e.py (ctest eval_live_test).
+The whole path (polykvd, workers) runs in tests/eval/live_e2e.py (ctest
+eval_live_test).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import unittest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench", "eval"))
 
-import compare_live  # noqa: E402
 import eval as driver  # noqa: E402
 import live  # noqa: E402
 import solved  # noqa: E402
@@ -69,13 +68,13 @@ class ConfigTest(unittest.TestCase):
         c = live.parse_config("h2o@0.25/K8V4")
         self.assertEqual((c.text, c.policy, c.budget, c.k_format, c.v_format, c.f16_tail),
                          ("h2o@0.25/K8V4", "h2o", 0.25, "int8", "int4", 0))
-        # "full" ignores its budget; %g drops trailing zeros, as cache_config.cc does
+        # "full" ignores its budget; %g drops trailing zeros
         self.assertEqual(live.parse_config("full@0.5/f16").text, "full@1/f16")
         c = live.parse_config("sinks+structural+intent@0.10/K2V2")
         self.assertEqual((c.text, c.k_format, c.v_format, c.f16_tail),
                          ("sinks+structural+intent@0.1/K2V2", "int2", "int2", 128))
         self.assertEqual(live.parse_config("window@1/f32").k_format, "f32")
-        # pages of T tokens; T16 is the default and unnamed, as in cache_config.cc
+        # pages of T tokens; T16 is the default and unnamed
         c = live.parse_config("full@1/K4V2/T64")
         self.assertEqual((c.text, c.formats, c.k_format, c.v_format, c.block_tokens),
                          ("full@1/K4V2/T64", "K4V2", "int4", "int2", 64))
@@ -278,41 +277,6 @@ class RecordTest(unittest.TestCase):
         self.assertTrue(summary["summary"])
 
 
-class CompareTest(unittest.TestCase):
-    def test_table(self):
-        def rec(task, config, success, tokens, agr, peak, full, mode=None, error=None, kl=None,
-                top1=None):
-            r = {"task": task, "config": config, "success": success, "output_tokens": tokens,
-                 "token_agreement": agr, "bytes_peak": peak, "bytes_full_f16": full,
-                 "kl_mean": kl, "top1_agreement": top1}
-            if mode:
-                r["mode"] = mode
-            if error:
-                r["error"] = error
-            return r
-        h = {}
-        l = {}
-        for r in [rec("a", "full@1/f16", True, [1, 2], 1.0, 100, 100, kl=0.0, top1=1.0),
-                  rec("b", "full@1/f16", True, [3], 1.0, 100, 100, kl=0.0, top1=1.0),
-                  rec("a", "h2o@0.5/f16", True, [1, 2], 1.0, 50, 100, kl=0.25, top1=1.0),
-                  rec("b", "h2o@0.5/f16", False, [4], 0.0, 50, 100, kl=0.75, top1=0.5)]:
-            h[(r["task"], r["config"])] = r
-        for r in [rec("a", "full@1/f16", True, [1, 2], 1.0, 110, 110, "live"),
-                  rec("b", "full@1/f16", True, [3], 1.0, 110, 110, "live"),
-                  rec("a", "h2o@0.5/f16", False, [1, 9], 0.5, 99, 110, "live", kl=2.0, top1=0.5),
-                  rec("b", "h2o@0.5/f16", False, None, None, None, None, "live", "refused")]:
-            l[(r["task"], r["config"])] = r
-        header, rows = compare_live.compare(h, l)
-        self.assertEqual(header[0], "config")
-        self.assertEqual(rows[0], ["full@1/f16", "2", "1.000", "1.000", "1.000", "1.000",
-                                   "0.0000", "n/a", "1.000", "n/a", "1.000", "1.000", "1.00",
-                                   "0/0"])
-        # Live KL and top-1 over the one task that has them (b was refused).
-        self.assertEqual(rows[1], ["h2o@0.5/f16", "2", "0.500", "0.000", "0.500", "0.500",
-                                   "0.5000", "2.0000", "0.750", "0.500", "0.500", "0.900",
-                                   "0.00", "0/1"])
-
-
 class DriverFlagsTest(unittest.TestCase):
     def test_live_flags(self):
         args = driver.parse_args(["--live", "--resume", "--bin-dir", "/x", "--no-plots"])
@@ -320,7 +284,7 @@ class DriverFlagsTest(unittest.TestCase):
         self.assertEqual(args.bin_dir, "/x")
         args = driver.parse_args([])
         self.assertFalse(args.live or args.resume or args.no_plots)
-        # --resume continues a harness run too (polykv-eval --resume).
+        # --live is the only mode; old commands that name it still parse.
         self.assertTrue(driver.parse_args(["--resume"]).resume)
 
 

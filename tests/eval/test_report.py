@@ -454,7 +454,7 @@ class ReportFileTest(unittest.TestCase):
 
 def live_records(with_k8v4: bool = True) -> list[dict]:
     """Four tasks with known token counts: the reference holds its whole
-    context, hybrid@0.1/K8V4 (records in polykv-eval's int8/int4 names)
+    context, hybrid@0.1/K8V4 (records in the removed harness's int8/int4 names)
     solves all of them, hybrid@0.05/K2V2 (only the config's formats) half,
     plus one errored K2V2 record whose counts must not be averaged."""
     recs = []

@@ -4,8 +4,8 @@ A task is one JSONL file in polykv-worker's script format. Every line but the
 last is a chat message; the line before the last is the final user question
 and the last is the generation line, an assistant line without "content" that
 carries the task id, max_new_tokens, a plan-step intent, the answer_prefix
-(the start of the reply, prefilled by the harness) and the "eval" object the
-scorer reads. Everything before the question is context: the harness
+(the start of the reply, prefilled by the worker) and the "eval" object the
+scorer reads. Everything before the question is context: the worker
 prefills it and lets the cache policy under test compress it before the
 question arrives, so an answer is only reachable if the policy kept it.
 
@@ -124,7 +124,7 @@ class Task:
     intent: str                   # the plan step of the generated turn; never the answer
     eval: dict
     extra_manifest: dict = field(default_factory=dict)
-    # The start of the reply, prefilled by the harness after the question
+    # The start of the reply, prefilled by the worker after the question
     # ("The order number of Alice Park is"): a small model then continues
     # with a copy instead of a paraphrase. Never contains the answer.
     answer_prefix: str = ""

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates seeded agentic evaluation tasks for polykv-eval.
+"""Generates seeded agentic evaluation tasks (bench/eval/eval.py runs them).
 
 Writes one JSONL task per file, <out>/<task_id>.jsonl, in polykv-worker's
 script format (the last line is the generation line carrying "eval"), and

@@ -12,7 +12,7 @@ the prefix shrinks to min-tokens - 450 to leave each agent room.
 
 eval carries "shared_prefix_messages" (how many leading messages all agents of
 the group share, here 1), "group", "agent" and "kind" (recall or tools), so
-the harness can run a group concurrently and account for a prefix the daemon
+the evaluation can run a group concurrently and account for a prefix the daemon
 stores once. Scoring: "contains", as in recall and tools.
 
 Groups: `--per-family N` gives N tasks, whole groups of 16 and, for a count

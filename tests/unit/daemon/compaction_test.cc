@@ -502,7 +502,7 @@ uint64_t TotalMergedTokens(const KvPool& pool) {
 }
 
 // merge.bias=0: the same merges, but the worker is told every slot counts
-// once (its attention then adds no log-count bias), as the harness lowers it.
+// once (its attention then adds no log-count bias), as the plan says.
 TEST_F(CompactionTest, MergeWithoutBiasSendsCountsOfOne) {
   pattern_ = [](int64_t pos, int layer, bool value, int h, int d) {
     if (value) return Pattern(pos, layer, value, h, d);
