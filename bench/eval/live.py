@@ -59,14 +59,6 @@ LEASE_MS = 30000             # polykvd --lease-ms (class Daemon says why)
 INT2_TAIL = 128
 DEFAULT_BLOCK_TOKENS = 16  # /T<n> when none is named
 MAX_RECENT_TOKENS = 1 << 16  # the largest /R<n>
-# polykvd compacts a session holding more than budget + max(budget / 10, 1)
-# tokens (daemon/compaction/compactor.cc CompactionTarget), and only at a
-# Sync, which the worker's PagedKvStore makes before its first forward step
-# and then every this many steps or tokens, whichever comes first
-# (PagedKvStoreOptions::sync_every_steps, sync_every_tokens; a prefill chunk
-# is one step).
-WORKER_SYNC_EVERY_STEPS = 8
-WORKER_SYNC_EVERY_TOKENS = 64
 # Agent ids: letters, digits and _.:- (daemon/pool/validation.cc), at most
 # this many characters (a shorter limit than the daemon's own, to be safe).
 AGENT_MAX_LEN = 100
@@ -303,18 +295,20 @@ def bytes_per_token_f16(geometry: dict) -> int:
 
 
 def compaction_expected(budget: int, turns: list[dict], *, trigger: float,
-                        chunk: int = PREFILL_CHUNK, sync_every: int = WORKER_SYNC_EVERY_STEPS,
-                        sync_tokens: int = WORKER_SYNC_EVERY_TOKENS,
-                        fraction: float = 0.0) -> bool:
+                        chunk: int = PREFILL_CHUNK, fraction: float = 0.0) -> bool:
     """Whether the daemon must have compacted a session with this budget (with
     a fraction: its floor; daemon/compaction/compactor.cc SessionBudget) that
     wrote these turns: some Sync of the last turn saw more committed tokens
-    than the policy's `trigger` allows (CompactionTarget: past budget +
-    max(floor(budget x (trigger - 1)), 1)), had nothing been dropped before.
+    than the policy's `trigger` (polykvd --describe-policy) allows
+    (CompactionTarget: past budget + max(floor(budget x (trigger - 1)), 1)),
+    had nothing been dropped before. The worker syncs before its first
+    forward step and then at the cadence its turn reports
+    (`sync_every_steps`, `sync_every_tokens`; a prefill chunk is one step).
     Earlier turns count as already committed (their slots are cached before
     the last one)."""
     if not turns:
         return False
+    sync_every, sync_tokens = turns[-1]["sync_every_steps"], turns[-1]["sync_every_tokens"]
 
     def threshold(committed: int) -> int:
         b = max(budget, math.ceil(fraction * committed))
@@ -386,8 +380,9 @@ def live_record(task: Task, cfg: Config, context: int, bpt: int, budget: int | N
         rec["error"] = (f"polykvd opened the session with pages of {last.get('block_tokens')} "
                         f"tokens, not the {cfg.block_tokens} the config asks for")
         return rec
-    if "tokens" not in last:
-        rec["error"] = "polykv-worker printed no token ids (rebuild it: this run's is too old)"
+    if "tokens" not in last or "sync_every_steps" not in last:
+        rec["error"] = ("polykv-worker printed no token ids or sync cadence (rebuild it: this "
+                        "run's is too old)")
         return rec
     fraction = cfg.budget if cfg.fractional else 0.0
     if (budget is not None and cfg.trigger is not None and not last.get("epoch")

@@ -103,6 +103,14 @@ class KvStore {
   virtual std::string name() const = 0;
   // Slots per page of a paged store; 0 for a store without pages.
   virtual int block_tokens() const { return 0; }
+  // How often a store over a page source syncs with it (a daemon compacts
+  // only then): every `steps` forward steps or `tokens` tokens, whichever
+  // comes first, and before the first step. Zeros: a store that never syncs.
+  struct SyncCadence {
+    int steps = 0;
+    int tokens = 0;
+  };
+  virtual SyncCadence sync_cadence() const { return {}; }
 
   // Called when a new message starts. Default: nothing to report.
   virtual absl::Status BeginTurn(const TurnInfo& turn) { return absl::OkStatus(); }

@@ -206,6 +206,11 @@ std::string TurnJson(const Flags& f, const std::string& id, int turn, const Turn
                    {"kv_bytes_peak", store.peak_bytes()},
                    {"epoch", store.epoch()}};
   if (store.block_tokens() > 0) out["block_tokens"] = store.block_tokens();
+  // When the daemon can compact: what bench/eval/live.py checks compactions by.
+  if (const KvStore::SyncCadence c = store.sync_cadence(); c.steps > 0) {
+    out["sync_every_steps"] = c.steps;
+    out["sync_every_tokens"] = c.tokens;
+  }
   if (f.recent_f16_tokens > 0) out["recent_f16_tokens"] = f.recent_f16_tokens;
   if (!answer_prefix.empty()) out["answer_prefix"] = answer_prefix;
   if (forced != nullptr) {

@@ -206,6 +206,9 @@ class PagedKvStore : public KvStore {
   int64_t reserve_retries() const { return reserve_retries_; }
   std::string name() const override { return source_->name(); }
   int block_tokens() const override { return page_shape_.block_tokens; }
+  SyncCadence sync_cadence() const override {
+    return {options_.sync_every_steps, options_.sync_every_tokens};
+  }
   absl::Status BeginStep(std::span<const StepToken> tokens) override;
   absl::Status Append(int layer, const float* k, const float* v) override;
   absl::Status Attend(int layer, int num_heads, const float* q, float* out) override;

@@ -49,6 +49,7 @@ def turn(prompt, completion, tokens, epoch=0, cache="pool-f16-f16", peak=1000, f
             "cached_tokens": prompt + completion - 1, "decode_tokens_per_s": 20.0,
             "prefill_tokens_per_s": 150.0, "stop": stop, "cache": cache, "kv_bytes": final,
             "kv_bytes_peak": peak, "epoch": epoch, "block_tokens": block_tokens,
+            "sync_every_steps": 8, "sync_every_tokens": 64,  # as polykv-worker prints them
             **({"recent_f16_tokens": recent} if recent else {})}
 
 
