@@ -134,23 +134,24 @@ size_t CompactionPlan::shared_blocks() const {
 absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
                                               const std::vector<SlotRecord>& slots,
                                               const CompactionInputs& in) {
-  return PlanCompaction(policy, slots, {}, in);
+  return PlanCompaction(policy, std::span(&slots, 1), in);
 }
 
-absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
-                                              const std::vector<SlotRecord>& slots,
-                                              const std::vector<std::vector<SlotRecord>>& upper,
-                                              const CompactionInputs& in) {
-  for (const auto& u : upper) {
-    if (u.size() != slots.size()) {
-      return absl::InternalError(absl::StrCat("a layer has ", u.size(), " slot records, layer 0 ",
-                                              slots.size()));
+absl::StatusOr<CompactionPlan> PlanCompaction(
+    const policies::Policy& policy, std::span<const std::vector<SlotRecord>> records,
+    const CompactionInputs& in) {
+  if (records.empty()) return absl::InternalError("no slot record list to plan over");
+  const std::vector<SlotRecord>& slots = records[0];
+  for (const auto& list : records) {
+    if (list.size() != slots.size()) {
+      return absl::InternalError(absl::StrCat("a layer has ", list.size(),
+                                              " slot records, another ", slots.size()));
     }
   }
-  const size_t L = 1 + upper.size();
+  const size_t L = records.size();
   std::vector<uint64_t> src_offsets = in.layer_offsets;
   src_offsets.resize(L, 0);
-  const bool per_layer = !upper.empty() && policy.SelectsPerLayer();
+  const bool per_layer = L > 1 && policy.SelectsPerLayer();
   if (auto st = CheckLayerOffsets(policy, src_offsets); !st.ok()) return st;
   const int bt = in.shape.block_tokens;
   for (uint64_t o : src_offsets) {
@@ -162,12 +163,11 @@ absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
   CompactionPlan out;
   std::vector<CompactionGroups> layers;  // [L], layer-local slot indices
   if (per_layer) {
-    std::vector<std::span<const SlotRecord>> records;
+    std::vector<std::span<const SlotRecord>> held;
     for (size_t l = 0; l < L; ++l) {
-      std::span<const SlotRecord> all(l == 0 ? slots : upper[l - 1]);
-      records.push_back(all.subspan(src_offsets[l]));
+      held.push_back(std::span<const SlotRecord>(records[l]).subspan(src_offsets[l]));
     }
-    auto g = DecidePerLayer(policy, records, in);
+    auto g = DecidePerLayer(policy, held, in);
     if (!g.ok()) return g.status();
     if (g->empty()) return out;
     layers = *std::move(g);
@@ -187,9 +187,9 @@ absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
     if (!g.ok()) return g.status();
     layers.reserve(L);  // emplace_back(layers[0]) below never reallocates
     layers.push_back(*std::move(g));
-    for (const auto& u : upper) {
+    for (size_t l = 1; l < L; ++l) {
       CompactionGroups& gl = layers.emplace_back(layers[0]);
-      gl.slots = OutputRecords(layers[0], u);
+      gl.slots = OutputRecords(layers[0], records[l]);
     }
   }
   out.changes = true;
@@ -286,12 +286,8 @@ absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
       c.block_v_formats.push_back(out.block_v_formats[j]);
     }
   }
-  out.groups = std::move(layers[0]);
-  out.copy = std::move(copies[0]);
-  for (size_t l = 1; l < L; ++l) {
-    out.upper_groups.push_back(std::move(layers[l]));
-    out.upper_copy.push_back(std::move(copies[l]));
-  }
+  out.groups = std::move(layers);
+  out.copy = std::move(copies);
   return out;
 }
 

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -78,45 +79,45 @@ struct CompactionInputs {
 struct CompactionPlan {
   bool changes = false;      // false: the policy keeps everything; nothing to do
   uint64_t num_out = 0;      // output slots: the committed count after
-  // [1 + upper layers] the first output slot each layer holds (multiples of
-  // block_tokens; the layer that keeps the most holds them all); a plan
-  // over one record list (no `upper`) has one entry, 0, for every layer.
+  // [record lists] the first output slot each list's layers hold
+  // (multiples of block_tokens; the layer that keeps the most holds them
+  // all); a plan over one record list has one entry, 0, for every layer.
   // Output block j has pages of layer l iff j x block_tokens >= its offset.
   std::vector<uint64_t> layer_offsets;
   // [output block] the formats of its pages (one shape per block).
   std::vector<kernels::PageFormat> block_k_formats, block_v_formats;
-  // [1 + upper layers] the output slot records, [num_out] each
+  // [record lists] the output slot records, [num_out] each
   // (placeholders with position -1 below the layer's offset): the session's
   // records after.
   std::vector<std::vector<SlotRecord>> records;
-  // Layer 0's output groups, in its own slot indices (source slots from its
-  // offset on, output slots from its output offset on).
-  CompactionGroups groups;
+  // [record lists] each list's output groups, in its own slot indices
+  // (source slots from its offset on, output slots from its output offset
+  // on); one list: every layer runs groups[0].
+  std::vector<CompactionGroups> groups;
   // [output block]: the source block it reuses unchanged, or -1 (new pages).
   std::vector<int64_t> shared;
-  // The groups of the output blocks that are not shared (block formats: of
-  // those blocks, in order).
-  CompactionGroups copy;
-  // A session whose layers hold their own slots (PlanCompaction's `upper`):
-  // layer l's groups and copy groups at [l - 1], for l >= 1 (in its own
-  // slot indices, as `groups`); `groups` and `copy` are layer 0's. Empty:
-  // every layer runs `groups`.
-  std::vector<CompactionGroups> upper_groups, upper_copy;
+  // [record lists] the groups of the output blocks that are not shared
+  // (block formats: of those blocks, in order).
+  std::vector<CompactionGroups> copy;
   size_t out_blocks() const { return shared.size(); }
   size_t shared_blocks() const;
 };
 
-// slots: [committed tokens], the session's records (layer 0's when `upper`
-// is given). upper: the records of layers 1.. of a session whose layers keep
-// their own slots (each [committed tokens]). A policy that SelectsPerLayer
-// then decides over one view layer per layer, layer l's from its offset on:
-// the policy's LayerBudgets of layers x target tokens (uniform: the target
-// each), aligned by AlignLayerBudgets. Any other decides once, over layer
-// 0's records, for all (FAILED_PRECONDITION when a layer starts late). The
+// records: the session's slot record lists (PolicyInputs::records), each
+// [committed tokens]: one for every layer, or one per layer. Over one per
+// layer, a policy that SelectsPerLayer decides over one view layer per
+// layer, layer l's from its offset on: the policy's LayerBudgets of layers x
+// target tokens (uniform: the target each), aligned by AlignLayerBudgets.
+// Any other decides once, over records[0], and every list follows that plan
+// with its own records (FAILED_PRECONDITION when a layer starts late). The
 // output blocks' formats are one per block for the layers it holds (a
 // block's pages share a shape): the median of theirs by bits, ties to the
 // finer. An output block is shared only where every layer it holds has its
 // rows from one source block that exactly those layers hold.
+absl::StatusOr<CompactionPlan> PlanCompaction(
+    const policies::Policy& policy, std::span<const std::vector<SlotRecord>> records,
+    const CompactionInputs& in);
+// One record list for every layer.
 absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
                                               const std::vector<SlotRecord>& slots,
                                               const CompactionInputs& in);
@@ -134,9 +135,5 @@ absl::StatusOr<std::vector<int64_t>> AlignLayerBudgets(const std::vector<int64_t
 // start at `offsets` (late layers need a policy that SelectsPerLayer).
 absl::Status CheckLayerOffsets(const policies::Policy& policy,
                                const std::vector<uint64_t>& offsets);
-absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
-                                              const std::vector<SlotRecord>& slots,
-                                              const std::vector<std::vector<SlotRecord>>& upper,
-                                              const CompactionInputs& in);
 
 }  // namespace polykv::daemon

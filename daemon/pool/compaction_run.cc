@@ -1,5 +1,6 @@
 #include "daemon/pool/compaction_run.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -63,7 +64,7 @@ absl::StatusOr<bool> CompactionRun::Decide(const Session& s) {
     in_.key_dim = static_cast<int>(key_tables_.size()) * in_.shape.head_dim;
   }
   // The slot records are read in place: nothing writes them while busy.
-  auto plan = PlanCompaction(policy_, s.policy.slots, s.policy.upper_layers, in_);
+  auto plan = PlanCompaction(policy_, s.policy.records, in_);
   if (!plan.ok()) return plan.status();
   plan_ = *std::move(plan);
   return plan_->changes;
@@ -96,8 +97,8 @@ absl::StatusOr<std::vector<BlockShape>> CompactionRun::NewShapes(const Session& 
 
 absl::Status CompactionRun::Address(const Session& s, const BlockPool& blocks) {
   const CompactionPlan& plan = *plan_;
-  copies_ = plan.copy.num_out() > 0;
-  for (const CompactionGroups& g : plan.upper_copy) copies_ |= g.num_out() > 0;
+  copies_ = std::any_of(plan.copy.begin(), plan.copy.end(),
+                        [](const CompactionGroups& g) { return g.num_out() > 0; });
   if (!copies_) return absl::OkStatus();
   const uint32_t layers = s.profile.num_layers;
   const int num_src = static_cast<int>(s.tables.committed_tokens);
@@ -127,8 +128,8 @@ absl::Status CompactionRun::Address(const Session& s, const BlockPool& blocks) {
 
 absl::Status CompactionRun::Copy(const Session& s) const {
   if (!copies_) return absl::OkStatus();
-  std::vector<const CompactionGroups*> groups{&plan_->copy};
-  for (const CompactionGroups& g : plan_->upper_copy) groups.push_back(&g);
+  std::vector<const CompactionGroups*> groups;
+  for (const CompactionGroups& g : plan_->copy) groups.push_back(&g);
   return ExecuteCompaction(s.page_shape(), tables_, groups);
 }
 
@@ -157,15 +158,15 @@ CompactionRun::Published CompactionRun::Publish(Session& s, uint64_t* pending_by
   ++t.epoch;
   t.pending_epoch = t.epoch;
   t.committed_tokens = plan.num_out;
-  s.policy.slots = std::move(plan.records[0]);
-  for (size_t l = 1; l < plan.records.size(); ++l) {
-    s.policy.upper_layers[l - 1] = std::move(plan.records[l]);
-  }
-  s.policy.log_count_bias = plan.groups.log_count_bias;
+  s.policy.records = std::move(plan.records);
+  // Every list ran the plan of records[0] or its own of the same size: the
+  // first one's counts speak for all.
+  const CompactionGroups& first = plan.groups[0];
+  s.policy.log_count_bias = first.log_count_bias;
   s.policy.want_tokens = 0;
   const uint64_t shared = plan.shared_blocks();
-  return Published{shared, plan.out_blocks() - shared, plan.groups.evicted_tokens,
-                   plan.groups.merged_tokens};
+  return Published{shared, plan.out_blocks() - shared, first.evicted_tokens,
+                   first.merged_tokens};
 }
 
 }  // namespace polykv::daemon

@@ -309,14 +309,12 @@ absl::StatusOr<uint64_t> KvPool::Commit(uint64_t session_id, absl::string_view t
                                                    " tokens: only ", s.reserved_tokens(),
                                                    " are reserved; Reserve first"));
   }
-  auto& slots = s.policy.slots;
-  while (slots.size() < committed) {
+  while (s.policy.records[0].size() < committed) {
     SlotRecord r;
     r.meta.position = s.policy.next_position++;
     r.meta.turn = s.policy.current_turn;
     r.meta.role = policies::Role::kAssistant;  // until the worker reports otherwise
-    slots.push_back(r);
-    for (auto& u : s.policy.upper_layers) u.push_back(r);  // new tokens: the same in every layer
+    for (auto& list : s.policy.records) list.push_back(r);  // new tokens: alike in every layer
   }
   s.tables.committed_tokens = committed;
   return committed;
@@ -355,17 +353,18 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     out.changed = known_epoch != s.tables.epoch;
     if (out.changed) {
       tables = s.tables.blocks;
-      out.slot_positions.reserve(s.policy.slots.size());
-      out.slot_counts.reserve(s.policy.slots.size());
-      for (const SlotRecord& r : s.policy.slots) {
+      const std::vector<SlotRecord>& first = s.policy.records[0];
+      out.slot_positions.reserve(first.size());
+      out.slot_counts.reserve(first.size());
+      for (const SlotRecord& r : first) {
         out.slot_positions.push_back(r.meta.position);
         out.slot_counts.push_back(s.policy.log_count_bias ? r.count : 1);
       }
-      if (!s.policy.upper_layers.empty()) {
-        out.layer_slot_positions.reserve(s.policy.slots.size() * s.profile.num_layers);
-        s.policy.ForEachLayer([&](const std::vector<SlotRecord>& records) {
-          for (const SlotRecord& r : records) out.layer_slot_positions.push_back(r.meta.position);
-        });
+      if (s.policy.layers_apart()) {
+        out.layer_slot_positions.reserve(first.size() * s.profile.num_layers);
+        for (const auto& list : s.policy.records) {
+          for (const SlotRecord& r : list) out.layer_slot_positions.push_back(r.meta.position);
+        }
       }
     }
     out.new_arenas = blocks_.NewArenas(s.tenant(), s.known_arenas);
@@ -431,7 +430,7 @@ absl::StatusOr<ReleaseResult> KvPool::Release(uint64_t session_id, absl::string_
     s.tables.blocks.pop_back();
   }
   s.tables.committed_tokens = std::min(s.tables.committed_tokens, keep_tokens);
-  s.policy.ForEachLayer([&](auto& records) { records.resize(s.tables.committed_tokens); });
+  for (auto& list : s.policy.records) list.resize(s.tables.committed_tokens);
   return ReleaseResult{s.reserved_tokens(), s.tables.committed_tokens, s.account.bytes};
 }
 

@@ -39,7 +39,7 @@ absl::Status CheckLayerPresence(const Session& s) {
     }
   }
   const bool late = std::any_of(offsets.begin(), offsets.end(), [](uint64_t o) { return o > 0; });
-  if (late && s.policy.upper_layers.empty()) {
+  if (late && !s.policy.layers_apart()) {
     return absl::InternalError("layers start late but share one slot record list");
   }
   return absl::OkStatus();
@@ -65,25 +65,19 @@ absl::Status KvPool::CheckInvariants() const {
     if (pending != s.tables.pending_bytes) {
       return absl::InternalError(absl::StrCat(who, " pending byte count drifted"));
     }
-    if (s.policy.slots.size() != s.tables.committed_tokens) {
-      return absl::InternalError(absl::StrCat(who, ": ", s.policy.slots.size(),
-                                              " slot records for ", s.tables.committed_tokens,
-                                              " committed tokens"));
+    const size_t lists = s.policy.records.size();
+    if (lists != 1 && lists != s.profile.num_layers) {
+      return absl::InternalError(absl::StrCat(who, ": ", lists, " slot record lists for ",
+                                              s.profile.num_layers, " layers (1 or one each)"));
     }
-    if (!s.policy.upper_layers.empty() &&
-        s.policy.upper_layers.size() + 1 != s.profile.num_layers) {
-      return absl::InternalError(absl::StrCat(who, ": records of ", s.policy.upper_layers.size() + 1,
-                                              " layers for ", s.profile.num_layers));
+    for (const auto& list : s.policy.records) {
+      if (list.size() != s.tables.committed_tokens) {
+        return absl::InternalError(absl::StrCat(who, ": ", list.size(), " slot records for ",
+                                                s.tables.committed_tokens, " committed tokens"));
+      }
     }
     if (auto st = CheckLayerPresence(s); !st.ok()) {
       return absl::InternalError(absl::StrCat(who, ": ", st.message()));
-    }
-    for (const auto& u : s.policy.upper_layers) {
-      if (u.size() != s.tables.committed_tokens) {
-        return absl::InternalError(absl::StrCat(who, ": a layer has ", u.size(),
-                                                " slot records for ", s.tables.committed_tokens,
-                                                " committed tokens"));
-      }
     }
     pending_total += pending;
     session_bytes += b;

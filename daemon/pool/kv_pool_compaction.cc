@@ -157,8 +157,8 @@ std::vector<std::string> KvPool::TakeCompactionErrors() {
 }
 
 void KvPool::SplitLayerRecords(Session& s) {
-  if (!s.policy.upper_layers.empty() || s.profile.num_layers < 2) return;
-  s.policy.upper_layers.assign(s.profile.num_layers - 1, s.policy.slots);
+  if (s.policy.layers_apart() || s.profile.num_layers < 2) return;
+  s.policy.records.resize(s.profile.num_layers, s.policy.records[0]);
 }
 
 std::vector<std::string> KvPool::RunPressureLadder() {

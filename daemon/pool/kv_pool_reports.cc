@@ -109,12 +109,12 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
   });
   if (any_per_layer && s.policy.wants.per_layer) SplitLayerRecords(s);
   s.policy.importance_reported |= seen.has(ScoreStream::kImportance);
-  s.policy.ForEachLayer([&](std::vector<SlotRecord>& slots) {
+  for (auto& list : s.policy.records) {
     for (size_t i = 0; i < r.slots.size(); ++i) {
       // Assigns the SlotMeta part only: the position stays the daemon's.
-      static_cast<policies::SlotMeta&>(slots[r.first_slot + i].meta) = r.slots[i];
+      static_cast<policies::SlotMeta&>(list[r.first_slot + i].meta) = r.slots[i];
     }
-  });
+  }
   for (const ScoreValues& v : r.scores) {
     if (policies::RuleOf(v.stream).per_layer) {
       s.policy.layer_entropy = v.values;
@@ -124,16 +124,15 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
       // The same slot index in every layer (where the layers were compacted
       // apart, a select=layer policy reads no per-slot stream but its
       // per-layer one).
-      s.policy.ForEachLayer([&](std::vector<SlotRecord>& slots) {
-        Fold(v.stream, v.values.data(), v.values.size(), r.first_slot, slots);
-      });
+      for (auto& list : s.policy.records) {
+        Fold(v.stream, v.values.data(), v.values.size(), r.first_slot, list);
+      }
       continue;
     }
     const uint64_t per = v.values.size() / layers;
-    if (!s.policy.upper_layers.empty()) {
+    if (s.policy.layers_apart()) {
       for (uint64_t l = 0; l < layers; ++l) {
-        Fold(v.stream, v.values.data() + l * per, per, r.first_slot,
-             l == 0 ? s.policy.slots : s.policy.upper_layers[l - 1]);
+        Fold(v.stream, v.values.data() + l * per, per, r.first_slot, s.policy.records[l]);
       }
       continue;
     }
@@ -146,7 +145,7 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
                                         v.values[l * per + i]);
       }
     }
-    Fold(v.stream, combined.data(), per, r.first_slot, s.policy.slots);
+    Fold(v.stream, combined.data(), per, r.first_slot, s.policy.records[0]);
   }
   if (r.current_turn > 0) s.policy.current_turn = static_cast<int32_t>(r.current_turn);
   ++s.policy.reports;

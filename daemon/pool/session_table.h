@@ -55,19 +55,14 @@ struct BlockTables {
 
 // What the policy ranks: one record per committed slot.
 struct PolicyInputs {
-  std::vector<SlotRecord> slots;  // [committed_tokens]; layer 0's when `upper_layers` is set
-  // Layers 1.. of a session whose policy selects per layer (select=layer):
-  // layer l's records at [l - 1], each [committed_tokens]. Once set (at the
-  // first per-layer report or compaction) it stays, even if the QoS changes
-  // back: the layers' slots may differ from then on. Empty: every layer
-  // holds the tokens of `slots`.
-  std::vector<std::vector<SlotRecord>> upper_layers;
-  // All layers' records: `slots`, then `upper_layers`.
-  template <typename F>
-  void ForEachLayer(F f) {
-    f(slots);
-    for (auto& u : upper_layers) f(u);
-  }
+  // The slot records, each list [committed_tokens]: one list that every
+  // layer holds, or one per layer ([num_layers]) once a policy that selects
+  // per layer (select=layer) split them, at its first per-layer report or
+  // compaction. Split lists stay split even if the QoS changes back: the
+  // layers' slots may differ from then on. records[0] is what Sync's
+  // slot_positions describe.
+  std::vector<std::vector<SlotRecord>> records{1};
+  bool layers_apart() const { return records.size() > 1; }
   // The last compaction's Plan::log_count_bias: false (merge.bias=0) sends
   // the worker counts of 1, so a merged slot attends as one token; the
   // records keep their true counts for the next plan.

@@ -38,7 +38,7 @@ class CompactionRunTest : public ::testing::Test {
     for (int i = 0; i < kSlots; ++i) {
       SlotRecord r;
       r.meta.position = 100 + i;
-      s_.policy.slots.push_back(r);
+      s_.policy.records[0].push_back(r);
       for (int l = 0; l < kLayers; ++l) {
         for (int v = 0; v < 2; ++v) {
           for (size_t k = 0; k < row.size(); ++k) row[k] = Pattern(100 + i, l, v, int(k));
@@ -100,7 +100,7 @@ TEST_F(CompactionRunTest, EachPhaseLeavesTheSessionInItsStatedState) {
   EXPECT_EQ(s_.tables.pending.size(), size_t(kSlots / kBlock));
   EXPECT_EQ(pending, uint64_t(kSlots / kBlock) * s_.shape.bytes());
   EXPECT_EQ(s_.tables.pending_bytes, pending);
-  ASSERT_EQ(s_.policy.slots.size(), 24u);
+  ASSERT_EQ(s_.policy.records[0].size(), 24u);
   // Every kept slot's rows, in every layer, are its position's.
   std::vector<float> rows(kBlock * kHeads * kDim);
   const kernels::Exec exec;
@@ -114,7 +114,7 @@ TEST_F(CompactionRunTest, EachPhaseLeavesTheSessionInItsStatedState) {
                                             rows.data())
                         .ok());
         for (int t = 0; t < n; ++t) {
-          const int64_t pos = s_.policy.slots[b * kBlock + t].meta.position;
+          const int64_t pos = s_.policy.records[0][b * kBlock + t].meta.position;
           EXPECT_EQ(pos, 100 + kSlots - 24 + int64_t(b) * kBlock + t);
           for (int k = 0; k < kHeads * kDim; ++k) {
             ASSERT_EQ(rows[t * kHeads * kDim + k], Pattern(pos, l, v, k)) << b << " " << t;

@@ -136,7 +136,7 @@ std::vector<int32_t> Range(int32_t first, int32_t last) {  // [first, last)
 // when it is rows [0, n) of one source block, single-member groups in order;
 // `copy` is the groups of the other blocks, in order.
 void ExpectConsistent(const CompactionPlan& p) {
-  const CompactionGroups& g = p.groups;
+  const CompactionGroups& g = p.groups[0];
   ASSERT_EQ(p.shared.size(), (size_t(g.num_out()) + kBt - 1) / kBt);
   ASSERT_EQ(g.group_offsets.size(), size_t(g.num_out()) + 1);
   std::vector<int32_t> members, offsets{0};
@@ -160,10 +160,10 @@ void ExpectConsistent(const CompactionPlan& p) {
       offsets.push_back(int32_t(members.size()));
     }
   }
-  EXPECT_EQ(p.copy.members, members);
-  EXPECT_EQ(p.copy.weights, weights);
-  EXPECT_EQ(p.copy.group_offsets, offsets);
-  EXPECT_EQ(p.copy.slots.size(), size_t(p.copy.num_out()));
+  EXPECT_EQ(p.copy[0].members, members);
+  EXPECT_EQ(p.copy[0].weights, weights);
+  EXPECT_EQ(p.copy[0].group_offsets, offsets);
+  EXPECT_EQ(p.copy[0].slots.size(), size_t(p.copy[0].num_out()));
 }
 
 std::vector<int64_t> Positions(const CompactionGroups& g) {
@@ -177,16 +177,16 @@ TEST(PlanCompactionTest, WindowDroppingWholeBlocksSharesEveryKeptBlock) {
   auto plan = PlanCompaction(*window, Slots(48), In(32));
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(plan->changes);
-  EXPECT_EQ(plan->groups.num_out(), 32);
-  EXPECT_EQ(plan->groups.members, Range(16, 48));
-  EXPECT_EQ(plan->groups.evicted_tokens, 16u);
-  EXPECT_EQ(plan->groups.merged_tokens, 0u);
-  EXPECT_EQ(Positions(plan->groups).front(), 116);
+  EXPECT_EQ(plan->groups[0].num_out(), 32);
+  EXPECT_EQ(plan->groups[0].members, Range(16, 48));
+  EXPECT_EQ(plan->groups[0].evicted_tokens, 16u);
+  EXPECT_EQ(plan->groups[0].merged_tokens, 0u);
+  EXPECT_EQ(Positions(plan->groups[0]).front(), 116);
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(plan->shared_blocks(), 2u);
   EXPECT_EQ(plan->out_blocks(), 2u);
-  EXPECT_EQ(plan->copy.num_out(), 0);
-  EXPECT_EQ(plan->copy.group_offsets, std::vector<int32_t>{0});
+  EXPECT_EQ(plan->copy[0].num_out(), 0);
+  EXPECT_EQ(plan->copy[0].group_offsets, std::vector<int32_t>{0});
   ExpectConsistent(*plan);
 }
 
@@ -195,9 +195,9 @@ TEST(PlanCompactionTest, APartialLastBlockIsSharedWhenItStartsABlock) {
   // rows of block 2 (block 2's committed rows).
   auto plan = PlanCompaction(*Policy("window"), Slots(40), In(24));
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->groups.members, Range(16, 40));
+  EXPECT_EQ(plan->groups[0].members, Range(16, 40));
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{1, 2}));
-  EXPECT_EQ(plan->copy.num_out(), 0);
+  EXPECT_EQ(plan->copy[0].num_out(), 0);
   ExpectConsistent(*plan);
 }
 
@@ -205,13 +205,13 @@ TEST(PlanCompactionTest, MisalignedRowsAreCopiedIntoNewBlocks) {
   // 41 slots down to 24: keeps 17..40, which starts inside block 1.
   auto plan = PlanCompaction(*Policy("window"), Slots(41), In(24));
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->groups.members, Range(17, 41));
+  EXPECT_EQ(plan->groups[0].members, Range(17, 41));
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{-1, -1}));
   EXPECT_EQ(plan->shared_blocks(), 0u);
-  EXPECT_EQ(plan->copy.num_out(), 24);
-  EXPECT_EQ(plan->copy.members, Range(17, 41));
-  EXPECT_EQ(plan->copy.weights, std::vector<float>(24, 1.f));
-  EXPECT_EQ(Positions(plan->copy).front(), 117);
+  EXPECT_EQ(plan->copy[0].num_out(), 24);
+  EXPECT_EQ(plan->copy[0].members, Range(17, 41));
+  EXPECT_EQ(plan->copy[0].weights, std::vector<float>(24, 1.f));
+  EXPECT_EQ(Positions(plan->copy[0]).front(), 117);
   ExpectConsistent(*plan);
 }
 
@@ -220,7 +220,7 @@ TEST(PlanCompactionTest, NothingToDropIsNoChange) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_FALSE(plan->changes);
   EXPECT_TRUE(plan->shared.empty());
-  EXPECT_EQ(plan->groups.num_out(), 0);
+  EXPECT_TRUE(plan->groups.empty() && plan->copy.empty());
   // "full" under its budget: no change; over it, the policy's refusal.
   auto full = Policy("full");
   plan = PlanCompaction(*full, Slots(20), In(32));
@@ -239,9 +239,9 @@ TEST(PlanCompactionTest, H2oKeepsHeavyHittersAndTheRecentWindow) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   std::vector<int32_t> kept = Range(0, 16);
   for (int32_t i : Range(48, 64)) kept.push_back(i);
-  EXPECT_EQ(plan->groups.members, kept);
+  EXPECT_EQ(plan->groups[0].members, kept);
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{0, 3}));
-  EXPECT_EQ(plan->copy.num_out(), 0);
+  EXPECT_EQ(plan->copy[0].num_out(), 0);
   ExpectConsistent(*plan);
 
   // Heavy hitters scattered over blocks 0 and 1: that output block is copied.
@@ -252,19 +252,19 @@ TEST(PlanCompactionTest, H2oKeepsHeavyHittersAndTheRecentWindow) {
   kept.clear();
   for (int i = 0; i < 16; ++i) kept.push_back(2 * i + 1);
   for (int32_t i : Range(48, 64)) kept.push_back(i);
-  EXPECT_EQ(plan->groups.members, kept);
+  EXPECT_EQ(plan->groups[0].members, kept);
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{-1, 3}));
-  EXPECT_EQ(plan->copy.num_out(), 16);
-  EXPECT_EQ(plan->copy.members, std::vector<int32_t>(kept.begin(), kept.begin() + 16));
-  EXPECT_EQ(plan->groups.evicted_tokens, 32u);
+  EXPECT_EQ(plan->copy[0].num_out(), 16);
+  EXPECT_EQ(plan->copy[0].members, std::vector<int32_t>(kept.begin(), kept.begin() + 16));
+  EXPECT_EQ(plan->groups[0].evicted_tokens, 32u);
   ExpectConsistent(*plan);
 
   // The window size is a parameter: window.size=8 keeps 24 heavy hitters.
   auto narrow = Policy("h2o", {{"window.size", "8"}});
   plan = PlanCompaction(*narrow, slots, In(32));
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->groups.num_out(), 32);
-  EXPECT_EQ(std::vector<int32_t>(plan->groups.members.end() - 8, plan->groups.members.end()),
+  EXPECT_EQ(plan->groups[0].num_out(), 32);
+  EXPECT_EQ(std::vector<int32_t>(plan->groups[0].members.end() - 8, plan->groups[0].members.end()),
             Range(56, 64));
   ExpectConsistent(*plan);
 }
@@ -277,14 +277,14 @@ TEST(PlanCompactionTest, OnlyPlainRowsOfOneBlockAreShared) {
   auto plan = PlanCompaction(*Policy("merge", {{"window.size", "16"}}), slots, In(48));
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(plan->changes);
-  EXPECT_EQ(plan->groups.num_out(), 48);
+  EXPECT_EQ(plan->groups[0].num_out(), 48);
   // Every source slot is kept, merged or evicted, once.
-  EXPECT_EQ(plan->groups.members.size() + plan->groups.evicted_tokens, 96u);
+  EXPECT_EQ(plan->groups[0].members.size() + plan->groups[0].evicted_tokens, 96u);
   ExpectConsistent(*plan);
   for (size_t j = 0; j < plan->shared.size(); ++j) {
     if (plan->shared[j] < 0) continue;
     for (size_t o = j * kBt; o < std::min<size_t>((j + 1) * kBt, 48); ++o) {
-      EXPECT_EQ(plan->groups.group_offsets[o + 1] - plan->groups.group_offsets[o], 1);
+      EXPECT_EQ(plan->groups[0].group_offsets[o + 1] - plan->groups[0].group_offsets[o], 1);
     }
   }
 }
@@ -319,21 +319,21 @@ std::unique_ptr<policies::Policy> ColdH2o() {
 TEST(PlanCompactionTest, RequantizedBlocksGetNewPagesInTheirFormat) {
   auto plan = PlanCompaction(*ColdH2o(), ColdSecondBlock(), In(48));
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->groups.members, Range(16, 64));
+  EXPECT_EQ(plan->groups[0].members, Range(16, 64));
   using F = kernels::PageFormat;
-  EXPECT_EQ(plan->groups.block_v_formats, (std::vector<F>{F::kInt4, F::kF16, F::kF16}));
-  EXPECT_EQ(plan->groups.block_k_formats, (std::vector<F>{F::kF16, F::kF16, F::kF16}));
+  EXPECT_EQ(plan->groups[0].block_v_formats, (std::vector<F>{F::kInt4, F::kF16, F::kF16}));
+  EXPECT_EQ(plan->groups[0].block_k_formats, (std::vector<F>{F::kF16, F::kF16, F::kF16}));
   // Output block 0 is source block 1's rows, but in another format: copied.
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{-1, 2, 3}));
-  EXPECT_EQ(plan->copy.members, Range(16, 32));
-  EXPECT_EQ(plan->copy.block_v_formats, std::vector<F>{F::kInt4});
-  EXPECT_EQ(plan->copy.block_k_formats, std::vector<F>{F::kF16});
+  EXPECT_EQ(plan->copy[0].members, Range(16, 32));
+  EXPECT_EQ(plan->copy[0].block_v_formats, std::vector<F>{F::kInt4});
+  EXPECT_EQ(plan->copy[0].block_k_formats, std::vector<F>{F::kF16});
 
   // The next compaction sees those slots at int4 (BuildView reads each
   // block's formats) and keeps the block as it is.
   CompactionInputs again = In(48);
   again.formats.v = {F::kInt4, F::kF16, F::kF16};
-  std::vector<SlotRecord> next(plan->groups.slots.begin(), plan->groups.slots.end());
+  std::vector<SlotRecord> next(plan->groups[0].slots.begin(), plan->groups[0].slots.end());
   const auto view = BuildView(next, again.shape, again.formats, 0);
   EXPECT_EQ(view.layers[0].slots[0].v_format, F::kInt4);
   EXPECT_EQ(view.layers[0].slots[16].v_format, F::kF16);
@@ -355,9 +355,9 @@ TEST(PlanCompactionTest, ALadderStepPlansAsThePolicyWithItsColdParametersAndAdds
     ASSERT_TRUE(typed.ok()) << typed.status();
     ASSERT_TRUE(text.ok()) << text.status();
     EXPECT_TRUE(typed->changes) << window;
-    EXPECT_EQ(typed->groups.block_v_formats, text->groups.block_v_formats) << window;
-    EXPECT_EQ(typed->groups.block_k_formats, text->groups.block_k_formats) << window;
-    EXPECT_EQ(typed->groups.members, text->groups.members) << window;
+    EXPECT_EQ(typed->groups[0].block_v_formats, text->groups[0].block_v_formats) << window;
+    EXPECT_EQ(typed->groups[0].block_k_formats, text->groups[0].block_k_formats) << window;
+    EXPECT_EQ(typed->groups[0].members, text->groups[0].members) << window;
     EXPECT_EQ(typed->shared, text->shared) << window;
   }
   PolicyRegistry registry;
@@ -377,7 +377,7 @@ TEST(PlanCompactionTest, NoBlockIsStoredBelowTheQosFloorOrTheFillFormatWhileFill
   in.value_floor = F::kInt8;
   auto plan = PlanCompaction(*ColdH2o(), ColdSecondBlock(), in);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->groups.block_v_formats, (std::vector<F>{F::kInt8, F::kF16, F::kF16}));
+  EXPECT_EQ(plan->groups[0].block_v_formats, (std::vector<F>{F::kInt8, F::kF16, F::kF16}));
   // A session whose 48 slots are all at int4 already, compacted to 40: its
   // trailing partial block (output slots 32..39, which the worker goes on
   // filling) goes back to the fill format.
@@ -386,9 +386,18 @@ TEST(PlanCompactionTest, NoBlockIsStoredBelowTheQosFloorOrTheFillFormatWhileFill
   in.formats.v = {F::kInt4, F::kInt4, F::kInt4};
   auto window = PlanCompaction(*Policy("window"), slots, in);
   ASSERT_TRUE(window.ok()) << window.status();
-  ASSERT_EQ(window->groups.num_out(), 40);
-  EXPECT_EQ(window->groups.block_v_formats, (std::vector<F>{F::kInt4, F::kInt4, F::kF16}));
+  ASSERT_EQ(window->groups[0].num_out(), 40);
+  EXPECT_EQ(window->groups[0].block_v_formats, (std::vector<F>{F::kInt4, F::kInt4, F::kF16}));
   ExpectConsistent(*window);
+}
+
+// A session's record lists when its layers keep their own: `first`'s, then
+// `rest`'s.
+std::vector<std::vector<SlotRecord>> Layers(const std::vector<SlotRecord>& first,
+                                            const std::vector<std::vector<SlotRecord>>& rest) {
+  std::vector<std::vector<SlotRecord>> all{first};
+  all.insert(all.end(), rest.begin(), rest.end());
+  return all;
 }
 
 // Importance per layer: `high` slots at 3, `mid` at 2, the rest at 0.1.
@@ -412,41 +421,41 @@ TEST(PlanCompactionTest, PerLayerSelectionKeepsEachLayersOwnSlots) {
   const std::vector<SlotRecord> layer0 = Scored(64, 100, {0, 16});
   const std::vector<std::vector<SlotRecord>> upper = {Scored(64, 100, {0, 16}),
                                                       Scored(64, 100, {16, 32})};
-  auto plan = PlanCompaction(*kvzip, layer0, upper, In(32));
+  auto plan = PlanCompaction(*kvzip, Layers(layer0, upper), In(32));
   ASSERT_TRUE(plan.ok()) << plan.status();
-  ASSERT_EQ(plan->upper_groups.size(), 2u);
-  ASSERT_EQ(plan->upper_copy.size(), 2u);
+  ASSERT_EQ(plan->groups.size(), 3u);
+  ASSERT_EQ(plan->copy.size(), 3u);
   std::vector<int32_t> low = Range(0, 16), high = Range(16, 32), window = Range(48, 64);
   low.insert(low.end(), window.begin(), window.end());
   high.insert(high.end(), window.begin(), window.end());
-  EXPECT_EQ(plan->groups.members, low);
-  EXPECT_EQ(plan->upper_groups[0].members, low);
-  EXPECT_EQ(plan->upper_groups[1].members, high);
-  EXPECT_EQ(Positions(plan->upper_groups[1]).front(), 116);
+  EXPECT_EQ(plan->groups[0].members, low);
+  EXPECT_EQ(plan->groups[1].members, low);
+  EXPECT_EQ(plan->groups[2].members, high);
+  EXPECT_EQ(Positions(plan->groups[2]).front(), 116);
   // Output block 0 is source block 0 in layers 0-1 but block 1 in layer 2:
   // copied in every layer. Block 1 is the window everywhere: shared.
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{-1, 3}));
-  EXPECT_EQ(plan->copy.members, Range(0, 16));
-  EXPECT_EQ(plan->upper_copy[0].members, Range(0, 16));
-  EXPECT_EQ(plan->upper_copy[1].members, Range(16, 32));
-  EXPECT_EQ(plan->upper_copy[1].slots.size(), 16u);
+  EXPECT_EQ(plan->copy[0].members, Range(0, 16));
+  EXPECT_EQ(plan->copy[1].members, Range(0, 16));
+  EXPECT_EQ(plan->copy[2].members, Range(16, 32));
+  EXPECT_EQ(plan->copy[2].slots.size(), 16u);
 
   // Without select=layer the same policy decides by layer 0's records for
   // all; each layer's output records are its own (here: their positions).
   auto uniform = Policy("kvzip", {{"window.size", "16"}, {"sinks.count", "0"}});
   const std::vector<std::vector<SlotRecord>> moved = {Scored(64, 1000, {16, 32}),
                                                       Scored(64, 2000, {16, 32})};
-  plan = PlanCompaction(*uniform, layer0, moved, In(32));
+  plan = PlanCompaction(*uniform, Layers(layer0, moved), In(32));
   ASSERT_TRUE(plan.ok()) << plan.status();
-  ASSERT_EQ(plan->upper_groups.size(), 2u);
-  EXPECT_EQ(plan->upper_groups[1].members, low);
-  EXPECT_EQ(Positions(plan->upper_groups[1]).front(), 2000);
-  EXPECT_EQ(Positions(plan->upper_groups[0]).back(), 1063);
+  ASSERT_EQ(plan->groups.size(), 3u);
+  EXPECT_EQ(plan->groups[2].members, low);
+  EXPECT_EQ(Positions(plan->groups[2]).front(), 2000);
+  EXPECT_EQ(Positions(plan->groups[1]).back(), 1063);
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{0, 3}));  // all layers agree now
   ExpectConsistent(*plan);
 
   // Records of another length than layer 0's are a bug, not a plan.
-  EXPECT_EQ(PlanCompaction(*kvzip, layer0, {Slots(63), Slots(64)}, In(32)).status().code(),
+  EXPECT_EQ(PlanCompaction(*kvzip, Layers(layer0, {Slots(63), Slots(64)}), In(32)).status().code(),
             absl::StatusCode::kInternal);
 }
 
@@ -461,19 +470,19 @@ TEST(PlanCompactionTest, PerLayerFormatsAreTheMedianOverLayers) {
   const auto l0 = Scored(64, 0, {0, 16}, {32, 48});
   const std::vector<std::vector<SlotRecord>> upper = {Scored(64, 0, {0, 16}, {32, 48}),
                                                       Scored(64, 0, {32, 48}, {0, 16})};
-  auto plan = PlanCompaction(*kvzip, l0, upper, In(32));
+  auto plan = PlanCompaction(*kvzip, Layers(l0, upper), In(32));
   ASSERT_TRUE(plan.ok()) << plan.status();
   std::vector<int32_t> kept = Range(0, 16), second = Range(32, 48);
   kept.insert(kept.end(), second.begin(), second.end());
-  EXPECT_EQ(plan->groups.members, kept);
-  EXPECT_EQ(plan->upper_groups[1].members, kept);
-  EXPECT_EQ(plan->groups.block_v_formats, (std::vector<F>{F::kF16, F::kInt4}));
-  for (const CompactionGroups& g : plan->upper_groups) {
-    EXPECT_EQ(g.block_v_formats, plan->groups.block_v_formats);
+  EXPECT_EQ(plan->groups[0].members, kept);
+  EXPECT_EQ(plan->groups[2].members, kept);
+  EXPECT_EQ(plan->groups[0].block_v_formats, (std::vector<F>{F::kF16, F::kInt4}));
+  for (const CompactionGroups& g : plan->groups) {
+    EXPECT_EQ(g.block_v_formats, plan->groups[0].block_v_formats);
   }
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{0, -1}));
-  EXPECT_EQ(plan->upper_copy[1].block_v_formats, std::vector<F>{F::kInt4});
-  EXPECT_EQ(plan->upper_copy[1].members, Range(32, 48));
+  EXPECT_EQ(plan->copy[2].block_v_formats, std::vector<F>{F::kInt4});
+  EXPECT_EQ(plan->copy[2].members, Range(32, 48));
 }
 
 // Right-aligned per-layer counts: the largest budget stays, every other is
@@ -504,7 +513,7 @@ TEST(PlanCompactionTest, ImportanceBudgetsRightAlignTheLayers) {
   const auto l0 = Scored(64, 0, {0, 16}, {48, 64});
   const std::vector<std::vector<SlotRecord>> upper = {Scored(64, 0, {0, 48}),
                                                       Scored(64, 0, {16, 32})};
-  auto plan = PlanCompaction(*kvzip, l0, upper, In(32));
+  auto plan = PlanCompaction(*kvzip, Layers(l0, upper), In(32));
   ASSERT_TRUE(plan.ok()) << plan.status();
   // 80 slots score 3 and layer 0's newest 16 score 2: 32, 48, 16.
   EXPECT_EQ(plan->num_out, 48u);
@@ -522,9 +531,9 @@ TEST(PlanCompactionTest, ImportanceBudgetsRightAlignTheLayers) {
   // Block 2 is source block 3 (the window) in all three layers: shared.
   // Block 1 holds no layer 2 while source block 0 did: copied, as block 0.
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{-1, -1, 3}));
-  EXPECT_EQ(plan->copy.members, Range(0, 16));
-  EXPECT_EQ(plan->upper_copy[0].num_out(), 32);
-  EXPECT_EQ(plan->upper_copy[1].num_out(), 0);
+  EXPECT_EQ(plan->copy[0].members, Range(0, 16));
+  EXPECT_EQ(plan->copy[1].num_out(), 32);
+  EXPECT_EQ(plan->copy[2].num_out(), 0);
   EXPECT_EQ(plan->block_k_formats.size(), 3u);
 
   // The next compaction reads each layer from its offset on (members are
@@ -536,11 +545,10 @@ TEST(PlanCompactionTest, ImportanceBudgetsRightAlignTheLayers) {
   }
   CompactionInputs in = In(32);
   in.layer_offsets = plan->layer_offsets;
-  const std::vector<std::vector<SlotRecord>> rest(next.begin() + 1, next.end());
-  auto again = PlanCompaction(*kvzip, next[0], rest, in);
+  auto again = PlanCompaction(*kvzip, next, in);
   ASSERT_TRUE(again.ok()) << again.status();
   const std::vector<const CompactionGroups*> groups = {
-      &again->groups, &again->upper_groups[0], &again->upper_groups[1]};
+      &again->groups[0], &again->groups[1], &again->groups[2]};
   for (size_t l = 0; l < 3; ++l) {
     const int held = 64 - int(in.layer_offsets[l]);
     for (int32_t m : groups[l]->members) EXPECT_LT(m, held) << "layer " << l;
@@ -552,7 +560,7 @@ TEST(PlanCompactionTest, ImportanceBudgetsRightAlignTheLayers) {
   }
   // A layer-uniform policy cannot compact layers that start apart.
   auto uniform = Policy("kvzip", {{"window.size", "16"}, {"sinks.count", "0"}});
-  EXPECT_EQ(PlanCompaction(*uniform, next[0], rest, in).status().code(),
+  EXPECT_EQ(PlanCompaction(*uniform, next, in).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
