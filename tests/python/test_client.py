@@ -152,3 +152,13 @@ def test_admin_qos_stats_sessions_and_evict(daemon):
     with pytest.raises(errors.NotFound):
         admin.evict(info.session_id)
     assert pool_problems(admin) == ""
+
+
+def test_the_evaluation_names_page_formats_as_the_library_does():
+    # bench/eval/live.py keeps its own tuple (stdlib only, no polykv import);
+    # this holds it to the kernels' table, which polykv.PAGE_FORMATS reads.
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT / "bench" / "eval"))
+    import live
+    assert live.PAGE_FORMATS == polykv.PAGE_FORMATS
