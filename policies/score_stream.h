@@ -130,12 +130,6 @@ struct SlotScores {
   // REQUIRES: s is a slot stream (!RuleOf(s).per_layer).
   float& operator[](ScoreStream s) { return v[static_cast<size_t>(s)]; }
   float operator[](ScoreStream s) const { return v[static_cast<size_t>(s)]; }
-  bool operator==(const SlotScores& o) const {
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (v[i] != o.v[i] && !(std::isnan(v[i]) && std::isnan(o.v[i]))) return false;
-    }
-    return true;
-  }
   // Folds a merge group member's (or a layer's) scores in, by each stream's
   // OnCombine.
   void CombineWith(const SlotScores& o) {
