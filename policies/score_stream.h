@@ -86,6 +86,13 @@ constexpr const ScoreStreamRule& RuleOf(ScoreStream s) {
 }
 constexpr std::string_view ScoreStreamName(ScoreStream s) { return RuleOf(s).name; }
 std::optional<ScoreStream> ParseScoreStream(std::string_view name);
+// The proto's ScoreStream value of `s` (the wire's 0 is UNSPECIFIED), and
+// back: nullopt for a value no stream has (unset, or a newer peer's).
+constexpr int WireValue(ScoreStream s) { return static_cast<int>(s) + 1; }
+constexpr std::optional<ScoreStream> FromWireValue(int v) {
+  if (v < 1 || v > kNumScoreStreams) return std::nullopt;
+  return static_cast<ScoreStream>(v - 1);
+}
 // Every stream, in enum order.
 constexpr std::array<ScoreStream, kNumScoreStreams> AllScoreStreams() {
   std::array<ScoreStream, kNumScoreStreams> all{};

@@ -26,14 +26,14 @@ absl::StatusOr<PageFormat> FormatFromWire(int value, absl::string_view what) {
   return static_cast<PageFormat>(value);
 }
 
-// Open's and Sync's wanted streams (proto values are ScoreStream + 1). A
-// stream this build does not know comes from a newer daemon: it is not asked
-// for, since this worker cannot measure it.
+// Open's and Sync's wanted streams. A stream this build does not know comes
+// from a newer daemon: it is not asked for, since this worker cannot
+// measure it.
 template <typename Response>
 WantedStreams WantedFromWire(const Response& resp) {
   WantedStreams w;
   for (int s : resp.wanted_streams()) {
-    if (s >= 1 && s <= policies::kNumScoreStreams) w.streams.add(ScoreStream(s - 1));
+    if (const auto stream = policies::FromWireValue(s)) w.streams.add(*stream);
   }
   w.per_layer = resp.wants_per_layer();
   return w;
@@ -135,7 +135,7 @@ class SessionImpl final : public Session {
     }
     for (const ScoreValues& v : scores) {
       auto* p = req.add_scores();
-      p->set_stream(static_cast<v1::ScoreStream>(static_cast<int>(v.stream) + 1));
+      p->set_stream(static_cast<v1::ScoreStream>(policies::WireValue(v.stream)));
       p->set_per_layer(v.per_layer);
       p->mutable_values()->Add(v.values.begin(), v.values.end());
     }

@@ -136,9 +136,9 @@ absl::StatusOr<QosRecord> FromProto(const v1::QosRecord& q) {
   return o;
 }
 
-// The wire's streams are policies::ScoreStream + 1, in the same order.
+// The wire's streams are policies::WireValue's, in the same order.
 static_assert(v1::ScoreStream_ARRAYSIZE == policies::kNumScoreStreams + 1);
-static_assert(v1::SCORE_STREAM_ENTROPY == static_cast<int>(policies::ScoreStream::kEntropy) + 1);
+static_assert(v1::SCORE_STREAM_ENTROPY == policies::WireValue(policies::ScoreStream::kEntropy));
 
 absl::StatusOr<ReportSlotsRequest> FromProto(const v1::ReportSlotsRequest& r) {
   ReportSlotsRequest o;
@@ -169,13 +169,14 @@ absl::StatusOr<ReportSlotsRequest> FromProto(const v1::ReportSlotsRequest& r) {
   }
   for (int i = 0; i < r.scores_size(); ++i) {
     const v1::ScoreValues& v = r.scores(i);
-    if (v.stream() <= v1::SCORE_STREAM_UNSPECIFIED || v.stream() > policies::kNumScoreStreams) {
+    const std::optional<policies::ScoreStream> stream = policies::FromWireValue(v.stream());
+    if (!stream) {
       return absl::InvalidArgumentError(absl::StrCat("scores[", i, "]: stream ", v.stream(),
                                                      " unknown (1..", policies::kNumScoreStreams,
                                                      ")"));
     }
     policies::ScoreValues& s = o.scores.emplace_back();
-    s.stream = static_cast<policies::ScoreStream>(v.stream() - 1);
+    s.stream = *stream;
     s.per_layer = v.per_layer();
     s.values.assign(v.values().begin(), v.values().end());
   }

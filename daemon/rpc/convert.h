@@ -27,7 +27,7 @@ void ToProto(const ModelProfile& in, v1::ModelProfile* out);
 template <typename Response>
 void SetWanted(const policies::WantedStreams& in, Response* out) {
   for (policies::ScoreStream s : policies::AllScoreStreams()) {
-    if (in.has(s)) out->add_wanted_streams(static_cast<v1::ScoreStream>(static_cast<int>(s) + 1));
+    if (in.has(s)) out->add_wanted_streams(static_cast<v1::ScoreStream>(policies::WireValue(s)));
   }
   out->set_wants_per_layer(in.per_layer);
 }
