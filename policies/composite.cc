@@ -465,13 +465,15 @@ class CompositePolicy final : public Policy {
     std::vector<float> ent(L);
     for (int l = 0; l < L; ++l) {
       sizes[l] = static_cast<int64_t>(view.layers[l].slots.size());
-      ent[l] = view.layers[l].entropy;
+      ent[l] = view.layers[l].score[ScoreStream::kEntropy];
     }
     if (cfg_.full) return AllocateLayerBudgets(LayerAllocator::kUniform, total, sizes, ent);
     if (cfg_.layers == LayerAllocator::kImportance) {
       std::vector<std::vector<float>> scores(L);
       for (int l = 0; l < L; ++l) {
-        for (const Slot& s : view.layers[l].slots) scores[l].push_back(s.importance);
+        for (const Slot& s : view.layers[l].slots) {
+          scores[l].push_back(s.score[ScoreStream::kImportance]);
+        }
       }
       return ImportanceLayerBudgets(total, scores);
     }
@@ -670,30 +672,37 @@ class CompositePolicy final : public Policy {
     std::vector<float>& raw = w->raw;
     raw.resize(n);
     using S = Config::Scorer;
+    using enum ScoreStream;
     for (const Config::Scoring& c : cfg_.scorers) {
       if (c.kind == S::kH2o) {
-        for (size_t i = 0; i < n; ++i) raw[i] = slots[i].attn;
+        for (size_t i = 0; i < n; ++i) raw[i] = slots[i].score[kAttention];
       } else if (c.kind == S::kSnapkv) {
         bool any = false;
-        for (size_t i = 0; i < n; ++i) any |= slots[i].obs != 0.f;
+        for (size_t i = 0; i < n; ++i) any |= slots[i].score[kObservation] != 0.f;
         // Without observation scores (no user/tool turn ended yet) SnapKV has
         // nothing to go on; fall back to the decayed attention.
         std::vector<float>& src = w->src;
         src.resize(n);
-        for (size_t i = 0; i < n; ++i) src[i] = any ? slots[i].obs : slots[i].attn;
+        for (size_t i = 0; i < n; ++i) {
+          src[i] = slots[i].score[any ? kObservation : kAttention];
+        }
         MaxPool(src, cfg_.snapkv_half, &raw);
       } else if (c.kind == S::kStructural) {
         const float a = cfg_.structural_alpha, b = cfg_.structural_beta, g = cfg_.structural_gamma;
         const double tau = cfg_.structural_tau;
         const float bonus = cfg_.structural_boundary;
         float amax = 0.f;
-        for (const Slot& s : slots) amax = std::max(amax, std::isfinite(s.attn) ? s.attn : 0.f);
+        for (const Slot& s : slots) {
+          const float a = s.score[kAttention];
+          amax = std::max(amax, std::isfinite(a) ? a : 0.f);
+        }
         const float ainv = amax > 0 ? 1.f / amax : 0.f;
         for (size_t i = 0; i < n; ++i) {
           const TokenMeta& t = view.tokens[slots[i].token];
           const float s =
               std::min(1.f, StructuralPrior(t.tag.kind) + (t.tag.boundary ? bonus : 0.f));
-          const float att = std::isfinite(slots[i].attn) ? slots[i].attn * ainv : 0.f;
+          const float mass = slots[i].score[kAttention];
+          const float att = std::isfinite(mass) ? mass * ainv : 0.f;
           const float rec = w->recency.empty()
                                 ? Recency(stats.newest_position, t.position, tau)
                                 : w->recency[slots[i].token];
@@ -702,9 +711,9 @@ class CompositePolicy final : public Policy {
       } else if (c.kind == S::kIntent) {
         const bool pays = stats.num_turns > cfg_.intent_min_turns ||
                           static_cast<double>(view.tokens.size()) > cfg_.intent_min_tokens;
-        for (size_t i = 0; i < n; ++i) raw[i] = pays ? slots[i].intent : slots[i].attn;
+        for (size_t i = 0; i < n; ++i) raw[i] = slots[i].score[pays ? kIntent : kAttention];
       } else if (c.kind == S::kKvzip) {
-        for (size_t i = 0; i < n; ++i) raw[i] = slots[i].importance;
+        for (size_t i = 0; i < n; ++i) raw[i] = slots[i].score[kImportance];
       }
       AddNormalized(raw, c.weight, &w->score);
     }

@@ -34,7 +34,7 @@ std::string_view LayerAllocatorName(LayerAllocator a);
 //   layer_sizes: [num_layers] slots each layer holds now; no layer gets more
 //                than it holds, the surplus goes to the others in proportion
 //                to their weights (water-filling).
-//   entropy:     [num_layers] mean attention entropy per layer, < 0 = unknown.
+//   entropy:     [num_layers] mean attention entropy per layer, < 0 or NaN = unknown.
 // Returns [num_layers] budgets, sum <= total, deterministic (largest-remainder
 // rounding, ties to the lower layer). REQUIRES: total >= 0.
 std::vector<int64_t> AllocateLayerBudgets(LayerAllocator allocator, int64_t total,

@@ -371,7 +371,7 @@ SessionView ApplyPlan(const SessionView& view, const Plan& plan) {
     const LayerView& in = view.layers[l];
     const LayerPlan& lp = plan.layers[l];
     LayerView& o = out.layers[l];
-    o.entropy = in.entropy;
+    o.score = in.score;
     const bool keys = d > 0 && !in.keys.empty();
     ForEachOutputSlot(lp, [&](uint32_t i, const MergeGroup* mg) {
       if (mg == nullptr) {
@@ -387,12 +387,12 @@ SessionView ApplyPlan(const SessionView& view, const Plan& plan) {
       std::vector<float> key(keys ? d : 0, 0.f);
       for (size_t m = 0; m < mg->members.size(); ++m) {
         const Slot& src = in.slots[mg->members[m]];
-        group.Add(ScoresOf(src), view.tokens[src.token].pinned);
+        group.Add(src.score, view.tokens[src.token].pinned);
         for (size_t j = 0; j < key.size(); ++j) {
           key[j] += mg->weights[m] * in.keys[mg->members[m] * d + j];
         }
       }
-      SetScores(s, group.score);
+      s.score = group.score;
       out.tokens[s.token].pinned |= group.pinned;
       o.slots.push_back(s);
       o.keys.insert(o.keys.end(), key.begin(), key.end());

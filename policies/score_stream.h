@@ -41,8 +41,6 @@ enum class ScoreStream : uint8_t {
   kEntropy = 4,
 };
 inline constexpr int kNumScoreStreams = 5;
-// The streams with a value per slot come first: [0, kNumSlotStreams).
-inline constexpr int kNumSlotStreams = 4;
 
 // How a reported value folds into what is held.
 enum class OnReport : uint8_t {
@@ -84,6 +82,22 @@ inline constexpr std::array<ScoreStreamRule, kNumScoreStreams> kScoreStreamRules
 constexpr const ScoreStreamRule& RuleOf(ScoreStream s) {
   return kScoreStreamRules[static_cast<size_t>(s)];
 }
+// s's index among the streams of its shape (per slot or per layer): where
+// SlotScores or LayerScores hold its value.
+constexpr size_t ShapeIndex(ScoreStream s) {
+  size_t i = 0;
+  for (size_t o = 0; o < static_cast<size_t>(s); ++o) {
+    i += kScoreStreamRules[o].per_layer == RuleOf(s).per_layer;
+  }
+  return i;
+}
+constexpr int CountStreams(bool per_layer) {
+  int n = 0;
+  for (const ScoreStreamRule& r : kScoreStreamRules) n += r.per_layer == per_layer;
+  return n;
+}
+inline constexpr int kNumSlotStreams = CountStreams(false);
+inline constexpr int kNumLayerStreams = CountStreams(true);
 constexpr std::string_view ScoreStreamName(ScoreStream s) { return RuleOf(s).name; }
 std::optional<ScoreStream> ParseScoreStream(std::string_view name);
 // The proto's ScoreStream value of `s` (the wire's 0 is UNSPECIFIED), and
@@ -124,27 +138,43 @@ inline bool ValidScore(ScoreStream s, float v) {
   return std::isfinite(v) && (RuleOf(s).signed_values || v >= 0.f);
 }
 
-// What the daemon holds of one slot: a value per slot stream, unreported
-// (NaN) until a report reaches it, except where absent means zero.
-struct SlotScores {
-  std::array<float, kNumSlotStreams> v;
-  SlotScores() {
-    for (int i = 0; i < kNumSlotStreams; ++i) {
-      v[size_t(i)] = kScoreStreamRules[size_t(i)].when_absent == WhenAbsent::kZero ? 0.f
-                                                                                  : kUnreported;
+// A value per stream of one shape: what is held of one slot (SlotScores) or
+// of one layer (LayerScores), indexed by the stream.
+template <bool kPerLayer>
+struct StreamValues {
+  static constexpr int kSize = kPerLayer ? kNumLayerStreams : kNumSlotStreams;
+  std::array<float, kSize> v;
+  // Each value unreported (NaN), except where absent means zero: what the
+  // daemon holds before any report reaches it.
+  StreamValues() {
+    for (ScoreStream s : AllScoreStreams()) {
+      if (RuleOf(s).per_layer != kPerLayer) continue;
+      (*this)[s] = RuleOf(s).when_absent == WhenAbsent::kZero ? 0.f : kUnreported;
     }
   }
-  // REQUIRES: s is a slot stream (!RuleOf(s).per_layer).
-  float& operator[](ScoreStream s) { return v[static_cast<size_t>(s)]; }
-  float operator[](ScoreStream s) const { return v[static_cast<size_t>(s)]; }
-  // Folds a merge group member's (or a layer's) scores in, by each stream's
-  // OnCombine.
-  void CombineWith(const SlotScores& o) {
-    for (int i = 0; i < kNumSlotStreams; ++i) {
-      v[size_t(i)] = Combine(kScoreStreamRules[size_t(i)].on_combine, v[size_t(i)], o.v[size_t(i)]);
+  // Every value 0 (a policy's view, where nothing is unreported).
+  static StreamValues Zero() {
+    StreamValues o;
+    o.v.fill(0.f);
+    return o;
+  }
+  // REQUIRES: s has this shape (RuleOf(s).per_layer == kPerLayer).
+  float& operator[](ScoreStream s) { return v[ShapeIndex(s)]; }
+  float operator[](ScoreStream s) const { return v[ShapeIndex(s)]; }
+  // Folds a merge group member's (or a layer's) values in, by each
+  // stream's OnCombine.
+  void CombineWith(const StreamValues& o) {
+    for (ScoreStream s : AllScoreStreams()) {
+      if (RuleOf(s).per_layer == kPerLayer) {
+        (*this)[s] = Combine(RuleOf(s).on_combine, (*this)[s], o[s]);
+      }
     }
   }
 };
+// What is held of one slot: a value per slot stream.
+using SlotScores = StreamValues<false>;
+// What is held of one layer: a value per per-layer stream.
+using LayerScores = StreamValues<true>;
 
 // A set of streams (what a policy reads, what the daemon asks a worker for).
 class StreamSet {

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/page_format.h"
+#include "policies/score_stream.h"
 
 namespace polykv::policies {
 
@@ -81,13 +82,10 @@ struct TokenMeta : SlotMeta {
 struct Slot {
   uint32_t token = 0;  // index into SessionView::tokens (a merged slot: its representative)
   uint32_t count = 1;  // multiplicity: tokens folded into this slot (>= 1)
-  // Score streams, all >= 0 unless noted. Absent streams are 0.
-  float attn = 0.f;    // accumulated attention mass with exponential decay (H2O)
-  float obs = 0.f;     // attention from the last observation window at the end
-                       // of the latest user/tool turn (SnapKV)
-  float intent = 0.f;  // relevance to the current intent (IntentKV), any sign
-  float importance = 0.f;  // query-agnostic importance (KVzip): the most attention
-                           // the worker's context-reconstruction probes paid the slot
+  // The slot streams (score_stream.h says what each measures), every value
+  // resolved: an unreported one reads as its stream's WhenAbsent says
+  // (policies::Resolved); a view built by hand has 0 for what it leaves out.
+  SlotScores score = SlotScores::Zero();
   kernels::PageFormat k_format = kernels::PageFormat::kBF16;
   kernels::PageFormat v_format = kernels::PageFormat::kBF16;
 };
@@ -99,9 +97,9 @@ struct LayerView {
   // averaged over KV heads, projected to key_dim). Empty when not reported;
   // merging then degrades to eviction.
   std::vector<float> keys;
-  // Mean attention entropy of this layer (nats), for entropy-calibrated layer
-  // budgets; < 0 when unknown.
-  float entropy = -1.f;
+  // The per-layer streams (ScoreStream::kEntropy: the layer's mean attention
+  // entropy, for entropy-calibrated layer budgets); NaN when unknown.
+  LayerScores score;
 };
 
 struct SessionView {

@@ -5,31 +5,10 @@
 
 namespace polykv::policies {
 
-namespace {
-constexpr ScoreStream kAttn = ScoreStream::kAttention, kIntent = ScoreStream::kIntent,
-                      kImportance = ScoreStream::kImportance, kObs = ScoreStream::kObservation;
-}  // namespace
-
-SlotScores ScoresOf(const Slot& s) {
-  SlotScores o;
-  o[kAttn] = s.attn;
-  o[kIntent] = s.intent;
-  o[kImportance] = s.importance;
-  o[kObs] = s.obs;
-  return o;
-}
-
-void SetScores(Slot& s, const SlotScores& o) {
-  s.attn = o[kAttn];
-  s.intent = o[kIntent];
-  s.importance = o[kImportance];
-  s.obs = o[kObs];
-}
-
 SlotScores AbsentValues(std::span<const SlotRecord> records) {
   SlotScores absent;
-  for (int i = 0; i < kNumSlotStreams; ++i) {
-    const auto s = static_cast<ScoreStream>(i);
+  for (ScoreStream s : AllScoreStreams()) {
+    if (RuleOf(s).per_layer) continue;
     float most = kUnreported;
     if (RuleOf(s).when_absent == WhenAbsent::kMost) {
       for (const SlotRecord& r : records) most = Combine(OnCombine::kMax, most, r.score[s]);
@@ -41,10 +20,7 @@ SlotScores AbsentValues(std::span<const SlotRecord> records) {
 
 SlotScores Resolved(const SlotScores& r, const SlotScores& absent) {
   SlotScores o;
-  for (int i = 0; i < kNumSlotStreams; ++i) {
-    const auto s = static_cast<ScoreStream>(i);
-    o[s] = std::isnan(r[s]) ? absent[s] : r[s];
-  }
+  for (size_t i = 0; i < o.v.size(); ++i) o.v[i] = std::isnan(r.v[i]) ? absent.v[i] : r.v[i];
   return o;
 }
 

@@ -29,11 +29,6 @@ struct GroupScores {
   }
 };
 
-// A view slot's score fields as the slot streams (Slot names them for the
-// policies that rank by them) and back.
-SlotScores ScoresOf(const Slot& s);
-void SetScores(Slot& s, const SlotScores& scores);
-
 // What an unreported value of each slot stream stands for among `records`
 // (one layer's): 0 for a stream whose absence means zero, else the highest
 // value any record reported (0 when none did), so that slots newer than the

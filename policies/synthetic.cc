@@ -105,7 +105,9 @@ SessionView MakeSyntheticView(const SyntheticOptions& o) {
   view.layers.resize(std::max(0, o.num_layers));
   for (int l = 0; l < o.num_layers; ++l) {
     LayerView& layer = view.layers[l];
-    layer.entropy = o.entropy ? static_cast<float>(1.0 + 3.0 * rng.Uniform()) : -1.f;
+    if (o.entropy) {
+      layer.score[ScoreStream::kEntropy] = static_cast<float>(1.0 + 3.0 * rng.Uniform());
+    }
     std::vector<float> centres(static_cast<size_t>(num_blocks) * view.key_dim);
     for (float& c : centres) c = static_cast<float>(rng.Normal());
     const double noise = 0.15 + 0.6 * rng.Uniform();
@@ -118,9 +120,11 @@ SessionView MakeSyntheticView(const SyntheticOptions& o) {
           (o.pre_evicted > 0 && rng.Uniform() < 0.1) ? static_cast<uint32_t>(rng.Int(2, 4)) : 1u;
       const double age = static_cast<double>(n - 1 - i);
       const double base = std::exp(0.8 * rng.Normal()) * (heavy[i] ? 10.0 : 1.0);
-      s.attn = static_cast<float>(base * (0.2 + std::exp(-age / 256.0)) / n);
-      s.obs = static_cast<float>(std::exp(0.8 * rng.Normal()) * (heavy[i] ? 5.0 : 1.0) / n);
-      s.intent = static_cast<float>(block_rel[t.tag.block_id] + 0.2 * rng.Normal());
+      using enum ScoreStream;
+      s.score[kAttention] = static_cast<float>(base * (0.2 + std::exp(-age / 256.0)) / n);
+      s.score[kObservation] =
+          static_cast<float>(std::exp(0.8 * rng.Normal()) * (heavy[i] ? 5.0 : 1.0) / n);
+      s.score[kIntent] = static_cast<float>(block_rel[t.tag.block_id] + 0.2 * rng.Normal());
       layer.slots.push_back(s);
       for (int j = 0; j < view.key_dim; ++j) {
         layer.keys.push_back(static_cast<float>(centres[size_t(t.tag.block_id) * view.key_dim + j] +

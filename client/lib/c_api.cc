@@ -36,12 +36,9 @@ static_assert(PKV_ROLE_ASSISTANT == static_cast<int>(polykv::policies::Role::kAs
 static_assert(PKV_ROLE_TOOL_CALL == static_cast<int>(polykv::policies::Role::kToolCall));
 static_assert(PKV_ROLE_TOOL_OUTPUT == static_cast<int>(polykv::policies::Role::kToolOutput));
 static_assert(PKV_ROLE_ERROR == static_cast<int>(polykv::policies::Role::kError));
-static_assert(PKV_STREAM_ATTENTION == static_cast<int>(ScoreStream::kAttention));
-static_assert(PKV_STREAM_INTENT == static_cast<int>(ScoreStream::kIntent));
-static_assert(PKV_STREAM_IMPORTANCE == static_cast<int>(ScoreStream::kImportance));
-static_assert(PKV_STREAM_OBSERVATION == static_cast<int>(ScoreStream::kObservation));
-static_assert(PKV_STREAM_ENTROPY == static_cast<int>(ScoreStream::kEntropy));
-static_assert(polykv::policies::kNumScoreStreams == 5, "a stream without a PKV_STREAM_*");
+// Each PKV_STREAM_* is held to its ScoreStream by tests/integration/c_abi_test.cc.
+static_assert(PKV_NUM_STREAMS == polykv::policies::kNumScoreStreams,
+              "a stream without a PKV_STREAM_*");
 static_assert(PKV_DTYPE_F32 == static_cast<int>(DType::kF32));
 static_assert(PKV_DTYPE_F16 == static_cast<int>(DType::kF16));
 static_assert(PKV_DTYPE_BF16 == static_cast<int>(DType::kBF16));

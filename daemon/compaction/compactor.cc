@@ -74,9 +74,8 @@ absl::StatusOr<std::vector<CompactionGroups>> DecidePerLayer(
     const CompactionInputs& in) {
   policies::SessionView view = BuildLayerView(records, in.shape, in.formats, in.current_turn);
   const int L = view.num_layers();
-  for (size_t l = 0; l < std::min(in.layer_entropy.size(), view.layers.size()); ++l) {
-    const float e = in.layer_entropy[l];
-    view.layers[l].entropy = std::isnan(e) ? -1.f : e;  // the view's "unknown"
+  for (size_t l = 0; l < std::min(in.layer_scores.size(), view.layers.size()); ++l) {
+    view.layers[l].score = in.layer_scores[l];
   }
   auto budgets = policy.LayerBudgets(
       view, policies::Budget::TotalTokens(static_cast<int64_t>(in.target_tokens) * L));
@@ -197,10 +196,10 @@ absl::StatusOr<CompactionPlan> PlanCompaction(
   // Right-aligned output: the layer keeping the most holds every output slot;
   // the others start whole blocks later (AlignLayerBudgets saw to it).
   int num_out = 0;
-  for (const CompactionGroups& g : layers) num_out = std::max(num_out, g.num_out());
+  for (const CompactionGroups& g : layers) num_out = std::max(num_out, int(g.num_out()));
   out.num_out = static_cast<uint64_t>(num_out);
   for (size_t l = 0; l < L; ++l) {
-    const int skip = num_out - layers[l].num_out();
+    const int skip = num_out - int(layers[l].num_out());
     if (skip % bt != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "layer ", l, " keeps ", layers[l].num_out(), " slots and another ", num_out,
@@ -242,7 +241,6 @@ absl::StatusOr<CompactionPlan> PlanCompaction(
   // nobody reads the old one after that).
   out.shared.assign(out_blocks, -1);
   std::vector<CompactionGroups> copies(L);
-  for (CompactionGroups& c : copies) c.group_offsets.push_back(0);
   for (size_t j = 0; j < out_blocks; ++j) {
     const int first = static_cast<int>(j) * bt;
     const int last = std::min(num_out, first + bt);
@@ -280,6 +278,8 @@ absl::StatusOr<CompactionPlan> PlanCompaction(
           c.weights.push_back(g.weights[k]);
         }
         c.group_offsets.push_back(static_cast<int32_t>(c.members.size()));
+        c.sources.push_back(g.sources[o]);
+        c.counts.push_back(g.counts[o]);
         c.slots.push_back(g.slots[o]);
       }
       c.block_k_formats.push_back(out.block_k_formats[j]);

@@ -67,10 +67,10 @@ struct CompactionInputs {
   // key_dim]; key_dim 0 = none.
   int key_dim = 0;
   std::vector<float> keys;
-  // [layer] the worker's latest entropy report (ScoreStream::kEntropy), NaN
-  // where none came; empty: none at all. Read by per-layer decisions (an
-  // entropy layer allocator).
-  std::vector<float> layer_entropy;
+  // [layer] the per-layer streams' values (PolicyInputs::layer_scores);
+  // empty: none reported. Read by per-layer decisions (an entropy layer
+  // allocator).
+  std::vector<policies::LayerScores> layer_scores;
   // Set: a requantization step of the pressure ladder (LadderColdStep),
   // planned in place of the policy's own cold step.
   std::optional<policies::ColdStep> cold;

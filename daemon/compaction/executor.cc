@@ -24,20 +24,20 @@ void FillLayer(std::span<const SlotRecord> slots, size_t first_token,
     policies::Slot& s = layer.slots[i];
     s.token = static_cast<uint32_t>(first_token + i);
     s.count = std::max<uint32_t>(r.count, 1);
-    policies::SetScores(s, policies::Resolved(r.score, absent));
+    s.score = policies::Resolved(r.score, absent);
     const size_t block = i / static_cast<size_t>(std::max(shape.block_tokens, 1));
     s.k_format = formats.key(block);
     s.v_format = formats.value(block);
   }
 }
 
-// Output slot j's record: its source's, with `count`; a merge group's
+// Output slot j's record: its source's, with its count; a merge group's
 // scores by the merge rule (policies/slot_record.h).
-SlotRecord OutputRecord(const CompactionGroups& g, size_t j, uint32_t count,
+SlotRecord OutputRecord(const policies::LoweredLayer& g, size_t j,
                         std::span<const SlotRecord> slots) {
   SlotRecord rec = slots[g.sources[j]];
-  rec.count = count;
-  if (g.group_offsets[j + 1] - g.group_offsets[j] > 1) {
+  rec.count = g.counts[j];
+  if (g.merged(j)) {
     policies::GroupScores group;
     for (int32_t m = g.group_offsets[j]; m < g.group_offsets[j + 1]; ++m) {
       const SlotRecord& member = slots[size_t(g.members[size_t(m)])];
@@ -94,29 +94,18 @@ absl::StatusOr<CompactionGroups> LowerPlanLayer(const policies::SessionView& vie
   auto lowered = policies::LowerLayer(plan.layers[l], view.layers[l], view.shape.block_tokens);
   if (!lowered.ok()) return absl::InternalError(lowered.status().message());
   CompactionGroups out;
-  out.block_k_formats = std::move(lowered->block_k_formats);
-  out.block_v_formats = std::move(lowered->block_v_formats);
-  out.group_offsets = std::move(lowered->group_offsets);
-  out.members = std::move(lowered->members);
-  out.weights = std::move(lowered->weights);
-  out.evicted_tokens = lowered->evicted_tokens;
-  out.merged_tokens = lowered->merged_tokens;
+  static_cast<policies::LoweredLayer&>(out) = *std::move(lowered);
   out.log_count_bias = plan.log_count_bias;
-  out.sources.assign(lowered->sources.begin(), lowered->sources.end());
-  out.slots.reserve(lowered->num_out());
-  for (size_t j = 0; j < lowered->num_out(); ++j) {
-    out.slots.push_back(OutputRecord(out, j, lowered->counts[j], slots));
-  }
+  out.slots.reserve(out.num_out());
+  for (size_t j = 0; j < out.num_out(); ++j) out.slots.push_back(OutputRecord(out, j, slots));
   return out;
 }
 
 std::vector<SlotRecord> OutputRecords(const CompactionGroups& groups,
                                       const std::vector<SlotRecord>& slots) {
   std::vector<SlotRecord> out;
-  out.reserve(groups.slots.size());
-  for (size_t j = 0; j < groups.slots.size(); ++j) {
-    out.push_back(OutputRecord(groups, j, groups.slots[j].count, slots));
-  }
+  out.reserve(groups.num_out());
+  for (size_t j = 0; j < groups.num_out(); ++j) out.push_back(OutputRecord(groups, j, slots));
   return out;
 }
 
@@ -182,7 +171,7 @@ absl::Status ExecuteCompaction(const kernels::PageShape& shape,
     const CompactionGroups& g = *groups[groups.size() == 1 ? 0 : i];
     if (g.num_out() == 0) continue;
     kernels::CompactPlan plan;
-    plan.num_out = g.num_out();
+    plan.num_out = static_cast<int>(g.num_out());
     plan.group_offsets = g.group_offsets.data();
     plan.members = g.members.data();
     plan.weights = g.weights.data();
@@ -197,7 +186,7 @@ absl::Status ExecuteCompaction(const kernels::PageShape& shape,
     dst.base = nullptr;
     dst.blocks = l.dst.data();
     dst.num_blocks = static_cast<int>(l.dst.size());
-    dst.num_tokens = g.num_out();
+    dst.num_tokens = plan.num_out;
     if (auto s = kernels::CompactSlots(exec, src, plan, dst); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("layer ", i, ": ", s.message()));
     }

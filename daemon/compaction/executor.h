@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/page_format.h"
 #include "kernels/page_layout.h"
+#include "policies/lowering.h"
 #include "policies/plan.h"
 #include "policies/session_view.h"
 #include "policies/slot_record.h"
@@ -77,21 +78,15 @@ absl::Status ReadKeySummaries(const kernels::PageShape& shape, int num_slots,
                               const std::vector<std::vector<kernels::BlockEntry>>& tables,
                               std::vector<float>& keys);
 
-// A plan lowered to the kernels' CSR groups, plus the new slot records.
-struct CompactionGroups {
-  std::vector<int32_t> group_offsets;  // [num_out + 1]
-  std::vector<int32_t> members;        // [group_offsets[num_out]] source slots
-  std::vector<float> weights;          // same length as members
-  std::vector<SlotRecord> slots;       // [num_out] records of the output slots
-  std::vector<uint32_t> sources;       // [num_out] the source slot whose record each takes
-  // [output block] formats of each output block (policies::LowerLayer's).
-  std::vector<kernels::PageFormat> block_k_formats, block_v_formats;
-  uint64_t evicted_tokens = 0;         // tokens dropped (multiplicity counted)
-  uint64_t merged_tokens = 0;          // tokens folded into another slot
+// A layer's plan lowered (policies::LoweredLayer: the kernels' CSR groups,
+// each output slot's source and count, the output blocks' formats) with the
+// records the output slots get: the one shape of a compaction's per-slot
+// data from the plan to the kernels' copy.
+struct CompactionGroups : policies::LoweredLayer {
+  std::vector<SlotRecord> slots;  // [num_out] records of the output slots
   // Plan::log_count_bias: whether the worker's attention weighs a merged
   // slot by its count (merge.bias=1) or as one token.
   bool log_count_bias = true;
-  int num_out() const { return static_cast<int>(slots.size()); }
 };
 
 // The daemon's side of policies::LowerLayer (policies/lowering.h, the one

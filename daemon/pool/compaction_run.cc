@@ -26,7 +26,8 @@ size_t SourceBlocks(const Session& s) {
 }  // namespace
 
 absl::Status CompactionRun::Prepare(const Session& s, const QosRecord& qos,
-                                    const BlockPool& blocks) {
+                                    const BlockPool& blocks,
+                                    std::vector<uint64_t> layer_offsets) {
   in_.shape = s.page_shape();
   in_.formats.fill_k = s.shape.key_format;
   in_.formats.fill_v = s.shape.value_format;
@@ -37,11 +38,10 @@ absl::Status CompactionRun::Prepare(const Session& s, const QosRecord& qos,
   in_.key_floor = qos.key_floor;
   in_.value_floor = qos.value_floor;
   in_.current_turn = s.policy.current_turn;
-  in_.layer_entropy = s.policy.layer_entropy;
+  in_.layer_scores = s.policy.layer_scores;
   in_.target_tokens = target_;
   in_.cold = cold_;
-  in_.layer_offsets = LayerOffsets(s.tables.blocks, s.profile.num_layers, s.block_tokens);
-  if (auto st = CheckLayerOffsets(policy_, in_.layer_offsets); !st.ok()) return st;
+  in_.layer_offsets = std::move(layer_offsets);
   // Merging policies cluster by key: their pages are read in Decide (they
   // stay allocated: the session is busy).
   if (!policy_.ReadsKeys()) return absl::OkStatus();
@@ -133,7 +133,7 @@ absl::Status CompactionRun::Copy(const Session& s) const {
   return ExecuteCompaction(s.page_shape(), tables_, groups);
 }
 
-CompactionRun::Published CompactionRun::Publish(Session& s, uint64_t* pending_bytes_added) {
+std::vector<Block> CompactionRun::Publish(Session& s) {
   CompactionPlan& plan = *plan_;
   BlockTables& t = s.tables;
   std::vector<Block> old = std::move(t.blocks);
@@ -147,16 +147,7 @@ CompactionRun::Published CompactionRun::Publish(Session& s, uint64_t* pending_by
     }
   }
   t.staged.clear();
-  t.pending.clear();
-  t.pending_bytes = 0;
-  for (Block& block : old) {
-    if (block.empty()) continue;
-    t.pending_bytes += block.bytes();
-    t.pending.push_back(std::move(block));
-  }
-  *pending_bytes_added = t.pending_bytes;
-  ++t.epoch;
-  t.pending_epoch = t.epoch;
+  std::erase_if(old, [](const Block& b) { return b.empty(); });
   t.committed_tokens = plan.num_out;
   s.policy.records = std::move(plan.records);
   // Every list ran the plan of records[0] or its own of the same size: the
@@ -165,8 +156,8 @@ CompactionRun::Published CompactionRun::Publish(Session& s, uint64_t* pending_by
   s.policy.log_count_bias = first.log_count_bias;
   s.policy.want_tokens = 0;
   const uint64_t shared = plan.shared_blocks();
-  return Published{shared, plan.out_blocks() - shared, first.evicted_tokens,
-                   first.merged_tokens};
+  published_ = {shared, plan.out_blocks() - shared, first.evicted_tokens, first.merged_tokens};
+  return old;
 }
 
 }  // namespace polykv::daemon

@@ -1,19 +1,18 @@
 // CompactionRun: one compaction of one session, started by KvPool::Sync at
 // the worker's step boundary. Its phases say where the pool's lock is held;
 // KvPool takes or releases the lock between them and checks that the session
-// was not closed meanwhile (docs/compaction.md):
+// was not closed meanwhile (docs/compaction.md). Two of its own, then the
+// staged run's (staged_run.h), which KvPool::RunStaged sequences:
 //
 //   Prepare     locked    inputs from the session: formats, layer offsets,
 //                         the pages of keys a merging policy reads
 //   Decide      unlocked  the policy's plan over the session's slot records
-//   NewShapes   locked    shapes of the output blocks written anew (KvPool
-//                         stages their pages in steps)
+//   NewShapes   locked    shapes of the output blocks written anew
 //   Address     locked    page addresses of the source and staged blocks
 //   Copy        unlocked  the kernels' gather, merge and requantization
-//   Publish     locked    the new tables at epoch + 1, the old ones pending
+//   Publish     locked    the new tables and slot records
 //
-// Between Prepare and Publish the session is busy (session_table.h): its
-// other mutating calls are refused and its destruction deferred, so what the
+// From Prepare to Publish the session is busy (session_table.h), so what the
 // unlocked phases read — slot records and pages — cannot change under them.
 //
 // Thread-safety: none; one run belongs to one Sync.
@@ -30,12 +29,13 @@
 #include "daemon/compaction/executor.h"
 #include "daemon/pool/block_pool.h"
 #include "daemon/pool/session_table.h"
+#include "daemon/pool/staged_run.h"
 #include "daemon/pool/types.h"
 #include "policies/policy.h"
 
 namespace polykv::daemon {
 
-class CompactionRun {
+class CompactionRun final : public StagedRun {
  public:
   // `policy` (of `policy_text`, the agent's) down to `target` tokens, with
   // the ladder's requantization step `cold` when set.
@@ -49,20 +49,20 @@ class CompactionRun {
 
   const std::string& policy_text() const { return policy_text_; }
 
-  // Locked. The plan's inputs; FAILED_PRECONDITION when the policy cannot
-  // run over s's layers, UNIMPLEMENTED for keys in device arenas.
-  absl::Status Prepare(const Session& s, const QosRecord& qos, const BlockPool& blocks);
+  // Locked. The plan's inputs, s's layer offsets (LayerOffsets) among
+  // them; UNIMPLEMENTED for keys in device arenas.
+  absl::Status Prepare(const Session& s, const QosRecord& qos, const BlockPool& blocks,
+                       std::vector<uint64_t> layer_offsets);
   // Unlocked (s busy). Reads the keys Prepare located and plans; false when
   // the plan changes nothing (then the run is over).
   absl::StatusOr<bool> Decide(const Session& s);
-  // Locked. The shapes of the output blocks that are not shared with old
-  // ones, in order: KvPool stages them into s.tables.staged.
-  absl::StatusOr<std::vector<BlockShape>> NewShapes(const Session& s) const;
-  // Locked, once the new blocks are staged. Where the copy reads and writes;
-  // UNIMPLEMENTED for device arenas.
-  absl::Status Address(const Session& s, const BlockPool& blocks);
-  // Unlocked (s busy). Writes the new pages from the old ones.
-  absl::Status Copy(const Session& s) const;
+  // The output blocks that are not shared with old ones.
+  absl::StatusOr<std::vector<BlockShape>> NewShapes(const Session& s) const override;
+  absl::Status Address(const Session& s, const BlockPool& blocks) override;
+  // The kernels' gather, merge and requantization.
+  absl::Status Copy(const Session& s) const override;
+  // The shared old blocks and the staged ones; s's new slot records.
+  std::vector<Block> Publish(Session& s) override;
 
   // What Publish changed, for the pool's counters.
   struct Published {
@@ -71,10 +71,7 @@ class CompactionRun {
     uint64_t evicted_tokens = 0;
     uint64_t merged_tokens = 0;
   };
-  // Locked. s's new tables (shared old blocks and its staged ones) at epoch
-  // + 1 and its new slot records; the old blocks not shared become pending
-  // until the worker acks. Returns the pending bytes added.
-  Published Publish(Session& s, uint64_t* pending_bytes_added);
+  const Published& published() const { return published_; }
 
  private:
   // Whether output block j holds layer l's pages (right-aligned layers; a
@@ -94,6 +91,7 @@ class CompactionRun {
   // Address: [layer] the copy's source and destination pages.
   std::vector<LayerTables> tables_;
   bool copies_ = false;
+  Published published_;
 };
 
 }  // namespace polykv::daemon

@@ -64,6 +64,7 @@
 #include "daemon/pool/block_pool.h"
 #include "daemon/pool/event_channel.h"
 #include "daemon/pool/session_table.h"
+#include "daemon/pool/staged_run.h"
 #include "daemon/pool/types.h"
 
 namespace polykv::daemon {
@@ -239,7 +240,9 @@ class KvPool {
   // published at epoch + 1; the old tables become pending.
   // NOT_FOUND when the session was destroyed meanwhile (then `s` is gone).
   // REQUIRES: no pending tables, not busy.
+  // layer_offsets: s's (LayerOffsets).
   absl::Status Compact(Session& s, const QosRecord& qos, uint64_t target,
+                       std::vector<uint64_t> layer_offsets,
                        std::optional<policies::ColdStep> cold = std::nullopt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At s's step boundary (Sync, when the worker holds the current tables
@@ -249,13 +252,20 @@ class KvPool {
   // (CompactionFailed) and the session keeps its tables.
   absl::Status CompactAtStepBoundary(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves s's blocks that have pages in arenas being vacated
-  // (BlockPool::InVacatingArena) into new pages, byte for byte, and
-  // publishes them at epoch + 1 (the old ones become pending): no slot
-  // changes. Releases mu_ while copying. On failure the arenas take
-  // allocations again. NOT_FOUND when the session was destroyed meanwhile.
+  // (BlockPool::InVacatingArena) into new pages, byte for byte: a
+  // RelocationRun, published at epoch + 1 (the old blocks become pending);
+  // no slot changes. On failure the arenas take allocations again.
+  // NOT_FOUND when the session was destroyed meanwhile.
   // REQUIRES: at s's step boundary (in Sync), no pending tables, not busy.
-  // Defined in relocation.cc.
   absl::Status Relocate(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The staged half of a run (staged_run.h), sequenced with the lock: its
+  // new blocks staged a few per hold, Address, Copy with the lock released,
+  // Publish, the old blocks it returns pending, epoch + 1, s no longer busy.
+  // On failure the staged blocks are freed and s keeps its tables (no room
+  // for the new pages is UNAVAILABLE: the next Sync may find some);
+  // NOT_FOUND when s was destroyed meanwhile (then it is gone).
+  // REQUIRES: s busy, no pending tables. Defined in kv_pool_blocks.cc.
+  absl::Status RunStaged(Session& s, StagedRun& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Step 1 of the ladder for `s`: fills c's requant_* fields (none when its
   // last requantization step found nothing and no block has filled since).
   void DescribeRequant(const Session& s, LadderCandidate& c) const

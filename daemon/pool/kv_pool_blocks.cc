@@ -91,6 +91,44 @@ bool KvPool::FreeGradually(Session& s, std::vector<Block>& blocks, bool pending)
   return true;
 }
 
+absl::Status KvPool::RunStaged(Session& s, StagedRun& run) {
+  // New pages for the run's output, a few blocks per hold of the lock. Not
+  // a reservation (a compaction shrinks the session, a move keeps its
+  // size), so quotas do not apply, but the pool budget does. They are the
+  // session's (staged) from allocation on, so counts stay exact.
+  auto shapes = run.NewShapes(s);
+  absl::Status failure =
+      shapes.ok() ? StageBlocks(s, *shapes, /*in_flight=*/false) : shapes.status();
+  if (absl::IsResourceExhausted(failure)) {
+    failure =
+        absl::UnavailableError(absl::StrCat("no room for new pages now: ", failure.message()));
+  }
+  if (s.doomed) return FinishDoomed(s);
+  if (failure.ok()) failure = run.Address(s, blocks_);
+  if (failure.ok()) {
+    mu_.Unlock();
+    failure = run.Copy(s);
+    mu_.Lock();
+    if (s.doomed) return FinishDoomed(s);
+  }
+  if (!failure.ok()) {
+    if (!FreeGradually(s, s.tables.staged)) return FinishDoomed(s);
+    s.busy = false;
+    return failure;
+  }
+  // The old blocks the new table does not hold stay allocated until the
+  // worker acks it.
+  BlockTables& t = s.tables;
+  t.pending = run.Publish(s);
+  t.pending_bytes = 0;
+  for (const Block& b : t.pending) t.pending_bytes += b.bytes();
+  pending_bytes_ += t.pending_bytes;
+  ++t.epoch;
+  t.pending_epoch = t.epoch;
+  s.busy = false;
+  return absl::OkStatus();
+}
+
 absl::Status KvPool::FinishDoomed(Session& s) {
   const uint64_t id = s.id;
   s.busy = false;

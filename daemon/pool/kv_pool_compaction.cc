@@ -1,7 +1,8 @@
 // KvPool's compaction side: what a Sync at the worker's step boundary asks
-// of its session (the budget's compaction, the ladder's requantization step),
-// the run itself (CompactionRun, sequenced with the pool lock), failures, and
-// the pressure ladder's rounds. kv_pool.h documents the members.
+// of its session (a move out of vacated arenas, the budget's compaction, the
+// ladder's requantization step), the runs themselves (RelocationRun,
+// CompactionRun, sequenced with the pool lock), failures, and the pressure
+// ladder's rounds. kv_pool.h documents the members.
 #include <algorithm>
 #include <utility>
 
@@ -9,6 +10,7 @@
 #include "daemon/compaction/pressure_ladder.h"
 #include "daemon/pool/compaction_run.h"
 #include "daemon/pool/kv_pool.h"
+#include "daemon/pool/relocation_run.h"
 
 namespace polykv::daemon {
 namespace {
@@ -16,8 +18,7 @@ namespace {
 // What the compaction trigger counts as the session's size: the slots its
 // layers hold, on average (committed tokens unless layers keep budgets of
 // their own).
-uint64_t HeldTokens(const Session& s) {
-  const auto offsets = LayerOffsets(s.tables.blocks, s.profile.num_layers, s.block_tokens);
+uint64_t HeldTokens(const Session& s, const std::vector<uint64_t>& offsets) {
   uint64_t sum = 0;
   for (uint64_t o : offsets) sum += s.tables.committed_tokens - std::min(o, s.tables.committed_tokens);
   return offsets.empty() ? s.tables.committed_tokens : sum / offsets.size();
@@ -25,8 +26,28 @@ uint64_t HeldTokens(const Session& s) {
 
 }  // namespace
 
+absl::Status KvPool::Relocate(Session& s) {
+  RelocationRun run(s, blocks_);
+  if (run.moving().empty()) return absl::OkStatus();
+  s.busy = true;
+  if (auto st = RunStaged(s, run); !st.ok()) {
+    if (absl::IsNotFound(st)) return st;
+    // Those arenas cannot be emptied now: let them serve allocations again
+    // rather than hold free space nobody may use.
+    for (size_t b : run.moving()) blocks_.StopVacating(s.tenant(), s.tables.blocks[b]);
+    return st;
+  }
+  relocated_blocks_ += run.moving().size();
+  s.events->Push({SessionEventMsg::Type::kEpoch, s.tables.epoch,
+                  absl::StrCat("moved ", run.moving().size(),
+                               " blocks out of sparsely used arenas; Sync then Ack")});
+  return absl::OkStatus();
+}
+
 absl::Status KvPool::CompactAtStepBoundary(Session& s) {
   if (s.policy.wants.per_layer) SplitLayerRecords(s);
+  std::vector<uint64_t> offsets =
+      LayerOffsets(s.tables.blocks, s.profile.num_layers, s.block_tokens);
   const QosRecord& qos = admission_.For(s.agent_id());
   // A policy that ranks by importance has nothing to rank by until the
   // worker reports some (one that runs no probes never does): its
@@ -34,7 +55,7 @@ absl::Status KvPool::CompactAtStepBoundary(Session& s) {
   const bool can_rank =
       !s.policy.wants.has(policies::ScoreStream::kImportance) || s.policy.importance_reported;
   TargetInputs in{.compacting_policy = qos.policy != "full" && can_rank,
-                  .committed_tokens = HeldTokens(s),
+                  .committed_tokens = HeldTokens(s, offsets),
                   .block_tokens = s.block_tokens,
                   .budget_tokens = SessionBudget(qos.budget_tokens, qos.budget_fraction,
                                                  s.policy.next_position),
@@ -51,7 +72,8 @@ absl::Status KvPool::CompactAtStepBoundary(Session& s) {
     // Failed as it is: the session keeps its tables until it changes.
     s.policy.want_tokens = 0;
   } else if (target > 0) {
-    auto st = Compact(s, qos, target);  // releases mu_ while it decides and copies
+    // releases mu_ while it decides and copies
+    auto st = Compact(s, qos, target, std::move(offsets));
     if (absl::IsNotFound(st)) return st;  // closed or evicted meanwhile
     if (!st.ok()) {
       // The session keeps its tables; the ladder and budget retry once
@@ -74,7 +96,7 @@ absl::Status KvPool::CompactAtStepBoundary(Session& s) {
     const uint64_t epoch = s.tables.epoch;
     const policies::ColdStep step =
         LadderColdStep(to, blocks, s.tables.committed_tokens, s.block_tokens);
-    auto st = Compact(s, qos, s.tables.committed_tokens, step);
+    auto st = Compact(s, qos, s.tables.committed_tokens, std::move(offsets), step);
     if (absl::IsNotFound(st)) return st;
     if (!st.ok()) CompactionFailed(s, now, st);
     if (s.tables.epoch == epoch) s.policy.requant_idle_at = s.tables.committed_tokens;
@@ -83,11 +105,12 @@ absl::Status KvPool::CompactAtStepBoundary(Session& s) {
 }
 
 absl::Status KvPool::Compact(Session& s, const QosRecord& qos, uint64_t target,
+                             std::vector<uint64_t> layer_offsets,
                              std::optional<policies::ColdStep> cold) {
   auto policy = policies_.Get(qos.policy);
   if (!policy.ok()) return policy.status();
   CompactionRun run(**policy, qos.policy, target, cold, options_.superblock_bytes);
-  if (auto st = run.Prepare(s, qos, blocks_); !st.ok()) return st;
+  if (auto st = run.Prepare(s, qos, blocks_, std::move(layer_offsets)); !st.ok()) return st;
   // From here until the end the session cannot change (compaction_run.h).
   s.busy = true;
   mu_.Unlock();
@@ -98,37 +121,10 @@ absl::Status KvPool::Compact(Session& s, const QosRecord& qos, uint64_t target,
     s.busy = false;
     return changes.status();
   }
-  // New pages for the output blocks that are not shared, a few blocks per
-  // hold of the lock. Compaction is not a reservation (it shrinks the
-  // session), so quotas do not apply, but the pool budget does. They are
-  // the session's (staged) from allocation on, so counts stay exact.
-  auto shapes = run.NewShapes(s);
-  absl::Status failure = shapes.ok() ? StageBlocks(s, *shapes, /*in_flight=*/false) : shapes.status();
-  if (absl::IsResourceExhausted(failure)) {
-    failure = absl::UnavailableError(
-        absl::StrCat("no room for the compaction's new pages now: ", failure.message()));
-  }
-  if (s.doomed) return FinishDoomed(s);
-  if (failure.ok()) failure = run.Address(s, blocks_);
-  if (failure.ok()) {
-    mu_.Unlock();
-    failure = run.Copy(s);
-    mu_.Lock();
-    if (s.doomed) return FinishDoomed(s);
-  }
-  if (!failure.ok()) {
-    if (!FreeGradually(s, s.tables.staged)) return FinishDoomed(s);
-    s.busy = false;
-    return failure;
-  }
-  // Old blocks the new table does not share stay allocated until the
-  // worker acks it.
-  uint64_t pending = 0;
-  const CompactionRun::Published done = run.Publish(s, &pending);
-  pending_bytes_ += pending;
+  if (auto st = RunStaged(s, run); !st.ok()) return st;
+  const CompactionRun::Published& done = run.published();
   shared_blocks_ += done.shared_blocks;
   copied_blocks_ += done.copied_blocks;
-  s.busy = false;
   // The policy this run decided by, whatever the QoS says by now.
   const std::string& policy_text = run.policy_text();
   ++compactions_[policy_text];

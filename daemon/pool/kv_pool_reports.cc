@@ -117,7 +117,11 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
   }
   for (const ScoreValues& v : r.scores) {
     if (policies::RuleOf(v.stream).per_layer) {
-      s.policy.layer_entropy = v.values;
+      s.policy.layer_scores.resize(layers);
+      for (uint64_t l = 0; l < layers; ++l) {
+        float& held = s.policy.layer_scores[l][v.stream];
+        held = policies::FoldReport(v.stream, held, v.values[l]);
+      }
       continue;
     }
     if (!v.per_layer) {

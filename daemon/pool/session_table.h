@@ -77,8 +77,10 @@ struct PolicyInputs {
   // What the agent's policy reads (set at Open and by SetQos; Sync tells the
   // worker).
   policies::WantedStreams wants;
-  // [num_layers] the latest entropy report per layer; NaN until reported.
-  std::vector<float> layer_entropy;
+  // [num_layers] the per-layer streams' values (entropy), folded by each
+  // stream's rule; unreported (NaN) until a report reaches them. Empty
+  // until the first report of one.
+  std::vector<policies::LayerScores> layer_scores;
   // The worker has reported importance (ReportSlots) at least once.
   bool importance_reported = false;
   // ReportSlots calls accepted so far.

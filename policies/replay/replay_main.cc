@@ -249,7 +249,7 @@ int Main(int argc, char** argv) {
     cur.layers.resize(L);
     std::vector<size_t> next_slot(L, 0);
     const size_t d = static_cast<size_t>(cur.key_dim);
-    for (int l = 0; l < L; ++l) cur.layers[l].entropy = trace.view.layers[l].entropy;
+    for (int l = 0; l < L; ++l) cur.layers[l].score = trace.view.layers[l].score;
     for (int64_t t = 0; t < n; ++t) {
       cur.tokens.push_back(trace.view.tokens[t]);
       cur.current_turn = std::max(cur.current_turn, trace.view.tokens[t].turn);

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -96,7 +97,10 @@ absl::StatusOr<Trace> ParseTrace(std::string_view jsonl) {
       std::vector<float> ent;
       if (const Json* e = Get(o, "layer_entropy"); e != nullptr) {
         if (!Stream(e, layers, &ent)) return bad("layer_entropy must be [num_layers]");
-        for (int l = 0; l < layers; ++l) v.layers[l].entropy = ent[l];
+        // Unknown is NaN in the view, -1 in traces (JSON has no NaN).
+        for (int l = 0; l < layers; ++l) {
+          v.layers[l].score[ScoreStream::kEntropy] = ent[l] < 0 ? kUnreported : ent[l];
+        }
       }
       continue;
     }
@@ -143,10 +147,10 @@ absl::StatusOr<Trace> ParseTrace(std::string_view jsonl) {
       Slot s;
       s.token = index;
       s.count = count[l] >= 1.f ? static_cast<uint32_t>(count[l]) : 1u;
-      s.attn = attn[l];
-      s.obs = obs[l];
-      s.intent = intent[l];
-      s.importance = importance[l];
+      s.score[ScoreStream::kAttention] = attn[l];
+      s.score[ScoreStream::kObservation] = obs[l];
+      s.score[ScoreStream::kIntent] = intent[l];
+      s.score[ScoreStream::kImportance] = importance[l];
       s.k_format = kf;
       s.v_format = vf;
       v.layers[l].slots.push_back(s);
@@ -183,7 +187,10 @@ std::string WriteTrace(const SessionView& view, const std::vector<std::string>& 
                  {"k_format", "bf16"},
                  {"v_format", "bf16"}};
   Json& entropy = header["layer_entropy"] = Json::array();
-  for (int l = 0; l < L; ++l) entropy.push_back(view.layers[l].entropy);
+  for (int l = 0; l < L; ++l) {
+    const float e = view.layers[l].score[ScoreStream::kEntropy];
+    entropy.push_back(std::isnan(e) ? -1.f : e);
+  }
   std::string out = header.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
   // slot index of each token per layer (-1 = absent)
   std::vector<std::vector<int64_t>> where(L, std::vector<int64_t>(view.tokens.size(), -1));
@@ -208,7 +215,8 @@ std::string WriteTrace(const SessionView& view, const std::vector<std::string>& 
     for (int l = 0; l < L; ++l) {
       all &= where[l][t] >= 0;
       any_count |= where[l][t] >= 0 && view.layers[l].slots[where[l][t]].count != 1;
-      any_importance |= where[l][t] >= 0 && view.layers[l].slots[where[l][t]].importance != 0.f;
+      any_importance |= where[l][t] >= 0 &&
+                        view.layers[l].slots[where[l][t]].score[ScoreStream::kImportance] != 0.f;
     }
     auto stream = [&](const char* name, auto get) {
       Json& a = rec[name] = Json::array();
@@ -217,11 +225,13 @@ std::string WriteTrace(const SessionView& view, const std::vector<std::string>& 
         else a.push_back(0);
       }
     };
-    stream("attn", [&](const Slot& s) { return Six(s.attn); });
-    stream("obs", [&](const Slot& s) { return Six(s.obs); });
-    stream("intent", [&](const Slot& s) { return Six(s.intent); });
+    stream("attn", [&](const Slot& s) { return Six(s.score[ScoreStream::kAttention]); });
+    stream("obs", [&](const Slot& s) { return Six(s.score[ScoreStream::kObservation]); });
+    stream("intent", [&](const Slot& s) { return Six(s.score[ScoreStream::kIntent]); });
     // Only workers that reconstruct report it; older traces stay as they were.
-    if (any_importance) stream("importance", [&](const Slot& s) { return Six(s.importance); });
+    if (any_importance) {
+      stream("importance", [&](const Slot& s) { return Six(s.score[ScoreStream::kImportance]); });
+    }
     if (any_count) stream("count", [&](const Slot& s) { return s.count; });
     if (!all) {
       Json& present = rec["present"] = Json::array();
@@ -268,7 +278,7 @@ SessionView Prefix(const Trace& trace, size_t n) {
   const size_t d = static_cast<size_t>(v.key_dim);
   for (size_t l = 0; l < v.layers.size(); ++l) {
     const LayerView& in = trace.view.layers[l];
-    v.layers[l].entropy = in.entropy;
+    v.layers[l].score = in.score;
     for (size_t i = 0; i < in.slots.size() && in.slots[i].token < n; ++i) {
       v.layers[l].slots.push_back(in.slots[i]);
       if (d > 0 && !in.keys.empty()) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "policies/score_stream.h"
 #include "polykv/polykv_c.h"
 #include "tests/integration/subprocess.h"
 
@@ -19,6 +20,13 @@ extern "C" int polykv_c_abi_reserve_one_block(pkv_session* session);
 
 namespace polykv {
 namespace {
+
+using policies::ScoreStream;
+static_assert(PKV_STREAM_ATTENTION == static_cast<int>(ScoreStream::kAttention));
+static_assert(PKV_STREAM_INTENT == static_cast<int>(ScoreStream::kIntent));
+static_assert(PKV_STREAM_IMPORTANCE == static_cast<int>(ScoreStream::kImportance));
+static_assert(PKV_STREAM_OBSERVATION == static_cast<int>(ScoreStream::kObservation));
+static_assert(PKV_STREAM_ENTROPY == static_cast<int>(ScoreStream::kEntropy));
 
 using testing::BinDir;
 using testing::Subprocess;

@@ -78,7 +78,8 @@ enum {
   PKV_STREAM_INTENT = 1,      /* per slot: relevance to the turn's intent */
   PKV_STREAM_IMPORTANCE = 2,  /* per slot: a reconstruction probe's most */
   PKV_STREAM_OBSERVATION = 3, /* per slot: the observation window's mass */
-  PKV_STREAM_ENTROPY = 4      /* per layer: mean decode attention entropy */
+  PKV_STREAM_ENTROPY = 4,     /* per layer: mean decode attention entropy */
+  PKV_NUM_STREAMS             /* how many there are */
 };
 /* 1 when the agent's policy reads `stream` (PKV_STREAM_*): measure and
  * report it (pkv_report), as of the last pkv_sync (the agent's QoS may

@@ -1,5 +1,6 @@
 // CompactionRun's phases one by one on a session built by hand (no KvPool,
-// no lock): the exact state each leaves, and the copy's bytes.
+// no lock): the exact state each leaves, and the copy's bytes. (The epoch
+// and the pending blocks are KvPool::RunStaged's, tested with the pool.)
 #include "daemon/pool/compaction_run.h"
 
 #include <gtest/gtest.h>
@@ -64,7 +65,9 @@ TEST_F(CompactionRunTest, EachPhaseLeavesTheSessionInItsStatedState) {
   CompactionRun run(**policy, "window{window.size=24}", 32, std::nullopt, 256 * kKiB);
   const uint64_t bytes_before = s_.account.bytes;
 
-  ASSERT_TRUE(run.Prepare(s_, QosRecord{}, pool_).ok());
+  ASSERT_TRUE(run.Prepare(s_, QosRecord{}, pool_,
+                          LayerOffsets(s_.tables.blocks, kLayers, kBlock))
+                  .ok());
   auto changes = run.Decide(s_);
   ASSERT_TRUE(changes.ok()) << changes.status();
   ASSERT_TRUE(*changes);
@@ -87,19 +90,18 @@ TEST_F(CompactionRunTest, EachPhaseLeavesTheSessionInItsStatedState) {
   ASSERT_TRUE(run.Address(s_, pool_).ok());
   ASSERT_TRUE(run.Copy(s_).ok());
 
-  uint64_t pending = 0;
-  const CompactionRun::Published done = run.Publish(s_, &pending);
+  std::vector<Block> old = run.Publish(s_);
+  const CompactionRun::Published& done = run.published();
   EXPECT_EQ(done.shared_blocks, 0u);
   EXPECT_EQ(done.copied_blocks, 2u);
   EXPECT_EQ(done.evicted_tokens, uint64_t(kSlots - 24));
-  EXPECT_EQ(s_.tables.epoch, 1u);
-  EXPECT_EQ(s_.tables.pending_epoch, 1u);
+  EXPECT_EQ(s_.tables.epoch, 0u);
   EXPECT_EQ(s_.tables.committed_tokens, 24u);
   EXPECT_TRUE(s_.tables.staged.empty());
   EXPECT_EQ(s_.tables.blocks.size(), 2u);
-  EXPECT_EQ(s_.tables.pending.size(), size_t(kSlots / kBlock));
-  EXPECT_EQ(pending, uint64_t(kSlots / kBlock) * s_.shape.bytes());
-  EXPECT_EQ(s_.tables.pending_bytes, pending);
+  // No output block shares an old one: every old block is returned.
+  EXPECT_EQ(old.size(), size_t(kSlots / kBlock));
+  EXPECT_TRUE(s_.tables.pending.empty());
   ASSERT_EQ(s_.policy.records[0].size(), 24u);
   // Every kept slot's rows, in every layer, are its position's.
   std::vector<float> rows(kBlock * kHeads * kDim);
@@ -123,7 +125,7 @@ TEST_F(CompactionRunTest, EachPhaseLeavesTheSessionInItsStatedState) {
       }
     }
   }
-  for (auto* table : {&s_.tables.blocks, &s_.tables.pending}) {
+  for (auto* table : {&s_.tables.blocks, &old}) {
     for (Block& b : *table) pool_.Free(s_.account, b);
   }
   EXPECT_EQ(pool_.used_bytes(), 0u);

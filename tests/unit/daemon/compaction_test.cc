@@ -1173,7 +1173,7 @@ TEST(CompactionExecutorTest, LowersMergeGroupsAndAveragesTheirRows) {
   const auto view = BuildView(slots, kernels::PageShape{16, 1, 8}, TableFormats{}, 0);
   auto groups = LowerPlan(view, slots, plan);
   ASSERT_TRUE(groups.ok()) << groups.status();
-  ASSERT_EQ(groups->num_out(), 3);
+  ASSERT_EQ(groups->num_out(), 3u);
   EXPECT_EQ(groups->group_offsets, (std::vector<int32_t>{0, 1, 3, 4}));
   EXPECT_EQ(groups->members, (std::vector<int32_t>{0, 2, 3, 4}));
   EXPECT_EQ(groups->slots[1].meta.position, 13);

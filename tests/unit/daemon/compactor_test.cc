@@ -137,12 +137,12 @@ std::vector<int32_t> Range(int32_t first, int32_t last) {  // [first, last)
 // `copy` is the groups of the other blocks, in order.
 void ExpectConsistent(const CompactionPlan& p) {
   const CompactionGroups& g = p.groups[0];
-  ASSERT_EQ(p.shared.size(), (size_t(g.num_out()) + kBt - 1) / kBt);
-  ASSERT_EQ(g.group_offsets.size(), size_t(g.num_out()) + 1);
+  ASSERT_EQ(p.shared.size(), (g.num_out() + size_t(kBt) - 1) / size_t(kBt));
+  ASSERT_EQ(g.group_offsets.size(), g.num_out() + 1);
   std::vector<int32_t> members, offsets{0};
   std::vector<float> weights;
   for (size_t j = 0; j < p.shared.size(); ++j) {
-    const int first = int(j) * kBt, last = std::min(g.num_out(), first + kBt);
+    const int first = int(j) * kBt, last = std::min(int(g.num_out()), first + kBt);
     bool plain = true;
     for (int o = first; o < last; ++o) {
       plain &= g.group_offsets[o + 1] - g.group_offsets[o] == 1;
@@ -163,7 +163,7 @@ void ExpectConsistent(const CompactionPlan& p) {
   EXPECT_EQ(p.copy[0].members, members);
   EXPECT_EQ(p.copy[0].weights, weights);
   EXPECT_EQ(p.copy[0].group_offsets, offsets);
-  EXPECT_EQ(p.copy[0].slots.size(), size_t(p.copy[0].num_out()));
+  EXPECT_EQ(p.copy[0].slots.size(), p.copy[0].num_out());
 }
 
 std::vector<int64_t> Positions(const CompactionGroups& g) {
@@ -177,7 +177,7 @@ TEST(PlanCompactionTest, WindowDroppingWholeBlocksSharesEveryKeptBlock) {
   auto plan = PlanCompaction(*window, Slots(48), In(32));
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(plan->changes);
-  EXPECT_EQ(plan->groups[0].num_out(), 32);
+  EXPECT_EQ(plan->groups[0].num_out(), 32u);
   EXPECT_EQ(plan->groups[0].members, Range(16, 48));
   EXPECT_EQ(plan->groups[0].evicted_tokens, 16u);
   EXPECT_EQ(plan->groups[0].merged_tokens, 0u);
@@ -185,7 +185,7 @@ TEST(PlanCompactionTest, WindowDroppingWholeBlocksSharesEveryKeptBlock) {
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(plan->shared_blocks(), 2u);
   EXPECT_EQ(plan->out_blocks(), 2u);
-  EXPECT_EQ(plan->copy[0].num_out(), 0);
+  EXPECT_EQ(plan->copy[0].num_out(), 0u);
   EXPECT_EQ(plan->copy[0].group_offsets, std::vector<int32_t>{0});
   ExpectConsistent(*plan);
 }
@@ -197,7 +197,7 @@ TEST(PlanCompactionTest, APartialLastBlockIsSharedWhenItStartsABlock) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->groups[0].members, Range(16, 40));
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{1, 2}));
-  EXPECT_EQ(plan->copy[0].num_out(), 0);
+  EXPECT_EQ(plan->copy[0].num_out(), 0u);
   ExpectConsistent(*plan);
 }
 
@@ -208,7 +208,7 @@ TEST(PlanCompactionTest, MisalignedRowsAreCopiedIntoNewBlocks) {
   EXPECT_EQ(plan->groups[0].members, Range(17, 41));
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{-1, -1}));
   EXPECT_EQ(plan->shared_blocks(), 0u);
-  EXPECT_EQ(plan->copy[0].num_out(), 24);
+  EXPECT_EQ(plan->copy[0].num_out(), 24u);
   EXPECT_EQ(plan->copy[0].members, Range(17, 41));
   EXPECT_EQ(plan->copy[0].weights, std::vector<float>(24, 1.f));
   EXPECT_EQ(Positions(plan->copy[0]).front(), 117);
@@ -241,7 +241,7 @@ TEST(PlanCompactionTest, H2oKeepsHeavyHittersAndTheRecentWindow) {
   for (int32_t i : Range(48, 64)) kept.push_back(i);
   EXPECT_EQ(plan->groups[0].members, kept);
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{0, 3}));
-  EXPECT_EQ(plan->copy[0].num_out(), 0);
+  EXPECT_EQ(plan->copy[0].num_out(), 0u);
   ExpectConsistent(*plan);
 
   // Heavy hitters scattered over blocks 0 and 1: that output block is copied.
@@ -254,7 +254,7 @@ TEST(PlanCompactionTest, H2oKeepsHeavyHittersAndTheRecentWindow) {
   for (int32_t i : Range(48, 64)) kept.push_back(i);
   EXPECT_EQ(plan->groups[0].members, kept);
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{-1, 3}));
-  EXPECT_EQ(plan->copy[0].num_out(), 16);
+  EXPECT_EQ(plan->copy[0].num_out(), 16u);
   EXPECT_EQ(plan->copy[0].members, std::vector<int32_t>(kept.begin(), kept.begin() + 16));
   EXPECT_EQ(plan->groups[0].evicted_tokens, 32u);
   ExpectConsistent(*plan);
@@ -263,7 +263,7 @@ TEST(PlanCompactionTest, H2oKeepsHeavyHittersAndTheRecentWindow) {
   auto narrow = Policy("h2o", {{"window.size", "8"}});
   plan = PlanCompaction(*narrow, slots, In(32));
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->groups[0].num_out(), 32);
+  EXPECT_EQ(plan->groups[0].num_out(), 32u);
   EXPECT_EQ(std::vector<int32_t>(plan->groups[0].members.end() - 8, plan->groups[0].members.end()),
             Range(56, 64));
   ExpectConsistent(*plan);
@@ -277,7 +277,7 @@ TEST(PlanCompactionTest, OnlyPlainRowsOfOneBlockAreShared) {
   auto plan = PlanCompaction(*Policy("merge", {{"window.size", "16"}}), slots, In(48));
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(plan->changes);
-  EXPECT_EQ(plan->groups[0].num_out(), 48);
+  EXPECT_EQ(plan->groups[0].num_out(), 48u);
   // Every source slot is kept, merged or evicted, once.
   EXPECT_EQ(plan->groups[0].members.size() + plan->groups[0].evicted_tokens, 96u);
   ExpectConsistent(*plan);
@@ -386,7 +386,7 @@ TEST(PlanCompactionTest, NoBlockIsStoredBelowTheQosFloorOrTheFillFormatWhileFill
   in.formats.v = {F::kInt4, F::kInt4, F::kInt4};
   auto window = PlanCompaction(*Policy("window"), slots, in);
   ASSERT_TRUE(window.ok()) << window.status();
-  ASSERT_EQ(window->groups[0].num_out(), 40);
+  ASSERT_EQ(window->groups[0].num_out(), 40u);
   EXPECT_EQ(window->groups[0].block_v_formats, (std::vector<F>{F::kInt4, F::kInt4, F::kF16}));
   ExpectConsistent(*window);
 }
@@ -532,8 +532,8 @@ TEST(PlanCompactionTest, ImportanceBudgetsRightAlignTheLayers) {
   // Block 1 holds no layer 2 while source block 0 did: copied, as block 0.
   EXPECT_EQ(plan->shared, (std::vector<int64_t>{-1, -1, 3}));
   EXPECT_EQ(plan->copy[0].members, Range(0, 16));
-  EXPECT_EQ(plan->copy[1].num_out(), 32);
-  EXPECT_EQ(plan->copy[2].num_out(), 0);
+  EXPECT_EQ(plan->copy[1].num_out(), 32u);
+  EXPECT_EQ(plan->copy[2].num_out(), 0u);
   EXPECT_EQ(plan->block_k_formats.size(), 3u);
 
   // The next compaction reads each layer from its offset on (members are
@@ -552,7 +552,7 @@ TEST(PlanCompactionTest, ImportanceBudgetsRightAlignTheLayers) {
   for (size_t l = 0; l < 3; ++l) {
     const int held = 64 - int(in.layer_offsets[l]);
     for (int32_t m : groups[l]->members) EXPECT_LT(m, held) << "layer " << l;
-    EXPECT_EQ(again->num_out - again->layer_offsets[l], size_t(groups[l]->num_out()));
+    EXPECT_EQ(again->num_out - again->layer_offsets[l], groups[l]->num_out());
     EXPECT_EQ(again->layer_offsets[l] % kBt, 0u);
     for (size_t i = 0; i < again->layer_offsets[l]; ++i) {
       EXPECT_EQ(again->records[l][i].meta.position, -1);

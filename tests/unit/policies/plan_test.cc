@@ -14,6 +14,8 @@
 namespace polykv::policies {
 namespace {
 
+using enum ScoreStream;
+
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -163,8 +165,8 @@ TEST(PlanTest, ApplyPlanBuildsTheNextView) {
   v.shape.block_tokens = 2;  // output blocks {0, 2}, {3, 5}
   v.key_dim = 2;
   for (int i = 0; i < 6; ++i) {
-    v.layers[0].slots[i].attn = static_cast<float>(i);
-    v.layers[0].slots[i].intent = 1.f;
+    v.layers[0].slots[i].score[kAttention] = static_cast<float>(i);
+    v.layers[0].slots[i].score[kIntent] = 1.f;
     v.layers[0].keys.push_back(static_cast<float>(i));
     v.layers[0].keys.push_back(1.f);
   }
@@ -174,7 +176,7 @@ TEST(PlanTest, ApplyPlanBuildsTheNextView) {
   MergeGroup g = Group({4, 5}, 5);
   g.weights = {0.25f, 0.75f};
   lp.merges = {g};
-  v.layers[0].slots[4].intent = 3.f;
+  v.layers[0].slots[4].score[kIntent] = 3.f;
   v.tokens[4].pinned = true;
   // Block {3, 5}: a kept slot and a merged one (its representative).
   lp.requant = {{3, kernels::KvKind::kValue, kernels::PageFormat::kInt8},
@@ -206,8 +208,8 @@ TEST(PlanTest, ApplyPlanBuildsTheNextView) {
   EXPECT_EQ(l.slots[0].v_format, kernels::PageFormat::kBF16);
   // The daemon's merge rule (slot_record.h): attention mass adds up, the
   // most relevant member speaks for the group, a pinned member pins it.
-  EXPECT_FLOAT_EQ(l.slots[3].attn, 9.f);
-  EXPECT_FLOAT_EQ(l.slots[3].intent, 3.f);
+  EXPECT_FLOAT_EQ(l.slots[3].score[kAttention], 9.f);
+  EXPECT_FLOAT_EQ(l.slots[3].score[kIntent], 3.f);
   EXPECT_TRUE(next.tokens[5].pinned);
   ASSERT_EQ(l.keys.size(), 8u);
   EXPECT_FLOAT_EQ(l.keys[6], 0.25f * 4 + 0.75f * 5);

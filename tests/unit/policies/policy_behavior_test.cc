@@ -16,6 +16,8 @@
 namespace polykv::policies {
 namespace {
 
+using enum ScoreStream;
+
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 
@@ -76,7 +78,7 @@ TEST(StreamingPolicyTest, SinksPlusWindow) {
 TEST(H2OPolicyTest, KeepsHeavyHittersAndRecentHalf) {
   SessionView v = MakeView(10);
   const float attn[10] = {0.1f, 0.9f, 0.2f, 0.8f, 0.05f, 0.3f, 0.0f, 0.0f, 0.0f, 0.0f};
-  for (int i = 0; i < 10; ++i) v.layers[0].slots[i].attn = attn[i];
+  for (int i = 0; i < 10; ++i) v.layers[0].slots[i].score[kAttention] = attn[i];
   auto p = Make("h2o");  // window.ratio = 0.5
   EXPECT_THAT(Decide1(*p, v, 4).keep, ElementsAre(1, 3, 8, 9));
 }
@@ -89,14 +91,14 @@ TEST(H2OPolicyTest, TiesBreakTowardRecentDeterministically) {
 
 TEST(SnapKVPolicyTest, PoolsObservationScoresOverNeighbours) {
   SessionView v = MakeView(40);
-  v.layers[0].slots[10].obs = 1.f;  // one hot token: its neighbours survive with it
+  v.layers[0].slots[10].score[kObservation] = 1.f;  // one hot token: its neighbours survive with it
   auto p = Make("snapkv", {{"window.size", "2"}, {"snapkv.kernel", "3"}});
   EXPECT_THAT(Decide1(*p, v, 5).keep, ElementsAre(9, 10, 11, 38, 39));
 }
 
 TEST(SnapKVPolicyTest, FallsBackToAttentionWithoutObservation) {
   SessionView v = MakeView(40);
-  v.layers[0].slots[20].attn = 1.f;
+  v.layers[0].slots[20].score[kAttention] = 1.f;
   auto p = Make("snapkv", {{"window.size", "0"}, {"snapkv.kernel", "1"}});  // no window
   EXPECT_THAT(Decide1(*p, v, 1).keep, ElementsAre(20));
 }
@@ -109,8 +111,8 @@ TEST(HybridPolicyTest, WindowPoolAndProtectedBaseScores) {
     v.tokens[i].turn = 1;
   }
   for (int i = 0; i < 10; ++i) v.tokens[i].turn = i < 5 ? 0 : 1;
-  v.layers[0].slots[50].attn = 1.f;  // one heavy hitter
-  v.layers[0].slots[60].attn = 0.5f;
+  v.layers[0].slots[50].score[kAttention] = 1.f;  // one heavy hitter
+  v.layers[0].slots[60].score[kAttention] = 0.5f;
   // Budget 30: sinks 2 + window 10 + pool (fills 18: 8 anchors left + 50, 60, then recency).
   auto p = Make("hybrid", {{"sinks.count", "2"}, {"window.size", "10"}, {"pool", "4"}});
   LayerPlan lp = Decide1(*p, v, 30);
@@ -129,7 +131,7 @@ TEST(HybridPolicyTest, WindowPoolAndProtectedBaseScores) {
 
 TEST(HybridPolicyTest, WindowShrinksToLeavePoolReserve) {
   SessionView v = MakeView(100);
-  v.layers[0].slots[3].attn = 1.f;
+  v.layers[0].slots[3].score[kAttention] = 1.f;
   auto p = Make("hybrid", {{"sinks.count", "0"}, {"window.size", "1024"}, {"pool", "2"}});
   LayerPlan lp = Decide1(*p, v, 10);
   EXPECT_THAT(lp.keep, ElementsAre(3, 91, 92, 93, 94, 95, 96, 97, 98, 99));
@@ -186,10 +188,10 @@ TEST(MergePolicyTest, NeverMergesAcrossBlocksOrDissimilarKeys) {
 
 TEST(MergePolicyTest, WeightsFollowScoreTimesCount) {
   SessionView v = ViewWithKeys(8);
-  v.layers[0].slots[0].attn = 3.f;
-  v.layers[0].slots[1].attn = 1.f;
+  v.layers[0].slots[0].score[kAttention] = 3.f;
+  v.layers[0].slots[1].score[kAttention] = 1.f;
   v.layers[0].slots[1].count = 3;
-  for (int i = 2; i < 8; ++i) v.layers[0].slots[i].attn = 0.f;
+  for (int i = 2; i < 8; ++i) v.layers[0].slots[i].score[kAttention] = 0.f;
   auto p = Make("merge", {{"sinks.count", "0"}, {"window.size", "0"}});
   LayerPlan lp = Decide1(*p, v, 1);
   ASSERT_EQ(lp.merges.size(), 1u);
@@ -256,8 +258,8 @@ TEST(StructuralPolicyTest, ErrorsOutliveVerboseToolOutput) {
 
 TEST(IntentPolicyTest, FollowsRelevanceOncePruningPays) {
   SessionView v = MakeView(40);
-  for (int i = 0; i < 40; ++i) v.layers[0].slots[i].intent = (i % 4 == 0) ? 0.9f : -0.3f;
-  for (int i = 0; i < 40; ++i) v.layers[0].slots[i].attn = static_cast<float>(i);
+  for (int i = 0; i < 40; ++i) v.layers[0].slots[i].score[kIntent] = (i % 4 == 0) ? 0.9f : -0.3f;
+  for (int i = 0; i < 40; ++i) v.layers[0].slots[i].score[kAttention] = static_cast<float>(i);
   v.current_turn = 6;  // > 5 turns: intent relevance decides
   auto p = Make("intent", {{"sinks.count", "0"}});
   LayerPlan lp = Decide1(*p, v, 10);
@@ -272,16 +274,16 @@ TEST(IntentPolicyTest, FollowsRelevanceOncePruningPays) {
 // asks the worker for that stream.
 TEST(KvzipPolicyTest, KeepsTheMostImportantSlotsBesideSinksAndWindow) {
   SessionView v = MakeView(40);
-  for (int i = 0; i < 40; ++i) v.layers[0].slots[i].attn = static_cast<float>(i);
-  for (int i : {9, 17, 25}) v.layers[0].slots[i].importance = 1.f + 0.1f * i;
+  for (int i = 0; i < 40; ++i) v.layers[0].slots[i].score[kAttention] = static_cast<float>(i);
+  for (int i : {9, 17, 25}) v.layers[0].slots[i].score[kImportance] = 1.f + 0.1f * i;
   auto p = Make("kvzip", {{"window.size", "2"}});
   ASSERT_NE(p, nullptr);
-  EXPECT_TRUE(p->Reads().has(ScoreStream::kImportance));
+  EXPECT_TRUE(p->Reads().has(kImportance));
   EXPECT_THAT(Decide1(*p, v, 9).keep, ElementsAre(0, 1, 2, 3, 9, 17, 25, 38, 39));
   for (const char* other : {"h2o", "snapkv", "hybrid", "merge", "structural", "intent", "full"}) {
-    EXPECT_FALSE(Make(other)->Reads().has(ScoreStream::kImportance)) << other;
+    EXPECT_FALSE(Make(other)->Reads().has(kImportance)) << other;
   }
-  EXPECT_TRUE(Make("sinks+kvzip+h2o")->Reads().has(ScoreStream::kImportance));
+  EXPECT_TRUE(Make("sinks+kvzip+h2o")->Reads().has(kImportance));
 }
 
 // select=layer tells a caller with one slot list for all layers (the daemon)
@@ -306,10 +308,10 @@ TEST(KvzipPolicyTest, SelectPerLayerOnlyForSelectiveKvzip) {
 // Only policies with a snapkv component ask the worker for the observation
 // window's stream.
 TEST(SnapkvPolicyTest, OnlySnapkvReadsTheObservationWindow) {
-  EXPECT_TRUE(Make("snapkv")->Reads().has(ScoreStream::kObservation));
-  EXPECT_TRUE(Make("sinks+snapkv+h2o")->Reads().has(ScoreStream::kObservation));
+  EXPECT_TRUE(Make("snapkv")->Reads().has(kObservation));
+  EXPECT_TRUE(Make("sinks+snapkv+h2o")->Reads().has(kObservation));
   for (const char* other : {"h2o", "kvzip", "hybrid", "merge", "structural", "intent", "full"}) {
-    EXPECT_FALSE(Make(other)->Reads().has(ScoreStream::kObservation)) << other;
+    EXPECT_FALSE(Make(other)->Reads().has(kObservation)) << other;
   }
 }
 
@@ -333,8 +335,8 @@ TEST(CompositeTest, WeightsCombineComponents) {
   SessionView v = MakeView(10);
   v.current_turn = 9;
   for (int i = 0; i < 10; ++i) {
-    v.layers[0].slots[i].attn = i == 2 ? 1.f : 0.f;
-    v.layers[0].slots[i].intent = i == 7 ? 1.f : 0.f;
+    v.layers[0].slots[i].score[kAttention] = i == 2 ? 1.f : 0.f;
+    v.layers[0].slots[i].score[kIntent] = i == 7 ? 1.f : 0.f;
   }
   auto attn_heavy = Make("h2o+intent", {{"h2o.weight", "2"}});
   EXPECT_THAT(Decide1(*attn_heavy, v, 1).keep, ElementsAre(2));
@@ -397,7 +399,7 @@ TEST(CompositeTest, ColdRequantizationTakesWholeColdBlocks) {
   SessionView v = MakeView(400);
   std::mt19937 rng(17);  // seed 17
   std::uniform_real_distribution<float> u(0.f, 1.f);
-  for (Slot& s : v.layers[0].slots) s.attn = u(rng);
+  for (Slot& s : v.layers[0].slots) s.score[kAttention] = u(rng);
   // h2o: a window of 100 recent slots, 100 pool slots by attention; 200
   // output slots = 12 full blocks + 8. Blocks 0..5 hold pool slots only,
   // block 6 reaches into the window.
@@ -433,7 +435,9 @@ TEST(CompositeTest, ColdRequantizationTakesWholeColdBlocks) {
     std::vector<std::pair<double, int>> mean;
     for (int b = 0; b < 6; ++b) {
       double sum = 0;
-      for (int j = b * bt; j < (b + 1) * bt; ++j) sum += v.layers[0].slots[order[j]].attn;
+      for (int j = b * bt; j < (b + 1) * bt; ++j) {
+        sum += v.layers[0].slots[order[j]].score[kAttention];
+      }
       mean.push_back({sum / bt, b});
     }
     std::sort(mean.begin(), mean.end());
@@ -460,7 +464,9 @@ TEST(CompositeTest, ColdRequantizationTakesWholeColdBlocks) {
 // cold format such a plan changes nothing.
 TEST(CompositeTest, WithinBudgetTheColdStepStillRequantizes) {
   SessionView v = MakeView(400);
-  for (size_t i = 0; i < v.layers[0].slots.size(); ++i) v.layers[0].slots[i].attn = float(i % 7);
+  for (size_t i = 0; i < v.layers[0].slots.size(); ++i) {
+    v.layers[0].slots[i].score[kAttention] = float(i % 7);
+  }
   const int bt = v.shape.block_tokens;
   auto plain = Make("window", {{"window.size", "128"}});
   auto plan = plain->Decide(v, Budget::TokensPerLayer(1, 400));
@@ -559,8 +565,8 @@ TEST(LayerBudgetTest, ImportanceCountsEachLayersShareOfTheBestSlots) {
   // Through the policy, on a view whose layers' importance differs.
   SessionView v = MakeView(8, 2);
   for (int i = 0; i < 8; ++i) {
-    v.layers[0].slots[i].importance = i < 2 ? 1.f : 0.f;
-    v.layers[1].slots[i].importance = i < 6 ? 1.f : 0.f;
+    v.layers[0].slots[i].score[kImportance] = i < 2 ? 1.f : 0.f;
+    v.layers[1].slots[i].score[kImportance] = i < 6 ? 1.f : 0.f;
   }
   auto p = Make("kvzip", {{"select", "layer"}, {"layers", "importance"}});
   EXPECT_THAT(p->LayerBudgets(v, Budget::TotalTokens(8)).value(), ElementsAre(2, 6));

@@ -17,6 +17,8 @@
 namespace polykv::policies {
 namespace {
 
+using enum ScoreStream;
+
 struct Case {
   std::string spec;
   std::string params;
@@ -124,8 +126,8 @@ TEST(PolicyFastPathTest, SamePlansAsTheReferenceOnRandomViews) {
       if (rng.Uniform() < 0.3) {
         for (LayerView& layer : view.layers) {
           for (Slot& s : layer.slots) {
-            s.attn = std::round(s.attn * 4.f) / 4.f;
-            if (rng.Uniform() < 0.1) s.attn = -0.f;
+            s.score[kAttention] = std::round(s.score[kAttention] * 4.f) / 4.f;
+            if (rng.Uniform() < 0.1) s.score[kAttention] = -0.f;
           }
         }
       }

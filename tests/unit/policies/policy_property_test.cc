@@ -14,6 +14,8 @@
 namespace polykv::policies {
 namespace {
 
+using enum ScoreStream;
+
 struct Case {
   std::string spec;
   std::string params;
@@ -267,9 +269,9 @@ TEST(PolicyPropertyTest, NonFiniteScoresAndEdgeBudgets) {
   const float bad[] = {NAN, INFINITY, -INFINITY, 1e38f, -1e38f, 1e-45f};
   for (LayerView& l : view.layers) {
     for (size_t i = 0; i < l.slots.size(); i += 7) {
-      l.slots[i].attn = bad[rng.Int(0, 5)];
-      l.slots[i].obs = bad[rng.Int(0, 5)];
-      l.slots[i].intent = bad[rng.Int(0, 5)];
+      l.slots[i].score[kAttention] = bad[rng.Int(0, 5)];
+      l.slots[i].score[kObservation] = bad[rng.Int(0, 5)];
+      l.slots[i].score[kIntent] = bad[rng.Int(0, 5)];
     }
     for (size_t i = 0; i < l.keys.size(); i += 13) l.keys[i] = bad[rng.Int(0, 5)];
   }

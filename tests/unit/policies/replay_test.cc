@@ -40,12 +40,15 @@ TEST(TraceTest, RoundTrip) {
   for (int l = 0; l < 3; ++l) {
     ASSERT_EQ(w.layers[l].slots.size(), v.layers[l].slots.size());
     for (size_t i = 0; i < v.layers[l].slots.size(); ++i) {
-      EXPECT_NEAR(w.layers[l].slots[i].attn, v.layers[l].slots[i].attn,
-                  1e-5 * std::abs(v.layers[l].slots[i].attn) + 1e-12);
-      EXPECT_NEAR(w.layers[l].slots[i].intent, v.layers[l].slots[i].intent, 1e-5);
+      const SlotScores& got = w.layers[l].slots[i].score;
+      const SlotScores& want = v.layers[l].slots[i].score;
+      EXPECT_NEAR(got[ScoreStream::kAttention], want[ScoreStream::kAttention],
+                  1e-5 * std::abs(want[ScoreStream::kAttention]) + 1e-12);
+      EXPECT_NEAR(got[ScoreStream::kIntent], want[ScoreStream::kIntent], 1e-5);
     }
     EXPECT_NEAR(w.layers[l].keys[7], v.layers[l].keys[7], 1e-5);
-    EXPECT_NEAR(w.layers[l].entropy, v.layers[l].entropy, 1e-5);
+    EXPECT_NEAR(w.layers[l].score[ScoreStream::kEntropy], v.layers[l].score[ScoreStream::kEntropy],
+                1e-5);
   }
 }
 
@@ -60,8 +63,8 @@ TEST(TraceTest, PartialLayersAndCounts) {
   EXPECT_EQ(t->view.layers[0].slots.size(), 3u);
   EXPECT_EQ(t->view.layers[1].slots.size(), 2u);
   EXPECT_EQ(t->view.layers[0].slots[2].count, 3u);
-  EXPECT_FLOAT_EQ(t->view.layers[0].slots[1].attn, 1.f);
-  EXPECT_FLOAT_EQ(t->view.layers[1].slots[0].attn, 0.5f);
+  EXPECT_FLOAT_EQ(t->view.layers[0].slots[1].score[ScoreStream::kAttention], 1.f);
+  EXPECT_FLOAT_EQ(t->view.layers[1].slots[0].score[ScoreStream::kAttention], 0.5f);
 }
 
 TEST(TraceTest, ErrorsNameTheLine) {

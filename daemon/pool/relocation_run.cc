@@ -1,0 +1,54 @@
+#include "daemon/pool/relocation_run.h"
+
+#include <cstring>
+#include <utility>
+
+namespace polykv::daemon {
+
+RelocationRun::RelocationRun(const Session& s, const BlockPool& blocks) {
+  for (size_t b = 0; b < s.tables.blocks.size(); ++b) {
+    if (blocks.InVacatingArena(s.tenant(), s.tables.blocks[b])) moving_.push_back(b);
+  }
+}
+
+absl::StatusOr<std::vector<BlockShape>> RelocationRun::NewShapes(const Session& s) const {
+  std::vector<BlockShape> shapes;
+  for (size_t b : moving_) shapes.push_back(s.tables.blocks[b].shape);
+  return shapes;
+}
+
+absl::Status RelocationRun::Address(const Session& s, const BlockPool& blocks) {
+  for (size_t i = 0; i < moving_.size(); ++i) {
+    const Block& from = s.tables.blocks[moving_[i]];
+    const Block& to = s.tables.staged[i];
+    for (size_t p = 0; p < from.pages.size(); ++p) {
+      if (from.pages[p] == kNoPage) continue;
+      const uint64_t src = blocks.HostAddress(s.tenant(), from.pages[p]);
+      const uint64_t dst = blocks.HostAddress(s.tenant(), to.pages[p]);
+      if (src == 0 || dst == 0) {
+        return absl::UnimplementedError(
+            "moving pages of device (CUDA) arenas is not implemented yet");
+      }
+      copies_.push_back({reinterpret_cast<const void*>(src), reinterpret_cast<void*>(dst),
+                         from.shape.page_bytes(p)});
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RelocationRun::Copy(const Session&) const {
+  for (const PageCopy& c : copies_) std::memcpy(c.to, c.from, c.bytes);
+  return absl::OkStatus();
+}
+
+std::vector<Block> RelocationRun::Publish(Session& s) {
+  BlockTables& t = s.tables;
+  std::vector<Block> old;
+  for (size_t i = 0; i < moving_.size(); ++i) {
+    old.push_back(std::exchange(t.blocks[moving_[i]], std::move(t.staged[i])));
+  }
+  t.staged.clear();
+  return old;
+}
+
+}  // namespace polykv::daemon
