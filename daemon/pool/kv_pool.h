@@ -7,10 +7,11 @@
 //                decisions and copies over plain data, run WITHOUT the lock
 // and sequences them: authorize, admit, allocate, publish. Its members are
 // defined by concern: kv_pool.cc (sessions: open, reserve, commit, sync, ack,
-// release, close, leases), kv_pool_compaction.cc (what a Sync compacts; the
-// pressure ladder), compaction_run.h (one compaction's phases),
-// relocation.cc (blocks moved out of vacated arenas), kv_pool_reports.cc
-// (score reports), kv_pool_admin.cc (stats, QoS, evict, drain, invariants).
+// release, close, leases), kv_pool_compaction.cc (what a Sync compacts or
+// moves; the pressure ladder), kv_pool_blocks.cc (blocks staged and freed
+// in steps; RunStaged, the lock sequence of a staged_run.h: a
+// compaction_run.h or a relocation_run.h), kv_pool_reports.cc (score
+// reports), kv_pool_admin.cc (stats, QoS, evict, drain, invariants).
 //
 // Invariants (checked by CheckInvariants, asserted in tests):
 //  - used bytes of the pool == sum over tenants == sum over sessions == sum

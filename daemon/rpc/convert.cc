@@ -136,9 +136,9 @@ absl::StatusOr<QosRecord> FromProto(const v1::QosRecord& q) {
   return o;
 }
 
-// The wire's streams are policies::WireValue's, in the same order.
+// The wire's streams are policies::WireValue's, in the same order (each
+// one's name and value: ConvertTest.EveryScoreStreamIsOnTheWireUnderItsName).
 static_assert(v1::ScoreStream_ARRAYSIZE == policies::kNumScoreStreams + 1);
-static_assert(v1::SCORE_STREAM_ENTROPY == policies::WireValue(policies::ScoreStream::kEntropy));
 
 absl::StatusOr<ReportSlotsRequest> FromProto(const v1::ReportSlotsRequest& r) {
   ReportSlotsRequest o;

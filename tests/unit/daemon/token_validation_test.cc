@@ -2,6 +2,8 @@
 
 #include <set>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "daemon/pool/token.h"
 #include "daemon/pool/validation.h"
 #include "daemon/rpc/convert.h"
@@ -62,6 +64,18 @@ TEST(ConvertTest, UnknownEnumValuesAreRefused) {
   v1::QosRecord q;
   q.set_priority(static_cast<v1::PriorityClass>(77));
   EXPECT_TRUE(absl::IsInvalidArgument(FromProto(q).status()));
+}
+
+// Every stream of the table is on the wire at its WireValue, named after it
+// (so a new stream needs its proto value, and nothing in convert.cc).
+TEST(ConvertTest, EveryScoreStreamIsOnTheWireUnderItsName) {
+  for (policies::ScoreStream s : policies::AllScoreStreams()) {
+    const int wire = policies::WireValue(s);
+    ASSERT_TRUE(v1::ScoreStream_IsValid(wire)) << policies::ScoreStreamName(s);
+    EXPECT_EQ(v1::ScoreStream_Name(static_cast<v1::ScoreStream>(wire)),
+              absl::StrCat("SCORE_STREAM_",
+                           absl::AsciiStrToUpper(std::string(policies::ScoreStreamName(s)))));
+  }
 }
 
 TEST(ConvertTest, SlotMetaKeepsItsValuesAndRefusesOutOfRange) {
