@@ -1,14 +1,17 @@
 // Fast CPU kernels (Backend::kCpu): tile-wise decoding of one page-head at a
 // time into a small f32 scratch (never a dense copy of the cache), AVX2/FMA/
-// F16C inner loops when the CPU has them (chosen once at run time), work split
-// over a shared thread pool. Arguments are validated by kernels/ops.cc.
+// F16C inner loops when the CPU has them, AVX-512 ones where written (chosen
+// once at run time, capped by the environment's POLYKV_CPU_SIMD: baseline,
+// avx2 or avx512), work split over a shared thread pool. Arguments are
+// validated by kernels/ops.cc.
 #pragma once
 
 #include "kernels/ops.h"
 
 namespace polykv::kernels::cpu {
 
-// Which instruction set the fast path uses on this machine: "avx2" or "baseline".
+// Which instruction set the fast path uses on this machine: "avx512", "avx2"
+// or "baseline".
 const char* SimdLevel();
 // Makes every later call use the portable baseline copy (tests only).
 void ForceBaselineForTesting(bool force);

@@ -1,11 +1,14 @@
 // Fast CPU kernels: one source (cpu_kernels.inc) compiled for the portable
-// baseline and for AVX2+FMA+F16C; the wider copy is chosen once at run time.
+// baseline, for AVX2+FMA+F16C and for AVX-512 (F/BW/VL/DQ, which also has
+// 512-bit loops where written); the widest copy the CPU runs is chosen once
+// at run time, capped by POLYKV_CPU_SIMD (baseline | avx2 | avx512).
 #include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -40,6 +43,19 @@ namespace avx2 {
 }  // namespace avx2
 #pragma GCC pop_options
 
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+namespace avx512 {
+// The AVX2 helpers too (same instructions, EVEX-encoded), widened where
+// POLYKV_CPU_AVX512 says.
+#define POLYKV_CPU_AVX2 1
+#define POLYKV_CPU_AVX512 1
+#include "kernels/cpu/cpu_kernels.inc"
+#undef POLYKV_CPU_AVX512
+#undef POLYKV_CPU_AVX2
+}  // namespace avx512
+#pragma GCC pop_options
+
 // Tests flip this to exercise the baseline copy on AVX2 machines; relaxed is
 // enough because a kernel call reads it once and either copy is correct.
 std::atomic<bool> force_baseline{false};
@@ -51,10 +67,30 @@ bool HasF16c() {
   return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
 }
 
-bool UseAvx2() {
-  static const bool has =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c();
-  return has && !force_baseline.load(std::memory_order_relaxed);
+enum class Simd { kBaseline, kAvx2, kAvx512 };
+
+// What the CPU runs, capped by POLYKV_CPU_SIMD (an unknown value caps nothing).
+Simd BestSimd() {
+  static const Simd best = [] {
+    Simd s = Simd::kBaseline;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c()) {
+      s = Simd::kAvx2;
+      if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+        s = Simd::kAvx512;
+      }
+    }
+    if (const char* cap = std::getenv("POLYKV_CPU_SIMD"); cap != nullptr) {
+      if (std::strcmp(cap, "baseline") == 0) s = Simd::kBaseline;
+      if (std::strcmp(cap, "avx2") == 0) s = std::min(s, Simd::kAvx2);
+    }
+    return s;
+  }();
+  return best;
+}
+
+Simd ChosenSimd() {
+  return force_baseline.load(std::memory_order_relaxed) ? Simd::kBaseline : BestSimd();
 }
 
 }  // namespace
@@ -63,10 +99,19 @@ void ForceBaselineForTesting(bool force) {
   force_baseline.store(force, std::memory_order_relaxed);
 }
 
-const char* SimdLevel() { return UseAvx2() ? "avx2" : "baseline"; }
+const char* SimdLevel() {
+  switch (ChosenSimd()) {
+    case Simd::kAvx512: return "avx512";
+    case Simd::kAvx2: return "avx2";
+    case Simd::kBaseline: break;
+  }
+  return "baseline";
+}
 
-#define POLYKV_CPU_DISPATCH(fn, ...) \
-  (UseAvx2() ? avx2::fn(__VA_ARGS__) : baseline::fn(__VA_ARGS__))
+#define POLYKV_CPU_DISPATCH(fn, ...)                                          \
+  (ChosenSimd() == Simd::kAvx512 ? avx512::fn(__VA_ARGS__)                     \
+   : ChosenSimd() == Simd::kAvx2 ? avx2::fn(__VA_ARGS__)                       \
+                                 : baseline::fn(__VA_ARGS__))
 
 void QuantizePages(int num_threads, const PageShape& shape, KvKind kind, PageFormat format,
                    const void* src, SourceType src_type, int num_pages, int rows_per_page,

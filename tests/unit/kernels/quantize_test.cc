@@ -200,6 +200,37 @@ TEST_P(QuantizeTest, EdgeValuesEncodeIdenticallyOnAllBackends) {
   }
 }
 
+// A group (or channel) whose least or greatest value is zero, with zeros
+// of both signs in either order: the stored zero point's sign is the
+// sequential scan's, on every backend (vectorized ranges reduce lane-wise).
+TEST_P(QuantizeTest, ZeroExtremesOfEitherSignEncodeIdenticallyOnAllBackends) {
+  const PageFormat f = GetParam();
+  const PageShape s{16, 2, 64};
+  std::vector<float> src(size_t(16) * 2 * 64);
+  for (size_t i = 0; i < src.size(); ++i) {
+    const int k = int(i % 32);
+    const bool first_negative = (i / 32) % 2 == 0;
+    if (k == 6) src[i] = first_negative ? -0.0f : 0.0f;
+    else if (k == 9) src[i] = first_negative ? 0.0f : -0.0f;
+    else src[i] = ((i / 64) % 3 == 0 ? -1.0f : 1.0f) * float(1 + k % 7);
+  }
+  for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+    const size_t bytes = PageBytes(f, kind, s);
+    std::vector<uint8_t> a(bytes), b(bytes);
+    ASSERT_TRUE(QuantizePage(Exec{Backend::kReference}, s, kind, f, src.data(), SourceType::kF32,
+                             16, a.data())
+                    .ok());
+    for (bool baseline : {false, true}) {
+      cpu::ForceBaselineForTesting(baseline);
+      ASSERT_TRUE(QuantizePage(Exec{Backend::kCpu}, s, kind, f, src.data(), SourceType::kF32, 16,
+                               b.data())
+                      .ok());
+      EXPECT_EQ(a, b) << "baseline=" << baseline << " kind=" << int(kind);
+    }
+    cpu::ForceBaselineForTesting(false);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllFormats, QuantizeTest, ::testing::ValuesIn(testing::kAllFormats),
                          [](const auto& info) { return std::string(FormatShortName(info.param)); });
 
