@@ -155,6 +155,27 @@ TEST_P(QuantizeTest, BatchedPagesEqualSinglePages) {
   }
 }
 
+// A full page of `src` quantized by the reference and by the fast backend
+// (its chosen copy and its baseline copy): byte for byte the same. Returns
+// the reference's page.
+std::vector<uint8_t> ExpectFastEncodesAsReference(const PageShape& s, KvKind kind, PageFormat f,
+                                                  const std::vector<float>& src) {
+  const size_t bytes = PageBytes(f, kind, s);
+  std::vector<uint8_t> a(bytes), b(bytes);
+  EXPECT_TRUE(QuantizePage(Exec{Backend::kReference}, s, kind, f, src.data(), SourceType::kF32,
+                           s.block_tokens, a.data())
+                  .ok());
+  for (bool baseline : {false, true}) {
+    cpu::ForceBaselineForTesting(baseline);
+    EXPECT_TRUE(QuantizePage(Exec{Backend::kCpu}, s, kind, f, src.data(), SourceType::kF32,
+                             s.block_tokens, b.data())
+                    .ok());
+    EXPECT_EQ(a, b) << "baseline=" << baseline << " kind=" << int(kind);
+  }
+  cpu::ForceBaselineForTesting(false);
+  return a;
+}
+
 TEST_P(QuantizeTest, EdgeValuesEncodeIdenticallyOnAllBackends) {
   const PageFormat f = GetParam();
   const PageShape s{16, 1, 64};
@@ -175,19 +196,7 @@ TEST_P(QuantizeTest, EdgeValuesEncodeIdenticallyOnAllBackends) {
     }
   }
   for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
-    const size_t bytes = PageBytes(f, kind, s);
-    std::vector<uint8_t> a(bytes), b(bytes);
-    ASSERT_TRUE(QuantizePage(Exec{Backend::kReference}, s, kind, f, src.data(), SourceType::kF32,
-                             16, a.data())
-                    .ok());
-    for (bool baseline : {false, true}) {
-      cpu::ForceBaselineForTesting(baseline);
-      ASSERT_TRUE(QuantizePage(Exec{Backend::kCpu}, s, kind, f, src.data(), SourceType::kF32, 16,
-                               b.data())
-                      .ok());
-      EXPECT_EQ(a, b) << "baseline=" << baseline << " kind=" << int(kind);
-    }
-    cpu::ForceBaselineForTesting(false);
+    const std::vector<uint8_t> a = ExpectFastEncodesAsReference(s, kind, f, src);
     std::vector<float> out(src.size());
     ASSERT_TRUE(DequantizePage(Exec{Backend::kCpu}, s, kind, f, a.data(), 16, out.data()).ok());
     for (int i = 0; i < 16 * 64; i += 8) {
@@ -214,21 +223,7 @@ TEST_P(QuantizeTest, ZeroExtremesOfEitherSignEncodeIdenticallyOnAllBackends) {
     else if (k == 9) src[i] = first_negative ? 0.0f : -0.0f;
     else src[i] = ((i / 64) % 3 == 0 ? -1.0f : 1.0f) * float(1 + k % 7);
   }
-  for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
-    const size_t bytes = PageBytes(f, kind, s);
-    std::vector<uint8_t> a(bytes), b(bytes);
-    ASSERT_TRUE(QuantizePage(Exec{Backend::kReference}, s, kind, f, src.data(), SourceType::kF32,
-                             16, a.data())
-                    .ok());
-    for (bool baseline : {false, true}) {
-      cpu::ForceBaselineForTesting(baseline);
-      ASSERT_TRUE(QuantizePage(Exec{Backend::kCpu}, s, kind, f, src.data(), SourceType::kF32, 16,
-                               b.data())
-                      .ok());
-      EXPECT_EQ(a, b) << "baseline=" << baseline << " kind=" << int(kind);
-    }
-    cpu::ForceBaselineForTesting(false);
-  }
+  for (KvKind kind : {KvKind::kKey, KvKind::kValue}) ExpectFastEncodesAsReference(s, kind, f, src);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFormats, QuantizeTest, ::testing::ValuesIn(testing::kAllFormats),
