@@ -1,5 +1,6 @@
-"""deploy/k8s against the Kubernetes schemas and against polykvd itself
-(ctest k8s_manifests_test; the python venv: kubernetes-validate)."""
+"""deploy/k8s (the Helm chart's rendering, test_helm_chart.py) against the
+Kubernetes schemas and against polykvd itself (ctest k8s_manifests_test; the
+python venv: kubernetes-validate)."""
 
 from __future__ import annotations
 
@@ -26,11 +27,6 @@ def manifests() -> dict:
     for f in sorted(K8S.glob("*.yaml")):
         for d in yaml.safe_load_all(f.read_text()):
             docs[(d["kind"], d["metadata"]["name"])] = d
-    # What `kubectl create configmap polykvd-config --from-file=polykvd.yaml=...` makes.
-    docs[("ConfigMap", "polykvd-config")] = {
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "polykvd-config", "namespace": "polykv"},
-        "data": {"polykvd.yaml": (ROOT / "deploy" / "polykvd.yaml").read_text()}}
     return docs
 
 
@@ -62,6 +58,11 @@ def test_the_service_monitor_selects_the_service_and_its_port():
     assert {e["port"] for e in sm["spec"]["endpoints"]} <= ports
     pod = DOCS[("DaemonSet", "polykvd")]["spec"]["template"]["metadata"]["labels"]
     assert all(pod.get(k) == v for k, v in svc["spec"]["selector"].items())
+
+
+def test_the_config_map_holds_deploy_polykvd_yaml():
+    data = DOCS[("ConfigMap", "polykvd-config")]["data"]["polykvd.yaml"]
+    assert yaml.safe_load(data) == yaml.safe_load((ROOT / "deploy" / "polykvd.yaml").read_text())
 
 
 def test_the_daemonset_matches_polykvd_and_its_config(tmp_path):
