@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <numeric>
+#include <random>
+#include <string>
 
 namespace polykv::daemon {
 namespace {
@@ -337,6 +339,78 @@ TEST(PlanCompactionTest, RequantizedBlocksGetNewPagesInTheirFormat) {
   const auto view = BuildView(next, again.shape, again.formats, 0);
   EXPECT_EQ(view.layers[0].slots[0].v_format, F::kInt4);
   EXPECT_EQ(view.layers[0].slots[16].v_format, F::kF16);
+}
+
+// One implementation of what a plan leaves: the offline replay's ApplyPlan
+// (policies/plan.h, what replay_main and the policies' property tests step
+// with) and the daemon's compaction (PlanCompaction's output records) give
+// the same slots, counts, pins and scores for the same decision, merges
+// included: both go through policies::GroupScores.
+TEST(PlanCompactionTest, TheReplayAndTheDaemonLeaveTheSameSlotsForOnePlan) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::vector<SlotRecord> records = Slots(96);
+  for (size_t i = 0; i < records.size(); ++i) {
+    SlotRecord& r = records[i];
+    r.count = 1 + uint32_t(i % 3 == 0);
+    r.meta.turn = int32_t(i / 32);
+    r.meta.pinned = i == 40;
+    r.meta.tag.block_id = uint32_t(i / 8);  // merges stay inside a block
+    for (ScoreStream st : {ScoreStream::kAttention, ScoreStream::kIntent,
+                           ScoreStream::kImportance, ScoreStream::kObservation}) {
+      r.score[st] = u(rng);
+    }
+  }
+  const CompactionInputs base = In(48);
+  const int key_dim = 8;
+  // Keys near their block's centre: a merging policy finds groups to merge.
+  std::vector<float> centres(12 * key_dim), keys(records.size() * key_dim);
+  for (float& c : centres) c = u(rng) - 0.5f;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    keys[i] = centres[(i / key_dim / 8) * key_dim + i % key_dim] + 0.02f * (u(rng) - 0.5f);
+  }
+  const std::vector<std::pair<std::string, policies::PolicyParams>> specs = {
+      {"h2o", {}}, {"kvzip", {}}, {"snapkv", {}}, {"hybrid", {}},
+      {"merge", {{"window.size", "16"}}}};
+  for (const auto& [spec, params] : specs) {
+    SCOPED_TRACE(spec);
+    auto policy = Policy(spec, params);
+    CompactionInputs in = base;
+    in.current_turn = 2;
+    if (policy->ReadsKeys()) {
+      in.keys = keys;
+      in.key_dim = key_dim;
+    }
+    auto daemon = PlanCompaction(*policy, records, in);
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    ASSERT_TRUE(daemon->changes);
+
+    policies::SessionView view = BuildView(records, in.shape, in.formats, in.current_turn);
+    if (in.key_dim > 0) {
+      view.key_dim = in.key_dim;
+      view.layers[0].keys = in.keys;
+    }
+    auto plan = policy->Decide(view, policies::Budget::TokensPerLayer(1, 48));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const policies::SessionView replay = policies::ApplyPlan(view, *plan);
+
+    const std::vector<SlotRecord>& after = daemon->records[0];
+    const std::vector<policies::Slot>& slots = replay.layers[0].slots;
+    ASSERT_EQ(after.size(), slots.size());
+    bool merged = false;
+    for (size_t j = 0; j < slots.size(); ++j) {
+      const policies::TokenMeta& t = replay.tokens[slots[j].token];
+      EXPECT_EQ(after[j].meta.position, t.position) << j;
+      EXPECT_EQ(after[j].count, slots[j].count) << j;
+      EXPECT_EQ(after[j].meta.pinned, t.pinned) << j;
+      for (ScoreStream st : {ScoreStream::kAttention, ScoreStream::kIntent,
+                             ScoreStream::kImportance, ScoreStream::kObservation}) {
+        EXPECT_FLOAT_EQ(after[j].score[st], slots[j].score[st]) << j;
+      }
+      merged |= after[j].count > records[size_t(after[j].meta.position - 100)].count;
+    }
+    if (spec == "merge") EXPECT_TRUE(merged) << "the merge policy merged nothing";
+  }
 }
 
 // The ladder's requantization step is typed data (CompactionInputs::cold),
