@@ -72,7 +72,9 @@ Rendered Render(const TemplateFiles& f, const JsonValue& row, bool with_tokens) 
   std::vector<TaggedToken> tokens;
   Rendered r;
   const JsonValue& tools = Field(row, "tools");
-  if (tools.is_array()) EXPECT_TRUE(chat.SetTools(tools).ok());
+  if (tools.is_array()) {
+    EXPECT_TRUE(chat.SetTools(tools).ok());
+  }
   int32_t turn = 0;
   for (const JsonValue& m : Field(row, "messages")) {
     auto message = ChatMessageFromJson(m);
