@@ -12,8 +12,12 @@ check=false
 [[ "${1:-}" == "--check" ]] && check=true
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-"$helm" template polykvd deploy/helm/polykvd --namespace polykv \
-  --set serviceMonitor.enabled=true 2>/dev/null > "$out/all.yaml"
+# (helm warns on stderr that files/polykvd.yaml is a link: shown only on failure.)
+if ! "$helm" template polykvd deploy/helm/polykvd --namespace polykv \
+    --set serviceMonitor.enabled=true > "$out/all.yaml" 2> "$out/err"; then
+  cat "$out/err" >&2
+  exit 1
+fi
 python3 - "$out" <<'PY'
 import re, sys
 out = sys.argv[1]
