@@ -139,17 +139,26 @@ def main(bin_dir: str) -> int:
             os.chmod(sock, 0o666)
             subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + ctl +
                            ["status"], capture_output=True)
-        time.sleep(4)  # the last scrapes
+        # Every panel must show series: poll each expression until it does,
+        # up to a deadline (Prometheus scrapes every second, but on a loaded
+        # or freshly set-up machine its first scrapes and rule evaluations
+        # can lag the workload by many seconds).
         instance = f"127.0.0.1:{metrics}"
-        empty = []
+        waiting = []
         for p in dashboard["panels"]:
             for t in p["targets"]:
                 expr = t["expr"].replace("$instance", instance)
                 if os.getuid() != 0 and "peer_rejections" in expr:
                     print(f"not root: no peer of another uid, {expr} not checked")
                     continue
-                if not query(web, expr):
-                    empty.append(f"{p['title']}: {expr}")
+                waiting.append((p["title"], expr))
+        deadline = time.monotonic() + 120
+        while True:
+            waiting = [(title, expr) for title, expr in waiting if not query(web, expr)]
+            if not waiting or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        empty = [f"{title}: {expr}" for title, expr in waiting]
         for c in idle:
             c.close()
         print(f"{sum(len(p['targets']) for p in dashboard['panels'])} targets of "
