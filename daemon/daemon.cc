@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +23,9 @@
 #include "daemon/rpc/log_throttle.h"
 #include "daemon/rpc/parse_errors.h"
 #include "daemon/rpc/peer_registry.h"
+#include "daemon/rpc/peer_service.h"
+#include "daemon/rpc/peer_tls.h"
+#include "daemon/rpc/session_mover.h"
 #include "daemon/rpc/session_service.h"
 #include "daemon/rpc/status_map.h"
 #include "daemon/rpc/uds_listener.h"
@@ -140,6 +144,14 @@ absl::Status Daemon::Start() {
   ctx.admin_uids = OrDefaultUids(config_.admin_uids);
   ctx.fd_socket_path = fd_socket_path_;
   ctx.metrics_address = metrics_address_;
+  std::optional<PeerTls> peer_tls;
+  if (config_.peer.tls()) {
+    auto tls = LoadPeerTls(config_.peer.cert, config_.peer.key, config_.peer.ca);
+    if (!tls.ok()) return tls.status();
+    peer_tls = *std::move(tls);
+    mover_ = std::make_unique<SessionMover>(pool_.get(), *peer_tls);
+    ctx.mover = mover_.get();
+  }
   session_service_ = std::make_unique<SessionService>(ctx);
   admin_service_ = std::make_unique<AdminService>(ctx);
 
@@ -161,6 +173,23 @@ absl::Status Daemon::Start() {
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   if (!server_) return absl::InternalError("gRPC server failed to start");
+
+  if (!config_.peer.address.empty()) {
+    // Another polykvd moving a session here: TCP, mutual TLS only.
+    peer_service_ = std::make_unique<PeerService>(ctx, config_.socket);
+    grpc::ServerBuilder pb;
+    pb.RegisterService(peer_service_.get());
+    pb.SetMaxReceiveMessageSize(kMaxPeerMessageBytes);
+    int port = 0;
+    pb.AddListeningPort(config_.peer.address, PeerServerCredentials(*peer_tls), &port);
+    peer_server_ = pb.BuildAndStart();
+    if (!peer_server_ || port == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot listen for peers on ", config_.peer.address));
+    }
+    const std::string host = config_.peer.address.substr(0, config_.peer.address.rfind(':'));
+    peer_address_ = absl::StrCat(host, ":", port);
+  }
 
   PeerPolicy policy;
   const std::set<uid_t> uids = OrDefaultUids(config_.allowed_uids);
@@ -212,9 +241,10 @@ absl::Status Daemon::Start() {
   reaper_ = std::thread([this] { ReaperLoop(); });
   ladder_ = std::thread([this] { LadderLoop(); });
   serving_ = true;
-  DaemonLogger()->info("polykvd {} listening on {} (fds {}), tier {}, pool {} bytes, lease {} ms, metrics {}",
+  DaemonLogger()->info("polykvd {} listening on {} (fds {}), tier {}, pool {} bytes, lease {} ms, metrics {}, peers {}",
                POLYKV_VERSION, config_.socket, fd_socket_path_, config_.tier, config_.pool_bytes,
-               config_.lease_ms, metrics_address_.empty() ? "off" : metrics_address_);
+               config_.lease_ms, metrics_address_.empty() ? "off" : metrics_address_,
+               peer_address_.empty() ? "off" : peer_address_);
   return absl::OkStatus();
 }
 
@@ -337,6 +367,9 @@ void Daemon::Shutdown() {
   // its deadline (a restart under the gRPC fuzzer spent most of its time there).
   if (pool_) pool_->CloseEventStreams();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (peer_server_) {
+    peer_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
   if (reaper_.joinable() || ladder_.joinable()) {
     if (!stop_reaper_.HasBeenNotified()) stop_reaper_.Notify();  // stops both loops
     if (reaper_.joinable()) reaper_.join();
@@ -345,6 +378,7 @@ void Daemon::Shutdown() {
   listener_.reset();
   fd_broker_.reset();
   server_.reset();
+  peer_server_.reset();
   metrics_server_.reset();
 }
 

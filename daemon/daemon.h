@@ -38,6 +38,8 @@ class ParseErrorInterceptorFactory;
 class FdBroker;
 class SessionService;
 class AdminService;
+class PeerService;
+class SessionMover;
 
 class Daemon {
  public:
@@ -56,6 +58,8 @@ class Daemon {
   // host:port the metrics server is bound to ("" when disabled).
   const std::string& metrics_address() const { return metrics_address_; }
   const std::string& fd_socket_path() const { return fd_socket_path_; }
+  // host:port the peer listener is bound to ("" when it has none).
+  const std::string& peer_address() const { return peer_address_; }
   // Open gRPC connections, and entries of the peer registry (tests of
   // findings 4 and 11). REQUIRES: Start() succeeded.
   size_t num_connections() const;
@@ -77,6 +81,7 @@ class Daemon {
   const DaemonConfig config_;
   const std::string fd_socket_path_;
   std::string metrics_address_;
+  std::string peer_address_;
   std::unique_ptr<KvPool> pool_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<Metrics> metrics_;
@@ -90,6 +95,9 @@ class Daemon {
   std::unique_ptr<SessionService> session_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<SessionMover> mover_;
+  std::unique_ptr<PeerService> peer_service_;
+  std::unique_ptr<grpc::Server> peer_server_;  // TCP, mutual TLS (config peer.address)
   std::unique_ptr<UdsListener> listener_;
   std::unique_ptr<FdBroker> fd_broker_;
   absl::Notification stop_reaper_;

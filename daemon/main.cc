@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   uint32_t lease_ms = 0;
   bool print_config = false, check_invariants = false;
   std::string describe_policy;
+  std::string peer_address, peer_cert, peer_key, peer_ca;
   app.add_option("--config", config_file, "YAML config file (see deploy/polykvd.yaml)");
   app.add_option("--describe-policy", describe_policy,
                  "Print how polykvd runs the policy TEXT (its canonical spec, compaction "
@@ -75,6 +76,12 @@ int main(int argc, char** argv) {
   app.add_flag("--check-invariants-on-scrape", check_invariants,
                "Debug: check the pool's accounting at every /metrics scrape "
                "(polykv_pool_invariants_ok); holds the pool lock for O(pages)");
+  app.add_option("--peer-address", peer_address,
+                 "HOST:PORT to take sessions moved from other polykvd (gRPC over mutual TLS) "
+                 "[off]");
+  app.add_option("--peer-cert", peer_cert, "This daemon's peer certificate (PEM)");
+  app.add_option("--peer-key", peer_key, "Its private key (PEM)");
+  app.add_option("--peer-ca", peer_ca, "The CA both ends of the peer link trust (PEM)");
   CLI11_PARSE(app, argc, argv);
   if (!describe_policy.empty()) return DescribePolicy(describe_policy);
 
@@ -92,6 +99,12 @@ int main(int argc, char** argv) {
   if (lease_ms) config.lease_ms = lease_ms;
   if (!log_level.empty()) config.log_level = log_level;
   if (check_invariants) config.check_invariants_on_scrape = true;
+  for (auto [text, field] : {std::pair{&peer_address, &config.peer.address},
+                             std::pair{&peer_cert, &config.peer.cert},
+                             std::pair{&peer_key, &config.peer.key},
+                             std::pair{&peer_ca, &config.peer.ca}}) {
+    if (!text->empty()) *field = *text;
+  }
   for (auto [flag, text, field] : {std::tuple{"--pool-bytes", &pool_bytes, &config.pool_bytes},
                                    std::tuple{"--arena-bytes", &arena_bytes, &config.arena_bytes},
                                    std::tuple{"--low-watermark-bytes", &low_watermark,

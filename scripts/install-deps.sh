@@ -12,6 +12,7 @@ packages=(
   clang  # scripts/check-thread-safety.sh (the thread_safety_test)
   prometheus  # promtool: the alerts' unit tests (prometheus_rules_test)
   strace  # systemd_syscalls_test: polykvd's system calls against the unit's filter
+  openssl  # scripts/make-peer-certs.sh: the peer link's certificates (session_move_test)
 )
 
 missing=()

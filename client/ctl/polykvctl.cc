@@ -177,6 +177,18 @@ int main(int argc, char** argv) {
   drain->add_option("--evict-after-ms", evict_after_ms, "Evict sessions still open after this (0 = never)");
   drain->add_flag("--json", json, "Print JSON");
 
+  auto* move = app.add_subcommand(
+      "move", "Move a session to another polykvd (its worker continues there)");
+  std::string move_to;
+  uint32_t move_wait_ms = 30000;
+  move->add_option("session_id", session_id, "Session id (see 'sessions')")->required();
+  move->add_option("--to", move_to,
+                   "HOST:PORT of the target polykvd's peer listener (its peer.address)")
+      ->required();
+  move->add_option("--wait-ms", move_wait_ms,
+                   "How long the worker may take to reach a step boundary and park [30000]");
+  move->add_flag("--json", json, "Print JSON");
+
   CLI11_PARSE(app, argc, argv);
 
   auto client = polykv::AdminClient::Connect(socket);
@@ -327,6 +339,27 @@ int main(int argc, char** argv) {
     if (!freed.ok()) return Fail(freed.status());
     if (json) PrintJson({{"session_id", session_id}, {"freed_bytes", *freed}});
     else std::printf("evicted session %llu, freed %s\n", (unsigned long long)session_id, Human(*freed).c_str());
+    return 0;
+  }
+  if (move->parsed()) {
+    auto m = c.MoveSession(session_id, move_to, move_wait_ms);
+    if (!m.ok()) return Fail(m.status());
+    if (json) {
+      PrintJson({{"session_id", session_id},
+                 {"target", move_to},
+                 {"target_session_id", m->target_session_id()},
+                 {"bytes", m->bytes()},
+                 {"tokens", m->tokens()},
+                 {"park_seconds", m->park_seconds()},
+                 {"copy_seconds", m->copy_seconds()},
+                 {"pause_seconds", m->pause_seconds()}});
+    } else {
+      std::printf("moved session %llu to %s (session %llu there): %llu tokens, %s, worker "
+                  "paused %.1f ms (copy %.1f ms)\n",
+                  (unsigned long long)session_id, move_to.c_str(),
+                  (unsigned long long)m->target_session_id(), (unsigned long long)m->tokens(),
+                  Human(m->bytes()).c_str(), m->pause_seconds() * 1e3, m->copy_seconds() * 1e3);
+    }
     return 0;
   }
   if (drain->parsed()) {

@@ -74,4 +74,19 @@ absl::StatusOr<uint32_t> AdminClient::Drain(uint32_t evict_after_ms) {
   return out.num_sessions();
 }
 
+absl::StatusOr<v1::MoveSessionResponse> AdminClient::MoveSession(uint64_t session_id,
+                                                                 const std::string& target,
+                                                                 uint32_t wait_ms) {
+  grpc::ClientContext ctx;
+  // The worker's park, then the copy (the daemon bounds both).
+  SetDeadline(&ctx, static_cast<int>((wait_ms ? wait_ms : 30000) + 600000));
+  v1::MoveSessionRequest req;
+  req.set_session_id(session_id);
+  req.set_target(target);
+  req.set_wait_ms(wait_ms);
+  v1::MoveSessionResponse out;
+  if (auto s = FromGrpc(stub_->MoveSession(&ctx, req, &out)); !s.ok()) return s;
+  return out;
+}
+
 }  // namespace polykv

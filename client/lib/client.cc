@@ -55,15 +55,16 @@ class SessionImpl final : public Session {
       : stub_(std::move(stub)),
         info_(info),
         ref_(std::move(ref)),
-        mapper_(fd_socket_path, ref_) {}
+        mapper_(std::make_unique<internal::ArenaMapper>(fd_socket_path, ref_)) {}
 
   ~SessionImpl() override { (void)Close(); }
 
   absl::Status Init(const v1::OpenSessionResponse& resp, bool heartbeat) {
     for (const auto& a : resp.arenas()) {
-      if (auto s = mapper_.Add(a); !s.ok()) return s;
+      if (auto s = mapper_->Add(a); !s.ok()) return s;
     }
     epoch_ = resp.epoch();
+    heartbeat_on_ = heartbeat;
     if (heartbeat) heartbeat_ = std::thread([this] { HeartbeatLoop(); });
     return absl::OkStatus();
   }
@@ -73,6 +74,7 @@ class SessionImpl final : public Session {
   uint64_t reserved_tokens() const override { return blocks_.size() * info_.block_tokens; }
   uint64_t epoch() const override { return epoch_; }
   const std::string& token() const override { return ref_.token; }
+  uint64_t moves() const override { return moves_; }
 
   absl::StatusOr<std::vector<Block>> Reserve(uint64_t num_tokens) override {
     if (closed_) return absl::FailedPreconditionError("session is closed");
@@ -84,7 +86,7 @@ class SessionImpl final : public Session {
     v1::ReserveResponse resp;
     if (auto s = FromGrpc(stub_->Reserve(&ctx, req, &resp)); !s.ok()) return s;
     for (const auto& a : resp.new_arenas()) {
-      if (auto s = mapper_.Add(a); !s.ok()) return s;
+      if (auto s = mapper_->Add(a); !s.ok()) return s;
     }
     std::vector<Block> out;
     for (const auto& b : resp.blocks()) {
@@ -151,16 +153,22 @@ class SessionImpl final : public Session {
   absl::StatusOr<bool> Sync() override {
     if (closed_) return absl::FailedPreconditionError("session is closed");
     v1::SyncResponse resp;
-    {
+    for (;;) {
+      resp.Clear();
       grpc::ClientContext ctx;
       SetDeadline(&ctx);
       v1::SyncRequest req;
       FillRef(ref_, req.mutable_session());
       req.set_known_epoch(epoch_);
       if (auto s = FromGrpc(stub_->Sync(&ctx, req, &resp)); !s.ok()) return s;
+      if (resp.has_moved_to()) return FollowMove(resp.moved_to());
+      // Parked for a move: write nothing, ask again until it is over (the
+      // daemon bounds the move; it ends here or moves on).
+      if (!resp.parked()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     for (const auto& a : resp.new_arenas()) {
-      if (auto s = mapper_.Add(a); !s.ok()) return s;
+      if (auto s = mapper_->Add(a); !s.ok()) return s;
     }
     // The agent's QoS may have changed since Open: the streams follow it.
     info_.wants = WantedFromWire(resp);
@@ -206,12 +214,7 @@ class SessionImpl final : public Session {
   absl::Status Close() override {
     if (closed_) return absl::OkStatus();
     closed_ = true;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (heartbeat_.joinable()) heartbeat_.join();
+    StopHeartbeat();
     grpc::ClientContext ctx;
     SetDeadline(&ctx, 5000);
     v1::CloseSessionRequest req;
@@ -240,7 +243,7 @@ class SessionImpl final : public Session {
                                                 info_.num_layers, " layers, or twice"));
       }
       seen[i] = true;
-      auto addr = mapper_.Address(p.arena_id(), p.offset(), p.size_bytes());
+      auto addr = mapper_->Address(p.arena_id(), p.offset(), p.size_bytes());
       if (!addr.ok()) return addr.status();
       auto format = FormatFromWire(p.format(), "a");
       if (!format.ok()) return format.status();
@@ -256,27 +259,92 @@ class SessionImpl final : public Session {
     return out;
   }
 
+  // The session moved to another polykvd: attach there, map its arenas,
+  // and take its tables (the same slots, new pages) as a changed Sync.
+  absl::StatusOr<bool> FollowMove(const v1::MovedTo& to) {
+    auto channel = internal::Dial(to.socket_path(), 5000);
+    if (!channel.ok()) {
+      return absl::UnavailableError(absl::StrCat("the session moved to the polykvd at ",
+                                                 to.socket_path(), ", which does not answer: ",
+                                                 channel.status().message()));
+    }
+    auto stub = std::shared_ptr<v1::Session::Stub>(v1::Session::NewStub(*channel));
+    const SessionRef ref{to.session().session_id(), to.session().token()};
+    v1::OpenSessionResponse resp;
+    {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx);
+      v1::AttachSessionRequest req;
+      FillRef(ref, req.mutable_session());
+      if (auto s = FromGrpc(stub->AttachSession(&ctx, req, &resp)); !s.ok()) return s;
+    }
+    if (resp.block_tokens() != info_.block_tokens) {
+      return absl::InternalError(absl::StrCat("the moved session has ", resp.block_tokens(),
+                                              "-token pages, not ", info_.block_tokens));
+    }
+    auto mapper = std::make_unique<internal::ArenaMapper>(resp.fd_socket_path(), ref);
+    for (const auto& a : resp.arenas()) {
+      if (auto s = mapper->Add(a); !s.ok()) return s;
+    }
+    StopHeartbeat();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stub_ = std::move(stub);
+      ref_ = ref;
+    }
+    // The old daemon's arenas are unmapped here: nothing reads them past
+    // this step boundary (the caller adopts the tables returned below).
+    mapper_ = std::move(mapper);
+    info_.session_id = ref.session_id;
+    info_.lease_ms = resp.lease_ms();
+    epoch_ = 0;
+    ++moves_;
+    if (heartbeat_on_) {
+      stop_ = false;
+      heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    }
+    return Sync();
+  }
+
+  void StopHeartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (heartbeat_.joinable()) heartbeat_.join();
+  }
+
   void HeartbeatLoop() {
     // Three beats per lease: one lost or slow beat does not cost the session.
     const auto period = std::chrono::milliseconds(std::max<uint32_t>(info_.lease_ms / 3, 10));
     std::unique_lock<std::mutex> lock(mu_);
     while (!cv_.wait_for(lock, period, [this] { return stop_; })) {
+      // A move swaps these (FollowMove), under the lock.
+      const std::shared_ptr<v1::Session::Stub> stub = stub_;
+      v1::HeartbeatRequest req;
+      FillRef(ref_, req.mutable_session());
       lock.unlock();
       grpc::ClientContext ctx;
       SetDeadline(&ctx, static_cast<int>(info_.lease_ms));
-      v1::HeartbeatRequest req;
-      FillRef(ref_, req.mutable_session());
       v1::HeartbeatResponse resp;
-      grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+      grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
       lock.lock();
-      if (s.error_code() == grpc::StatusCode::NOT_FOUND) break;  // session is gone
+      // The session is gone (closed, evicted, or moved: Sync follows it
+      // and beats anew there).
+      if (s.error_code() == grpc::StatusCode::NOT_FOUND) break;
     }
   }
 
-  const std::shared_ptr<v1::Session::Stub> stub_;
-  SessionInfo info_;  // const but for the wanted streams, which Sync updates
-  const SessionRef ref_;
-  internal::ArenaMapper mapper_;
+  // The daemon the session lives at, and the session there: a move
+  // (FollowMove) replaces them, stub_ and ref_ under mu_ (the heartbeat
+  // thread reads them).
+  std::shared_ptr<v1::Session::Stub> stub_;
+  SessionInfo info_;  // const but for the wanted streams (Sync) and a move's id and lease
+  SessionRef ref_;
+  std::unique_ptr<internal::ArenaMapper> mapper_;
+  uint64_t moves_ = 0;
+  bool heartbeat_on_ = false;
   std::vector<Block> blocks_;
   uint64_t epoch_ = 0;
   uint64_t committed_ = 0;
@@ -285,7 +353,7 @@ class SessionImpl final : public Session {
   std::vector<uint32_t> slot_counts_;
   bool closed_ = false;
 
-  std::mutex mu_;  // guards stop_
+  std::mutex mu_;  // guards stop_, and stub_ and ref_ against the heartbeat thread
   std::condition_variable cv_;
   bool stop_ = false;
   std::thread heartbeat_;

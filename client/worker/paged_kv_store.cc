@@ -240,11 +240,19 @@ absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
       slot_bias_[s] = std::log(static_cast<float>(counts[s]));
     }
   }
+  // The same slots: its committed ones, and the pages hold the rest the
+  // store wrote since (a move copies whole pages).
+  if (table.same_slots && table.num_tokens > num_slots_) {
+    return absl::InternalError(absl::StrCat("page source published the same slots as ",
+                                            table.num_tokens, " slots; the store holds ",
+                                            num_slots_));
+  }
   for (auto& t : tables_) t.clear();
   first_block_ = std::move(first);
   AddBlocks(table.blocks);
-  num_slots_ = table.num_tokens;
   epoch_ = table.epoch;
+  if (table.same_slots) return absl::OkStatus();
+  num_slots_ = table.num_tokens;
   mass_.assign(num_slots_, 0.0f);  // Slots moved: pending scores no longer apply.
   // Rebuild the f32 rows of a partly filled last block from its pages. The
   // recent window restarts there: its other rows moved or are gone.

@@ -63,6 +63,11 @@ struct PagedTable {
   // count must be >= 1. Attention adds log(count) to a merged slot's score,
   // so it weighs like the `count` tokens it replaced.
   std::vector<uint32_t> slot_counts;
+  // The table holds the same slots as the store's, with the same bytes, in
+  // other pages (the session moved to another polykvd): the store keeps
+  // what it holds of them (the f32 rows of the block being filled, pending
+  // attention mass) and only reads the new pages from now on.
+  bool same_slots = false;
 };
 
 // Where pages come from. Not thread-safe; driven by the store's thread.

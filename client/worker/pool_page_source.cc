@@ -92,11 +92,14 @@ class PoolPageSource : public PageSource {
   }
 
   absl::StatusOr<std::optional<PagedTable>> Sync() override {
+    const uint64_t moves = session_->moves();
     auto changed = session_->Sync();
     if (!changed.ok()) return changed.status();
     if (!*changed) return std::nullopt;
-    if (tagger_) tagger_->SlotsMoved();
     PagedTable t;
+    // Moved to another polykvd: the same slots in new pages.
+    t.same_slots = session_->moves() != moves;
+    if (tagger_ && !t.same_slots) tagger_->SlotsMoved();
     for (const Block& b : session_->blocks()) {
       auto pb = Convert(b);
       if (!pb.ok()) return pb.status();

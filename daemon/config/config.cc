@@ -113,7 +113,7 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
       "low_watermark_bytes", "max_connections",
       "max_connections_per_uid", "connection_idle_ms",
       "drain_timeout_ms", "allowed_uids", "allowed_gids", "admin_uids", "default_qos", "agents", "tenants",
-      "log_level", "check_invariants_on_scrape", "metrics_agent_names"};
+      "log_level", "check_invariants_on_scrape", "metrics_agent_names", "peer"};
   try {
     for (const auto& kv : root) {
       const std::string k = kv.first.as<std::string>();
@@ -160,6 +160,19 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
     }
     if (root["metrics_agent_names"]) {
       c.metrics_agent_names = root["metrics_agent_names"].as<bool>();
+    }
+    if (root["peer"]) {
+      if (!root["peer"].IsMap()) return KeyError("peer", "expected a mapping (address, cert, key, ca)");
+      for (const auto& kv : root["peer"]) {
+        const std::string k = kv.first.as<std::string>();
+        std::string* field = k == "address" ? &c.peer.address
+                             : k == "cert"  ? &c.peer.cert
+                             : k == "key"   ? &c.peer.key
+                             : k == "ca"    ? &c.peer.ca
+                                            : nullptr;
+        if (field == nullptr) return KeyError("peer." + k, "unknown key (address, cert, key, ca)");
+        *field = kv.second.IsNull() ? "" : kv.second.as<std::string>();
+      }
     }
     if (root["default_qos"]) {
       auto q = ParseQos(root["default_qos"], c.default_qos, "default_qos");
@@ -232,6 +245,13 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   }
   if (c.connection_idle_ms > 0 && c.connection_idle_ms < 100) {
     return KeyError("connection_idle_ms", "must be 0 (never) or at least 100");
+  }
+  if (!c.peer.address.empty() && (c.peer.cert.empty() || c.peer.key.empty() || c.peer.ca.empty())) {
+    return KeyError("peer.address", "needs peer.cert, peer.key and peer.ca: the peer link is "
+                                    "mutual TLS only (scripts/make-peer-certs.sh)");
+  }
+  if (c.peer.tls() && (c.peer.cert.empty() || c.peer.key.empty() || c.peer.ca.empty())) {
+    return KeyError("peer", "set all of cert, key and ca, or none");
   }
   if ((c.socket_mode & 0007) != 0) {
     return KeyError("socket_mode", "must not grant access to others (use 0600 or 0660)");

@@ -26,6 +26,18 @@ namespace polykv::daemon {
 // An exact cache: policy full and unset formats (the model's dtype).
 QosRecord ShippedDefaultQos();
 
+// The peer link (polykvd to polykvd, to move sessions): gRPC over TCP with
+// mutual TLS. `address` is where this daemon listens for peers ("" = it
+// takes no sessions); cert/key/ca (PEM files) are needed both to listen
+// and to move sessions away. scripts/make-peer-certs.sh makes a set.
+struct PeerConfig {
+  std::string address;
+  std::string cert;
+  std::string key;
+  std::string ca;
+  bool tls() const { return !cert.empty() || !key.empty() || !ca.empty(); }
+};
+
 struct DaemonConfig {
   std::string socket = "/run/polykv/polykvd.sock";  // gRPC Unix socket
   mode_t socket_mode = 0660;
@@ -74,6 +86,7 @@ struct DaemonConfig {
   // (which may say whose work it is) appear there only when the operator
   // allows; otherwise polykv_agent_bytes labels agents with pseudonyms.
   bool metrics_agent_names = false;
+  PeerConfig peer;
 };
 
 // Reads `path` over `base`; unknown keys are an error (typos must not pass).

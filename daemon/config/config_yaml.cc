@@ -92,6 +92,12 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   out << YAML::Key << "connection_idle_ms" << YAML::Value << c.connection_idle_ms;
   out << YAML::Key << "drain_timeout_ms" << YAML::Value << c.drain_timeout_ms;
   out << YAML::Key << "low_watermark_bytes" << YAML::Value << ByteSizeText(c.low_watermark_bytes);
+  out << YAML::Key << "peer" << YAML::Value << YAML::BeginMap;
+  for (auto [key, value] : {std::pair{"address", &c.peer.address}, std::pair{"cert", &c.peer.cert},
+                            std::pair{"key", &c.peer.key}, std::pair{"ca", &c.peer.ca}}) {
+    out << YAML::Key << key << YAML::Value << YAML::DoubleQuoted << *value;
+  }
+  out << YAML::EndMap;
   EmitIds(out, "allowed_uids", c.allowed_uids);
   EmitIds(out, "allowed_gids", c.allowed_gids);
   EmitIds(out, "admin_uids", c.admin_uids);

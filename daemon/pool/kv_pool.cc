@@ -161,11 +161,7 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
 
   absl::MutexLock lock(&mu_);
   if (draining_) return absl::UnavailableError("polykvd is draining; no new sessions");
-  // Quarantined sessions count against their uid's cap: letting leases run
-  // out must not open more sessions than the cap allows.
-  uint32_t quarantined = 0;
-  for (const auto& [id, q] : quarantine_) quarantined += q.uid == r.peer.uid;
-  if (auto st = sessions_.CheckRoom(r.peer.uid, quarantined); !st.ok()) return st;
+  if (auto st = CheckRoom(r.peer.uid); !st.ok()) return st;
   // The session's QoS identity: the agent's name where its record applies to
   // this uid, else the name qualified by the uid (as unbound tenant names
   // are), which has no record: another uid naming a session like a
@@ -190,33 +186,12 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
     return st;
   }
 
-  // The pool's tenant key: a bound tenant is shared by its identities, any
-  // other name is the opening uid's own ('@' cannot occur in names).
-  std::string tenant_key = r.tenant;
-  if (auto b = options_.tenant_bindings.find(r.tenant); b != options_.tenant_bindings.end()) {
-    if (!b->second.Allows(r.peer)) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "tenant '", r.tenant, "' is bound to other uids/gids in polykvd's config (tenants:); "
-          "uid ", r.peer.uid, " may not open it"));
-    }
-  } else {
-    tenant_key = absl::StrCat(r.tenant, "@uid", r.peer.uid);
-    if (options_.max_tenants_per_uid > 0) {
-      std::set<std::string> held = sessions_.TenantsOf(r.peer.uid);
-      std::erase_if(held,
-                    [&](const std::string& t) { return options_.tenant_bindings.contains(t); });
-      if (!held.contains(tenant_key) && held.size() >= options_.max_tenants_per_uid) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "uid ", r.peer.uid, " already has sessions in ", held.size(),
-            " tenants of its own, the most one uid may hold (max_tenants_per_uid); open this "
-            "session in one of them, close the others', or raise the limit in polykvd's config"));
-      }
-    }
-  }
+  auto tenant_key = TenantKey(r.tenant, r.peer);
+  if (!tenant_key.ok()) return tenant_key.status();
 
   Session s;
   s.token = *std::move(token);
-  s.account = {tenant_key, agent, 0};
+  s.account = {*std::move(tenant_key), agent, 0};
   s.tenant_name = r.tenant;
   s.profile = r.profile;
   s.priority = admission_.HasRecord(agent)
@@ -232,20 +207,59 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
   blocks_.AttachSession(s.account);
   Session& in = sessions_.Insert(std::move(s));
 
+  in.policy.wants = policies_.Streams(qos.policy);
+  return Describe(in, qos);
+}
+
+absl::Status KvPool::CheckRoom(uid_t uid) const {
+  // Quarantined sessions count against their uid's cap: letting leases run
+  // out must not open more sessions than the cap allows.
+  uint32_t quarantined = 0;
+  for (const auto& [id, q] : quarantine_) quarantined += q.uid == uid;
+  return sessions_.CheckRoom(uid, quarantined);
+}
+
+absl::StatusOr<std::string> KvPool::TenantKey(const std::string& tenant,
+                                              const PeerCreds& peer) const {
+  // A bound tenant is shared by its identities, any other name is the
+  // opening uid's own ('@' cannot occur in names).
+  if (auto b = options_.tenant_bindings.find(tenant); b != options_.tenant_bindings.end()) {
+    if (!b->second.Allows(peer)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "tenant '", tenant, "' is bound to other uids/gids in polykvd's config (tenants:); "
+          "uid ", peer.uid, " may not open it"));
+    }
+    return tenant;
+  }
+  std::string key = absl::StrCat(tenant, "@uid", peer.uid);
+  if (options_.max_tenants_per_uid > 0) {
+    std::set<std::string> held = sessions_.TenantsOf(peer.uid);
+    std::erase_if(held, [&](const std::string& t) { return options_.tenant_bindings.contains(t); });
+    if (!held.contains(key) && held.size() >= options_.max_tenants_per_uid) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "uid ", peer.uid, " already has sessions in ", held.size(),
+          " tenants of its own, the most one uid may hold (max_tenants_per_uid); open this "
+          "session in one of them, close the others', or raise the limit in polykvd's config"));
+    }
+  }
+  return key;
+}
+
+OpenResult KvPool::Describe(Session& s, const QosRecord& qos) {
   OpenResult out;
-  out.session_id = in.id;
-  out.token = in.token;
-  out.lease_ms = in.lease.lease_ms;
-  out.block_tokens = block_tokens;
-  out.key_format = kf;
-  out.value_format = vf;
-  out.key_page_bytes = in.shape.key_page_bytes;
-  out.value_page_bytes = in.shape.value_page_bytes;
-  out.epoch = in.tables.epoch;
+  out.session_id = s.id;
+  out.token = s.token;
+  out.lease_ms = s.lease.lease_ms;
+  out.block_tokens = s.block_tokens;
+  out.key_format = s.shape.key_format;
+  out.value_format = s.shape.value_format;
+  out.key_page_bytes = s.shape.key_page_bytes;
+  out.value_page_bytes = s.shape.value_page_bytes;
+  out.epoch = s.tables.epoch;
   out.qos = qos;
-  out.qos.agent_id = agent;
-  in.policy.wants = out.wants = policies_.Streams(qos.policy);
-  out.arenas = blocks_.NewArenas(in.tenant(), in.known_arenas);
+  out.qos.agent_id = s.agent_id();
+  out.wants = s.policy.wants;
+  out.arenas = blocks_.NewArenas(s.tenant(), s.known_arenas);
   return out;
 }
 
@@ -327,12 +341,25 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
   {
     absl::MutexLock lock(&mu_);
     auto sp = Authorize(session_id, token, peer, /*mutation=*/false);
+    if (absl::IsNotFound(sp.status())) {
+      if (auto to = TakeForward(session_id, token, peer)) {
+        out.moved_to = *std::move(to);
+        return out;
+      }
+    }
     if (!sp.ok()) return sp.status();
     Session& s = **sp;
     if (known_epoch > s.tables.epoch) {
       return absl::InvalidArgumentError(absl::StrCat("known_epoch ", known_epoch,
                                                      " is ahead of the session's epoch ",
                                                      s.tables.epoch));
+    }
+    // A move asked for parks the worker here, at its step boundary, once it
+    // holds the current tables (ParkForMove waits for this); a parked
+    // worker calls Sync again and again until the move is over.
+    if (s.move == Session::Move::kRequested && known_epoch == s.tables.epoch && !s.busy) {
+      s.move = Session::Move::kParked;
+      s.busy = true;
     }
     // Sync is the worker's step boundary (it writes and reads nothing now), so
     // this is where a compaction or a move out of vacated arenas publishes:
@@ -347,6 +374,7 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     // A compaction may outlast the lease; the worker's call is live until
     // it returns, so the lease runs from now.
     s.lease.Renew(Now());
+    out.parked = s.move == Session::Move::kParked;
     out.epoch = s.tables.epoch;
     out.committed_tokens = s.tables.committed_tokens;
     out.wants = s.policy.wants;

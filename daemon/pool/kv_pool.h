@@ -64,6 +64,7 @@
 #include "daemon/pool/admission.h"
 #include "daemon/pool/block_pool.h"
 #include "daemon/pool/event_channel.h"
+#include "daemon/pool/session_move.h"
 #include "daemon/pool/session_table.h"
 #include "daemon/pool/staged_run.h"
 #include "daemon/pool/types.h"
@@ -179,6 +180,31 @@ class KvPool {
   absl::Status ReportSlots(uint64_t session_id, absl::string_view token, const PeerCreds& peer,
                            const ReportSlotsRequest& request);
 
+  // --- Moving a session to another polykvd (session_move.h) ---
+  // Source side. Asks the session's worker to park at its next Sync and
+  // waits up to `wait` for it; DEADLINE_EXCEEDED, nothing changed, if it
+  // does not; NOT_FOUND if the session ends meanwhile; FAILED_PRECONDITION
+  // if it is moving already or its pages are not in host memory.
+  absl::StatusOr<MoveSource> ParkForMove(uint64_t session_id, absl::Duration wait);
+  // The moved session ends here (its pages wait, quarantined, until its
+  // worker hears of the move); the worker's next Sync with the old id and
+  // token gets `to`. NOT_FOUND if it was evicted during the move.
+  absl::Status FinishMove(uint64_t session_id, MovedTo to);
+  // The move failed: the session goes on here, its worker unparked.
+  void AbortMove(uint64_t session_id);
+  // Target side. A session like `m`, known to no one yet, with zeroed pages
+  // for its bytes; the same checks as Open (tenant binding, session caps,
+  // admission for its bytes, draining).
+  absl::StatusOr<ImportTarget> BeginImport(const MovedSession& m);
+  // Hands the imported session out: its id and token. The worker must
+  // attach within the session's lease or it is reclaimed.
+  absl::StatusOr<MovedTo> CompleteImport(uint64_t session_id);
+  void AbortImport(uint64_t session_id);
+  // The worker takes over an imported session: Open's reply for it (every
+  // arena announced again); the caller's uid must be the session's.
+  absl::StatusOr<OpenResult> Attach(uint64_t session_id, absl::string_view token,
+                                    const PeerCreds& peer);
+
   // One round of the pressure ladder (called periodically by the daemon):
   // below the low watermark, asks sessions with a compacting policy, lowest
   // priority first, to compact down to max(guarantee, half their tokens)
@@ -233,6 +259,20 @@ class KvPool {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Frees a quarantined session's pages and forgets it.
   void ReleaseQuarantined(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The pool's key for `tenant` opened by `peer`: a bound tenant's name if
+  // the peer may use it (else PERMISSION_DENIED), else the name qualified by
+  // the uid (RESOURCE_EXHAUSTED past max_tenants_per_uid).
+  // RESOURCE_EXHAUSTED when `uid` may open no more sessions (its quarantined
+  // ones count).
+  absl::Status CheckRoom(uid_t uid) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::string> TenantKey(const std::string& tenant, const PeerCreds& peer) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Open's reply for session `s` of QoS `qos`.
+  OpenResult Describe(Session& s, const QosRecord& qos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The forward a moved session's worker asks for (its old id, token and
+  // uid), taken: the worker has stopped using the old pages.
+  std::optional<MovedTo> TakeForward(uint64_t id, absl::string_view token, const PeerCreds& peer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs the agent's policy (its QoS `qos`, read only until the lock is
   // first released: an operator may change it meanwhile) down to `target`
   // tokens, with the ladder's requantization step `cold` if set: a
@@ -326,6 +366,15 @@ class KvPool {
   std::map<std::string, uint64_t> ladder_steps_ ABSL_GUARDED_BY(mu_);
   uint64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, QuarantinedSession> quarantine_ ABSL_GUARDED_BY(mu_);  // by session id
+  // Sessions moved away, by their old id, until their worker asks (or is
+  // gone): where they went.
+  struct Forward {
+    std::string token;
+    uid_t uid = 0;
+    std::shared_ptr<const ProcessRef> process;
+    MovedTo to;
+  };
+  std::map<uint64_t, Forward> forwards_ ABSL_GUARDED_BY(mu_);
   uint64_t shared_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // output blocks reusing old pages
   uint64_t copied_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // output blocks written anew
   uint64_t relocated_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // moved out of vacated arenas

@@ -9,12 +9,7 @@
 #include "daemon/pool/validation.h"
 
 namespace polykv::daemon {
-namespace {
 
-// A layer's pages start at its first block and go on to the end of the
-// table (right-aligned: the worker appends to every layer alike); a block's
-// shape counts the layers it has pages of; only a session whose layers hold
-// their own records may have layers start late.
 absl::Status CheckLayerPresence(const Session& s) {
   const uint32_t L = s.profile.num_layers;
   const auto offsets = LayerOffsets(s.tables.blocks, L, s.block_tokens);
@@ -44,8 +39,6 @@ absl::Status CheckLayerPresence(const Session& s) {
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::Status KvPool::CheckInvariants() const {
   absl::MutexLock lock(&mu_);

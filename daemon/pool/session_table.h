@@ -118,6 +118,10 @@ struct Session {
   // destruction is deferred (`doomed`) until that call is back under the lock.
   bool busy = false;
   bool doomed = false;
+  // Moving to another polykvd (session_move.h): asked to park, parked (its
+  // worker waits in Sync, the session is busy), or being imported here.
+  enum class Move { kNone, kRequested, kParked, kImporting };
+  Move move = Move::kNone;
   bool doom_consented = false;
   SessionEventMsg doom_event;
 
@@ -130,6 +134,12 @@ struct Session {
             static_cast<int>(profile.head_dim)};
   }
 };
+
+// A layer's pages start at its first block and go on to the end of the
+// table (right-aligned: the worker appends to every layer alike); a block's
+// shape counts the layers it has pages of; only a session whose layers hold
+// their own records may have layers start late. INTERNAL naming the fault.
+absl::Status CheckLayerPresence(const Session& s);
 
 // What is left of a session taken from a live worker (kv_pool.h, Quarantine):
 // its pages, still charged, and how to recognize its worker.

@@ -121,6 +121,13 @@ struct ReserveResult {
   std::vector<ArenaExport> new_arenas;
 };
 
+// Where a moved session went (session_move.h), as its worker learns at its
+// next Sync: the target's session socket, and the session there.
+struct MovedTo {
+  std::string socket_path;
+  uint64_t session_id = 0;
+  std::string token;
+};
 struct SyncResult {
   uint64_t epoch = 0;
   bool changed = false;
@@ -137,6 +144,10 @@ struct SyncResult {
   // When changed and the layers hold their own slots: [num_layers x
   // committed_tokens] positions, layer-major; else empty.
   std::vector<int64_t> layer_slot_positions;
+  // The worker is parked for a move (session_move.h): tables unchanged.
+  bool parked = false;
+  // The session moved (session_move.h): nothing else is set.
+  std::optional<MovedTo> moved_to;
 };
 
 struct ReportSlotsRequest {
@@ -224,7 +235,7 @@ struct PoolSummary {
 
 // Daemon events delivered to a session's watchers.
 struct SessionEventMsg {
-  enum class Type { kEpoch = 1, kQos = 2, kDrain = 3, kEvicted = 4 };
+  enum class Type { kEpoch = 1, kQos = 2, kDrain = 3, kEvicted = 4, kMoved = 5 };
   Type type = Type::kEpoch;
   uint64_t epoch = 0;
   std::string message;

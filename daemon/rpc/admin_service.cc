@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/log.h"
 #include "daemon/rpc/convert.h"
+#include "daemon/rpc/session_mover.h"
 #include "kernels/page_format.h"
 
 namespace polykv::daemon {
@@ -98,6 +99,35 @@ grpc::Status AdminService::Drain(grpc::ServerContext* c, const v1::DrainRequest*
   return AdminHandle(c, "Drain", [&]() {
     resp->set_num_sessions(ctx_.pool->Drain(absl::Milliseconds(req->evict_after_ms())));
     DaemonLogger()->info("drain requested by operator; {} sessions open", resp->num_sessions());
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status AdminService::MoveSession(grpc::ServerContext* c, const v1::MoveSessionRequest* req,
+                                       v1::MoveSessionResponse* resp) {
+  return AdminHandle(c, "MoveSession", [&]() -> absl::Status {
+    if (ctx_.mover == nullptr) {
+      return absl::FailedPreconditionError(
+          "this polykvd has no peer TLS (peer.cert, peer.key, peer.ca in its config): it "
+          "cannot move sessions");
+    }
+    const uint32_t wait_ms = req->wait_ms() ? req->wait_ms() : 30000;
+    auto out = ctx_.mover->Move(req->session_id(), req->target(), absl::Milliseconds(wait_ms));
+    if (!out.ok()) {
+      DaemonLogger()->warn("session {}: move to {} failed: {}", req->session_id(), req->target(),
+                           std::string(out.status().message()));
+      return out.status();
+    }
+    DaemonLogger()->info("session {} moved to {} (session {} there): {} tokens, {} bytes, "
+                         "worker paused {:.1f} ms",
+                         req->session_id(), req->target(), out->target_session_id, out->tokens,
+                         out->bytes, out->pause_seconds * 1e3);
+    resp->set_target_session_id(out->target_session_id);
+    resp->set_bytes(out->bytes);
+    resp->set_tokens(out->tokens);
+    resp->set_park_seconds(out->park_seconds);
+    resp->set_copy_seconds(out->copy_seconds);
+    resp->set_pause_seconds(out->pause_seconds);
     return absl::OkStatus();
   });
 }

@@ -22,6 +22,8 @@ class AdminService final : public v1::Admin::Service {
                             v1::EvictSessionResponse* resp) override;
   grpc::Status Drain(grpc::ServerContext* c, const v1::DrainRequest* req,
                      v1::DrainResponse* resp) override;
+  grpc::Status MoveSession(grpc::ServerContext* c, const v1::MoveSessionRequest* req,
+                           v1::MoveSessionResponse* resp) override;
 
  private:
   template <typename Fn>

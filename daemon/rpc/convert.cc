@@ -53,8 +53,9 @@ static_assert(v1::DType_ARRAYSIZE == static_cast<int>(DType::kBF16) + 1);
 static_assert(v1::Role_ARRAYSIZE == policies::kNumRoles);
 static_assert(v1::BlockKind_ARRAYSIZE == policies::kNumBlockKinds);
 static_assert(v1::PriorityClass_ARRAYSIZE == static_cast<int>(Priority::kCritical) + 1);
+static_assert(v1::SessionEvent::TYPE_MOVED == static_cast<int>(SessionEventMsg::Type::kMoved));
 static_assert(v1::SessionEvent::Type_ARRAYSIZE ==
-              static_cast<int>(SessionEventMsg::Type::kEvicted) + 1);
+              static_cast<int>(SessionEventMsg::Type::kMoved) + 1);
 
 }  // namespace
 
@@ -71,23 +72,30 @@ v1::PageFormat FormatToProto(const std::optional<PageFormat>& f) {
   return f ? FormatToProto(*f) : v1::PAGE_FORMAT_UNSPECIFIED;
 }
 
+absl::StatusOr<ModelProfile> FromProto(const v1::ModelProfile& p) {
+  ModelProfile o;
+  o.num_layers = p.num_layers();
+  o.num_kv_heads = p.num_kv_heads();
+  o.head_dim = p.head_dim();
+  o.model_id = p.model_id();
+  switch (p.dtype()) {
+    case v1::DTYPE_UNSPECIFIED:
+    case v1::DTYPE_F16: o.dtype = DType::kF16; break;
+    case v1::DTYPE_F32: o.dtype = DType::kF32; break;
+    case v1::DTYPE_BF16: o.dtype = DType::kBF16; break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("profile.dtype: unknown dtype ", p.dtype()));
+  }
+  return o;
+}
+
 absl::StatusOr<OpenRequest> FromProto(const v1::OpenSessionRequest& r, const PeerCreds& peer) {
   OpenRequest o;
   o.agent_id = r.agent_id();
   o.tenant = r.tenant();
-  o.profile.num_layers = r.profile().num_layers();
-  o.profile.num_kv_heads = r.profile().num_kv_heads();
-  o.profile.head_dim = r.profile().head_dim();
-  o.profile.model_id = r.profile().model_id();
-  switch (r.profile().dtype()) {
-    case v1::DTYPE_UNSPECIFIED:
-    case v1::DTYPE_F16: o.profile.dtype = DType::kF16; break;
-    case v1::DTYPE_F32: o.profile.dtype = DType::kF32; break;
-    case v1::DTYPE_BF16: o.profile.dtype = DType::kBF16; break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("profile.dtype: unknown dtype ", r.profile().dtype()));
-  }
+  auto profile = FromProto(r.profile());
+  if (!profile.ok()) return profile.status();
+  o.profile = *profile;
   auto kf = FormatFromProto(r.key_format(), "key_format");
   if (!kf.ok()) return kf.status();
   auto vf = FormatFromProto(r.value_format(), "value_format");
@@ -140,6 +148,38 @@ absl::StatusOr<QosRecord> FromProto(const v1::QosRecord& q) {
 // one's name and value: ConvertTest.EveryScoreStreamIsOnTheWireUnderItsName).
 static_assert(v1::ScoreStream_ARRAYSIZE == policies::kNumScoreStreams + 1);
 
+absl::StatusOr<policies::SlotMeta> FromProto(const v1::SlotMeta& m, absl::string_view where) {
+  // Proto3 enums are open: numbers the enum does not name still arrive.
+  if (m.role() < 0 || m.role() >= policies::kNumRoles || m.tag_kind() < 0 ||
+      m.tag_kind() >= policies::kNumBlockKinds || m.turn() > uint32_t{INT32_MAX} ||
+      m.tag_depth() > UINT16_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": role ", m.role(), " (0..", policies::kNumRoles - 1, "), tag_kind ",
+        m.tag_kind(), " (0..", policies::kNumBlockKinds - 1, "), turn ", m.turn(), " (0..",
+        INT32_MAX, ") or tag_depth ", m.tag_depth(), " (0..", UINT16_MAX, ") out of range"));
+  }
+  policies::SlotMeta s;
+  s.turn = static_cast<int32_t>(m.turn());
+  s.role = static_cast<policies::Role>(m.role());
+  s.tag.kind = static_cast<policies::BlockKind>(m.tag_kind());
+  s.tag.block_id = m.block_id();
+  s.tag.depth = static_cast<uint16_t>(m.tag_depth());
+  s.tag.boundary = m.tag_boundary();
+  s.pinned = m.pinned();
+  return s;
+}
+
+void ToProto(const policies::SlotMeta& in, v1::SlotMeta* out) {
+  // A negative turn wraps past INT32_MAX: FromProto refuses it.
+  out->set_turn(static_cast<uint32_t>(in.turn));
+  out->set_role(static_cast<v1::Role>(in.role));
+  out->set_tag_kind(static_cast<v1::BlockKind>(in.tag.kind));
+  out->set_block_id(in.tag.block_id);
+  out->set_tag_depth(in.tag.depth);
+  out->set_tag_boundary(in.tag.boundary);
+  out->set_pinned(in.pinned);
+}
+
 absl::StatusOr<ReportSlotsRequest> FromProto(const v1::ReportSlotsRequest& r) {
   ReportSlotsRequest o;
   o.epoch = r.epoch();
@@ -147,25 +187,9 @@ absl::StatusOr<ReportSlotsRequest> FromProto(const v1::ReportSlotsRequest& r) {
   o.current_turn = r.current_turn();
   o.slots.reserve(r.slots_size());
   for (int i = 0; i < r.slots_size(); ++i) {
-    const v1::SlotMeta& m = r.slots(i);
-    // Proto3 enums are open: numbers the enum does not name still arrive.
-    if (m.role() < 0 || m.role() >= policies::kNumRoles || m.tag_kind() < 0 ||
-        m.tag_kind() >= policies::kNumBlockKinds || m.turn() > uint32_t{INT32_MAX} ||
-        m.tag_depth() > UINT16_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "slots[", i, "] (slot ", r.first_slot() + i, "): role ", m.role(), " (0..",
-          policies::kNumRoles - 1, "), tag_kind ", m.tag_kind(), " (0..",
-          policies::kNumBlockKinds - 1, "), turn ", m.turn(), " (0..", INT32_MAX,
-          ") or tag_depth ", m.tag_depth(), " (0..", UINT16_MAX, ") out of range"));
-    }
-    policies::SlotMeta& s = o.slots.emplace_back();
-    s.turn = static_cast<int32_t>(m.turn());
-    s.role = static_cast<policies::Role>(m.role());
-    s.tag.kind = static_cast<policies::BlockKind>(m.tag_kind());
-    s.tag.block_id = m.block_id();
-    s.tag.depth = static_cast<uint16_t>(m.tag_depth());
-    s.tag.boundary = m.tag_boundary();
-    s.pinned = m.pinned();
+    auto m = FromProto(r.slots(i), absl::StrCat("slots[", i, "] (slot ", r.first_slot() + i, ")"));
+    if (!m.ok()) return m.status();
+    o.slots.push_back(*m);
   }
   for (int i = 0; i < r.scores_size(); ++i) {
     const v1::ScoreValues& v = r.scores(i);

@@ -10,6 +10,10 @@
 namespace polykv::daemon {
 
 absl::StatusOr<OpenRequest> FromProto(const v1::OpenSessionRequest& r, const PeerCreds& peer);
+absl::StatusOr<ModelProfile> FromProto(const v1::ModelProfile& p);
+// `where` names the slot in the error.
+absl::StatusOr<policies::SlotMeta> FromProto(const v1::SlotMeta& m, absl::string_view where);
+void ToProto(const policies::SlotMeta& in, v1::SlotMeta* out);
 absl::StatusOr<QosRecord> FromProto(const v1::QosRecord& q);
 // The session in r.session() is the caller's to check.
 absl::StatusOr<ReportSlotsRequest> FromProto(const v1::ReportSlotsRequest& r);

@@ -18,6 +18,7 @@
 namespace polykv::daemon {
 
 class LogThrottle;
+class SessionMover;
 class WatchQuota;
 
 struct ServiceContext {
@@ -27,6 +28,7 @@ struct ServiceContext {
   ErrorLog* errors = nullptr;          // Not owned; may be null in tests.
   WatchQuota* watches = nullptr;       // Not owned; null: no per-uid limit.
   LogThrottle* session_log = nullptr;  // Not owned; null: every session line.
+  SessionMover* mover = nullptr;       // Not owned; null: no peer TLS, no moves.
   std::set<uid_t> admin_uids;          // Who may call the Admin service.
   std::string fd_socket_path;
   std::string metrics_address;         // Bound metrics server address, for Stats.

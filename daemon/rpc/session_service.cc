@@ -50,6 +50,21 @@ grpc::Status SessionService::OpenSession(grpc::ServerContext* c,
   });
 }
 
+grpc::Status SessionService::AttachSession(grpc::ServerContext* c,
+                                           const v1::AttachSessionRequest* req,
+                                           v1::OpenSessionResponse* resp) {
+  return Handle(ctx_, c, "AttachSession", [&](const PeerCreds& peer) -> absl::Status {
+    auto out = ctx_.pool->Attach(req->session().session_id(), req->session().token(), peer);
+    if (!out.ok()) return out.status();
+    ToProto(*out, resp);
+    resp->set_fd_socket_path(ctx_.fd_socket_path);
+    LogSessionLine(ctx_, peer.uid, "open",
+                   absl::StrCat("session ", out->session_id, " attached (moved here): agent ",
+                                out->qos.agent_id, " pid ", peer.pid, " uid ", peer.uid));
+    return absl::OkStatus();
+  });
+}
+
 grpc::Status SessionService::Reserve(grpc::ServerContext* c, const v1::ReserveRequest* req,
                                      v1::ReserveResponse* resp) {
   return Handle(ctx_, c, "Reserve", [&](const PeerCreds& peer) -> absl::Status {
@@ -88,6 +103,13 @@ grpc::Status SessionService::Sync(grpc::ServerContext* c, const v1::SyncRequest*
     auto out = ctx_.pool->Sync(req->session().session_id(), req->session().token(), peer,
                                req->known_epoch());
     if (!out.ok()) return out.status();
+    if (out->moved_to) {
+      resp->mutable_moved_to()->set_socket_path(out->moved_to->socket_path);
+      resp->mutable_moved_to()->mutable_session()->set_session_id(out->moved_to->session_id);
+      resp->mutable_moved_to()->mutable_session()->set_token(out->moved_to->token);
+      return absl::OkStatus();
+    }
+    resp->set_parked(out->parked);
     resp->set_epoch(out->epoch);
     resp->set_changed(out->changed);
     for (const auto& b : out->blocks) ToProto(b, resp->add_blocks());

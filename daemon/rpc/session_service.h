@@ -12,6 +12,8 @@ class SessionService final : public v1::Session::Service {
 
   grpc::Status OpenSession(grpc::ServerContext* c, const v1::OpenSessionRequest* req,
                            v1::OpenSessionResponse* resp) override;
+  grpc::Status AttachSession(grpc::ServerContext* c, const v1::AttachSessionRequest* req,
+                             v1::OpenSessionResponse* resp) override;
   grpc::Status Reserve(grpc::ServerContext* c, const v1::ReserveRequest* req,
                        v1::ReserveResponse* resp) override;
   grpc::Status Commit(grpc::ServerContext* c, const v1::CommitRequest* req,

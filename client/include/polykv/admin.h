@@ -24,6 +24,11 @@ class AdminClient {
   absl::StatusOr<v1::QosRecord> SetQos(const v1::QosRecord& qos);
   absl::StatusOr<uint64_t> EvictSession(uint64_t session_id);
   absl::StatusOr<uint32_t> Drain(uint32_t evict_after_ms);
+  // Moves the session to the polykvd whose peer listener is `target`
+  // (host:port); waits for the worker to park up to wait_ms (0: 30 s).
+  absl::StatusOr<v1::MoveSessionResponse> MoveSession(uint64_t session_id,
+                                                      const std::string& target,
+                                                      uint32_t wait_ms = 0);
 
  private:
   std::unique_ptr<v1::Admin::Stub> stub_;

@@ -115,6 +115,12 @@ class Session {
   virtual uint64_t epoch() const = 0;
   // The raw capability token (for tests of token checks; keep it secret).
   virtual const std::string& token() const = 0;
+  // Moves to another polykvd that Sync followed (polykvctl move): Sync parks
+  // while the daemon copies the session, then attaches at the target and
+  // returns true with the target's tables, which hold the same slots (same
+  // positions, counts and bytes) in new pages. info().session_id and token()
+  // are the target's from then on.
+  virtual uint64_t moves() const { return 0; }
 
   // --- Policy engine (daemon compaction) ---
   // After a Sync that returned true: how many slots of blocks() hold tokens

@@ -1,0 +1,371 @@
+// Moving a session between two pools (daemon/pool/session_move.h), as
+// Admin.MoveSession and Peer.ImportSession drive it, with the wire form in
+// between (daemon/rpc/move_convert.h): the worker parks at its Sync, the
+// target gets the same bytes and policy state, the worker's next Sync names
+// the target; a move that fails or times out leaves the session as it was.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "daemon/pool/kv_pool.h"
+#include "daemon/rpc/move_convert.h"
+#include "gtest/gtest.h"
+
+namespace polykv::daemon {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+// A pool's arenas mapped into the test, as a worker maps them.
+class Mapped {
+ public:
+  explicit Mapped(KvPool* pool) : pool_(pool) {}
+  ~Mapped() {
+    for (auto& [id, m] : maps_) munmap(m.first, m.second);
+  }
+  void Map(uint64_t id, const std::string& token, const PeerCreds& peer,
+           const std::vector<ArenaExport>& arenas) {
+    for (const auto& a : arenas) {
+      if (maps_.contains(a.arena_id)) continue;
+      auto fd = pool_->DupArenaFd(id, token, peer, a.arena_id);
+      ASSERT_TRUE(fd.ok()) << fd.status();
+      void* p = mmap(nullptr, a.size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+      close(*fd);
+      ASSERT_NE(p, MAP_FAILED);
+      maps_[a.arena_id] = {p, a.size_bytes};
+    }
+  }
+  uint8_t* Addr(const PageDesc& p) {
+    return static_cast<uint8_t*>(maps_.at(p.arena_id).first) + p.offset;
+  }
+
+ private:
+  KvPool* pool_;
+  std::map<uint32_t, std::pair<void*, size_t>> maps_;
+};
+
+struct Opened {
+  uint64_t id = 0;
+  std::string token;
+  std::vector<BlockDesc> blocks;
+};
+
+class SessionMoveTest : public ::testing::Test {
+ protected:
+  static KvPoolOptions Options() {
+    KvPoolOptions o;
+    o.pool_bytes = 16 * kMiB;
+    o.arena_bytes = 4 * kMiB;
+    o.superblock_bytes = 256 * 1024;
+    o.default_lease_ms = 5000;
+    o.arena_factory = CreateHostShmArena;
+    o.tenant_bindings["bound"].uids = {4242};
+    return o;
+  }
+  void SetUp() override {
+    source_ = *KvPool::Create(Options());
+    target_ = *KvPool::Create(Options());
+    src_map_ = std::make_unique<Mapped>(source_.get());
+    dst_map_ = std::make_unique<Mapped>(target_.get());
+  }
+  void TearDown() override {
+    for (KvPool* p : {source_.get(), target_.get()}) {
+      auto s = p->CheckInvariants();
+      EXPECT_TRUE(s.ok()) << s;
+    }
+  }
+
+  // A session of `tokens` committed tokens whose pages hold a byte pattern
+  // of the session's own, with attention reported for its slots.
+  Opened Open(uint64_t tokens, uint8_t seed) {
+    OpenRequest r;
+    r.agent_id = "mover";
+    r.tenant = "t1";
+    r.profile = {4, 2, 64, DType::kF32, "tiny"};
+    r.key_format = PageFormat::kInt8;
+    r.value_format = PageFormat::kInt4;
+    r.peer = peer_;
+    auto o = source_->Open(r);
+    EXPECT_TRUE(o.ok()) << o.status();
+    Opened s{o->session_id, o->token, {}};
+    src_map_->Map(s.id, s.token, peer_, o->arenas);
+    auto res = source_->Reserve(s.id, s.token, peer_, tokens);
+    EXPECT_TRUE(res.ok()) << res.status();
+    src_map_->Map(s.id, s.token, peer_, res->new_arenas);
+    s.blocks = res->blocks;
+    uint8_t x = seed;
+    for (const BlockDesc& b : s.blocks) {
+      for (const PageDesc& p : b.pages) {
+        uint8_t* a = src_map_->Addr(p);
+        for (uint32_t i = 0; i < p.size_bytes; ++i) a[i] = x = uint8_t(x * 131 + 7);
+      }
+    }
+    EXPECT_TRUE(source_->Commit(s.id, s.token, peer_, tokens).ok());
+    ReportSlotsRequest rep;
+    rep.epoch = 0;
+    rep.first_slot = 0;
+    rep.current_turn = 3;
+    for (uint64_t i = 0; i < tokens; ++i) {
+      policies::SlotMeta m;
+      m.turn = static_cast<int32_t>(i / 10);
+      m.role = policies::Role::kToolOutput;
+      m.tag.block_id = static_cast<uint32_t>(i / 7);
+      rep.slots.push_back(m);
+    }
+    policies::ScoreValues att{policies::ScoreStream::kAttention, false, {}};
+    for (uint64_t i = 0; i < tokens; ++i) att.values.push_back(0.25f * float(i % 5));
+    rep.scores.push_back(att);
+    auto st = source_->ReportSlots(s.id, s.token, peer_, rep);
+    EXPECT_TRUE(st.ok()) << st;
+    return s;
+  }
+
+  // A worker at its step boundaries: Syncs until the session moved (or
+  // `stop`), counting the Syncs that found it parked.
+  std::thread Worker(const Opened& s, std::optional<MovedTo>* moved, std::atomic<int>* parked,
+                     std::atomic<bool>* stop) {
+    return std::thread([=, this] {
+      while (!stop->load()) {
+        auto r = source_->Sync(s.id, s.token, peer_, 0);
+        if (!r.ok()) return;
+        if (r->moved_to) {
+          *moved = r->moved_to;
+          return;
+        }
+        if (r->parked) ++*parked;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+  }
+
+  // Source to target through the wire form, as the daemons do it.
+  absl::StatusOr<MovedTo> Import(const MoveSource& src) {
+    v1::MovedSession wire;
+    ToProto(src.session, &wire);
+    auto back = FromProto(wire);
+    if (!back.ok()) return back.status();
+    auto t = target_->BeginImport(*back);
+    if (!t.ok()) return t.status();
+    EXPECT_EQ(t->pages.size(), src.pages.size());
+    EXPECT_EQ(t->bytes, src.bytes);
+    for (size_t i = 0; i < t->pages.size(); ++i) {
+      EXPECT_EQ(t->pages[i].size(), src.pages[i].size());
+      std::memcpy(t->pages[i].data(), src.pages[i].data(), src.pages[i].size());
+    }
+    return target_->CompleteImport(t->session_id);
+  }
+
+  PeerCreds peer_{1234, 1000, 1000};
+  std::unique_ptr<KvPool> source_, target_;
+  std::unique_ptr<Mapped> src_map_, dst_map_;
+};
+
+// Scores compared bit for bit, NaN (unreported) included.
+bool SameScores(const policies::SlotScores& a, const policies::SlotScores& b) {
+  return std::memcmp(a.v.data(), b.v.data(), sizeof(a.v)) == 0;
+}
+
+TEST_F(SessionMoveTest, TheTargetHoldsTheSameBytesAndStateAndTheWorkerIsForwarded) {
+  const Opened s = Open(40, 1);
+  std::optional<MovedTo> moved;
+  std::atomic<int> parked{0};
+  std::atomic<bool> stop{false};
+  std::thread worker = Worker(s, &moved, &parked, &stop);
+  auto src = source_->ParkForMove(s.id, absl::Seconds(10));
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_EQ(src->session.committed_tokens, 40u);
+  // Parked: the session takes no writes meanwhile.
+  EXPECT_EQ(source_->Reserve(s.id, s.token, peer_, 16).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  const MovedSession before = src->session;
+  auto to = Import(*src);
+  ASSERT_TRUE(to.ok()) << to.status();
+  ASSERT_TRUE(source_->FinishMove(s.id, MovedTo{"/run/b.sock", to->session_id, to->token}).ok());
+  worker.join();
+  EXPECT_GT(parked.load(), 0);
+  ASSERT_TRUE(moved.has_value());
+  EXPECT_EQ(moved->socket_path, "/run/b.sock");
+  EXPECT_EQ(moved->session_id, to->session_id);
+  EXPECT_EQ(moved->token, to->token);
+  // Gone here, pages and all, once the worker heard of it; asked again,
+  // the source knows nothing of it.
+  EXPECT_EQ(source_->num_sessions(), 0u);
+  EXPECT_EQ(source_->used_bytes(), 0u);
+  EXPECT_EQ(source_->Sync(s.id, s.token, peer_, 0).status().code(), absl::StatusCode::kNotFound);
+
+  // Another uid cannot take the session over; its own worker can.
+  PeerCreds other = peer_;
+  other.uid = 1001;
+  EXPECT_EQ(target_->Attach(to->session_id, to->token, other).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  auto att = target_->Attach(to->session_id, to->token, peer_);
+  ASSERT_TRUE(att.ok()) << att.status();
+  EXPECT_EQ(att->key_format, PageFormat::kInt8);
+  EXPECT_EQ(att->value_format, PageFormat::kInt4);
+  dst_map_->Map(to->session_id, to->token, peer_, att->arenas);
+  auto sync = target_->Sync(to->session_id, to->token, peer_, 0);
+  ASSERT_TRUE(sync.ok()) << sync.status();
+  ASSERT_TRUE(sync->changed);
+  EXPECT_EQ(sync->committed_tokens, 40u);
+  ASSERT_EQ(sync->blocks.size(), s.blocks.size());
+  for (size_t b = 0; b < s.blocks.size(); ++b) {
+    ASSERT_EQ(sync->blocks[b].pages.size(), s.blocks[b].pages.size());
+    for (size_t p = 0; p < s.blocks[b].pages.size(); ++p) {
+      const PageDesc& dp = sync->blocks[b].pages[p];
+      ASSERT_EQ(dp.size_bytes, s.blocks[b].pages[p].size_bytes);
+      EXPECT_EQ(dp.format, s.blocks[b].pages[p].format);
+    }
+  }
+  // The source's pages are freed: the bytes are checked against Open's
+  // pattern, generated again from its seed.
+  uint8_t x = 1;
+  for (size_t b = 0; b < sync->blocks.size(); ++b) {
+    for (const PageDesc& p : sync->blocks[b].pages) {
+      const uint8_t* a = dst_map_->Addr(p);
+      for (uint32_t i = 0; i < p.size_bytes; ++i) {
+        x = uint8_t(x * 131 + 7);
+        ASSERT_EQ(a[i], x) << "block " << b << " page of layer " << p.layer << " byte " << i;
+      }
+    }
+  }
+  for (size_t i = 0; i < 40; ++i) EXPECT_EQ(sync->slot_positions[i], int64_t(i));
+
+  // The policy's state arrived whole: park it at the target and compare.
+  std::thread again([&] {
+    while (true) {
+      auto r = target_->Sync(to->session_id, to->token, peer_, sync->epoch);
+      if (!r.ok() || r->parked) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  auto there = target_->ParkForMove(to->session_id, absl::Seconds(10));
+  again.join();
+  ASSERT_TRUE(there.ok()) << there.status();
+  const MovedSession& after = there->session;
+  EXPECT_EQ(after.agent_id, before.agent_id);
+  EXPECT_EQ(after.tenant, before.tenant);
+  EXPECT_EQ(after.committed_tokens, before.committed_tokens);
+  EXPECT_EQ(after.next_position, before.next_position);
+  EXPECT_EQ(after.current_turn, 3);
+  EXPECT_EQ(after.current_turn, before.current_turn);
+  EXPECT_EQ(after.reports, before.reports);
+  ASSERT_EQ(after.records.size(), before.records.size());
+  for (size_t l = 0; l < after.records.size(); ++l) {
+    ASSERT_EQ(after.records[l].size(), before.records[l].size());
+    for (size_t i = 0; i < after.records[l].size(); ++i) {
+      const auto& a = after.records[l][i];
+      const auto& b = before.records[l][i];
+      EXPECT_EQ(a.meta.position, b.meta.position);
+      EXPECT_EQ(a.meta.turn, b.meta.turn);
+      EXPECT_EQ(a.meta.role, b.meta.role);
+      EXPECT_EQ(a.meta.tag.block_id, b.meta.tag.block_id);
+      EXPECT_EQ(a.count, b.count);
+      EXPECT_TRUE(SameScores(a.score, b.score)) << "slot " << i;
+    }
+  }
+  EXPECT_EQ(before.records[0][3].score[policies::ScoreStream::kAttention], 0.75f);
+  target_->AbortMove(to->session_id);
+  // Unparked: it takes writes again.
+  EXPECT_TRUE(target_->Reserve(to->session_id, to->token, peer_, 16).ok());
+}
+
+TEST_F(SessionMoveTest, AWorkerThatDoesNotReachAStepBoundaryIsNotMoved) {
+  const Opened s = Open(20, 2);
+  auto src = source_->ParkForMove(s.id, absl::Milliseconds(50));
+  EXPECT_EQ(src.status().code(), absl::StatusCode::kDeadlineExceeded) << src.status();
+  auto r = source_->Sync(s.id, s.token, peer_, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->parked);
+  EXPECT_TRUE(source_->Reserve(s.id, s.token, peer_, 16).ok());
+  EXPECT_EQ(source_->ParkForMove(12345, absl::Milliseconds(1)).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(SessionMoveTest, AFailedMoveLeavesTheSessionAsItWas) {
+  const Opened s = Open(40, 3);
+  const uint64_t used = source_->used_bytes();
+  std::optional<MovedTo> moved;
+  std::atomic<int> parked{0};
+  std::atomic<bool> stop{false};
+  std::thread worker = Worker(s, &moved, &parked, &stop);
+  auto src = source_->ParkForMove(s.id, absl::Seconds(10));
+  ASSERT_TRUE(src.ok()) << src.status();
+  // A second move of the same session meanwhile is refused.
+  EXPECT_EQ(source_->ParkForMove(s.id, absl::Milliseconds(1)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // The target refuses (its tenant is bound to another uid): the import
+  // leaves nothing there, and the source lets the worker go on.
+  MovedSession bad = src->session;
+  bad.tenant = "bound";
+  EXPECT_EQ(target_->BeginImport(bad).status().code(), absl::StatusCode::kPermissionDenied);
+  source_->AbortMove(s.id);
+  stop = true;
+  worker.join();
+  EXPECT_FALSE(moved.has_value());
+  EXPECT_EQ(target_->num_sessions(), 0u);
+  EXPECT_EQ(target_->used_bytes(), 0u);
+  EXPECT_EQ(source_->used_bytes(), used);
+  auto r = source_->Sync(s.id, s.token, peer_, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->parked);
+  EXPECT_EQ(r->committed_tokens, 40u);
+  EXPECT_TRUE(source_->Commit(s.id, s.token, peer_, 40).ok());
+  EXPECT_TRUE(source_->Reserve(s.id, s.token, peer_, 16).ok());
+}
+
+TEST_F(SessionMoveTest, AnImportThatIsCutShortOrInconsistentLeavesNothing) {
+  const Opened s = Open(40, 4);
+  std::optional<MovedTo> moved;
+  std::atomic<int> parked{0};
+  std::atomic<bool> stop{false};
+  std::thread worker = Worker(s, &moved, &parked, &stop);
+  auto src = source_->ParkForMove(s.id, absl::Seconds(10));
+  ASSERT_TRUE(src.ok()) << src.status();
+  // Records that do not match the committed tokens.
+  MovedSession bad = src->session;
+  bad.records[0].pop_back();
+  EXPECT_EQ(target_->BeginImport(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad = src->session;
+  bad.committed_tokens = 10000;
+  EXPECT_EQ(target_->BeginImport(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad = src->session;
+  bad.records[0][5].score[policies::ScoreStream::kAttention] = -1.f;
+  EXPECT_EQ(target_->BeginImport(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  // A stream cut short: the importing session is removed whole.
+  auto t = target_->BeginImport(src->session);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(target_->num_sessions(), 1u);
+  EXPECT_EQ(target_->used_bytes(), src->bytes);
+  target_->AbortImport(t->session_id);
+  EXPECT_EQ(target_->num_sessions(), 0u);
+  EXPECT_EQ(target_->used_bytes(), 0u);
+  source_->AbortMove(s.id);
+  stop = true;
+  worker.join();
+}
+
+TEST_F(SessionMoveTest, AnEvictionDuringTheMoveEndsIt) {
+  const Opened s = Open(40, 5);
+  std::optional<MovedTo> moved;
+  std::atomic<int> parked{0};
+  std::atomic<bool> stop{false};
+  std::thread worker = Worker(s, &moved, &parked, &stop);
+  auto src = source_->ParkForMove(s.id, absl::Seconds(10));
+  ASSERT_TRUE(src.ok()) << src.status();
+  ASSERT_TRUE(source_->Evict(s.id, "by operator").ok());
+  EXPECT_EQ(source_->FinishMove(s.id, MovedTo{"x", 1, "t"}).code(), absl::StatusCode::kNotFound);
+  stop = true;
+  worker.join();
+  EXPECT_FALSE(moved.has_value());
+  EXPECT_EQ(source_->num_sessions(), 0u);
+  EXPECT_EQ(source_->used_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace polykv::daemon
