@@ -54,6 +54,23 @@ TEST(ConfigTest, UnknownKeysAndBadValuesNameTheKey) {
   d = DaemonConfig();
   d.tier = "disk";
   EXPECT_FALSE(ValidateConfig(d).ok());
+  // The peer link is mutual TLS only: a listener needs all three files, and
+  // a partial set is a mistake.
+  d = DaemonConfig();
+  d.peer.address = "0.0.0.0:7070";
+  auto st = ValidateConfig(d);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("peer.address"), absl::string_view::npos) << st;
+  d.peer.cert = "/x.pem";
+  EXPECT_FALSE(ValidateConfig(d).ok());
+  d.peer.address.clear();
+  EXPECT_FALSE(ValidateConfig(d).ok());
+  d.peer.key = "/x.key";
+  d.peer.ca = "/ca.pem";
+  EXPECT_TRUE(ValidateConfig(d).ok());
+  c = LoadConfigFile(WriteTemp("peer: {adress: x}\n"), DaemonConfig());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("peer.adress"), absl::string_view::npos) << c.status();
 }
 
 }  // namespace
@@ -223,6 +240,7 @@ TEST(ConfigTest, PrintedConfigReadsBackToTheSame) {
   c.tenants["team-a"] = TenantBinding{.uids = {1001, 1002}, .gids = {2000}};
   c.default_qos.key_format.reset();
   c.default_qos.budget_fraction = 0.1;
+  c.peer = {"10.0.0.7:7070", "/etc/polykv/node.pem", "/etc/polykv/node.key", "/etc/polykv/ca.pem"};
   QosRecord a = c.default_qos;
   a.agent_id = "coder";
   a.priority = Priority::kHigh;
@@ -241,6 +259,8 @@ TEST(ConfigTest, PrintedConfigReadsBackToTheSame) {
   EXPECT_FALSE(back->default_qos.key_format.has_value());
   ASSERT_EQ(back->agents.size(), 1u);
   EXPECT_EQ(back->agents[0].key_floor, PageFormat::kInt8);
+  EXPECT_EQ(back->peer.address, "10.0.0.7:7070");
+  EXPECT_EQ(back->peer.ca, "/etc/polykv/ca.pem");
   EXPECT_EQ(ConfigToYaml(*back), text);
 }
 
