@@ -10,7 +10,7 @@
 //
 // Input: commands as in fuzz_input.h, at most 16.
 //   op:     255 Admin/Drain (the daemon is restarted after it), 254 a method
-//           that does not exist, else op % 15 indexes kMethods.
+//           that does not exist, else op % 17 indexes kMethods.
 //   flags:  0x01 prefix the payload with the setup session's SessionRef
 //           (for EvictSession its id, for SetQos its agent id); protobuf
 //           merges fields, so the fuzzer's bytes still decide the rest.
@@ -76,6 +76,11 @@ const Method kMethods[] = {
     {"/polykv.v1.Admin/GetQos", v1::GetQosRequest::default_instance(), Prefix::kAgent},
     {"/polykv.v1.Admin/SetQos", v1::SetQosRequest::default_instance(), Prefix::kAgent},
     {"/polykv.v1.Admin/EvictSession", v1::EvictSessionRequest::default_instance(),
+     Prefix::kSessionId},
+    {"/polykv.v1.Session/AttachSession", v1::AttachSessionRequest::default_instance(),
+     Prefix::kSessionRef},
+    // This daemon has no peer TLS: refused before anything waits.
+    {"/polykv.v1.Admin/MoveSession", v1::MoveSessionRequest::default_instance(),
      Prefix::kSessionId},
 };
 const Method kDrain{"/polykv.v1.Admin/Drain", v1::DrainRequest::default_instance(),

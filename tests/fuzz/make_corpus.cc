@@ -17,6 +17,7 @@
 #include <string>
 
 #include "polykv/v1/admin.pb.h"
+#include "polykv/v1/peer.pb.h"
 #include "polykv/v1/session.pb.h"
 #include "proto/polykv/v1/fd_socket.h"
 
@@ -27,7 +28,7 @@ enum Op : uint8_t {
   kOpen, kReserve, kCommit, kSync, kAck, kRelease, kClose, kHeartbeat, kWatch, kReportSlots,
   kStats, kList, kGetQos, kSetQos, kEvict,
   // request_fuzzer only
-  kDrain, kAdvance, kLadder, kDupArenaFd, kValidate, kExit,
+  kDrain, kAdvance, kLadder, kDupArenaFd, kValidate, kExit, kImport, kAttach, kPark,
   // grpc_fuzzer only
   kGrpcNoSuchMethod = 254, kGrpcDrain = 255,
 };
@@ -189,6 +190,33 @@ std::map<std::string, std::string> RequestCorpus() {
                     Cmd(kReserve, 0x13, Reserve(64)) + Cmd(kDupArenaFd, 0x13, U32(2)) +
                     Cmd(kEvict, 0x11) + Cmd(kExit, 0x10) + Cmd(kAdvance, 0, U32(2000)) +
                     Cmd(kOpen, 0, Open("z", "t2")) + Cmd(kReserve, 0x23, Reserve(128));
+  // A session as a peer daemon sends it: 2 blocks of 16 f16 tokens, 20
+  // committed, in the setup sessions' profile.
+  v1::MovedSession moved;
+  moved.set_agent_id("m");
+  moved.set_tenant("t1");
+  *moved.mutable_profile() = Open("m", "t1").profile();
+  moved.set_block_tokens(16);
+  moved.set_key_format(v1::PAGE_FORMAT_F16);
+  moved.set_value_format(v1::PAGE_FORMAT_F16);
+  moved.set_priority(v1::PRIORITY_NORMAL);
+  moved.set_committed_tokens(20);
+  for (int b = 0; b < 2; ++b) {
+    v1::MovedBlock* mb = moved.add_blocks();
+    mb->set_key_format(v1::PAGE_FORMAT_F16);
+    mb->set_value_format(v1::PAGE_FORMAT_F16);
+  }
+  v1::MovedRecords* rec = moved.add_records();
+  for (int i = 0; i < 20; ++i) {
+    rec->add_positions(i);
+    rec->add_counts(1);
+    rec->add_meta()->set_turn(0);
+  }
+  moved.set_next_position(20);
+  c["import"] = Cmd(kImport, 0x08, moved) + Cmd(kImport, 0, moved) + Cmd(kList, 0) +
+                Cmd(kPark, kSetup) + Cmd(kReserve, kSetup, Reserve(16)) +
+                Cmd(kAttach, 0x23, v1::AttachSessionRequest()) + Cmd(kSync, 0x23, v1::SyncRequest()) +
+                Cmd(kAttach, 0x27, v1::AttachSessionRequest());
   c["second_session"] = Cmd(kOpen, 0x04, Open("c", "t1")) + Cmd(kReserve, 0x23, Reserve(16)) +
                         Cmd(kReserve, 0x13, Reserve(16)) + Cmd(kClose, 0x13) +
                         Cmd(kList, 0) + Cmd(kEvict, 0x21);

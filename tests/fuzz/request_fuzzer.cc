@@ -6,12 +6,15 @@
 // pool's invariants must hold, and no call may answer INTERNAL or UNKNOWN.
 //
 // Input: commands as in fuzz_input.h.
-//   op % 21: 0 OpenSession  1 Reserve  2 Commit  3 Sync  4 Ack  5 Release
+//   op % 24: 0 OpenSession  1 Reserve  2 Commit  3 Sync  4 Ack  5 Release
 //            6 CloseSession  7 Heartbeat  8 Watch  9 ReportSlots
 //            10 GetStats  11 ListSessions  12 GetQos  13 SetQos
 //            14 EvictSession  15 Drain  16 clock += payload ms, reclaim
 //            17 pressure ladder  18 DupArenaFd  19 validation.h directly
 //            20 the session's worker process exits (then reclaim)
+//            21 a peer's ImportSession (payload: MovedSession; completed
+//               with flag 0x08, else aborted)  22 AttachSession
+//            23 MoveSession's park, with no worker to park (times out)
 //   flags:   0x01 session_id := a live session's   0x02 token := its token
 //            0x04 call as the other uid             0x30 which session (of
 //            those open: two opened in setup, later Opens append)
@@ -29,6 +32,7 @@
 
 #include "daemon/pool/validation.h"
 #include "daemon/rpc/convert.h"
+#include "daemon/rpc/move_convert.h"
 #include "tests/fuzz/fuzz_input.h"
 #include "tests/fuzz/fuzz_support.h"
 
@@ -100,6 +104,9 @@ class Run {
       case 18: DupArenaFd(c.payload); break;
       case 19: Validate(c.payload); break;
       case 20: Exit(k.peer.pid); break;
+      case 21: Import(c.payload); break;
+      case 22: Attach(c.payload); break;
+      case 23: Park(); break;
     }
     CheckOk(pool_->CheckInvariants(), "KvPool::CheckInvariants");
   }
@@ -288,6 +295,50 @@ class Run {
     v1::DrainRequest r;
     if (!Parse(p, &r)) return;
     pool_->Drain(absl::Milliseconds(r.evict_after_ms()));
+  }
+
+  // A session a peer daemon moves here, in the fuzzer's uid; its pages are
+  // written whole (as the stream would) before it completes.
+  void Import(std::string_view p) {
+    v1::MovedSession m;
+    if (!Parse(p, &m)) return;
+    auto moved = daemon::FromProto(m);
+    CheckRefusal(moved.status(), "FromProto(MovedSession)");
+    if (!moved.ok()) return;
+    moved->peer = peer_;
+    auto t = pool_->BeginImport(*moved);
+    CheckRefusal(t.status(), "BeginImport");
+    if (!t.ok()) return;
+    for (const auto& page : t->pages) std::memset(page.data(), 0x5a, page.size());
+    if (!(flags_ & 0x08)) {
+      pool_->AbortImport(t->session_id);
+      return;
+    }
+    auto done = pool_->CompleteImport(t->session_id);
+    CheckRefusal(done.status(), "CompleteImport");
+    if (done.ok() && known_.size() < kMaxSessions) {
+      known_.push_back({done->session_id, done->token, moved->agent_id, peer_});
+    }
+  }
+
+  void Attach(std::string_view p) {
+    v1::AttachSessionRequest r;
+    if (!Parse(p, &r)) return;
+    auto [id, token] = Ref(r.session());
+    auto out = pool_->Attach(id, token, peer_);
+    CheckRefusal(out.status(), "Attach");
+    if (!out.ok()) return;
+    v1::OpenSessionResponse resp;
+    daemon::ToProto(*out, &resp);
+    CheckRoundTrip(resp, "OpenSessionResponse (attach)");
+  }
+
+  // Nobody Syncs meanwhile: the park times out and must leave the session
+  // as it was (the invariants, and the calls after it).
+  void Park() {
+    auto out = pool_->ParkForMove(target_->id, absl::ZeroDuration());
+    if (out.ok()) Fail("ParkForMove: parked with no worker at a step boundary");
+    CheckRefusal(out.status(), "ParkForMove");
   }
 
   static uint32_t U32(std::string_view p) {
