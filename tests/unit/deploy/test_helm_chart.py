@@ -95,6 +95,37 @@ def test_other_values_reach_every_place_that_uses_them():
     assert svc["spec"]["selector"].items() <= labels.items()
 
 
+PEER = ("peer.enabled=true", "peer.port=7171", "peer.tlsSecret=polykvd-peer-tls")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_peer_listener_renders_valid_manifests(version):
+    for key, doc in render(*PEER).items():
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_the_peer_listener_gets_its_port_certificates_and_nothing_without_it():
+    c = container(render(*PEER))
+    args = dict(a[2:].split("=", 1) for a in c["args"])
+    assert args["peer-address"] == "0.0.0.0:7171"
+    assert {args["peer-cert"], args["peer-key"], args["peer-ca"]} == {
+        "/etc/polykv/peer/tls.crt", "/etc/polykv/peer/tls.key", "/etc/polykv/peer/ca.crt"}
+    assert {"name": "peer", "containerPort": 7171, "protocol": "TCP"} in c["ports"]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["peer-tls"] == "/etc/polykv/peer"
+    pod = render(*PEER)[("DaemonSet", "polykvd")]["spec"]["template"]["spec"]
+    [tls] = [v for v in pod["volumes"] if v["name"] == "peer-tls"]
+    assert tls["secret"]["secretName"] == "polykvd-peer-tls"
+    # Off by default: no listener, no certificates mounted.
+    plain = container(render())
+    assert not any(a.startswith("--peer") for a in plain["args"])
+    assert all(m["name"] != "peer-tls" for m in plain["volumeMounts"])
+    # On without a Secret: helm refuses, naming the value.
+    out = subprocess.run([HELM, "template", "polykvd", str(CHART), "--set", "peer.enabled=true"],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "peer.tlsSecret" in out.stderr
+
+
 def test_a_config_of_ones_own_replaces_the_default_and_rolls_the_pods():
     default = render()
     mine = render("config=pool_bytes: 2GiB\n")
