@@ -14,10 +14,7 @@ if(POLYKV_FUZZ)
     message(FATAL_ERROR "POLYKV_FUZZ=ON needs clang: "
                         "-DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14")
   endif()
-  # clang ignores the '#pragma GCC target' that gives kernels/cpu its AVX2
-  # copy, so the whole fuzz build targets AVX2 (it runs where it is built).
   add_compile_options(-fsanitize=fuzzer-no-link,${POLYKV_FUZZ_SANITIZERS}
-                      -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-                      -mavx2 -mfma -mf16c)
+                      -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
   add_link_options(-fsanitize=${POLYKV_FUZZ_SANITIZERS})
 endif()

@@ -35,17 +35,27 @@ namespace baseline {
 #include "kernels/cpu/cpu_kernels.inc"
 }  // namespace baseline
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
+// GCC takes '#pragma GCC target'; clang ignores it and takes the same
+// target as an attribute on every function of the region instead.
+#if defined(__clang__)
+#define POLYKV_TARGET_PUSH(t) \
+  _Pragma(POLYKV_STRINGIFY(clang attribute push(__attribute__((target(t))), apply_to = function)))
+#define POLYKV_TARGET_POP _Pragma("clang attribute pop")
+#else
+#define POLYKV_TARGET_PUSH(t) _Pragma("GCC push_options") _Pragma(POLYKV_STRINGIFY(GCC target(t)))
+#define POLYKV_TARGET_POP _Pragma("GCC pop_options")
+#endif
+#define POLYKV_STRINGIFY(x) #x
+
+POLYKV_TARGET_PUSH("avx2,fma,f16c")
 namespace avx2 {
 #define POLYKV_CPU_AVX2 1
 #include "kernels/cpu/cpu_kernels.inc"
 #undef POLYKV_CPU_AVX2
 }  // namespace avx2
-#pragma GCC pop_options
+POLYKV_TARGET_POP
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+POLYKV_TARGET_PUSH("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 namespace avx512 {
 // The AVX2 helpers too (same instructions, EVEX-encoded), widened where
 // POLYKV_CPU_AVX512 says.
@@ -55,7 +65,7 @@ namespace avx512 {
 #undef POLYKV_CPU_AVX512
 #undef POLYKV_CPU_AVX2
 }  // namespace avx512
-#pragma GCC pop_options
+POLYKV_TARGET_POP
 
 // Tests flip this to exercise the baseline copy on AVX2 machines; relaxed is
 // enough because a kernel call reads it once and either copy is correct.
