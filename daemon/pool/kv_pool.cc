@@ -584,6 +584,10 @@ std::vector<KvPool::Reclaimed> KvPool::ReclaimExpired() {
     if (!q.process->Alive()) gone.push_back(id);
   }
   for (uint64_t id : gone) ReleaseQuarantined(id);
+  // Forwards of moved sessions whose worker is gone or never asked.
+  std::erase_if(forwards_, [&](const auto& f) {
+    return now >= f.second.deadline || (f.second.process && !f.second.process->Alive());
+  });
   blocks_.SweepRetired();
   return out;
 }

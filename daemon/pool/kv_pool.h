@@ -366,14 +366,18 @@ class KvPool {
   std::map<std::string, uint64_t> ladder_steps_ ABSL_GUARDED_BY(mu_);
   uint64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, QuarantinedSession> quarantine_ ABSL_GUARDED_BY(mu_);  // by session id
-  // Sessions moved away, by their old id, until their worker asks (or is
-  // gone): where they went.
+  // Sessions moved away, by their old id, until their worker asks, is gone,
+  // or the deadline passes (ReclaimExpired): where they went.
   struct Forward {
     std::string token;
     uid_t uid = 0;
     std::shared_ptr<const ProcessRef> process;
     MovedTo to;
+    absl::Time deadline;
   };
+  // How long a forward waits for its worker: a parked worker asks within
+  // milliseconds; this only bounds what a worker that vanished leaves.
+  static constexpr absl::Duration kForwardTtl = absl::Minutes(10);
   std::map<uint64_t, Forward> forwards_ ABSL_GUARDED_BY(mu_);
   uint64_t shared_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // output blocks reusing old pages
   uint64_t copied_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // output blocks written anew

@@ -146,7 +146,8 @@ absl::Status KvPool::FinishMove(uint64_t session_id, MovedTo to) {
   s.move = Session::Move::kNone;
   if (s.doomed) return FinishDoomed(s);
   s.busy = false;
-  forwards_[session_id] = Forward{s.token, s.lease.peer.uid, s.lease.process, std::move(to)};
+  forwards_[session_id] =
+      Forward{s.token, s.lease.peer.uid, s.lease.process, std::move(to), Now() + kForwardTtl};
   // Not consented: the worker still maps the pages; they stay quarantined
   // until it hears of the move (TakeForward) or is gone.
   DestroySession(session_id,

@@ -58,8 +58,10 @@ struct Opened {
 
 class SessionMoveTest : public ::testing::Test {
  protected:
-  static KvPoolOptions Options() {
+  KvPoolOptions Options() {
     KvPoolOptions o;
+    // Real time (the park waits in it), shifted by what a test skips.
+    o.clock = [this] { return absl::Now() + skew_; };
     o.pool_bytes = 16 * kMiB;
     o.arena_bytes = 4 * kMiB;
     o.superblock_bytes = 256 * 1024;
@@ -162,6 +164,7 @@ class SessionMoveTest : public ::testing::Test {
   }
 
   PeerCreds peer_{1234, 1000, 1000};
+  std::atomic<absl::Duration> skew_{absl::ZeroDuration()};
   std::unique_ptr<KvPool> source_, target_;
   std::unique_ptr<Mapped> src_map_, dst_map_;
 };
@@ -348,6 +351,24 @@ TEST_F(SessionMoveTest, AnImportThatIsCutShortOrInconsistentLeavesNothing) {
   source_->AbortMove(s.id);
   stop = true;
   worker.join();
+}
+
+TEST_F(SessionMoveTest, AForwardNobodyAsksForExpires) {
+  const Opened s = Open(40, 6);
+  std::optional<MovedTo> moved;
+  std::atomic<int> parked{0};
+  std::atomic<bool> stop{false};
+  std::thread worker = Worker(s, &moved, &parked, &stop);
+  auto src = source_->ParkForMove(s.id, absl::Seconds(10));
+  ASSERT_TRUE(src.ok()) << src.status();
+  // The worker stops before it hears of the move.
+  stop = true;
+  worker.join();
+  ASSERT_TRUE(source_->FinishMove(s.id, MovedTo{"/run/b.sock", 7, "t"}).ok());
+  skew_ = absl::Minutes(11);
+  source_->ReclaimExpired();
+  EXPECT_EQ(source_->Sync(s.id, s.token, peer_, 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(source_->used_bytes(), 0u);
 }
 
 TEST_F(SessionMoveTest, AnEvictionDuringTheMoveEndsIt) {
