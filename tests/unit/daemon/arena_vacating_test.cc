@@ -2,7 +2,6 @@
 // left in many arenas kept every one of them, and the pool then refused
 // other tenants while mostly free. Sparse arenas are now vacated: their
 // blocks move at their sessions' next Sync, and emptied arenas go back.
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -13,6 +12,7 @@
 
 #include "daemon/pool/kv_pool.h"
 #include "daemon/pool/page_allocator.h"
+#include "tests/unit/daemon/mapped_arenas.h"
 
 namespace polykv::daemon {
 namespace {
@@ -62,36 +62,6 @@ TEST(PageAllocatorVacateTest, UnvacateOffersTheFreeSpaceAgain) {
   ASSERT_TRUE(a.CheckInvariants().ok()) << a.CheckInvariants();
 }
 
-// A worker's view of its pages: the arenas it mapped, as the client does.
-class Mapper {
- public:
-  explicit Mapper(KvPool& pool, const OpenResult& s, const PeerCreds& peer)
-      : pool_(pool), s_(s), peer_(peer) {}
-  ~Mapper() {
-    for (auto& [id, m] : maps_) munmap(m.first, m.second);
-  }
-  uint8_t* At(const PageDesc& d) {
-    auto it = maps_.find(d.arena_id);
-    if (it == maps_.end()) {
-      auto fd = pool_.DupArenaFd(s_.session_id, s_.token, peer_, d.arena_id);
-      EXPECT_TRUE(fd.ok()) << fd.status();
-      if (!fd.ok()) return nullptr;
-      const size_t len = static_cast<size_t>(lseek(*fd, 0, SEEK_END));
-      void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
-      close(*fd);
-      EXPECT_NE(m, MAP_FAILED);
-      it = maps_.emplace(d.arena_id, std::make_pair(m, len)).first;
-    }
-    return static_cast<uint8_t*>(it->second.first) + d.offset;
-  }
-
- private:
-  KvPool& pool_;
-  const OpenResult s_;
-  const PeerCreds peer_;
-  std::map<uint32_t, std::pair<void*, size_t>> maps_;
-};
-
 class ArenaVacatingTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -135,14 +105,13 @@ TEST_F(ArenaVacatingTest, AFewPagesLeftInManyArenasDoNotKeepThePoolFromOtherTena
     kept.push_back(r->blocks[0]);
   }
   EXPECT_FALSE(pool_->Reserve(a[0].session_id, a[0].token, peer_, 256).ok());
-  std::vector<Mapper> maps;
-  maps.reserve(a.size());
+  MappedArenas ta(pool_.get());  // the arenas of tenant ta, all of a's sessions
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_TRUE(pool_->Release(a[i].session_id, a[i].token, peer_, 16).ok());
     ASSERT_TRUE(pool_->Commit(a[i].session_id, a[i].token, peer_, 16).ok());
-    maps.emplace_back(*pool_, a[i], peer_);
     for (const PageDesc& d : kept[i].pages) {
-      std::memset(maps[i].At(d), int(i * 16 + d.layer * 2 + d.is_value), d.size_bytes);
+      std::memset(ta.At(a[i].session_id, a[i].token, peer_, d),
+                  int(i * 16 + d.layer * 2 + d.is_value), d.size_bytes);
     }
   }
   EXPECT_EQ(pool_->used_bytes(), 16 * 64 * kKiB);
@@ -166,7 +135,7 @@ TEST_F(ArenaVacatingTest, AFewPagesLeftInManyArenasDoNotKeepThePoolFromOtherTena
     ++moved;
     ASSERT_EQ(sync->blocks.size(), 1u);
     for (const PageDesc& d : sync->blocks[0].pages) {
-      const uint8_t* p = maps[i].At(d);
+      const uint8_t* p = ta.At(a[i].session_id, a[i].token, peer_, d);
       const int want = int(i * 16 + d.layer * 2 + d.is_value);
       for (uint32_t k = 0; k < d.size_bytes; ++k) ASSERT_EQ(p[k], want) << i << " " << k;
     }

@@ -2,7 +2,6 @@
 // pending old pages until Ack, ReportSlots validation, the pressure ladder,
 // and the executor's plan lowering — on a KvPool with a fake clock and real
 // memfd arenas mapped into the test (the test plays the worker).
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +21,7 @@
 #include "daemon/compaction/pressure_ladder.h"
 #include "daemon/pool/kv_pool.h"
 #include "kernels/ops.h"
+#include "tests/unit/daemon/mapped_arenas.h"
 
 namespace polykv::daemon {
 namespace {
@@ -55,9 +55,9 @@ void Erase(ReportSlotsRequest& r, ScoreStream stream) {
 
 class CompactionTest : public ::testing::Test {
  protected:
-  void SetUp() override { pool_ = MakePool(16 * kMiB); }
-  void TearDown() override {
-    for (auto& [id, m] : maps_) munmap(m.first, m.second);
+  void SetUp() override {
+    pool_ = MakePool(16 * kMiB);
+    arenas_.Reset(pool_.get());
   }
 
   std::unique_ptr<KvPool> MakePool(uint64_t bytes, uint64_t low_watermark = 0) {
@@ -130,15 +130,7 @@ class CompactionTest : public ::testing::Test {
   }
 
   void Map(uint64_t id, const std::string& token, const std::vector<ArenaExport>& arenas) {
-    for (const auto& a : arenas) {
-      if (maps_.contains(a.arena_id)) continue;
-      auto fd = pool_->DupArenaFd(id, token, peer_, a.arena_id);
-      ASSERT_TRUE(fd.ok()) << fd.status();
-      void* p = mmap(nullptr, a.size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
-      close(*fd);
-      ASSERT_NE(p, MAP_FAILED);
-      maps_[a.arena_id] = {p, a.size_bytes};
-    }
+    arenas_.Map(id, token, peer_, arenas);
   }
 
   // The K (v = 0) or V page of layer l in b; nullptr where the layer holds
@@ -150,9 +142,7 @@ class CompactionTest : public ::testing::Test {
     return nullptr;
   }
 
-  uint8_t* Addr(const PageDesc& p) {
-    return static_cast<uint8_t*>(maps_.at(p.arena_id).first) + p.offset;
-  }
+  uint8_t* Addr(const PageDesc& p) { return arenas_.Addr(p); }
 
   // Appends n tokens like a worker step: reserve, write K/V, commit.
   absl::Status Append(Sess& s, int n) {
@@ -276,7 +266,7 @@ class CompactionTest : public ::testing::Test {
   PeerCreds peer_{1234, 1000, 1000};
   std::function<float(int64_t, int, bool, int, int)> pattern_ = Pattern;
   std::unique_ptr<KvPool> pool_;
-  std::map<uint32_t, std::pair<void*, size_t>> maps_;
+  MappedArenas arenas_{nullptr};  // of pool_ (SetUp)
 };
 
 TEST_F(CompactionTest, BudgetCompactionPublishesNewEpochAndOldPagesWaitForAck) {
@@ -1012,7 +1002,7 @@ TEST_F(CompactionTest, FullPolicyNeverCompactsAndUnknownPoliciesAreRefused) {
 TEST_F(CompactionTest, PressureLadderCompactsLowestPriorityFirstThenRefusesIt) {
   // 4 MiB pool, low watermark 512 KiB. A block of this shape is 16 KiB.
   pool_ = MakePool(4 * kMiB, kMiB / 2);
-  maps_.clear();
+  arenas_.Reset(pool_.get());
   // Value floors at the fill format: the ladder's step 1 (requantization)
   // has nothing to do, so this is step 2 on its own.
   SetQos("low", "window", 0, Priority::kLow, 0, kernels::PageFormat::kF32);
@@ -1079,7 +1069,7 @@ TEST_F(CompactionTest, PressureLadderRequantizesColdBlocksBeforeEvicting) {
   // compacts next round instead).
   const uint64_t pool = 8 * kMiB, low = kMiB;
   pool_ = MakePool(pool, low);
-  maps_.clear();
+  arenas_.Reset(pool_.get());
   using F = kernels::PageFormat;
   SetQos("low", "window", 0, Priority::kLow);
   SetQos("mid", "window", 0, Priority::kNormal, 0, F::kF32);

@@ -3,9 +3,6 @@
 // between (daemon/rpc/move_convert.h): the worker parks at its Sync, the
 // target gets the same bytes and policy state, the worker's next Sync names
 // the target; a move that fails or times out leaves the session as it was.
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -15,6 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "daemon/pool/kv_pool.h"
 #include "daemon/rpc/move_convert.h"
+#include "tests/unit/daemon/mapped_arenas.h"
 #include "gtest/gtest.h"
 
 namespace polykv::daemon {
@@ -22,32 +20,45 @@ namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
 
-// A pool's arenas mapped into the test, as a worker maps them.
-class Mapped {
+// A worker at its step boundaries: Syncs until its session moved or it is
+// stopped, counting the Syncs that found it parked; stopped on destruction.
+class SyncingWorker {
  public:
-  explicit Mapped(KvPool* pool) : pool_(pool) {}
-  ~Mapped() {
-    for (auto& [id, m] : maps_) munmap(m.first, m.second);
+  SyncingWorker(KvPool* pool, uint64_t id, std::string token, PeerCreds peer)
+      : thread_([=, this] {
+          while (!stop_.load()) {
+            auto r = pool->Sync(id, token, peer, 0);
+            if (!r.ok()) return;
+            if (r->moved_to) {
+              moved_ = r->moved_to;
+              return;
+            }
+            if (r->parked) ++parked_;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+        }) {}
+  ~SyncingWorker() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
   }
-  void Map(uint64_t id, const std::string& token, const PeerCreds& peer,
-           const std::vector<ArenaExport>& arenas) {
-    for (const auto& a : arenas) {
-      if (maps_.contains(a.arena_id)) continue;
-      auto fd = pool_->DupArenaFd(id, token, peer, a.arena_id);
-      ASSERT_TRUE(fd.ok()) << fd.status();
-      void* p = mmap(nullptr, a.size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
-      close(*fd);
-      ASSERT_NE(p, MAP_FAILED);
-      maps_[a.arena_id] = {p, a.size_bytes};
-    }
+  // Stops it, then what it heard.
+  const std::optional<MovedTo>& moved() {
+    Stop();
+    return moved_;
   }
-  uint8_t* Addr(const PageDesc& p) {
-    return static_cast<uint8_t*>(maps_.at(p.arena_id).first) + p.offset;
+  // Waits until it heard where the session went (or its Sync failed).
+  const std::optional<MovedTo>& Join() {
+    if (thread_.joinable()) thread_.join();
+    return moved_;
   }
+  int parked() const { return parked_.load(); }
 
  private:
-  KvPool* pool_;
-  std::map<uint32_t, std::pair<void*, size_t>> maps_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> parked_{0};
+  std::optional<MovedTo> moved_;
+  std::thread thread_;  // last: it starts once the fields above exist
 };
 
 struct Opened {
@@ -73,8 +84,8 @@ class SessionMoveTest : public ::testing::Test {
   void SetUp() override {
     source_ = *KvPool::Create(Options());
     target_ = *KvPool::Create(Options());
-    src_map_ = std::make_unique<Mapped>(source_.get());
-    dst_map_ = std::make_unique<Mapped>(target_.get());
+    src_map_ = std::make_unique<MappedArenas>(source_.get());
+    dst_map_ = std::make_unique<MappedArenas>(target_.get());
   }
   void TearDown() override {
     for (KvPool* p : {source_.get(), target_.get()}) {
@@ -128,22 +139,10 @@ class SessionMoveTest : public ::testing::Test {
     return s;
   }
 
-  // A worker at its step boundaries: Syncs until the session moved (or
-  // `stop`), counting the Syncs that found it parked.
-  std::thread Worker(const Opened& s, std::optional<MovedTo>* moved, std::atomic<int>* parked,
-                     std::atomic<bool>* stop) {
-    return std::thread([=, this] {
-      while (!stop->load()) {
-        auto r = source_->Sync(s.id, s.token, peer_, 0);
-        if (!r.ok()) return;
-        if (r->moved_to) {
-          *moved = r->moved_to;
-          return;
-        }
-        if (r->parked) ++*parked;
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-    });
+  // Parks session `s` with a worker syncing: the move's source.
+  absl::StatusOr<MoveSource> Park(const Opened& s, std::unique_ptr<SyncingWorker>& worker) {
+    worker = std::make_unique<SyncingWorker>(source_.get(), s.id, s.token, peer_);
+    return source_->ParkForMove(s.id, absl::Seconds(10));
   }
 
   // Source to target through the wire form, as the daemons do it.
@@ -166,7 +165,7 @@ class SessionMoveTest : public ::testing::Test {
   PeerCreds peer_{1234, 1000, 1000};
   std::atomic<absl::Duration> skew_{absl::ZeroDuration()};
   std::unique_ptr<KvPool> source_, target_;
-  std::unique_ptr<Mapped> src_map_, dst_map_;
+  std::unique_ptr<MappedArenas> src_map_, dst_map_;
 };
 
 // Scores compared bit for bit, NaN (unreported) included.
@@ -176,11 +175,8 @@ bool SameScores(const policies::SlotScores& a, const policies::SlotScores& b) {
 
 TEST_F(SessionMoveTest, TheTargetHoldsTheSameBytesAndStateAndTheWorkerIsForwarded) {
   const Opened s = Open(40, 1);
-  std::optional<MovedTo> moved;
-  std::atomic<int> parked{0};
-  std::atomic<bool> stop{false};
-  std::thread worker = Worker(s, &moved, &parked, &stop);
-  auto src = source_->ParkForMove(s.id, absl::Seconds(10));
+  std::unique_ptr<SyncingWorker> worker;
+  auto src = Park(s, worker);
   ASSERT_TRUE(src.ok()) << src.status();
   EXPECT_EQ(src->session.committed_tokens, 40u);
   // Parked: the session takes no writes meanwhile.
@@ -190,8 +186,8 @@ TEST_F(SessionMoveTest, TheTargetHoldsTheSameBytesAndStateAndTheWorkerIsForwarde
   auto to = Import(*src);
   ASSERT_TRUE(to.ok()) << to.status();
   ASSERT_TRUE(source_->FinishMove(s.id, MovedTo{"/run/b.sock", to->session_id, to->token}).ok());
-  worker.join();
-  EXPECT_GT(parked.load(), 0);
+  const std::optional<MovedTo>& moved = worker->Join();
+  EXPECT_GT(worker->parked(), 0);
   ASSERT_TRUE(moved.has_value());
   EXPECT_EQ(moved->socket_path, "/run/b.sock");
   EXPECT_EQ(moved->session_id, to->session_id);
@@ -293,11 +289,8 @@ TEST_F(SessionMoveTest, AWorkerThatDoesNotReachAStepBoundaryIsNotMoved) {
 TEST_F(SessionMoveTest, AFailedMoveLeavesTheSessionAsItWas) {
   const Opened s = Open(40, 3);
   const uint64_t used = source_->used_bytes();
-  std::optional<MovedTo> moved;
-  std::atomic<int> parked{0};
-  std::atomic<bool> stop{false};
-  std::thread worker = Worker(s, &moved, &parked, &stop);
-  auto src = source_->ParkForMove(s.id, absl::Seconds(10));
+  std::unique_ptr<SyncingWorker> worker;
+  auto src = Park(s, worker);
   ASSERT_TRUE(src.ok()) << src.status();
   // A second move of the same session meanwhile is refused.
   EXPECT_EQ(source_->ParkForMove(s.id, absl::Milliseconds(1)).status().code(),
@@ -308,9 +301,7 @@ TEST_F(SessionMoveTest, AFailedMoveLeavesTheSessionAsItWas) {
   bad.tenant = "bound";
   EXPECT_EQ(target_->BeginImport(bad).status().code(), absl::StatusCode::kPermissionDenied);
   source_->AbortMove(s.id);
-  stop = true;
-  worker.join();
-  EXPECT_FALSE(moved.has_value());
+  EXPECT_FALSE(worker->moved().has_value());
   EXPECT_EQ(target_->num_sessions(), 0u);
   EXPECT_EQ(target_->used_bytes(), 0u);
   EXPECT_EQ(source_->used_bytes(), used);
@@ -324,11 +315,8 @@ TEST_F(SessionMoveTest, AFailedMoveLeavesTheSessionAsItWas) {
 
 TEST_F(SessionMoveTest, AnImportThatIsCutShortOrInconsistentLeavesNothing) {
   const Opened s = Open(40, 4);
-  std::optional<MovedTo> moved;
-  std::atomic<int> parked{0};
-  std::atomic<bool> stop{false};
-  std::thread worker = Worker(s, &moved, &parked, &stop);
-  auto src = source_->ParkForMove(s.id, absl::Seconds(10));
+  std::unique_ptr<SyncingWorker> worker;
+  auto src = Park(s, worker);
   ASSERT_TRUE(src.ok()) << src.status();
   // Records that do not match the committed tokens.
   MovedSession bad = src->session;
@@ -349,21 +337,15 @@ TEST_F(SessionMoveTest, AnImportThatIsCutShortOrInconsistentLeavesNothing) {
   EXPECT_EQ(target_->num_sessions(), 0u);
   EXPECT_EQ(target_->used_bytes(), 0u);
   source_->AbortMove(s.id);
-  stop = true;
-  worker.join();
 }
 
 TEST_F(SessionMoveTest, AForwardNobodyAsksForExpires) {
   const Opened s = Open(40, 6);
-  std::optional<MovedTo> moved;
-  std::atomic<int> parked{0};
-  std::atomic<bool> stop{false};
-  std::thread worker = Worker(s, &moved, &parked, &stop);
-  auto src = source_->ParkForMove(s.id, absl::Seconds(10));
+  std::unique_ptr<SyncingWorker> worker;
+  auto src = Park(s, worker);
   ASSERT_TRUE(src.ok()) << src.status();
   // The worker stops before it hears of the move.
-  stop = true;
-  worker.join();
+  worker->Stop();
   ASSERT_TRUE(source_->FinishMove(s.id, MovedTo{"/run/b.sock", 7, "t"}).ok());
   skew_ = absl::Minutes(11);
   source_->ReclaimExpired();
@@ -373,17 +355,12 @@ TEST_F(SessionMoveTest, AForwardNobodyAsksForExpires) {
 
 TEST_F(SessionMoveTest, AnEvictionDuringTheMoveEndsIt) {
   const Opened s = Open(40, 5);
-  std::optional<MovedTo> moved;
-  std::atomic<int> parked{0};
-  std::atomic<bool> stop{false};
-  std::thread worker = Worker(s, &moved, &parked, &stop);
-  auto src = source_->ParkForMove(s.id, absl::Seconds(10));
+  std::unique_ptr<SyncingWorker> worker;
+  auto src = Park(s, worker);
   ASSERT_TRUE(src.ok()) << src.status();
   ASSERT_TRUE(source_->Evict(s.id, "by operator").ok());
   EXPECT_EQ(source_->FinishMove(s.id, MovedTo{"x", 1, "t"}).code(), absl::StatusCode::kNotFound);
-  stop = true;
-  worker.join();
-  EXPECT_FALSE(moved.has_value());
+  EXPECT_FALSE(worker->moved().has_value());
   EXPECT_EQ(source_->num_sessions(), 0u);
   EXPECT_EQ(source_->used_bytes(), 0u);
 }
