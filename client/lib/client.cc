@@ -77,7 +77,7 @@ class SessionImpl final : public Session {
   uint64_t moves() const override { return moves_; }
 
   absl::StatusOr<std::vector<Block>> Reserve(uint64_t num_tokens) override {
-    if (closed_) return absl::FailedPreconditionError("session is closed");
+    if (auto s = CheckActive(); !s.ok()) return s;
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     v1::ReserveRequest req;
@@ -99,7 +99,7 @@ class SessionImpl final : public Session {
   }
 
   absl::Status Commit(uint64_t committed_tokens) override {
-    if (closed_) return absl::FailedPreconditionError("session is closed");
+    if (auto s = CheckActive(); !s.ok()) return s;
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     v1::CommitRequest req;
@@ -121,7 +121,7 @@ class SessionImpl final : public Session {
   absl::Status ReportSlots(uint64_t first_slot, const std::vector<SlotMeta>& meta,
                            const std::vector<ScoreValues>& scores,
                            uint32_t current_turn) override {
-    if (closed_) return absl::FailedPreconditionError("session is closed");
+    if (auto s = CheckActive(); !s.ok()) return s;
     v1::ReportSlotsRequest req;
     req.set_current_turn(current_turn);
     for (const SlotMeta& m : meta) {
@@ -150,8 +150,25 @@ class SessionImpl final : public Session {
     return FromGrpc(stub_->ReportSlots(&ctx, req, &resp));
   }
 
+  absl::Status Idle() override {
+    if (auto s = CheckActive(); !s.ok()) return s;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::SyncRequest req;
+    FillRef(ref_, req.mutable_session());
+    req.set_known_epoch(epoch_);
+    req.set_then_idle(true);
+    v1::SyncResponse resp;
+    if (auto s = FromGrpc(stub_->Sync(&ctx, req, &resp)); !s.ok()) return s;
+    // Whatever it says (a move that parks it, tables published meanwhile),
+    // the next Sync takes it up.
+    idle_ = true;
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<bool> Sync() override {
     if (closed_) return absl::FailedPreconditionError("session is closed");
+    idle_ = false;
     v1::SyncResponse resp;
     for (;;) {
       resp.Clear();
@@ -197,7 +214,7 @@ class SessionImpl final : public Session {
   }
 
   absl::Status Release(uint64_t keep_tokens) override {
-    if (closed_) return absl::FailedPreconditionError("session is closed");
+    if (auto s = CheckActive(); !s.ok()) return s;
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     v1::ReleaseRequest req;
@@ -224,7 +241,9 @@ class SessionImpl final : public Session {
   }
 
  private:
-  absl::StatusOr<Block> Convert(const v1::Block& b) const {
+  absl::StatusOr<Block> Convert(const v1::Block& b) const { return Convert(b, *mapper_); }
+  // `b` with its pages' addresses in `mapper`'s arenas.
+  absl::StatusOr<Block> Convert(const v1::Block& b, const internal::ArenaMapper& mapper) const {
     // By layer: the daemon lists only the layers the block holds.
     const size_t entries = 2 * size_t(info_.num_layers);
     Block out;
@@ -243,7 +262,7 @@ class SessionImpl final : public Session {
                                                 info_.num_layers, " layers, or twice"));
       }
       seen[i] = true;
-      auto addr = mapper_->Address(p.arena_id(), p.offset(), p.size_bytes());
+      auto addr = mapper.Address(p.arena_id(), p.offset(), p.size_bytes());
       if (!addr.ok()) return addr.status();
       auto format = FormatFromWire(p.format(), "a");
       if (!format.ok()) return format.status();
@@ -259,8 +278,19 @@ class SessionImpl final : public Session {
     return out;
   }
 
-  // The session moved to another polykvd: attach there, map its arenas,
-  // and take its tables (the same slots, new pages) as a changed Sync.
+  absl::Status CheckActive() const {
+    if (closed_) return absl::FailedPreconditionError("session is closed");
+    if (idle_) {
+      return absl::FailedPreconditionError(
+          "the session is idle (Idle): Sync first, it may have moved meanwhile");
+    }
+    return absl::OkStatus();
+  }
+
+  // The session moved to another polykvd: attach there, map its arenas and
+  // take its tables (the same slots at the same epoch, in new pages), then
+  // Sync there, the step boundary this call is. True: the tables changed
+  // (their pages at least; their slots too when that Sync published an epoch).
   absl::StatusOr<bool> FollowMove(const v1::MovedTo& to) {
     auto channel = internal::Dial(to.socket_path(), 5000);
     if (!channel.ok()) {
@@ -278,13 +308,22 @@ class SessionImpl final : public Session {
       FillRef(ref, req.mutable_session());
       if (auto s = FromGrpc(stub->AttachSession(&ctx, req, &resp)); !s.ok()) return s;
     }
-    if (resp.block_tokens() != info_.block_tokens) {
-      return absl::InternalError(absl::StrCat("the moved session has ", resp.block_tokens(),
-                                              "-token pages, not ", info_.block_tokens));
+    if (resp.block_tokens() != info_.block_tokens || resp.epoch() != epoch_ ||
+        static_cast<size_t>(resp.blocks_size()) != blocks_.size()) {
+      return absl::InternalError(absl::StrCat(
+          "the moved session is not the one this worker holds: ", resp.blocks_size(),
+          " blocks of ", resp.block_tokens(), " tokens at epoch ", resp.epoch(), ", not ",
+          blocks_.size(), " of ", info_.block_tokens, " at ", epoch_));
     }
     auto mapper = std::make_unique<internal::ArenaMapper>(resp.fd_socket_path(), ref);
     for (const auto& a : resp.arenas()) {
       if (auto s = mapper->Add(a); !s.ok()) return s;
+    }
+    std::vector<Block> blocks;
+    for (const auto& b : resp.blocks()) {
+      auto block = Convert(b, *mapper);
+      if (!block.ok()) return block.status();
+      blocks.push_back(*std::move(block));
     }
     StopHeartbeat();
     {
@@ -295,15 +334,20 @@ class SessionImpl final : public Session {
     // The old daemon's arenas are unmapped here: nothing reads them past
     // this step boundary (the caller adopts the tables returned below).
     mapper_ = std::move(mapper);
+    blocks_ = std::move(blocks);
     info_.session_id = ref.session_id;
     info_.lease_ms = resp.lease_ms();
-    epoch_ = 0;
     ++moves_;
     if (heartbeat_on_) {
-      stop_ = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop_ = false;
+      }
       heartbeat_ = std::thread([this] { HeartbeatLoop(); });
     }
-    return Sync();
+    auto changed = Sync();
+    if (!changed.ok()) return changed.status();
+    return true;
   }
 
   void StopHeartbeat() {
@@ -345,6 +389,7 @@ class SessionImpl final : public Session {
   std::unique_ptr<internal::ArenaMapper> mapper_;
   uint64_t moves_ = 0;
   bool heartbeat_on_ = false;
+  bool idle_ = false;  // Idle() until the next Sync
   std::vector<Block> blocks_;
   uint64_t epoch_ = 0;
   uint64_t committed_ = 0;

@@ -238,6 +238,8 @@ absl::StatusOr<TurnResult> Conversation::Generate(
   }
   r.decode_seconds = SteadySeconds() - t0;
   EndGeneratedTurn(&r);
+  // The agent now waits for its next message: the cache may move meanwhile.
+  if (absl::Status s = store_->Idle(); !s.ok()) return s;
   if (on_text && r.text.size() > printed) on_text(std::string_view(r.text).substr(printed));
   return r;
 }

@@ -114,6 +114,10 @@ class KvStore {
 
   // Called when a new message starts. Default: nothing to report.
   virtual absl::Status BeginTurn(const TurnInfo& turn) { return absl::OkStatus(); }
+  // A generated turn ended and the agent waits (for a tool, a user): the
+  // store touches nothing until the next BeginTurn, so its pages may be
+  // moved meanwhile (PageSource::Idle).
+  virtual absl::Status Idle() { return absl::OkStatus(); }
 
   // Probes: a store that supports them runs the steps between BeginProbe and
   // EndProbe over its cache without keeping them, and reports the attention

@@ -183,6 +183,30 @@ void PagedKvStore::AddBlocks(const std::vector<PagedBlock>& blocks) {
   peak_bytes_ = std::max(peak_bytes_, bytes());
 }
 
+absl::Status PagedKvStore::AdoptSlotCounts(const PagedTable& table) {
+  const std::vector<uint32_t>& counts = table.slot_counts;
+  if (!counts.empty() && static_cast<int64_t>(counts.size()) != table.num_tokens) {
+    return absl::InternalError(absl::StrCat("page source published ", counts.size(),
+                                            " slot counts for ", table.num_tokens, " slots"));
+  }
+  bool merged = false;
+  for (size_t s = 0; s < counts.size(); ++s) {
+    if (counts[s] == 0) {
+      return absl::InternalError(
+          absl::StrCat("page source published slot ", s, " with count 0 (counts are >= 1)"));
+    }
+    merged |= counts[s] > 1;
+  }
+  slot_bias_.clear();  // All ones (or none): attention takes the unbiased path.
+  if (merged) {
+    slot_bias_.resize(counts.size());
+    for (size_t s = 0; s < counts.size(); ++s) {
+      slot_bias_[s] = std::log(static_cast<float>(counts[s]));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
   const int layers = options_.shape.num_layers;
   for (const PagedBlock& b : table.blocks) {
@@ -220,26 +244,6 @@ absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
       return absl::InternalError(absl::StrCat("page source published no pages of layer ", l));
     }
   }
-  const std::vector<uint32_t>& counts = table.slot_counts;
-  if (!counts.empty() && static_cast<int64_t>(counts.size()) != table.num_tokens) {
-    return absl::InternalError(absl::StrCat("page source published ", counts.size(),
-                                            " slot counts for ", table.num_tokens, " slots"));
-  }
-  bool merged = false;
-  for (size_t s = 0; s < counts.size(); ++s) {
-    if (counts[s] == 0) {
-      return absl::InternalError(
-          absl::StrCat("page source published slot ", s, " with count 0 (counts are >= 1)"));
-    }
-    merged |= counts[s] > 1;
-  }
-  slot_bias_.clear();  // All ones (or none): attention takes the unbiased path.
-  if (merged) {
-    slot_bias_.resize(counts.size());
-    for (size_t s = 0; s < counts.size(); ++s) {
-      slot_bias_[s] = std::log(static_cast<float>(counts[s]));
-    }
-  }
   // The same slots: its committed ones, and the pages hold the rest the
   // store wrote since (a move copies whole pages).
   if (table.same_slots && table.num_tokens > num_slots_) {
@@ -247,10 +251,13 @@ absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
                                             table.num_tokens, " slots; the store holds ",
                                             num_slots_));
   }
+  if (!table.same_slots) RETURN_IF_ERROR_(AdoptSlotCounts(table));
   for (auto& t : tables_) t.clear();
   first_block_ = std::move(first);
   AddBlocks(table.blocks);
   epoch_ = table.epoch;
+  // New pages only: what the store holds of the slots (their f32 rows,
+  // counts, pending mass, recent window) stays.
   if (table.same_slots) return absl::OkStatus();
   num_slots_ = table.num_tokens;
   mass_.assign(num_slots_, 0.0f);  // Slots moved: pending scores no longer apply.
@@ -331,6 +338,14 @@ absl::Status PagedKvStore::CommitAndSync() {
   if (!t.ok()) return t.status();
   if (t->has_value()) RETURN_IF_ERROR_(AdoptTable(**t));
   return absl::OkStatus();
+}
+
+absl::Status PagedKvStore::Idle() {
+  if (!step_meta_.empty() || probing_) return absl::FailedPreconditionError("Idle inside a step");
+  // A step boundary first (commit, the pending reports, the daemon's
+  // tables): nothing may call the source between Idle and the next Sync.
+  RETURN_IF_ERROR_(CommitAndSync());
+  return source_->Idle();
 }
 
 absl::Status PagedKvStore::BeginTurn(const TurnInfo& turn) {

@@ -85,6 +85,9 @@ class PageSource {
   // At a step boundary: the new table if the source's epoch moved, else
   // nullopt. Adopting it acknowledges the epoch.
   virtual absl::StatusOr<std::optional<PagedTable>> Sync() = 0;
+  // The store touches no page until its next Sync (Session::Idle). Default:
+  // nothing to say.
+  virtual absl::Status Idle() { return absl::OkStatus(); }
   // What the daemon's policy for this session reads (OpenSession, then each
   // Sync): the store measures those streams and no others (attention mass in
   // decode and prefill, entropy in decode, the probes that report intent,
@@ -220,6 +223,10 @@ class PagedKvStore : public KvStore {
   absl::Status EndStep() override;
   // A new message: commit what is pending and sync before its tokens.
   absl::Status BeginTurn(const TurnInfo& turn) override;
+  // A step boundary (commit, reports, Sync), then tells the source it is
+  // idle until the next BeginTurn (whose Sync follows the session wherever
+  // it went).
+  absl::Status Idle() override;
   // Probes: between BeginProbe and EndProbe, steps attend over the cache
   // (and each other) as usual but are never committed; EndProbe drops them,
   // restores the block being filled and reports the mass they gave each slot
@@ -245,6 +252,8 @@ class PagedKvStore : public KvStore {
  private:
   PagedKvStore(const PagedKvStoreOptions& options, std::unique_ptr<PageSource> source);
   void AddBlocks(const std::vector<PagedBlock>& blocks);
+  // The table's slot counts as the attention bias (slot_bias_), checked.
+  absl::Status AdoptSlotCounts(const PagedTable& table);
   absl::Status AdoptTable(const PagedTable& table);
   absl::Status EncodeBlock(int layer, int64_t block, int rows);
   // The recent window (PagedKvStoreOptions::recent_f16_tokens): the f16 K

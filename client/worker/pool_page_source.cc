@@ -69,6 +69,8 @@ class PoolPageSource : public PageSource {
     return Benign(session_->ReportSlots(first, meta, {}, turn));
   }
 
+  absl::Status Idle() override { return session_->Idle(); }
+
   WantedStreams wants() const override { return session_->info().wants; }
   double tag_seconds() const override { return tag_seconds_; }
 
@@ -93,12 +95,13 @@ class PoolPageSource : public PageSource {
 
   absl::StatusOr<std::optional<PagedTable>> Sync() override {
     const uint64_t moves = session_->moves();
+    const uint64_t epoch = session_->epoch();
     auto changed = session_->Sync();
     if (!changed.ok()) return changed.status();
     if (!*changed) return std::nullopt;
     PagedTable t;
-    // Moved to another polykvd: the same slots in new pages.
-    t.same_slots = session_->moves() != moves;
+    // Moved to another polykvd, no new epoch there: the same slots in new pages.
+    t.same_slots = session_->moves() != moves && session_->epoch() == epoch;
     if (tagger_ && !t.same_slots) tagger_->SlotsMoved();
     for (const Block& b : session_->blocks()) {
       auto pb = Convert(b);

@@ -335,7 +335,8 @@ absl::StatusOr<uint64_t> KvPool::Commit(uint64_t session_id, absl::string_view t
 }
 
 absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view token,
-                                        const PeerCreds& peer, uint64_t known_epoch) {
+                                        const PeerCreds& peer, uint64_t known_epoch,
+                                        bool then_idle) {
   SyncResult out;
   std::vector<Block> tables;  // copied, to describe after the lock is released
   {
@@ -365,7 +366,7 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     // this is where a compaction or a move out of vacated arenas publishes:
     // only when the worker holds the current tables and has acknowledged the
     // previous ones. A move first (it changes the epoch: no compaction then).
-    if (known_epoch == s.tables.epoch && s.tables.pending.empty() && !s.busy) {
+    if (known_epoch == s.tables.epoch && s.tables.pending.empty() && !s.busy && !then_idle) {
       if (auto st = Relocate(s); absl::IsNotFound(st)) return st;
       if (s.tables.epoch == known_epoch) {
         if (auto st = CompactAtStepBoundary(s); absl::IsNotFound(st)) return st;
@@ -375,6 +376,9 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     // it returns, so the lease runs from now.
     s.lease.Renew(Now());
     out.parked = s.move == Session::Move::kParked;
+    // Idle only over the tables the worker holds: a move copies the current
+    // ones, and the worker takes them for its own.
+    s.idle = then_idle && !out.parked && known_epoch == s.tables.epoch;
     out.epoch = s.tables.epoch;
     out.committed_tokens = s.tables.committed_tokens;
     out.wants = s.policy.wants;
@@ -517,6 +521,7 @@ absl::StatusOr<Session*> KvPool::Authorize(uint64_t id, absl::string_view token,
                                            const PeerCreds& peer, bool mutation) {
   auto sp = mutation ? sessions_.AuthorizeMutation(id, token, peer, Now())
                      : sessions_.Authorize(id, token, peer, Now());
+  if (sp.ok()) (*sp)->idle = false;  // the worker is at work again
   if (!absl::IsNotFound(sp.status())) return sp;
   auto q = quarantine_.find(id);
   if (q != quarantine_.end() && TokenEquals(token, q->second.token) && peer.uid == q->second.uid) {

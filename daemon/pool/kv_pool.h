@@ -129,8 +129,12 @@ class KvPool {
                                         const PeerCreds& peer, uint64_t num_tokens);
   absl::StatusOr<uint64_t> Commit(uint64_t session_id, absl::string_view token,
                                   const PeerCreds& peer, uint64_t committed_tokens);
+  // then_idle: the worker writes and reads nothing until its next Sync
+  // (SyncRequest.then_idle): no tables are published at this call, and a
+  // move parks the session at once while it is idle.
   absl::StatusOr<SyncResult> Sync(uint64_t session_id, absl::string_view token,
-                                  const PeerCreds& peer, uint64_t known_epoch);
+                                  const PeerCreds& peer, uint64_t known_epoch,
+                                  bool then_idle = false);
   absl::Status Ack(uint64_t session_id, absl::string_view token, const PeerCreds& peer,
                    uint64_t epoch);
   absl::StatusOr<ReleaseResult> Release(uint64_t session_id, absl::string_view token,
@@ -201,7 +205,8 @@ class KvPool {
   absl::StatusOr<MovedTo> CompleteImport(uint64_t session_id);
   void AbortImport(uint64_t session_id);
   // The worker takes over an imported session: Open's reply for it (every
-  // arena announced again); the caller's uid must be the session's.
+  // arena announced again) with its tables; the caller's uid must be the
+  // session's.
   absl::StatusOr<OpenResult> Attach(uint64_t session_id, absl::string_view token,
                                     const PeerCreds& peer);
 

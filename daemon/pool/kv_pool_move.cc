@@ -75,6 +75,11 @@ absl::StatusOr<MoveSource> KvPool::ParkForMove(uint64_t session_id, absl::Durati
         absl::StrCat("session ", session_id, " is being moved already"));
   }
   sp->move = Session::Move::kRequested;
+  // An idle worker touches no page until its next Sync: parked now.
+  if (sp->idle && !sp->busy) {
+    sp->move = Session::Move::kParked;
+    sp->busy = true;
+  }
   // The worker parks at its next Sync. The session may end meanwhile (its
   // entry is then gone), so it is looked up afresh each time.
   auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -118,6 +123,7 @@ absl::StatusOr<MoveSource> KvPool::ParkForMove(uint64_t session_id, absl::Durati
   m.current_turn = s.policy.current_turn;
   m.importance_reported = s.policy.importance_reported;
   m.reports = s.policy.reports;
+  m.epoch = s.tables.epoch;
   for (const Block& b : s.tables.blocks) {
     MovedBlock mb{b.shape.key_format, b.shape.value_format, b.shape.present};
     m.blocks.push_back(std::move(mb));
@@ -227,8 +233,9 @@ absl::StatusOr<ImportTarget> KvPool::BeginImport(const MovedSession& m) {
   s.lease.Renew(Now());
   s.events = std::make_shared<EventChannel>();
   s.tables.committed_tokens = m.committed_tokens;
-  // Any epoch but the worker's 0: its first Sync here gets the whole table.
-  s.tables.epoch = 1;
+  // The worker's epoch: it attaches with these tables (Attach), and its next
+  // Sync here is the step boundary it would have had at the source.
+  s.tables.epoch = s.tables.acked_epoch = m.epoch;
   s.policy.records = m.records;
   s.policy.layer_scores = m.layer_scores;
   s.policy.log_count_bias = m.log_count_bias;
@@ -321,7 +328,11 @@ absl::StatusOr<OpenResult> KvPool::Attach(uint64_t session_id, absl::string_view
   s.lease.peer = peer;
   s.lease.process = options_.process_watcher ? options_.process_watcher(peer.pid) : nullptr;
   s.known_arenas.clear();
-  return Describe(s, admission_.For(s.agent_id()));
+  OpenResult out = Describe(s, admission_.For(s.agent_id()));
+  for (uint32_t b = 0; b < s.tables.blocks.size(); ++b) {
+    out.blocks.push_back(DescribeBlock(options_.superblock_bytes, s.tables.blocks[b], b));
+  }
+  return out;
 }
 
 }  // namespace polykv::daemon

@@ -52,6 +52,7 @@ struct MovedSession {
   int32_t current_turn = 0;
   bool importance_reported = false;
   uint64_t reports = 0;
+  uint64_t epoch = 0;  // of the tables the parked worker holds
 };
 
 // A parked session's pages, in MovedSession order: every present page of

@@ -122,6 +122,9 @@ struct Session {
   // worker waits in Sync, the session is busy), or being imported here.
   enum class Move { kNone, kRequested, kParked, kImporting };
   Move move = Move::kNone;
+  // Its worker said it is idle (Sync then_idle) and has called nothing since:
+  // it touches no page until its next Sync, so a move may park it at once.
+  bool idle = false;
   bool doom_consented = false;
   SessionEventMsg doom_event;
 

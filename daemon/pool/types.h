@@ -112,6 +112,8 @@ struct OpenResult {
   QosRecord qos;
   // What the worker should report: the streams the agent's policy reads.
   policies::WantedStreams wants;
+  // Attach only: the session's tables at `epoch`.
+  std::vector<BlockDesc> blocks;
 };
 
 struct ReserveResult {

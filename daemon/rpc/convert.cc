@@ -261,6 +261,7 @@ void ToProto(const OpenResult& in, v1::OpenSessionResponse* out) {
   out->set_epoch(in.epoch);
   ToProto(in.qos, out->mutable_qos());
   SetWanted(in.wants, out);
+  for (const auto& b : in.blocks) ToProto(b, out->add_blocks());
 }
 
 void ToProto(const ModelProfile& in, v1::ModelProfile* out) {

@@ -125,6 +125,7 @@ absl::StatusOr<MovedSession> FromProto(const v1::MovedSession& m) {
   o.current_turn = static_cast<int32_t>(m.current_turn());
   o.importance_reported = m.importance_reported();
   o.reports = m.reports();
+  o.epoch = m.epoch();
   return o;
 }
 
@@ -164,6 +165,7 @@ void ToProto(const MovedSession& in, v1::MovedSession* out) {
   out->set_current_turn(static_cast<uint32_t>(in.current_turn));
   out->set_importance_reported(in.importance_reported);
   out->set_reports(in.reports);
+  out->set_epoch(in.epoch);
 }
 
 }  // namespace polykv::daemon

@@ -101,7 +101,7 @@ grpc::Status SessionService::Sync(grpc::ServerContext* c, const v1::SyncRequest*
                                   v1::SyncResponse* resp) {
   return Handle(ctx_, c, "Sync", [&](const PeerCreds& peer) -> absl::Status {
     auto out = ctx_.pool->Sync(req->session().session_id(), req->session().token(), peer,
-                               req->known_epoch());
+                               req->known_epoch(), req->then_idle());
     if (!out.ok()) return out.status();
     if (out->moved_to) {
       resp->mutable_moved_to()->set_socket_path(out->moved_to->socket_path);

@@ -107,6 +107,13 @@ class Session {
   // Adopts new block tables if the epoch moved; then acknowledges them.
   // Returns true when the tables changed (blocks() is then new).
   virtual absl::StatusOr<bool> Sync() = 0;
+  // The worker goes idle (its agent waits for a tool, a user, another
+  // agent): it promises to write and read no page until its next Sync, which
+  // must be its next call but for Close. The daemon may then move the session
+  // (polykvctl move) without waiting for a step boundary; that Sync follows
+  // it. Reserve, Commit, Release and ReportSlots before that Sync are
+  // FAILED_PRECONDITION here, sending nothing.
+  virtual absl::Status Idle() { return absl::OkStatus(); }
   virtual absl::Status Release(uint64_t keep_tokens) = 0;
   virtual absl::Status Close() = 0;
   // All blocks of the session in order, as last reserved or synced.
@@ -116,10 +123,12 @@ class Session {
   // The raw capability token (for tests of token checks; keep it secret).
   virtual const std::string& token() const = 0;
   // Moves to another polykvd that Sync followed (polykvctl move): Sync parks
-  // while the daemon copies the session, then attaches at the target and
-  // returns true with the target's tables, which hold the same slots (same
-  // positions, counts and bytes) in new pages. info().session_id and token()
-  // are the target's from then on.
+  // while the daemon copies the session, then attaches at the target, takes
+  // its tables -- the same slots (positions, counts, bytes) at the same
+  // epoch, in new pages -- and syncs there, and returns true. If epoch() is
+  // still what it was before that Sync, blocks() holds the slots the worker
+  // held; else that Sync published new tables (as any Sync may).
+  // info().session_id and token() are the target's from then on.
   virtual uint64_t moves() const { return 0; }
 
   // --- Policy engine (daemon compaction) ---

@@ -208,15 +208,13 @@ TEST_F(SessionMoveTest, TheTargetHoldsTheSameBytesAndStateAndTheWorkerIsForwarde
   EXPECT_EQ(att->key_format, PageFormat::kInt8);
   EXPECT_EQ(att->value_format, PageFormat::kInt4);
   dst_map_->Map(to->session_id, to->token, peer_, att->arenas);
-  auto sync = target_->Sync(to->session_id, to->token, peer_, 0);
-  ASSERT_TRUE(sync.ok()) << sync.status();
-  ASSERT_TRUE(sync->changed);
-  EXPECT_EQ(sync->committed_tokens, 40u);
-  ASSERT_EQ(sync->blocks.size(), s.blocks.size());
+  // The worker's tables, at its epoch, in the target's pages.
+  EXPECT_EQ(att->epoch, 0u);
+  ASSERT_EQ(att->blocks.size(), s.blocks.size());
   for (size_t b = 0; b < s.blocks.size(); ++b) {
-    ASSERT_EQ(sync->blocks[b].pages.size(), s.blocks[b].pages.size());
+    ASSERT_EQ(att->blocks[b].pages.size(), s.blocks[b].pages.size());
     for (size_t p = 0; p < s.blocks[b].pages.size(); ++p) {
-      const PageDesc& dp = sync->blocks[b].pages[p];
+      const PageDesc& dp = att->blocks[b].pages[p];
       ASSERT_EQ(dp.size_bytes, s.blocks[b].pages[p].size_bytes);
       EXPECT_EQ(dp.format, s.blocks[b].pages[p].format);
     }
@@ -224,8 +222,8 @@ TEST_F(SessionMoveTest, TheTargetHoldsTheSameBytesAndStateAndTheWorkerIsForwarde
   // The source's pages are freed: the bytes are checked against Open's
   // pattern, generated again from its seed.
   uint8_t x = 1;
-  for (size_t b = 0; b < sync->blocks.size(); ++b) {
-    for (const PageDesc& p : sync->blocks[b].pages) {
+  for (size_t b = 0; b < att->blocks.size(); ++b) {
+    for (const PageDesc& p : att->blocks[b].pages) {
       const uint8_t* a = dst_map_->Addr(p);
       for (uint32_t i = 0; i < p.size_bytes; ++i) {
         x = uint8_t(x * 131 + 7);
@@ -233,7 +231,11 @@ TEST_F(SessionMoveTest, TheTargetHoldsTheSameBytesAndStateAndTheWorkerIsForwarde
       }
     }
   }
-  for (size_t i = 0; i < 40; ++i) EXPECT_EQ(sync->slot_positions[i], int64_t(i));
+  // Its next Sync there is an ordinary step boundary: nothing new.
+  auto sync = target_->Sync(to->session_id, to->token, peer_, att->epoch);
+  ASSERT_TRUE(sync.ok()) << sync.status();
+  EXPECT_FALSE(sync->changed);
+  EXPECT_EQ(sync->committed_tokens, 40u);
 
   // The policy's state arrived whole: park it at the target and compare.
   std::thread again([&] {
@@ -284,6 +286,27 @@ TEST_F(SessionMoveTest, AWorkerThatDoesNotReachAStepBoundaryIsNotMoved) {
   EXPECT_TRUE(source_->Reserve(s.id, s.token, peer_, 16).ok());
   EXPECT_EQ(source_->ParkForMove(12345, absl::Milliseconds(1)).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST_F(SessionMoveTest, AnIdleWorkerIsParkedAtOnceAndItsNextSyncFollows) {
+  const Opened s = Open(40, 7);
+  // Any call ends the idle state: nobody syncs, so the park times out.
+  ASSERT_TRUE(source_->Sync(s.id, s.token, peer_, 0, /*then_idle=*/true).ok());
+  ASSERT_TRUE(source_->Commit(s.id, s.token, peer_, 40).ok());
+  EXPECT_EQ(source_->ParkForMove(s.id, absl::Milliseconds(20)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // Idle again, and nothing since: parked without waiting for a Sync.
+  ASSERT_TRUE(source_->Sync(s.id, s.token, peer_, 0, /*then_idle=*/true).ok());
+  EXPECT_TRUE(source_->Heartbeat(s.id, s.token, peer_).ok());  // beats do not count
+  auto src = source_->ParkForMove(s.id, absl::ZeroDuration());
+  ASSERT_TRUE(src.ok()) << src.status();
+  auto to = Import(*src);
+  ASSERT_TRUE(to.ok()) << to.status();
+  ASSERT_TRUE(source_->FinishMove(s.id, MovedTo{"/run/b.sock", to->session_id, to->token}).ok());
+  auto next = source_->Sync(s.id, s.token, peer_, 0);
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_TRUE(next->moved_to.has_value());
+  EXPECT_EQ(next->moved_to->session_id, to->session_id);
 }
 
 TEST_F(SessionMoveTest, AFailedMoveLeavesTheSessionAsItWas) {
