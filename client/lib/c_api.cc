@@ -189,6 +189,13 @@ int pkv_sync(pkv_session* s, int* changed) {
 
 uint64_t pkv_epoch(const pkv_session* s) { return s ? s->impl->epoch() : 0; }
 
+int pkv_idle(pkv_session* s) {
+  if (!s) return Report(absl::InvalidArgumentError("null session"));
+  return Report(s->impl->Idle());
+}
+
+uint64_t pkv_moves(const pkv_session* s) { return s ? s->impl->moves() : 0; }
+
 uint64_t pkv_committed_tokens(const pkv_session* s) {
   return s ? s->impl->committed_tokens() : 0;
 }

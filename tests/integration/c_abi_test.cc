@@ -136,6 +136,16 @@ TEST_F(CAbiTest, SessionLifecycleAndErrors) {
   EXPECT_EQ(none, nullptr);
   EXPECT_EQ(pkv_num_blocks(session), 3u);
 
+  // Idle: nothing but pkv_sync until pkv_sync (no move here: unchanged).
+  ASSERT_EQ(pkv_idle(session), 0) << pkv_last_error();
+  EXPECT_EQ(pkv_reserve(session, 16), 9);  // FAILED_PRECONDITION
+  EXPECT_NE(std::string(pkv_last_error()).find("idle"), std::string::npos) << pkv_last_error();
+  int changed = -1;
+  ASSERT_EQ(pkv_sync(session, &changed), 0) << pkv_last_error();
+  EXPECT_EQ(changed, 0);
+  EXPECT_EQ(pkv_moves(session), 0u);
+  EXPECT_EQ(pkv_idle(nullptr), 3);
+
   EXPECT_EQ(pkv_release(session, 16), 0) << pkv_last_error();
   EXPECT_EQ(pkv_num_blocks(session), 1u);
   EXPECT_EQ(pkv_session_close(session), 0) << pkv_last_error();

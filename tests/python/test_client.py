@@ -121,6 +121,23 @@ def test_errors_carry_the_code_and_the_daemons_message(daemon):
     assert pool_problems(daemon.admin) == ""
 
 
+def test_an_idle_session_takes_nothing_but_sync(daemon):
+    with polykv.Client(daemon.socket) as client:
+        with client.open_session("idle", PROFILE, tenant="t-idle") as s:
+            s.reserve(16)
+            s.commit(10)
+            s.idle()
+            with pytest.raises(errors.FailedPrecondition, match="idle"):
+                s.reserve(16)
+            assert s.sync() is False  # nothing moved it
+            assert s.moves == 0
+            s.reserve(16)
+            # This daemon has no peer TLS: it moves nothing, and says why.
+            with pytest.raises(errors.FailedPrecondition, match="peer.cert"):
+                daemon.admin.move(s.info.session_id, "127.0.0.1:1", wait_ms=100)
+    assert pool_problems(daemon.admin) == ""
+
+
 def test_admin_qos_stats_sessions_and_evict(daemon):
     admin = daemon.admin
     stored = admin.set_qos(polykv.Qos(agent_id="qos-a", priority="high", policy="h2o",

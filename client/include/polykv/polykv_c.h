@@ -109,6 +109,15 @@ int pkv_block_pages(const pkv_session* session, size_t block, pkv_page* pages, s
  * boundaries, when no kernel reads or writes the session's pages. */
 int pkv_sync(pkv_session* session, int* changed);
 uint64_t pkv_epoch(const pkv_session* session);
+/* The worker goes idle (its agent waits): no kernel reads or writes the
+ * session's pages until its next pkv_sync, which must be its next call (but
+ * for pkv_session_close); polykvd may move the session to another daemon
+ * meanwhile (polykvctl move) and that pkv_sync follows it, returning
+ * changed. pkv_reserve, pkv_commit, pkv_release and the reports before it
+ * fail with FAILED_PRECONDITION (9). */
+int pkv_idle(pkv_session* session);
+/* How many times pkv_sync followed the session to another polykvd. */
+uint64_t pkv_moves(const pkv_session* session);
 /* Slots of the tables that hold tokens (a compaction shrinks it). */
 uint64_t pkv_committed_tokens(const pkv_session* session);
 /* After a changed pkv_sync: for slots [first, first + n), the logical

@@ -144,6 +144,13 @@ class Admin:
         """Stops admitting sessions; returns how many were open."""
         return self._a.drain(evict_after_ms)
 
+    def move(self, session_id: int, target: str, wait_ms: int = 0) -> int:
+        """Moves a session to the polykvd whose peer listener is ``target``
+        (host:port; both daemons need peer TLS: docs/moving-sessions.md),
+        waiting up to ``wait_ms`` (0: 30 s) for its worker to park; returns
+        its id there."""
+        return self._a.move(session_id, target, wait_ms)
+
     def close(self) -> None:
         self._a = None
 

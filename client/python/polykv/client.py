@@ -104,8 +104,22 @@ class Session:
         self._s.commit(committed_tokens)
 
     def sync(self) -> bool:
-        """Adopts and acknowledges a new block table; True when it changed."""
+        """Adopts and acknowledges a new block table; True when it changed.
+
+        After a move to another polykvd it attaches there and returns True:
+        the same slots in new pages (see :attr:`moves`)."""
         return self._s.sync()
+
+    def idle(self) -> None:
+        """Promises no page access until the next :meth:`sync`, which must be
+        the next call: the daemon may move the session meanwhile
+        (``polykvctl move``) and that sync follows it."""
+        self._s.idle()
+
+    @property
+    def moves(self) -> int:
+        """How many times :meth:`sync` followed the session to another polykvd."""
+        return self._s.moves
 
     def release(self, keep_tokens: int) -> None:
         """Gives back the pages beyond the first ``keep_tokens`` slots."""

@@ -85,7 +85,14 @@ void BindAdmin(nb::module_& m) {
       .def(
           "drain", [](AdminClient& a, uint32_t ms) { return Take(a.Drain(ms)); },
           nb::arg("evict_after_ms"), Unlocked(),
-          "Stops admitting sessions; returns how many were open.");
+          "Stops admitting sessions; returns how many were open.")
+      .def(
+          "move",
+          [](AdminClient& a, uint64_t id, const std::string& target, uint32_t wait_ms) {
+            return Take(a.MoveSession(id, target, wait_ms)).target_session_id();
+          },
+          nb::arg("session_id"), nb::arg("target"), nb::arg("wait_ms"), Unlocked(),
+          "Moves a session to another polykvd; returns its id there.");
 }
 
 }  // namespace polykv::python

@@ -106,6 +106,9 @@ void BindSession(nb::module_& m) {
            nb::arg("committed_tokens"), Unlocked())
       .def("sync", [](Session& s) { return Take(s.Sync()); }, Unlocked(),
            "Adopts (and acknowledges) a new block table; True when it changed.")
+      .def("idle", [](Session& s) { Check(s.Idle()); }, Unlocked(),
+           "No page access until the next sync; the session may move meanwhile.")
+      .def_prop_ro("moves", &Session::moves)
       .def("release", [](Session& s, uint64_t keep) { Check(s.Release(keep)); },
            nb::arg("keep_tokens"), Unlocked())
       .def("close", [](Session& s) { Check(s.Close()); }, Unlocked())
