@@ -4,6 +4,7 @@
 //
 //   run   --socket S --tenant T --agent A --tokens N --seed X [--hold-ms M]
 //   hang  --socket S --tenant T --agent A --tokens N --seed X   (until killed)
+//         run, hang and resume take [--lease-ms L] (0: the daemon's default)
 //   forge --socket S --session ID --token HEX                    (reserve with it)
 //   fetch --socket S --session ID --token HEX --arena ID         (fd socket)
 //   agent --socket S --tenant T --agent A --tokens N --seed X --step K --budget B
@@ -127,6 +128,7 @@ int RunWorker(const std::map<std::string, std::string>& f, const std::string& mo
   // count these pages' bytes and check their values exactly.
   o.key_format = o.value_format = polykv::PageFormat::kF32;
   o.block_tokens = 16;
+  o.lease_ms = static_cast<uint32_t>(Num(f, "--lease-ms", 0));
   auto session = (*client)->OpenSession(o);
   if (!session.ok()) return Report(session.status());
   auto& s = **session;

@@ -120,12 +120,25 @@ def main(bin_dir: str) -> int:
                        capture_output=True)
         for a in agents:
             a.wait(timeout=300)
-        # A session open while Prometheus scrapes (sessions by priority).
-        held = subprocess.Popen([worker, "hang", "--socket", sock, "--tenant", "t-open",
-                                 "--agent", "open", "--tokens", "64", "--seed", "10"],
-                                stdout=subprocess.PIPE, text=True)
-        procs.append(held)
-        held.stdout.readline()  # its session is open (before the idle connections below)
+        # A session open while Prometheus scrapes (sessions by priority). Its
+        # lease is long (the daemon's 1 s is for the hung worker above), and
+        # its reservation may be refused while the pressure ladder still
+        # refuses after the workload: then it tries again.
+        deadline = time.monotonic() + 120
+        while True:
+            held = subprocess.Popen([worker, "hang", "--socket", sock, "--tenant", "t-open",
+                                     "--agent", "open", "--tokens", "64", "--seed", "10",
+                                     "--lease-ms", "60000"], stdout=subprocess.PIPE, text=True)
+            procs.append(held)
+            line = held.stdout.readline()  # its session is open (before the idle connections)
+            if json.loads(line or "{}").get("ok"):
+                break
+            held.kill()
+            print(f"the held session was refused, trying again: {line.strip()}")
+            if time.monotonic() > deadline:
+                print(f"the held session did not open: {line}")
+                return 1
+            time.sleep(1)
         # More idle connections than max_connections_per_uid (64): refused.
         idle = []
         for _ in range(72):
