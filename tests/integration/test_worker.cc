@@ -64,7 +64,22 @@ uint64_t Num(const std::map<std::string, std::string>& f, const std::string& k, 
   return it == f.end() ? d : std::stoull(it->second);
 }
 
-std::string Escape(absl::string_view s) { return absl::CEscape(s); }
+// A JSON string's contents (absl::CEscape writes \' and octal escapes, which
+// JSON does not have: a refusal naming an agent 'a' was not JSON).
+std::string Escape(absl::string_view s) {
+  std::string out;
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      absl::StrAppend(&out, "\\u00", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
 
 int Report(const absl::Status& s, const std::string& extra = "") {
   std::printf("{\"ok\":%s,\"code\":%d,\"message\":\"%s\"%s}\n", s.ok() ? "true" : "false",
