@@ -77,11 +77,9 @@ grpc::Status PeerService::ImportSession(grpc::ServerContext* c,
                          moved->committed_tokens, target->bytes);
     return absl::OkStatus();
   }();
-  if (ctx_.metrics) {
-    ctx_.metrics->ObserveRpc("ImportSession", GrpcCodeName(static_cast<int>(status.code())),
-                             absl::ToDoubleSeconds(absl::Now() - start));
-  }
-  return ToGrpc(status, "ImportSession", ctx_.errors);
+  // Not Handle: a peer daemon is known by its TLS certificate, not by
+  // Unix-socket credentials.
+  return FinishRpc(ctx_, "ImportSession", start, status);
 }
 
 }  // namespace polykv::daemon

@@ -35,7 +35,19 @@ struct ServiceContext {
   absl::Time start_time = absl::Now();
 };
 
-// Runs fn(peer) for the RPC `rpc` and returns its status translated to gRPC.
+// The end of every handler: records the RPC's code and time (started at
+// `start`) and returns `status` translated to gRPC.
+inline grpc::Status FinishRpc(const ServiceContext& ctx, const std::string& rpc, absl::Time start,
+                              const absl::Status& status) {
+  if (ctx.metrics) {
+    ctx.metrics->ObserveRpc(rpc, GrpcCodeName(static_cast<int>(status.code())),
+                            absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  return ToGrpc(status, rpc, ctx.errors);
+}
+
+// Runs fn(peer) for the RPC `rpc` (a caller of the Unix socket, by its
+// credentials) and returns its status translated to gRPC.
 template <typename Fn>
 grpc::Status Handle(const ServiceContext& ctx, grpc::ServerContext* server_ctx,
                     const std::string& rpc, Fn&& fn) {
@@ -47,11 +59,7 @@ grpc::Status Handle(const ServiceContext& ctx, grpc::ServerContext* server_ctx,
   } else {
     status = fn(*peer);
   }
-  if (ctx.metrics) {
-    ctx.metrics->ObserveRpc(rpc, GrpcCodeName(static_cast<int>(status.code())),
-                            absl::ToDoubleSeconds(absl::Now() - start));
-  }
-  return ToGrpc(status, rpc, ctx.errors);
+  return FinishRpc(ctx, rpc, start, status);
 }
 
 }  // namespace polykv::daemon
