@@ -1,5 +1,6 @@
-// Fast CPU kernels (Backend::kCpu): tile-wise decoding of one page-head at a
-// time into a small f32 scratch (never a dense copy of the cache), AVX2/FMA/
+// Fast CPU kernels (Backend::kCpu): one page-head at a time, never a dense
+// copy of the cache (attention reads most formats' rows in place, the others
+// through a small f32 tile: cpu_attention.inc), AVX2/FMA/
 // F16C inner loops when the CPU has them, AVX-512 ones where written (chosen
 // once at run time, capped by the environment's POLYKV_CPU_SIMD: baseline,
 // avx2 or avx512), work split over a shared thread pool. Arguments are
