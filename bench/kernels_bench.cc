@@ -6,6 +6,8 @@
 //   decode      paged decode attention time for f16/int8/int4/int2 pages
 //               (block table in shuffled order) vs f32 dense contiguous K/V,
 //               at 1K, 4K and 16K tokens (ratios measured side by side)
+//   prefill     the same for a chunk of kPrefillChunk queries at the end of
+//               4K and 16K tokens (PagedPrefillAttention)
 //   fidelity    relative L2 error of the attention output vs f32 for each
 //               (K format, V format) pair, on Gaussian keys and on keys with
 //               outlier channels — the K/V asymmetry study
@@ -60,6 +62,9 @@ struct Options {
 };
 
 using Clock = std::chrono::steady_clock;
+
+// Queries of the prefill section's chunk.
+constexpr int kPrefillChunk = 64;
 
 // Median seconds of each fn, measured round-robin (fn0, fn1, ..., fn0, ...) so
 // that ratios between them are side by side even on a noisy machine.
@@ -337,10 +342,15 @@ Json QuantizeSection(const Options& o) {
   return js;
 }
 
-Json DecodeSection(const Options& o) {
+// Paged attention time per page format vs f32 dense K/V through the same
+// kernel: decode (one query, num_new == 1) or a prefill chunk of num_new
+// queries at the end of the context (PagedPrefillAttention).
+Json AttentionSection(const Options& o, int num_new) {
+  const bool decode = num_new == 1;
+  const char* what = decode ? "decode" : "prefill";
   const PageShape s{16, 8, 128};
   const int Hq = 32;
-  std::vector<int> lengths = {1024, 4096, 16384};
+  std::vector<int> lengths = decode ? std::vector<int>{1024, 4096, 16384} : std::vector<int>{4096, 16384};
   if (o.quick) lengths = {1024, 4096};
   const PageFormat formats[] = {PageFormat::kF16, PageFormat::kInt8, PageFormat::kInt4,
                                 PageFormat::kInt2};
@@ -349,18 +359,24 @@ Json DecodeSection(const Options& o) {
   Json js = {{"shape", shape},
              {"baseline", "f32 dense contiguous K/V, same kernel"},
              {"by_tokens", Json::object()}};
+  if (!decode) js["chunk_queries"] = num_new;
   std::mt19937 rng(2);
   for (size_t li = 0; li < lengths.size(); ++li) {
     const int T = lengths[li];
     const size_t n = size_t(T) * 8 * 128;
-    std::vector<float> k = Normal(n, rng), v = Normal(n, rng), q = Normal(Hq * 128, rng, 2.0f);
-    std::vector<float> out(Hq * 128), lse(Hq), mass(size_t(8) * T);
+    std::vector<float> k = Normal(n, rng), v = Normal(n, rng);
+    std::vector<float> q = Normal(size_t(num_new) * Hq * 128, rng, 2.0f);
+    std::vector<float> out(size_t(num_new) * Hq * 128), lse(size_t(num_new) * Hq),
+        mass(size_t(8) * T);
     const Exec exec{Backend::kCpu, o.threads};
     auto run = [&](const Paged& p, bool with_mass) -> std::function<void()> {
       return [&, with_mass] {
-        Check(kernels::PagedDecodeAttention(exec, p.view, AttentionParams{Hq}, q.data(), out.data(),
-                                            lse.data(), with_mass ? mass.data() : nullptr),
-              "decode");
+        float* m = with_mass ? mass.data() : nullptr;
+        Check(decode ? kernels::PagedDecodeAttention(exec, p.view, AttentionParams{Hq}, q.data(),
+                                                     out.data(), lse.data(), m)
+                     : kernels::PagedPrefillAttention(exec, p.view, AttentionParams{Hq}, num_new,
+                                                      q.data(), out.data(), lse.data(), m),
+              what);
       };
     };
     std::vector<Paged> paged;
@@ -369,19 +385,22 @@ Json DecodeSection(const Options& o) {
     std::vector<std::function<void()>> fns;
     for (const Paged& p : paged) fns.push_back(run(p, false));
     fns.push_back(run(paged[3], true));  // int4 with the attention-mass output
-    const std::vector<double> t = TimeInterleaved(fns, 5, o.quick ? 0.5 : 2.0);
+    const std::vector<double> t =
+        decode ? TimeInterleaved(fns, 5, o.quick ? 0.5 : 2.0) : TimeInterleaved(fns, 3, 0.5);
     const double t_dense = t[0];
     Json& at = js["by_tokens"][std::to_string(T)];
     at["f32_dense_ms"] = RoundTiming(t_dense * 1e3);
-    std::fprintf(stderr, "decode T=%-6d f32 dense %.3f ms\n", T, t_dense * 1e3);
+    std::fprintf(stderr, "%s T=%-6d f32 dense %.3f ms\n", what, T, t_dense * 1e3);
     for (size_t i = 0; i < std::size(formats); ++i) {
       const PageFormat f = formats[i];
-      std::fprintf(stderr, "decode T=%-6d %-5s paged %.3f ms (%.2fx dense f32)\n", T,
-                   Name(f).c_str(), t[i + 1] * 1e3, t[i + 1] / t_dense);
+      std::fprintf(stderr, "%s T=%-6d %-5s paged %.3f ms (%.2fx dense f32, %.2fx faster than f16)\n",
+                   what, T, Name(f).c_str(), t[i + 1] * 1e3, t[i + 1] / t_dense, t[1] / t[i + 1]);
       at[Name(f) + "_ms"] = RoundTiming(t[i + 1] * 1e3);
       at[Name(f) + "_vs_f32_dense"] = RoundTiming(t[i + 1] / t_dense);
+      at["f16_over_" + Name(f)] = RoundTiming(t[1] / t[i + 1]);
     }
     at["int4_with_mass_ms"] = RoundTiming(t.back() * 1e3);
+    at["int4_mass_over_without"] = RoundTiming(t.back() / t[3]);
   }
   return js;
 }
@@ -572,8 +591,8 @@ Json DriftSection(const Options& o) {
 }
 
 // Decode attention on the CUDA backend, when a device is present: the same
-// shapes and formats as DecodeSection, pages in one device arena (shuffled
-// block order), time per step from back-to-back launches.
+// shapes and formats as the decode section (AttentionSection), pages in one
+// device arena (shuffled block order), time per step from back-to-back launches.
 Json CudaSection(const Options& o) {
   if (kernels::CudaDeviceCount() == 0) return nullptr;
   const PageShape s{16, 8, 128};
@@ -749,21 +768,21 @@ int Main(int argc, char** argv) {
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "polykv-bench kernels [--json] [--quick] [--threads N]\n"
-          "  quantize/dequantize vs memcpy, paged decode attention vs f32 dense,\n"
-          "  and the (K format, V format) fidelity table; fast CPU backend.\n"
+          "  quantize/dequantize vs memcpy, paged decode and prefill attention vs\n"
+          "  f32 dense, and the (K format, V format) fidelity table; fast CPU backend.\n"
           "  --quick    smaller sizes (CI smoke run)\n"
           "  --threads  CPU threads (0 = all)\n"
           "  --real-kv DIR  also the fidelity table on real K/V/Q dumped by\n"
           "                 kernels/tools/dump_real_kv.py\n"
-          "  --only SECTION one section: quantize, decode, fidelity, drift or cuda\n");
+          "  --only SECTION one section: quantize, decode, prefill, fidelity, drift or cuda\n");
       return 0;
     } else {
       std::fprintf(stderr, "kernels bench: unknown option %s\n", a.c_str());
       return 2;
     }
   }
-  if (!o.only.empty() && o.only != "quantize" && o.only != "decode" && o.only != "fidelity" &&
-      o.only != "drift" && o.only != "cuda") {
+  if (!o.only.empty() && o.only != "quantize" && o.only != "decode" && o.only != "prefill" &&
+      o.only != "fidelity" && o.only != "drift" && o.only != "cuda") {
     std::fprintf(stderr, "kernels bench: unknown section %s (see --help)\n", o.only.c_str());
     return 2;
   }
@@ -777,7 +796,8 @@ int Main(int argc, char** argv) {
              {"threads", threads},
              {"quick", o.quick}};
   if (o.Runs("quantize")) js["quantize"] = QuantizeSection(o);
-  if (o.Runs("decode")) js["decode"] = DecodeSection(o);
+  if (o.Runs("decode")) js["decode"] = AttentionSection(o, 1);
+  if (o.Runs("prefill")) js["prefill"] = AttentionSection(o, kPrefillChunk);
   if (o.Runs("fidelity")) {
     js["fidelity"] = FidelitySection(o);
     js["fidelity_real"] = o.real_kv.empty() ? Json(nullptr) : RealFidelitySection(o);
