@@ -350,7 +350,8 @@ Json AttentionSection(const Options& o, int num_new) {
   const char* what = decode ? "decode" : "prefill";
   const PageShape s{16, 8, 128};
   const int Hq = 32;
-  std::vector<int> lengths = decode ? std::vector<int>{1024, 4096, 16384} : std::vector<int>{4096, 16384};
+  std::vector<int> lengths = {1024, 4096, 16384};
+  if (!decode) lengths = {4096, 16384};
   if (o.quick) lengths = {1024, 4096};
   const PageFormat formats[] = {PageFormat::kF16, PageFormat::kInt8, PageFormat::kInt4,
                                 PageFormat::kInt2};
@@ -393,8 +394,9 @@ Json AttentionSection(const Options& o, int num_new) {
     std::fprintf(stderr, "%s T=%-6d f32 dense %.3f ms\n", what, T, t_dense * 1e3);
     for (size_t i = 0; i < std::size(formats); ++i) {
       const PageFormat f = formats[i];
-      std::fprintf(stderr, "%s T=%-6d %-5s paged %.3f ms (%.2fx dense f32, %.2fx faster than f16)\n",
-                   what, T, Name(f).c_str(), t[i + 1] * 1e3, t[i + 1] / t_dense, t[1] / t[i + 1]);
+      std::fprintf(stderr,
+                   "%s T=%-6d %-5s paged %.3f ms (%.2fx dense f32, %.2fx faster than f16)\n", what,
+                   T, Name(f).c_str(), t[i + 1] * 1e3, t[i + 1] / t_dense, t[1] / t[i + 1]);
       at[Name(f) + "_ms"] = RoundTiming(t[i + 1] * 1e3);
       at[Name(f) + "_vs_f32_dense"] = RoundTiming(t[i + 1] / t_dense);
       at["f16_over_" + Name(f)] = RoundTiming(t[1] / t[i + 1]);
