@@ -49,9 +49,12 @@
 #include "absl/strings/str_join.h"
 #include "kernels/ops.h"
 #include "kernels/page_layout.h"
+#include "client/worker/json.h"
 #include "polykv/client.h"
 
 namespace {
+
+using polykv::worker::JsonQuote;
 
 std::map<std::string, std::string> Flags(int argc, char** argv) {
   std::map<std::string, std::string> f;
@@ -64,26 +67,10 @@ uint64_t Num(const std::map<std::string, std::string>& f, const std::string& k, 
   return it == f.end() ? d : std::stoull(it->second);
 }
 
-// A JSON string's contents (absl::CEscape writes \' and octal escapes, which
-// JSON does not have: a refusal naming an agent 'a' was not JSON).
-std::string Escape(absl::string_view s) {
-  std::string out;
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      absl::StrAppend(&out, "\\u00", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 int Report(const absl::Status& s, const std::string& extra = "") {
-  std::printf("{\"ok\":%s,\"code\":%d,\"message\":\"%s\"%s}\n", s.ok() ? "true" : "false",
-              static_cast<int>(s.code()), Escape(s.message()).c_str(), extra.c_str());
+  std::printf("{\"ok\":%s,\"code\":%d,\"message\":%s%s}\n", s.ok() ? "true" : "false",
+              static_cast<int>(s.code()), JsonQuote(std::string(s.message())).c_str(),
+              extra.c_str());
   std::fflush(stdout);
   return s.ok() ? 0 : 1;
 }
@@ -115,11 +102,11 @@ int Resume(polykv::Client& client, polykv::Session& stale, const polykv::Session
   } else if (reopen = (*fresh)->Commit(16); reopen.ok()) {
     reopen = (*fresh)->Close();
   }
-  std::printf("{\"ok\":%s,\"code\":%d,\"message\":\"%s\",\"unavailable\":%d,"
-              "\"reopen_code\":%d,\"reopen_message\":\"%s\"}\n",
+  std::printf("{\"ok\":%s,\"code\":%d,\"message\":%s,\"unavailable\":%d,"
+              "\"reopen_code\":%d,\"reopen_message\":%s}\n",
               reopen.ok() ? "true" : "false", static_cast<int>(call.code()),
-              Escape(call.message()).c_str(), unavailable, static_cast<int>(reopen.code()),
-              Escape(reopen.message()).c_str());
+              JsonQuote(std::string(call.message())).c_str(), unavailable,
+              static_cast<int>(reopen.code()), JsonQuote(std::string(reopen.message())).c_str());
   std::fflush(stdout);
   return reopen.ok() ? 0 : 1;
 }
