@@ -14,8 +14,9 @@
 //   fidelity_real  the same table on real K/V/Q (--real-kv DIR, written by
 //               kernels/tools/dump_real_kv.py), plus per-channel vs per-token
 //               keys; null without --real-kv
-//   cuda_decode decode attention time on the CUDA backend per format; null
-//               without a CUDA device
+//   cuda        the CUDA backend: decode attention per format against dense
+//               f16, and dequantization against a device memcpy; null
+//               without a CUDA device (CudaSection)
 // Backend: the fast CPU kernels (Backend::kCpu) unless stated.
 #include <algorithm>
 #include <chrono>
@@ -592,29 +593,57 @@ Json DriftSection(const Options& o) {
   return js;
 }
 
-// Decode attention on the CUDA backend, when a device is present: the same
-// shapes and formats as the decode section (AttentionSection), pages in one
-// device arena (shuffled block order), time per step from back-to-back launches.
+// A device buffer, or the bench stops with the error.
+kernels::DeviceBuffer OnDevice(absl::StatusOr<kernels::DeviceBuffer> b) {
+  Check(b.status(), "device buffer");
+  return *std::move(b);
+}
+
+// Seconds per call of `fn`, from `reps` back-to-back launches after one
+// warm-up, the device synchronized around them.
+double DeviceSeconds(int reps, const std::function<void()>& fn) {
+  fn();
+  Check(kernels::DeviceSynchronize(), "sync");
+  const auto a = Clock::now();
+  for (int r = 0; r < reps; ++r) fn();
+  Check(kernels::DeviceSynchronize(), "sync");
+  return std::chrono::duration<double>(Clock::now() - a).count() / reps;
+}
+
+// The CUDA backend, when a device is present (null otherwise):
+//   by_tokens  decode attention time per page format, pages in shuffled block
+//              order, against f16 pages in order — the dense f16 baseline, the
+//              same K/V bytes contiguous — at 1K to 32K tokens;
+//              f16_dense_over_<fmt> is the speedup (goal: int4 >= 2 at 32K)
+//   dequantize per format, the device's dequantization of 32K tokens of key
+//              pages to f32, bytes moved per second against a device-to-device
+//              memcpy of the same f32 bytes (goal: >= 0.7 of it)
 Json CudaSection(const Options& o) {
   if (kernels::CudaDeviceCount() == 0) return nullptr;
   const PageShape s{16, 8, 128};
   const int Hq = 32, reps = 50;
   const PageFormat formats[] = {PageFormat::kF32, PageFormat::kF16, PageFormat::kInt8,
                                 PageFormat::kInt4, PageFormat::kInt2};
-  Json js = {{"device_count", kernels::CudaDeviceCount()}, {"by_tokens", Json::object()}};
+  Json js = {{"device_count", kernels::CudaDeviceCount()},
+             {"by_tokens", Json::object()},
+             {"dequantize", Json::object()}};
   std::mt19937 rng(4);
-  for (int T : {1024, 4096, 16384}) {
+  const Exec cpu{Backend::kCpu, o.threads}, gpu{Backend::kCuda};
+  for (int T : {1024, 4096, 16384, 32768}) {
     const int nb = T / 16;
     const size_t n = size_t(T) * 8 * 128;
     const std::vector<float> k = Normal(n, rng), v = Normal(n, rng), q = Normal(Hq * 128, rng, 2.0f);
+    const auto d_q = OnDevice(kernels::DeviceBuffer::CopyOf(q.data(), q.size() * sizeof(float)));
+    const auto d_out = OnDevice(kernels::DeviceBuffer::Allocate(q.size() * sizeof(float)));
     Json& at = js["by_tokens"][std::to_string(T)];
     at = Json::object();
-    double t_f32 = 0;
-    for (PageFormat f : formats) {
+    // The in-order f16 run first: the baseline every other row divides.
+    double t_dense = 0;
+    for (int row = -1; row < int(std::size(formats)); ++row) {
+      const PageFormat f = row < 0 ? PageFormat::kF16 : formats[row];
       const size_t kb = kernels::PageBytes(f, KvKind::kKey, s);
       const size_t vb = kernels::PageBytes(f, KvKind::kValue, s);
       std::vector<uint8_t> arena((kb + vb) * nb);
-      const Exec cpu{Backend::kCpu, o.threads};
       Check(kernels::QuantizePages(cpu, s, KvKind::kKey, f, k.data(), SourceType::kF32, nb,
                                    arena.data()),
             "quantize K");
@@ -623,7 +652,7 @@ Json CudaSection(const Options& o) {
             "quantize V");
       std::vector<int> perm(nb);
       std::iota(perm.begin(), perm.end(), 0);
-      if (f != PageFormat::kF32) std::shuffle(perm.begin(), perm.end(), rng);
+      if (row >= 0) std::shuffle(perm.begin(), perm.end(), rng);
       std::vector<BlockEntry> blocks(nb);
       for (int b = 0; b < nb; ++b) {
         // Logical block b reads physical page perm[b] (its contents are then
@@ -633,37 +662,55 @@ Json CudaSection(const Options& o) {
         blocks[b].k_format = f;
         blocks[b].v_format = f;
       }
-      auto d_arena = kernels::DeviceAlloc(arena.size());
-      auto d_blocks = kernels::DeviceAlloc(blocks.size() * sizeof(BlockEntry));
-      auto d_q = kernels::DeviceAlloc(q.size() * sizeof(float));
-      auto d_out = kernels::DeviceAlloc(q.size() * sizeof(float));
-      if (!d_arena.ok() || !d_blocks.ok() || !d_q.ok() || !d_out.ok()) return nullptr;
-      Check(kernels::CopyToDevice(*d_arena, arena.data(), arena.size()), "copy arena");
-      Check(kernels::CopyToDevice(*d_blocks, blocks.data(), blocks.size() * sizeof(BlockEntry)),
-            "copy blocks");
-      Check(kernels::CopyToDevice(*d_q, q.data(), q.size() * sizeof(float)), "copy q");
-      const PagedKvView view{s, static_cast<const uint8_t*>(*d_arena),
-                             static_cast<const BlockEntry*>(*d_blocks), nb, T};
-      const Exec gpu{Backend::kCuda};
-      auto step = [&] {
+      const auto d_arena = OnDevice(kernels::DeviceBuffer::CopyOf(arena.data(), arena.size()));
+      const auto d_blocks = OnDevice(
+          kernels::DeviceBuffer::CopyOf(blocks.data(), blocks.size() * sizeof(BlockEntry)));
+      const PagedKvView view{s, d_arena.as<const uint8_t>(), d_blocks.as<const BlockEntry>(), nb,
+                             T};
+      const double t = DeviceSeconds(reps, [&] {
         Check(kernels::PagedDecodeAttention(gpu, view, AttentionParams{Hq},
-                                            static_cast<const float*>(*d_q),
-                                            static_cast<float*>(*d_out), nullptr, nullptr),
+                                            d_q.as<const float>(), d_out.as<float>(), nullptr,
+                                            nullptr),
               "cuda decode");
-      };
-      step();
-      Check(kernels::DeviceSynchronize(), "sync");
-      const auto a = Clock::now();
-      for (int r = 0; r < reps; ++r) step();
-      Check(kernels::DeviceSynchronize(), "sync");
-      const double t = std::chrono::duration<double>(Clock::now() - a).count() / reps;
-      if (f == PageFormat::kF32) t_f32 = t;
-      std::fprintf(stderr, "cuda decode T=%-6d %-5s %.4f ms (%.2fx f32)\n", T, Name(f).c_str(),
-                   t * 1e3, t / t_f32);
-      at[Name(f) + "_ms"] = RoundTiming(t * 1e3);
-      if (f != PageFormat::kF32) at[Name(f) + "_vs_f32"] = RoundTiming(t / t_f32);
-      for (void* p : {*d_arena, *d_blocks, *d_q, *d_out}) Check(kernels::DeviceFree(p), "free");
+      });
+      const std::string name = row < 0 ? "f16_dense" : Name(f);
+      if (row < 0) t_dense = t;
+      std::fprintf(stderr, "cuda decode T=%-6d %-9s %.4f ms (f16 dense / this %.2fx)\n", T,
+                   name.c_str(), t * 1e3, t_dense / t);
+      at[name + "_ms"] = RoundTiming(t * 1e3);
+      if (row >= 0) at["f16_dense_over_" + name] = RoundTiming(t_dense / t);
     }
+  }
+  // Dequantization of 32K tokens of key pages against a device memcpy of
+  // the f32 they decode to (read + write of those bytes).
+  const int nb = 32768 / 16;
+  const size_t n = size_t(nb) * 16 * 8 * 128;
+  const std::vector<float> k = Normal(n, rng);
+  const auto d_src = OnDevice(kernels::DeviceBuffer::CopyOf(k.data(), n * sizeof(float)));
+  const auto d_dst = OnDevice(kernels::DeviceBuffer::Allocate(n * sizeof(float)));
+  const double t_copy = DeviceSeconds(reps, [&] {
+    Check(kernels::CopyOnDevice(d_dst.get(), d_src.get(), n * sizeof(float)),
+          "device memcpy");
+  });
+  js["dequantize"]["memcpy_gbps"] = RoundTiming(2.0 * n * sizeof(float) / t_copy / 1e9);
+  for (PageFormat f : formats) {
+    const size_t kb = kernels::PageBytes(f, KvKind::kKey, s);
+    std::vector<uint8_t> pages(kb * nb);
+    Check(kernels::QuantizePages(cpu, s, KvKind::kKey, f, k.data(), SourceType::kF32, nb,
+                                 pages.data()),
+          "quantize K");
+    const auto d_pages = OnDevice(kernels::DeviceBuffer::CopyOf(pages.data(), pages.size()));
+    const double t = DeviceSeconds(reps, [&] {
+      Check(kernels::DequantizePages(gpu, s, KvKind::kKey, f, d_pages.as<const uint8_t>(), nb,
+                                     d_dst.as<float>()),
+            "cuda dequantize");
+    });
+    const double bytes = double(pages.size()) + double(n) * sizeof(float);
+    std::fprintf(stderr, "cuda dequantize %-5s %.1f GB/s (%.2f of memcpy)\n", Name(f).c_str(),
+                 bytes / t / 1e9, t_copy / t * bytes / (2.0 * n * sizeof(float)));
+    js["dequantize"][Name(f)] = {
+        {"gbps", RoundTiming(bytes / t / 1e9)},
+        {"vs_memcpy", RoundTiming(t_copy / t * bytes / (2.0 * n * sizeof(float)))}};
   }
   return js;
 }
@@ -805,7 +852,7 @@ int Main(int argc, char** argv) {
     js["fidelity_real"] = o.real_kv.empty() ? Json(nullptr) : RealFidelitySection(o);
   }
   if (o.Runs("drift")) js["compaction_drift"] = DriftSection(o);
-  if (o.Runs("cuda")) js["cuda_decode"] = CudaSection(o);
+  if (o.Runs("cuda")) js["cuda"] = CudaSection(o);
   if (o.json) {
     PrintJson(js);
   } else {

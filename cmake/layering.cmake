@@ -18,7 +18,7 @@
 set(_polykv_allowed_kernels "")
 set(_polykv_allowed_policies kernels)
 set(_polykv_allowed_proto "")
-set(_polykv_allowed_daemon/memory "")
+set(_polykv_allowed_daemon/memory kernels)
 set(_polykv_allowed_daemon/log "")
 set(_polykv_allowed_daemon/sys "")
 set(_polykv_allowed_daemon/compaction kernels policies)

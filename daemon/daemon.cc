@@ -71,12 +71,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonConfig& confi
   }
   if (config.tier == "cuda") {
     const int device = config.cuda_device;
-    po.arena_factory = [device](const ArenaOptions& o) {
+    po.arena_kind = config.cuda_export == "ipc" ? ArenaKind::kCudaIpc : ArenaKind::kCudaVmm;
+    po.cuda_device = device;
+    po.arena_factory = [device, kind = po.arena_kind](const ArenaOptions& o) {
       ArenaOptions with_device = o;
       with_device.cuda_device = device;
-      return CreateCudaIpcArena(with_device);
+      return CreateCudaArena(kind, with_device);
     };
   } else {
+    po.arena_kind = ArenaKind::kHostShm;
     po.arena_factory = CreateHostShmArena;
   }
   auto pool = KvPool::Create(po);

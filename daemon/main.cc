@@ -50,8 +50,8 @@ int DescribePolicy(const std::string& text) {
 int main(int argc, char** argv) {
   using polykv::daemon::DaemonConfig;
   CLI::App app{"polykvd — shared KV-cache pool for LLM agents (one per node)"};
-  std::string config_file, socket, metrics_address, pool_bytes, arena_bytes, tier, log_level,
-      low_watermark;
+  std::string config_file, socket, metrics_address, pool_bytes, arena_bytes, tier, cuda_export,
+      log_level, low_watermark;
   uint32_t lease_ms = 0;
   bool print_config = false, check_invariants = false;
   std::string describe_policy;
@@ -71,6 +71,9 @@ int main(int argc, char** argv) {
   app.add_option("--low-watermark-bytes", low_watermark,
                  "Free bytes below which the pressure ladder acts [pool/10]");
   app.add_option("--tier", tier, "Memory tier: host (shared memory) or cuda [host]");
+  app.add_option("--cuda-export", cuda_export,
+                 "How a cuda tier's arenas reach workers: fd (CUDA VMM, POSIX fds) or ipc "
+                 "(legacy IPC handles) [fd]");
   app.add_option("--lease-ms", lease_ms, "Session lease in milliseconds [5000]");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error [info]");
   app.add_flag("--check-invariants-on-scrape", check_invariants,
@@ -96,6 +99,7 @@ int main(int argc, char** argv) {
   if (!socket.empty()) config.socket = socket;
   if (!metrics_address.empty()) config.metrics_address = metrics_address;
   if (!tier.empty()) config.tier = tier;
+  if (!cuda_export.empty()) config.cuda_export = cuda_export;
   if (lease_ms) config.lease_ms = lease_ms;
   if (!log_level.empty()) config.log_level = log_level;
   if (check_invariants) config.check_invariants_on_scrape = true;

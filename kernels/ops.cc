@@ -415,6 +415,9 @@ absl::Status CopyToDevice(void* dst, const void* src, size_t n) {
 absl::Status CopyToHost(void* dst, const void* src, size_t n) {
   return FromCuda(cuda::Memcpy(dst, src, n, 2), "cudaMemcpy D2H");
 }
+absl::Status CopyOnDevice(void* dst, const void* src, size_t n) {
+  return FromCuda(cuda::Memcpy(dst, src, n, 3), "cudaMemcpy D2D");
+}
 absl::Status DeviceSynchronize() { return FromCuda(cuda::Synchronize(), "cudaDeviceSynchronize"); }
 #else
 int CudaDeviceCount() { return 0; }
@@ -428,6 +431,9 @@ absl::Status CopyToDevice(void*, const void*, size_t) {
   return absl::FailedPreconditionError("polykv_kernels built without CUDA");
 }
 absl::Status CopyToHost(void*, const void*, size_t) {
+  return absl::FailedPreconditionError("polykv_kernels built without CUDA");
+}
+absl::Status CopyOnDevice(void*, const void*, size_t) {
   return absl::FailedPreconditionError("polykv_kernels built without CUDA");
 }
 absl::Status DeviceSynchronize() {

@@ -11,12 +11,18 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/device.h"
 #include "proto/polykv/v1/fd_socket.h"
 
 namespace polykv {
 namespace {
 
 constexpr int kFdFetchTimeoutSeconds = 2;
+
+absl::Status ArenaError(const v1::ArenaHandle& h, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat("cannot map arena ", h.arena_id(), " (device ",
+                                             h.cuda_device(), "): ", s.message()));
+}
 
 }  // namespace
 
@@ -109,15 +115,33 @@ ssize_t RecvFdReply(int sock, v1::FdReply* reply, int* fd) {
 
 ArenaMapper::~ArenaMapper() {
   for (auto& [id, m] : mappings_) {
-    if (m.base) munmap(m.base, m.size);
+    if (m.base && !m.device) munmap(m.base, m.size);
   }
 }
 
 absl::Status ArenaMapper::Add(const v1::ArenaHandle& h) {
   if (mappings_.contains(h.arena_id())) return absl::OkStatus();
-  if (h.kind() == v1::ArenaHandle::KIND_CUDA_IPC) {
-    mappings_[h.arena_id()] = Mapping{nullptr, h.size_bytes(), true};
-    return absl::OkStatus();
+  switch (h.kind()) {
+    case v1::ArenaHandle::KIND_HOST_SHM:
+    case v1::ArenaHandle::KIND_CUDA_VMM:
+      break;
+    case v1::ArenaHandle::KIND_CUDA_IPC: {
+      auto m = kernels::SharedDeviceMemory::ImportIpc(h.cuda_device(), h.cuda_ipc_handle(),
+                                                      h.size_bytes());
+      if (!m.ok()) return ArenaError(h, m.status());
+      mappings_[h.arena_id()] = Mapping{(*m)->ptr(), h.size_bytes(), true, *std::move(m)};
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InternalError(absl::StrCat("polykvd announced arena ", h.arena_id(),
+                                              " of unknown kind ", int(h.kind())));
+  }
+  // A device arena this process cannot map is refused before its descriptor
+  // is fetched: the fetch registers this process as a holder of the arena.
+  if (h.kind() == v1::ArenaHandle::KIND_CUDA_VMM && kernels::CudaDeviceCount() == 0) {
+    return ArenaError(h, absl::FailedPreconditionError(
+                             kernels::CudaBuilt() ? "no CUDA device is visible to this process"
+                                                  : "libpolykv_client was built without CUDA"));
   }
   auto fd = FetchArenaFd(fd_socket_path_, ref_, h.arena_id());
   // Retired between its announcement and this fetch: it was empty, so no
@@ -125,12 +149,19 @@ absl::Status ArenaMapper::Add(const v1::ArenaHandle& h) {
   // again (and mapped then).
   if (absl::IsNotFound(fd.status())) return absl::OkStatus();
   if (!fd.ok()) return fd.status();
+  if (h.kind() == v1::ArenaHandle::KIND_CUDA_VMM) {
+    auto m = kernels::SharedDeviceMemory::ImportFd(h.cuda_device(), *fd, h.size_bytes());
+    close(*fd);
+    if (!m.ok()) return ArenaError(h, m.status());
+    mappings_[h.arena_id()] = Mapping{(*m)->ptr(), h.size_bytes(), true, *std::move(m)};
+    return absl::OkStatus();
+  }
   void* base = mmap(nullptr, h.size_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
   close(*fd);
   if (base == MAP_FAILED) {
     return absl::InternalError(absl::StrCat("mmap of arena ", h.arena_id(), ": ", std::strerror(errno)));
   }
-  mappings_[h.arena_id()] = Mapping{base, h.size_bytes(), false};
+  mappings_[h.arena_id()] = Mapping{base, h.size_bytes(), false, nullptr};
   return absl::OkStatus();
 }
 
@@ -144,7 +175,6 @@ absl::StatusOr<void*> ArenaMapper::Address(uint32_t arena_id, uint64_t offset,
     return absl::InvalidArgumentError(absl::StrCat("page at ", offset, "+", size,
                                                    " lies outside arena ", arena_id));
   }
-  if (it->second.device) return static_cast<void*>(nullptr);
   return static_cast<char*>(it->second.base) + offset;
 }
 

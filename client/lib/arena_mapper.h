@@ -1,8 +1,10 @@
 // ArenaMapper: maps the daemon's arenas into this process, once each.
 //
-// Host arenas arrive as memfds over the fd socket (proto/polykv/v1/fd_socket.h);
-// the mapping lives until the mapper is destroyed (RAII), so page addresses
-// handed out stay valid for the session's lifetime.
+// Host arenas arrive as memfds over the fd socket (proto/polykv/v1/fd_socket.h)
+// and CUDA VMM arenas as POSIX fds the same way (imported and mapped on their
+// device); legacy CUDA IPC arenas as handles in the announcement. A mapping
+// lives until the mapper is destroyed (RAII), so page addresses handed out
+// stay valid for the session's lifetime.
 //
 // Thread-safety: not thread-safe; owned by one Session.
 #pragma once
@@ -11,9 +13,11 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "kernels/device.h"
 #include "polykv/client.h"
 #include "polykv/v1/common.pb.h"
 #include "proto/polykv/v1/fd_socket.h"
@@ -36,11 +40,11 @@ class ArenaMapper {
   ArenaMapper(const ArenaMapper&) = delete;
   ArenaMapper& operator=(const ArenaMapper&) = delete;
 
-  // Maps the arena if not yet mapped. Device (CUDA IPC) arenas are recorded
-  // but not mapped: their pages get addr == nullptr.
+  // Maps the arena if not yet mapped. FAILED_PRECONDITION for a device arena
+  // in a process without CUDA or a device.
   absl::Status Add(const v1::ArenaHandle& handle);
-  // Host address of `offset` in arena `arena_id`; nullptr for device arenas.
-  // INVALID_ARGUMENT when the range is outside the mapping.
+  // Address of `offset` in arena `arena_id` (a device address for device
+  // arenas). INVALID_ARGUMENT when the range is outside the mapping.
   absl::StatusOr<void*> Address(uint32_t arena_id, uint64_t offset, uint64_t size) const;
 
  private:
@@ -48,6 +52,7 @@ class ArenaMapper {
     void* base = nullptr;
     uint64_t size = 0;
     bool device = false;
+    std::unique_ptr<kernels::SharedDeviceMemory> device_memory;  // device arenas
   };
   const std::string fd_socket_path_;
   const SessionRef ref_;

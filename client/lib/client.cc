@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/lib/arena_mapper.h"
 #include "client/lib/channel.h"
+#include "kernels/device.h"
 #include "polykv/v1/session.grpc.pb.h"
 
 namespace polykv {
@@ -41,6 +42,29 @@ WantedStreams WantedFromWire(const Response& resp) {
 
 v1::PageFormat FormatToWire(std::optional<PageFormat> f) {
   return f ? static_cast<v1::PageFormat>(*f) : v1::PAGE_FORMAT_UNSPECIFIED;
+}
+
+// The arena kinds to ask for (OpenSessionRequest.can_map). Device arenas
+// only where this process can map them: a CUDA build on a node with a GPU.
+absl::StatusOr<std::vector<v1::ArenaHandle::Kind>> CanMap(PageMemory where) {
+  const bool device = kernels::CudaDeviceCount() > 0;
+  switch (where) {
+    case PageMemory::kHost:
+      return std::vector{v1::ArenaHandle::KIND_HOST_SHM};
+    case PageMemory::kDevice:
+      if (!device) {
+        return absl::FailedPreconditionError(
+            kernels::CudaBuilt() ? "pages on the device asked for, and no CUDA device is visible"
+                                 : "pages on the device asked for, and libpolykv_client was "
+                                   "built without CUDA");
+      }
+      return std::vector{v1::ArenaHandle::KIND_CUDA_VMM, v1::ArenaHandle::KIND_CUDA_IPC};
+    case PageMemory::kEither:
+      if (!device) return std::vector{v1::ArenaHandle::KIND_HOST_SHM};
+      return std::vector{v1::ArenaHandle::KIND_HOST_SHM, v1::ArenaHandle::KIND_CUDA_VMM,
+                         v1::ArenaHandle::KIND_CUDA_IPC};
+  }
+  return absl::InvalidArgumentError("unknown SessionOptions::page_memory");
 }
 
 void FillRef(const SessionRef& r, v1::SessionRef* out) {
@@ -266,8 +290,9 @@ class SessionImpl final : public Session {
       if (!addr.ok()) return addr.status();
       auto format = FormatFromWire(p.format(), "a");
       if (!format.ok()) return format.status();
-      out.pages[i] = Page{p.page_id(), p.arena_id(), p.offset(), p.size_bytes(), p.layer(),
-                          p.is_value(), *format, *addr};
+      out.pages[i] = Page{p.page_id(), p.arena_id(), p.offset(),   p.size_bytes(),
+                          p.layer(),   p.is_value(), *format,      *addr,
+                          info_.pages_on_device};
     }
     for (size_t l = 0; l < info_.num_layers; ++l) {
       if (seen[2 * l] != seen[2 * l + 1]) {
@@ -425,6 +450,9 @@ class ClientImpl final : public Client {
     req.set_value_format(FormatToWire(o.value_format));
     req.set_block_tokens(o.block_tokens);
     req.set_lease_ms(o.lease_ms);
+    auto can_map = CanMap(o.page_memory);
+    if (!can_map.ok()) return can_map.status();
+    for (v1::ArenaHandle::Kind k : *can_map) req.add_can_map(k);
     v1::OpenSessionResponse resp;
     if (auto s = FromGrpc(stub_->OpenSession(&ctx, req, &resp)); !s.ok()) return s;
     SessionInfo info;
@@ -439,6 +467,9 @@ class ClientImpl final : public Client {
     info.key_page_bytes = resp.key_page_bytes();
     info.value_page_bytes = resp.value_page_bytes();
     info.wants = WantedFromWire(resp);
+    info.pages_on_device = resp.arena_kind() == v1::ArenaHandle::KIND_CUDA_VMM ||
+                           resp.arena_kind() == v1::ArenaHandle::KIND_CUDA_IPC;
+    info.cuda_device = info.pages_on_device ? resp.cuda_device() : -1;
     auto session = std::make_unique<SessionImpl>(
         stub_, info, SessionRef{resp.session_id(), resp.token()}, resp.fd_socket_path());
     // Checked once the session exists, so that its destructor closes it.

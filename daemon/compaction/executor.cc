@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/device.h"
 #include "kernels/ops.h"
 #include "policies/lowering.h"
 
@@ -119,11 +120,12 @@ std::vector<uint32_t> KeySummaryLayers(uint32_t num_layers) {
 
 absl::Status ReadKeySummaries(const kernels::PageShape& shape, int num_slots,
                               const std::vector<std::vector<kernels::BlockEntry>>& tables,
-                              std::vector<float>& keys) {
+                              bool on_device, std::vector<float>& keys) {
   const int bt = shape.block_tokens, heads = shape.num_kv_heads, d = shape.head_dim;
   const size_t key_dim = tables.size() * static_cast<size_t>(d);
   keys.assign(static_cast<size_t>(num_slots) * key_dim, 0.f);
   std::vector<float> rows(static_cast<size_t>(bt) * heads * d);
+  std::vector<uint8_t> staged;  // a device page's bytes, decoded here
   kernels::Exec exec;
   exec.backend = kernels::Backend::kCpu;
   exec.num_threads = 1;
@@ -134,9 +136,16 @@ absl::Status ReadKeySummaries(const kernels::PageShape& shape, int num_slots,
       }
       const kernels::BlockEntry& e = tables[i][static_cast<size_t>(b)];
       const int n = std::min(bt, num_slots - first);
-      if (auto st = kernels::DequantizePage(exec, shape, kernels::KvKind::kKey, e.k_format,
-                                            reinterpret_cast<const void*>(e.k_offset), n,
-                                            rows.data());
+      const void* page = reinterpret_cast<const void*>(e.k_offset);
+      if (on_device) {
+        // Summaries are a few floats per slot: the page comes to the host
+        // rather than the decoder to the device.
+        staged.resize(kernels::PageBytes(e.k_format, kernels::KvKind::kKey, shape));
+        if (auto st = kernels::CopyToHost(staged.data(), page, staged.size()); !st.ok()) return st;
+        page = staged.data();
+      }
+      if (auto st = kernels::DequantizePage(exec, shape, kernels::KvKind::kKey, e.k_format, page,
+                                            n, rows.data());
           !st.ok()) {
         return st;
       }
@@ -156,16 +165,66 @@ absl::Status ReadKeySummaries(const kernels::PageShape& shape, int num_slots,
   return absl::OkStatus();
 }
 
+namespace {
+
+// A layer's tables and plan where the CUDA kernels read them: device copies,
+// freed with this. The plan is checked on the host first (the device kernel
+// trusts it).
+class DeviceLayer {
+ public:
+  absl::Status Stage(const LayerTables& l, kernels::CompactPlan& plan) {
+    if (auto st = kernels::CompactMetadata(plan, l.num_src, nullptr, nullptr, nullptr, nullptr);
+        !st.ok()) {
+      return st;
+    }
+    const auto copy = [](kernels::DeviceBuffer& to, const auto& v) {
+      auto b = kernels::DeviceBuffer::CopyOf(v.data(), v.size() * sizeof(v[0]));
+      if (!b.ok()) return b.status();
+      to = *std::move(b);
+      return absl::OkStatus();
+    };
+    for (auto [to, from] : {std::pair{&src_, &l.src}, std::pair{&dst_, &l.dst}}) {
+      if (auto st = copy(*to, *from); !st.ok()) return st;
+    }
+    const int32_t num_members = plan.group_offsets ? plan.group_offsets[plan.num_out] : plan.num_out;
+    const std::span<const int32_t> members(plan.members, size_t(num_members));
+    if (auto st = copy(members_, members); !st.ok()) return st;
+    plan.members = members_.as<const int32_t>();
+    if (plan.group_offsets) {
+      const std::span<const int32_t> offsets(plan.group_offsets, size_t(plan.num_out) + 1);
+      if (auto st = copy(offsets_, offsets); !st.ok()) return st;
+      plan.group_offsets = offsets_.as<const int32_t>();
+    }
+    if (plan.weights) {
+      const std::span<const float> weights(plan.weights, size_t(num_members));
+      if (auto st = copy(weights_, weights); !st.ok()) return st;
+      plan.weights = weights_.as<const float>();
+    }
+    return absl::OkStatus();
+  }
+  const kernels::BlockEntry* src() const { return src_.as<const kernels::BlockEntry>(); }
+  const kernels::BlockEntry* dst() const { return dst_.as<const kernels::BlockEntry>(); }
+
+ private:
+  kernels::DeviceBuffer src_, dst_, members_, offsets_, weights_;
+};
+
+}  // namespace
+
 absl::Status ExecuteCompaction(const kernels::PageShape& shape,
                                const std::vector<LayerTables>& layers,
-                               const std::vector<const CompactionGroups*>& groups) {
+                               const std::vector<const CompactionGroups*>& groups,
+                               bool on_device) {
   if (groups.size() != 1 && groups.size() != layers.size()) {
     return absl::InternalError(absl::StrCat("groups for ", groups.size(), " of ",
                                             layers.size(), " layers"));
   }
   kernels::Exec exec;
-  exec.backend = kernels::Backend::kCpu;
+  exec.backend = on_device ? kernels::Backend::kCuda : kernels::Backend::kCpu;
   exec.num_threads = 1;  // The daemon's cores serve RPCs; sessions are small per call.
+  // Device work is queued on the default stream and waited for at the end:
+  // the caller publishes the new tables only after this returns.
+  std::vector<DeviceLayer> staged(on_device ? layers.size() : 0);
   for (size_t i = 0; i < layers.size(); ++i) {
     const LayerTables& l = layers[i];
     const CompactionGroups& g = *groups[groups.size() == 1 ? 0 : i];
@@ -187,10 +246,18 @@ absl::Status ExecuteCompaction(const kernels::PageShape& shape,
     dst.blocks = l.dst.data();
     dst.num_blocks = static_cast<int>(l.dst.size());
     dst.num_tokens = plan.num_out;
+    if (on_device) {
+      if (auto st = staged[i].Stage(l, plan); !st.ok()) {
+        return absl::Status(st.code(), absl::StrCat("layer ", i, ": ", st.message()));
+      }
+      src.blocks = staged[i].src();
+      dst.blocks = staged[i].dst();
+    }
     if (auto s = kernels::CompactSlots(exec, src, plan, dst); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("layer ", i, ": ", s.message()));
     }
   }
+  if (on_device) return kernels::DeviceSynchronize();
   return absl::OkStatus();
 }
 

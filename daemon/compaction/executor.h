@@ -69,14 +69,13 @@ std::vector<uint32_t> KeySummaryLayers(uint32_t num_layers);
 
 // Reads the keys of the first `num_slots` slots from their pages (through the
 // kernels' decoder, so every page format reads the same way): per layer of
-// `tables` ([layer][source block] entries with absolute host addresses), the
-// slot's key averaged over KV heads and scaled to unit length, concatenated.
-// So the cosine of two summaries is the mean of their per-layer cosines.
-// keys: [num_slots * tables.size() * shape.head_dim].
-// REQUIRES: host-addressable pages.
+// `tables` ([layer][source block] entries with absolute addresses, in device
+// memory where on_device), the slot's key averaged over KV heads and scaled
+// to unit length, concatenated. So the cosine of two summaries is the mean
+// of their per-layer cosines. keys: [num_slots * tables.size() * head_dim].
 absl::Status ReadKeySummaries(const kernels::PageShape& shape, int num_slots,
                               const std::vector<std::vector<kernels::BlockEntry>>& tables,
-                              std::vector<float>& keys);
+                              bool on_device, std::vector<float>& keys);
 
 // A layer's plan lowered (policies::LoweredLayer: the kernels' CSR groups,
 // each output slot's source and count, the output blocks' formats) with the
@@ -113,7 +112,8 @@ std::vector<SlotRecord> OutputRecords(const CompactionGroups& groups,
                                       const std::vector<SlotRecord>& slots);
 
 // Pages of one layer: the K/V page addresses of each block it holds
-// (absolute host addresses in BlockEntry offsets; formats set).
+// (absolute addresses in BlockEntry offsets, all in host memory or all in
+// device memory; formats set).
 struct LayerTables {
   std::vector<kernels::BlockEntry> src;  // [source blocks the layer holds]
   int num_src = 0;                       // slots in them
@@ -124,9 +124,12 @@ struct LayerTables {
 // that layer's src slots, the groups being groups[0] for every layer when
 // there is one, else groups[l] ([layers.size()]). A layer with no output
 // slots is skipped.
-// REQUIRES: host-addressable pages; dst pages disjoint from src pages.
+// on_device: the pages are device memory, and the CUDA kernels run (the
+// tables and groups copied to the device, the device waited for before this
+// returns). REQUIRES: dst pages disjoint from src pages.
 absl::Status ExecuteCompaction(const kernels::PageShape& shape,
                                const std::vector<LayerTables>& layers,
-                               const std::vector<const CompactionGroups*>& groups);
+                               const std::vector<const CompactionGroups*>& groups,
+                               bool on_device = false);
 
 }  // namespace polykv::daemon

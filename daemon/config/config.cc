@@ -107,7 +107,7 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
   if (root.IsNull()) return c;
   if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": expected a mapping"));
   static const std::set<std::string> kKeys = {
-      "socket", "socket_mode", "metrics_address", "tier", "cuda_device", "pool_bytes",
+      "socket", "socket_mode", "metrics_address", "tier", "cuda_device", "cuda_export", "pool_bytes",
       "arena_bytes", "superblock_bytes", "block_tokens", "lease_ms", "max_sessions",
       "max_sessions_per_uid", "max_tenants_per_uid", "max_watch_streams_per_uid",
       "low_watermark_bytes", "max_connections",
@@ -128,6 +128,7 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
     if (root["metrics_address"]) c.metrics_address = root["metrics_address"].as<std::string>();
     if (root["tier"]) c.tier = root["tier"].as<std::string>();
     if (root["cuda_device"]) c.cuda_device = root["cuda_device"].as<int>();
+    if (root["cuda_export"]) c.cuda_export = root["cuda_export"].as<std::string>();
     for (auto [key, field] : {std::pair{"low_watermark_bytes", &c.low_watermark_bytes},
                               std::pair{"pool_bytes", &c.pool_bytes},
                               std::pair{"arena_bytes", &c.arena_bytes},
@@ -224,6 +225,9 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
 
 absl::Status ValidateConfig(const DaemonConfig& c) {
   if (c.tier != "host" && c.tier != "cuda") return KeyError("tier", "must be 'host' or 'cuda'");
+  if (c.cuda_export != "fd" && c.cuda_export != "ipc") {
+    return KeyError("cuda_export", "must be 'fd' (CUDA VMM, the default) or 'ipc' (legacy)");
+  }
   if (c.superblock_bytes == 0 || c.superblock_bytes % 256 != 0) {
     return KeyError("superblock_bytes", "must be a positive multiple of 256");
   }

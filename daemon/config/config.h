@@ -44,6 +44,10 @@ struct DaemonConfig {
   std::string metrics_address = "127.0.0.1:9464";   // "off" disables the metrics server
   std::string tier = "host";                        // "host" | "cuda"
   int cuda_device = 0;
+  // How a cuda tier's arenas reach workers: "fd" (CUDA VMM memory exported as
+  // a POSIX fd over the fd socket) or "ipc" (legacy cudaIpcMemHandle, for
+  // drivers that cannot export VMM memory).
+  std::string cuda_export = "fd";
   uint64_t pool_bytes = 1ull << 30;
   uint64_t arena_bytes = 64ull << 20;
   uint64_t superblock_bytes = 2ull << 20;

@@ -78,6 +78,7 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   out << YAML::Key << "metrics_address" << YAML::Value << c.metrics_address;
   out << YAML::Key << "tier" << YAML::Value << c.tier;
   out << YAML::Key << "cuda_device" << YAML::Value << c.cuda_device;
+  out << YAML::Key << "cuda_export" << YAML::Value << c.cuda_export;
   out << YAML::Key << "pool_bytes" << YAML::Value << ByteSizeText(c.pool_bytes);
   out << YAML::Key << "arena_bytes" << YAML::Value << ByteSizeText(c.arena_bytes);
   out << YAML::Key << "superblock_bytes" << YAML::Value << ByteSizeText(c.superblock_bytes);

@@ -12,9 +12,15 @@
 
 namespace polykv::daemon {
 
-enum class ArenaKind { kHostShm, kCudaIpc };
+enum class ArenaKind {
+  kHostShm,  // memfd; its fd goes to workers over the fd socket
+  kCudaVmm,  // CUDA VMM allocation; its POSIX fd goes over the fd socket too
+  kCudaIpc,  // cudaMalloc + legacy IPC handle (a configured fallback)
+};
 
-absl::string_view ArenaKindName(ArenaKind kind);  // "host" / "cuda"
+inline bool OnDevice(ArenaKind kind) { return kind != ArenaKind::kHostShm; }
+// For messages: "host memory (memfd)", "CUDA device memory (VMM fd)", ...
+absl::string_view ArenaKindName(ArenaKind kind);
 
 // Everything a worker needs to map an arena (besides, for host arenas, the
 // file descriptor it fetches over the fd socket).
@@ -23,7 +29,7 @@ struct ArenaExport {
   ArenaKind kind = ArenaKind::kHostShm;
   uint64_t size_bytes = 0;
   std::string cuda_ipc_handle;  // kCudaIpc: raw cudaIpcMemHandle_t bytes.
-  int cuda_device = -1;
+  int cuda_device = -1;         // device arenas: the GPU's ordinal
 };
 
 // Thread-safety: the accessors are immutable after creation and safe from any
@@ -37,7 +43,11 @@ class Arena {
   virtual uint64_t size_bytes() const = 0;
   // Host-addressable base (host arenas); nullptr for device arenas.
   virtual void* host_base() const = 0;
-  // File descriptor to hand to workers (host arenas), or -1. Owned by the arena.
+  // Device address of the arena in this process (device arenas); nullptr for
+  // host arenas.
+  virtual void* device_base() const { return nullptr; }
+  // File descriptor to hand to workers (host and VMM arenas), or -1. Owned
+  // by the arena.
   virtual int fd() const = 0;
   virtual ArenaExport Export() const = 0;
   // Writes zeros over [offset, offset + len): a page changes owner only
@@ -56,15 +66,17 @@ class Arena {
 struct ArenaOptions {
   uint32_t id = 0;
   uint64_t size_bytes = 0;  // > 0; rounded up to the system page size.
-  int cuda_device = 0;      // kCudaIpc only.
+  int cuda_device = 0;      // device arenas only
 };
 
 // memfd-backed host shared memory, mode 0600, no name in any namespace.
 absl::StatusOr<std::unique_ptr<Arena>> CreateHostShmArena(const ArenaOptions& options);
 
-// cudaMalloc + cudaIpcGetMemHandle. UNIMPLEMENTED in builds without CUDA,
-// FAILED_PRECONDITION when no GPU is present.
-absl::StatusOr<std::unique_ptr<Arena>> CreateCudaIpcArena(const ArenaOptions& options);
+// Device memory on options.cuda_device, zeroed, shared as `kind` says
+// (kCudaVmm or kCudaIpc). UNIMPLEMENTED in builds without CUDA,
+// FAILED_PRECONDITION when no GPU or driver is present.
+absl::StatusOr<std::unique_ptr<Arena>> CreateCudaArena(ArenaKind kind,
+                                                        const ArenaOptions& options);
 
 // True when this build has the CUDA backend compiled in.
 bool CudaArenaCompiledIn();

@@ -77,7 +77,12 @@ class HostShmArena final : public Arena {
 }  // namespace
 
 absl::string_view ArenaKindName(ArenaKind kind) {
-  return kind == ArenaKind::kHostShm ? "host" : "cuda";
+  switch (kind) {
+    case ArenaKind::kHostShm: return "host memory (memfd)";
+    case ArenaKind::kCudaVmm: return "CUDA device memory (VMM fd)";
+    case ArenaKind::kCudaIpc: return "CUDA device memory (legacy IPC handle)";
+  }
+  return "unknown";
 }
 
 absl::StatusOr<std::unique_ptr<Arena>> CreateHostShmArena(const ArenaOptions& options) {

@@ -372,12 +372,24 @@ void BlockPool::Free(BlockAccount& account, Block& block) {
   }
 }
 
-uint64_t BlockPool::HostAddress(const std::string& tenant, PageId page) const {
+uint64_t BlockPool::PageAddress(const std::string& tenant, PageId page, bool* on_device) const {
+  *on_device = false;
   const Tenant& t = TenantOf(tenant);
   auto loc = t.allocator.Locate(page);
   if (!loc.ok()) return 0;
-  auto* base = static_cast<uint8_t*>(t.arenas.at(loc->arena_id)->host_base());
+  const Arena& arena = *t.arenas.at(loc->arena_id);
+  auto* base = static_cast<uint8_t*>(arena.host_base());
+  if (base == nullptr) {
+    base = static_cast<uint8_t*>(arena.device_base());
+    *on_device = base != nullptr;
+  }
   return base == nullptr ? 0 : reinterpret_cast<uintptr_t>(base + loc->offset);
+}
+
+uint64_t BlockPool::HostAddress(const std::string& tenant, PageId page) const {
+  bool on_device = false;
+  const uint64_t addr = PageAddress(tenant, page, &on_device);
+  return on_device ? 0 : addr;
 }
 
 absl::StatusOr<PageLocation> BlockPool::Locate(const std::string& tenant, PageId page) const {
@@ -416,7 +428,8 @@ absl::StatusOr<int> BlockPool::DupArenaFd(const std::string& tenant, uint32_t ar
         absl::StrCat("arena ", arena_id, " is not an arena of this session's tenant"));
   }
   if (it->second->fd() < 0) {
-    return absl::FailedPreconditionError("arena is device memory; map it with its CUDA IPC handle");
+    return absl::FailedPreconditionError(
+        "arena has no descriptor to hand out (legacy CUDA IPC: map it with its handle)");
   }
   int fd = dup(it->second->fd());
   if (fd < 0) return absl::InternalError("dup of arena fd failed");

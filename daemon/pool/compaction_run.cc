@@ -9,11 +9,13 @@ namespace polykv::daemon {
 namespace {
 
 // Host addresses of the block's layer-`layer` pages (0 for device arenas).
+// The layer's pages of `block` at their addresses in this process; *on_device
+// is set when they are device memory.
 kernels::BlockEntry EntryOf(const BlockPool& blocks, const Session& s, const Block& block,
-                            uint32_t layer) {
+                            uint32_t layer, bool* on_device) {
   kernels::BlockEntry e;
-  e.k_offset = blocks.HostAddress(s.tenant(), block.pages[2 * layer]);
-  e.v_offset = blocks.HostAddress(s.tenant(), block.pages[2 * layer + 1]);
+  e.k_offset = blocks.PageAddress(s.tenant(), block.pages[2 * layer], on_device);
+  e.v_offset = blocks.PageAddress(s.tenant(), block.pages[2 * layer + 1], on_device);
   e.k_format = block.shape.key_format;
   e.v_format = block.shape.value_format;
   return e;
@@ -47,11 +49,11 @@ absl::Status CompactionRun::Prepare(const Session& s, const QosRecord& qos,
   if (!policy_.ReadsKeys()) return absl::OkStatus();
   for (uint32_t l : KeySummaryLayers(s.profile.num_layers)) {
     auto& t = key_tables_.emplace_back();
-    for (size_t b = 0; b < SourceBlocks(s); ++b) t.push_back(EntryOf(blocks, s, s.tables.blocks[b], l));
+    for (size_t b = 0; b < SourceBlocks(s); ++b) {
+      t.push_back(EntryOf(blocks, s, s.tables.blocks[b], l, &on_device_));
+    }
     for (const kernels::BlockEntry& e : t) {
-      if (e.k_offset == 0) {
-        return absl::UnimplementedError("merging over device (CUDA) arenas is not implemented yet");
-      }
+      if (e.k_offset == 0) return absl::InternalError("a source page has no memory to read");
     }
   }
   return absl::OkStatus();
@@ -60,7 +62,10 @@ absl::Status CompactionRun::Prepare(const Session& s, const QosRecord& qos,
 absl::StatusOr<bool> CompactionRun::Decide(const Session& s) {
   if (!key_tables_.empty()) {
     const int num_src = static_cast<int>(s.tables.committed_tokens);
-    if (auto st = ReadKeySummaries(in_.shape, num_src, key_tables_, in_.keys); !st.ok()) return st;
+    if (auto st = ReadKeySummaries(in_.shape, num_src, key_tables_, on_device_, in_.keys);
+        !st.ok()) {
+      return st;
+    }
     in_.key_dim = static_cast<int>(key_tables_.size()) * in_.shape.head_dim;
   }
   // The slot records are read in place: nothing writes them while busy.
@@ -106,19 +111,18 @@ absl::Status CompactionRun::Address(const Session& s, const BlockPool& blocks) {
   for (uint32_t l = 0; l < layers; ++l) {
     LayerTables& t = tables_[l];
     for (size_t b = in_.layer_offsets[l] / s.block_tokens; b < SourceBlocks(s); ++b) {
-      t.src.push_back(EntryOf(blocks, s, s.tables.blocks[b], l));
+      t.src.push_back(EntryOf(blocks, s, s.tables.blocks[b], l, &on_device_));
     }
     t.num_src = num_src - static_cast<int>(in_.layer_offsets[l]);
     for (size_t j = 0, next = 0; j < plan.out_blocks(); ++j) {
       if (plan.shared[j] >= 0) continue;
-      if (Holds(s, j, l)) t.dst.push_back(EntryOf(blocks, s, s.tables.staged[next], l));
+      if (Holds(s, j, l)) t.dst.push_back(EntryOf(blocks, s, s.tables.staged[next], l, &on_device_));
       ++next;
     }
     for (const auto* list : {&t.src, &t.dst}) {
       for (const kernels::BlockEntry& e : *list) {
         if (e.k_offset == 0 || e.v_offset == 0) {
-          return absl::UnimplementedError(
-              "compaction of device (CUDA) arenas is not implemented yet");
+          return absl::InternalError("a compaction page has no memory to copy");
         }
       }
     }
@@ -130,7 +134,7 @@ absl::Status CompactionRun::Copy(const Session& s) const {
   if (!copies_) return absl::OkStatus();
   std::vector<const CompactionGroups*> groups;
   for (const CompactionGroups& g : plan_->copy) groups.push_back(&g);
-  return ExecuteCompaction(s.page_shape(), tables_, groups);
+  return ExecuteCompaction(s.page_shape(), tables_, groups, on_device_);
 }
 
 std::vector<Block> CompactionRun::Publish(Session& s) {

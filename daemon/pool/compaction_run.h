@@ -91,6 +91,9 @@ class CompactionRun final : public StagedRun {
   // Address: [layer] the copy's source and destination pages.
   std::vector<LayerTables> tables_;
   bool copies_ = false;
+  // The session's pages are device memory (a cuda tier): the copy runs the
+  // CUDA kernels, and key summaries are read through host copies.
+  bool on_device_ = false;
   Published published_;
 };
 

@@ -156,6 +156,7 @@ absl::StatusOr<OpenResult> KvPool::Open(const OpenRequest& r) {
                                                    "..", options_.max_lease_ms, " (got ",
                                                    r.lease_ms, "); 0 takes the default"));
   }
+  if (auto s = CheckCanMap(r.can_map, options_.arena_kind); !s.ok()) return s;
   auto token = NewToken();
   if (!token.ok()) return token.status();
 
@@ -260,6 +261,8 @@ OpenResult KvPool::Describe(Session& s, const QosRecord& qos) {
   out.qos.agent_id = s.agent_id();
   out.wants = s.policy.wants;
   out.arenas = blocks_.NewArenas(s.tenant(), s.known_arenas);
+  out.arena_kind = options_.arena_kind;
+  out.cuda_device = OnDevice(options_.arena_kind) ? options_.cuda_device : -1;
   return out;
 }
 

@@ -75,6 +75,10 @@ using Clock = std::function<absl::Time()>;
 
 struct KvPoolOptions {
   std::string tier = "host";               // For stats and metrics labels.
+  // What arena_factory makes; sessions whose worker cannot map it are refused
+  // at OpenSession (OpenRequest::can_map).
+  ArenaKind arena_kind = ArenaKind::kHostShm;
+  int cuda_device = -1;  // device arenas: the GPU they are on
   uint64_t pool_bytes = 1ull << 30;        // Budget for all arenas together.
   uint64_t arena_bytes = 64ull << 20;      // The largest arena (block_pool.h).
   uint64_t first_arena_bytes = 0;          // A tenant's first arena; 0 = arena_bytes / 16.

@@ -25,7 +25,7 @@ class RelocationRun final : public StagedRun {
   // The moving blocks' shapes, as they are.
   absl::StatusOr<std::vector<BlockShape>> NewShapes(const Session& s) const override;
   absl::Status Address(const Session& s, const BlockPool& blocks) override;
-  // memcpy of every page.
+  // A copy of every page (a device-to-device copy on a cuda tier).
   absl::Status Copy(const Session& s) const override;
   // Each moving block replaced by its staged copy, in place.
   std::vector<Block> Publish(Session& s) override;
@@ -38,6 +38,7 @@ class RelocationRun final : public StagedRun {
   };
   std::vector<size_t> moving_;
   std::vector<PageCopy> copies_;
+  bool on_device_ = false;  // the pages are device memory
 };
 
 }  // namespace polykv::daemon

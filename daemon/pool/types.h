@@ -79,6 +79,8 @@ struct OpenRequest {
   std::optional<Priority> priority_hint;
   uint32_t lease_ms = 0;  // 0 = default
   PeerCreds peer;
+  // Arena kinds the worker can map; empty = not stated (any is handed out).
+  std::vector<ArenaKind> can_map;
 };
 
 struct PageDesc {
@@ -108,6 +110,9 @@ struct OpenResult {
   uint32_t key_page_bytes = 0;
   uint32_t value_page_bytes = 0;
   std::vector<ArenaExport> arenas;
+  // Where every arena of the pool is (KvPoolOptions::arena_kind).
+  ArenaKind arena_kind = ArenaKind::kHostShm;
+  int cuda_device = -1;
   uint64_t epoch = 0;
   QosRecord qos;
   // What the worker should report: the streams the agent's policy reads.

@@ -1,6 +1,11 @@
 #include "daemon/pool/validation.h"
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace polykv::daemon {
 
@@ -48,6 +53,19 @@ absl::Status ValidateBlockTokens(uint32_t b) {
         absl::StrCat("block_tokens must be a power of two in 1..256 (got ", b, ")"));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckCanMap(const std::vector<ArenaKind>& can_map, ArenaKind pool_kind) {
+  if (can_map.empty() || std::find(can_map.begin(), can_map.end(), pool_kind) != can_map.end()) {
+    return absl::OkStatus();
+  }
+  std::vector<std::string> names;
+  for (ArenaKind k : can_map) names.emplace_back(ArenaKindName(k));
+  return absl::FailedPreconditionError(absl::StrCat(
+      "this polykvd keeps its pages in ", ArenaKindName(pool_kind),
+      " and this worker can map only ", absl::StrJoin(names, ", "),
+      OnDevice(pool_kind) ? " (a worker built with CUDA, on a node with a GPU, can map them)"
+                          : " (run it against a polykvd with --tier cuda)"));
 }
 
 absl::Status ValidateBudgetFraction(double fraction) {

@@ -1,5 +1,6 @@
 // Input checks shared by the pool's entry points. Each returns
-// INVALID_ARGUMENT with a message that tells the caller what to change.
+// INVALID_ARGUMENT (CheckCanMap: FAILED_PRECONDITION) with a message that
+// tells the caller what to change.
 #pragma once
 
 #include <string_view>
@@ -20,5 +21,7 @@ absl::Status ValidateProfile(const ModelProfile& profile);
 absl::Status ValidateBlockTokens(uint32_t block_tokens);
 // 0 (none) or in (0, 1]; NaN and infinities refused.
 absl::Status ValidateBudgetFraction(double fraction);
+// The worker can map this pool's arenas (`can_map` empty: it did not say).
+absl::Status CheckCanMap(const std::vector<ArenaKind>& can_map, ArenaKind pool_kind);
 
 }  // namespace polykv::daemon

@@ -112,6 +112,15 @@ absl::StatusOr<OpenRequest> FromProto(const v1::OpenSessionRequest& r, const Pee
   }
   o.lease_ms = r.lease_ms();
   o.peer = peer;
+  for (int k : r.can_map()) {
+    switch (k) {
+      case v1::ArenaHandle::KIND_HOST_SHM: o.can_map.push_back(ArenaKind::kHostShm); break;
+      case v1::ArenaHandle::KIND_CUDA_VMM: o.can_map.push_back(ArenaKind::kCudaVmm); break;
+      case v1::ArenaHandle::KIND_CUDA_IPC: o.can_map.push_back(ArenaKind::kCudaIpc); break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat("can_map: unknown arena kind ", k));
+    }
+  }
   return o;
 }
 
@@ -224,10 +233,18 @@ void ToProto(const QosRecord& in, v1::QosRecord* out) {
   out->set_policy_note(PolicyNote(in.policy));
 }
 
+v1::ArenaHandle::Kind ToProto(ArenaKind kind) {
+  switch (kind) {
+    case ArenaKind::kHostShm: return v1::ArenaHandle::KIND_HOST_SHM;
+    case ArenaKind::kCudaVmm: return v1::ArenaHandle::KIND_CUDA_VMM;
+    case ArenaKind::kCudaIpc: return v1::ArenaHandle::KIND_CUDA_IPC;
+  }
+  return v1::ArenaHandle::KIND_UNSPECIFIED;
+}
+
 void ToProto(const ArenaExport& in, v1::ArenaHandle* out) {
   out->set_arena_id(in.arena_id);
-  out->set_kind(in.kind == ArenaKind::kHostShm ? v1::ArenaHandle::KIND_HOST_SHM
-                                               : v1::ArenaHandle::KIND_CUDA_IPC);
+  out->set_kind(ToProto(in.kind));
   out->set_size_bytes(in.size_bytes);
   if (!in.cuda_ipc_handle.empty()) out->set_cuda_ipc_handle(in.cuda_ipc_handle);
   out->set_cuda_device(in.cuda_device);
@@ -258,6 +275,8 @@ void ToProto(const OpenResult& in, v1::OpenSessionResponse* out) {
   out->set_key_page_bytes(in.key_page_bytes);
   out->set_value_page_bytes(in.value_page_bytes);
   for (const auto& a : in.arenas) ToProto(a, out->add_arenas());
+  out->set_arena_kind(ToProto(in.arena_kind));
+  out->set_cuda_device(in.cuda_device);
   out->set_epoch(in.epoch);
   ToProto(in.qos, out->mutable_qos());
   SetWanted(in.wants, out);

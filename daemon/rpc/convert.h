@@ -22,6 +22,7 @@ absl::StatusOr<std::optional<PageFormat>> FormatFromProto(int value, absl::strin
 
 void ToProto(const OpenResult& in, v1::OpenSessionResponse* out);
 void ToProto(const QosRecord& in, v1::QosRecord* out);
+v1::ArenaHandle::Kind ToProto(ArenaKind kind);
 void ToProto(const ArenaExport& in, v1::ArenaHandle* out);
 void ToProto(const BlockDesc& in, v1::Block* out);
 void ToProto(const SessionSummary& in, v1::SessionInfo* out);

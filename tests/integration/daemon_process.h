@@ -54,6 +54,7 @@ struct DaemonOptions {
   std::string arena_bytes = "8MiB";  // --arena-bytes
   int lease_ms = 1500;               // --lease-ms: short, so reclaims come quickly
   std::string log_level = "info";    // --log-level; the soak uses warn
+  std::vector<std::string> extra_args;  // e.g. {"--tier", "cuda"}
 };
 
 class DaemonProcess {
@@ -109,11 +110,17 @@ class DaemonProcess {
 
  private:
   explicit DaemonProcess(const DaemonOptions& o)
-      : options_(o),
-        process_({BinDir() + "/polykvd", "--socket", o.socket, "--metrics-address",
-                  "127.0.0.1:0", "--pool-bytes", o.pool_bytes, "--arena-bytes", o.arena_bytes,
-                  "--lease-ms", std::to_string(o.lease_ms), "--log-level", o.log_level,
-                  "--check-invariants-on-scrape"}) {}
+      : options_(o), process_(Argv(o)) {}
+
+  static std::vector<std::string> Argv(const DaemonOptions& o) {
+    std::vector<std::string> argv = {BinDir() + "/polykvd", "--socket", o.socket,
+                                     "--metrics-address", "127.0.0.1:0", "--pool-bytes",
+                                     o.pool_bytes, "--arena-bytes", o.arena_bytes, "--lease-ms",
+                                     std::to_string(o.lease_ms), "--log-level", o.log_level,
+                                     "--check-invariants-on-scrape"};
+    argv.insert(argv.end(), o.extra_args.begin(), o.extra_args.end());
+    return argv;
+  }
 
   uint64_t StatusKib(const std::string& key) const {
     std::ifstream in("/proc/" + std::to_string(pid()) + "/status");

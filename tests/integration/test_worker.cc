@@ -5,9 +5,18 @@
 //   run   --socket S --tenant T --agent A --tokens N --seed X [--hold-ms M]
 //   hang  --socket S --tenant T --agent A --tokens N --seed X   (until killed)
 //         run, hang and resume take [--lease-ms L] (0: the daemon's default)
+//         and [--device 1]: pages on the daemon's GPU (PageMemory::kDevice),
+//         written and read back with device copies; the line then names the
+//         first page ("page_arena", "page_offset", "page_id", "page_bytes",
+//         "cuda_device") for peek
+//   peek  --socket S --session ID --token HEX --arena ID --arena-bytes B
+//         --offset O --page-id P --page-bytes N --seed X --cuda-device D
+//         maps a device arena in this process (fd socket, VMM import) and
+//         checks that the page holds the pattern another process wrote
 //   forge --socket S --session ID --token HEX                    (reserve with it)
 //   fetch --socket S --session ID --token HEX --arena ID         (fd socket)
 //   agent --socket S --tenant T --agent A --tokens N --seed X --step K --budget B
+//         [--device 1]
 //         decodes N tokens K per step like an inference worker: Sync at each
 //         step boundary (adopting compacted tables and checking that every
 //         slot holds the pattern of the position the daemon says it holds),
@@ -47,6 +56,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/device.h"
 #include "kernels/ops.h"
 #include "kernels/page_layout.h"
 #include "client/worker/json.h"
@@ -82,6 +92,50 @@ uint8_t PatternByte(uint64_t seed, uint64_t page_id, uint64_t i) {
   x ^= x >> 29;
   x *= 0xBF58476D1CE4E5B9ull;
   return static_cast<uint8_t>(x >> 56);
+}
+
+// Fills a page with its pattern, through a device copy where it is on the GPU.
+absl::Status WritePattern(const polykv::Page& p, uint64_t seed) {
+  std::vector<uint8_t> bytes(p.size_bytes);
+  for (uint64_t i = 0; i < p.size_bytes; ++i) bytes[i] = PatternByte(seed, p.page_id, i);
+  if (p.on_device) return polykv::kernels::CopyToDevice(p.addr, bytes.data(), bytes.size());
+  std::memcpy(p.addr, bytes.data(), bytes.size());
+  return absl::OkStatus();
+}
+
+// The bytes of [addr, addr + size) that differ from page `page_id`'s pattern.
+absl::StatusOr<uint64_t> BytesOffPattern(const void* addr, bool on_device, uint64_t size,
+                                         uint64_t seed, uint64_t page_id) {
+  std::vector<uint8_t> bytes(size);
+  if (on_device) {
+    if (auto st = polykv::kernels::CopyToHost(bytes.data(), addr, size); !st.ok()) return st;
+  } else {
+    std::memcpy(bytes.data(), addr, size);
+  }
+  uint64_t bad = 0;
+  for (uint64_t i = 0; i < size; ++i) bad += bytes[i] != PatternByte(seed, page_id, i);
+  return bad;
+}
+
+// peek: another process's page, read through this process's own import of
+// the daemon's device arena.
+int Peek(const std::map<std::string, std::string>& f, const polykv::SessionRef& ref) {
+  auto fd = polykv::FetchArenaFd(f.at("--socket") + ".fds", ref,
+                                 static_cast<uint32_t>(Num(f, "--arena")));
+  if (!fd.ok()) return Report(fd.status());
+  auto memory = polykv::kernels::SharedDeviceMemory::ImportFd(
+      static_cast<int>(Num(f, "--cuda-device")), *fd, Num(f, "--arena-bytes"));
+  close(*fd);
+  if (!memory.ok()) return Report(memory.status());
+  const uint64_t offset = Num(f, "--offset"), size = Num(f, "--page-bytes");
+  if (offset + size > (*memory)->size()) {
+    return Report(absl::InvalidArgumentError("page outside the arena"));
+  }
+  auto bad = BytesOffPattern(static_cast<const uint8_t*>((*memory)->ptr()) + offset, true, size,
+                             Num(f, "--seed"), Num(f, "--page-id"));
+  if (!bad.ok()) return Report(bad.status());
+  if (*bad) return Report(absl::DataLossError(absl::StrCat(*bad, " bytes differ from the pattern")));
+  return Report(absl::OkStatus(), absl::StrCat(",\"checked_bytes\":", size));
 }
 
 // What a resumed worker does first: the call whose answer the fault tests
@@ -131,6 +185,7 @@ int RunWorker(const std::map<std::string, std::string>& f, const std::string& mo
   o.key_format = o.value_format = polykv::PageFormat::kF32;
   o.block_tokens = 16;
   o.lease_ms = static_cast<uint32_t>(Num(f, "--lease-ms", 0));
+  if (Num(f, "--device", 0) != 0) o.page_memory = polykv::PageMemory::kDevice;
   auto session = (*client)->OpenSession(o);
   if (!session.ok()) return Report(session.status());
   auto& s = **session;
@@ -143,16 +198,21 @@ int RunWorker(const std::map<std::string, std::string>& f, const std::string& mo
   uint64_t bytes = 0;
   for (const auto& b : *blocks) {
     for (const auto& p : b.pages) {
-      auto* mem = static_cast<uint8_t*>(p.addr);
-      for (uint64_t i = 0; i < p.size_bytes; ++i) mem[i] = PatternByte(seed, p.page_id, i);
+      if (auto st = WritePattern(p, seed); !st.ok()) return Report(st, id);
       arenas.insert(p.arena_id);
       bytes += p.size_bytes;
     }
   }
   if (auto st = s.Commit(s.reserved_tokens()); !st.ok()) return Report(st, id);
-  const std::string extra = absl::StrCat(id, ",\"arenas\":[", absl::StrJoin(arenas, ","),
-                                         "],\"bytes\":", bytes, ",\"pid\":", getpid(),
-                                         ",\"dumpable\":", prctl(PR_GET_DUMPABLE));
+  std::string extra = absl::StrCat(id, ",\"arenas\":[", absl::StrJoin(arenas, ","),
+                                   "],\"bytes\":", bytes, ",\"pid\":", getpid(),
+                                   ",\"dumpable\":", prctl(PR_GET_DUMPABLE));
+  if (!blocks->empty() && !blocks->front().pages.empty()) {
+    const polykv::Page& first = blocks->front().pages.front();
+    absl::StrAppend(&extra, ",\"page_arena\":", first.arena_id, ",\"page_offset\":",
+                    first.offset, ",\"page_id\":", first.page_id, ",\"page_bytes\":",
+                    first.size_bytes, ",\"cuda_device\":", s.info().cuda_device);
+  }
   if (mode == "hang") {
     Report(absl::OkStatus(), extra);
     while (true) pause();
@@ -168,8 +228,9 @@ int RunWorker(const std::map<std::string, std::string>& f, const std::string& mo
   uint64_t bad = 0;
   for (const auto& b : s.blocks()) {
     for (const auto& p : b.pages) {
-      const auto* mem = static_cast<const uint8_t*>(p.addr);
-      for (uint64_t i = 0; i < p.size_bytes; ++i) bad += mem[i] != PatternByte(seed, p.page_id, i);
+      auto off = BytesOffPattern(p.addr, p.on_device, p.size_bytes, seed, p.page_id);
+      if (!off.ok()) return Report(off.status(), extra);
+      bad += *off;
     }
   }
   if (bad) {
@@ -207,6 +268,38 @@ float LossyTolerance(polykv::PageFormat format) {
   return 0;
 }
 
+// Pages' bytes in this process's memory: host pages in place, device pages
+// as host copies, written back by WriteBack (the agent's writes).
+class HostPages {
+ public:
+  absl::StatusOr<uint8_t*> Get(const polykv::Page& p) {
+    if (!p.on_device) return static_cast<uint8_t*>(p.addr);
+    auto [it, added] = staged_.try_emplace(p.addr);
+    if (added) {
+      it->second.first = p.size_bytes;
+      it->second.second.resize(p.size_bytes);
+      if (auto st = polykv::kernels::CopyToHost(it->second.second.data(), p.addr, p.size_bytes);
+          !st.ok()) {
+        return st;
+      }
+    }
+    return it->second.second.data();
+  }
+  absl::Status WriteBack() {
+    for (auto& [addr, page] : staged_) {
+      if (auto st = polykv::kernels::CopyToDevice(addr, page.second.data(), page.first);
+          !st.ok()) {
+        return st;
+      }
+    }
+    staged_.clear();
+    return absl::OkStatus();
+  }
+
+ private:
+  std::map<void*, std::pair<size_t, std::vector<uint8_t>>> staged_;  // device addr -> bytes
+};
+
 // The elements among the first `rows` rows of `page` farther than `tolerance`
 // from `pattern(t, h, d)`, read through the kernels' decoder (any format).
 template <typename Pattern>
@@ -214,10 +307,13 @@ uint64_t ElementsOffPattern(const polykv::Page& page, int bt, int rows, bool is_
                             float tolerance, Pattern pattern) {
   const polykv::kernels::PageGeom geom{bt, kHeads, kDim};
   std::vector<float> dense(size_t(rows) * kHeads * kDim);
-  if (!polykv::kernels::DequantizePage(
+  HostPages host;
+  auto bytes = host.Get(page);
+  if (!bytes.ok() ||
+      !polykv::kernels::DequantizePage(
            {}, polykv::kernels::PageShape{bt, kHeads, kDim},
            is_value ? polykv::kernels::KvKind::kValue : polykv::kernels::KvKind::kKey,
-           page.format, page.addr, rows, dense.data())
+           page.format, *bytes, rows, dense.data())
            .ok()) {
     return dense.size();
   }
@@ -241,6 +337,7 @@ int RunAgent(const std::map<std::string, std::string>& f) {
   o.profile = {kLayers, kHeads, kDim, polykv::DType::kF32, "test"};
   o.key_format = o.value_format = polykv::PageFormat::kF32;  // patterns checked exactly
   o.block_tokens = 16;
+  if (Num(f, "--device", 0) != 0) o.page_memory = polykv::PageMemory::kDevice;
   auto session = (*client)->OpenSession(o);
   if (!session.ok()) return Report(session.status());
   auto& s = **session;
@@ -266,8 +363,11 @@ int RunAgent(const std::map<std::string, std::string>& f) {
   std::vector<polykv::Block> table;  // the tables this worker reads
   uint64_t committed = 0, epoch = 0, compactions = 0, max_committed = 0, refusals = 0;
   std::mt19937 rng(static_cast<uint32_t>(seed));
-  auto elem = [&](const polykv::Page& p, int t, int h, int d) {
-    return static_cast<float*>(p.addr) + (size_t(h) * bt + t) * kDim + d;  // f32, [h][t][d]
+  HostPages writes;
+  auto elem = [&](const polykv::Page& p, int t, int h, int d) -> absl::StatusOr<float*> {
+    auto bytes = writes.Get(p);
+    if (!bytes.ok()) return bytes.status();
+    return reinterpret_cast<float*>(*bytes) + (size_t(h) * bt + t) * kDim + d;  // f32, [h][t][d]
   };
   auto stats = [&] {
     return absl::StrCat(",\"session_id\":", s.info().session_id, ",\"epoch\":", epoch,
@@ -344,14 +444,16 @@ int RunAgent(const std::map<std::string, std::string>& f) {
         for (int kv = 0; kv < 2; ++kv) {
           for (int h = 0; h < kHeads; ++h) {
             for (int d = 0; d < kDim; ++d) {
-              *elem(b.pages[2 * l + kv], int(slot % bt), h, d) =
-                  AgentPattern(seed, next_pos + int64_t(i), l, kv, h, d);
+              auto e = elem(b.pages[2 * l + kv], int(slot % bt), h, d);
+              if (!e.ok()) return Report(e.status(), stats());
+              **e = AgentPattern(seed, next_pos + int64_t(i), l, kv, h, d);
             }
           }
         }
       }
       positions.push_back(next_pos + int64_t(i));
     }
+    if (auto st = writes.WriteBack(); !st.ok()) return Report(st, stats());
     if (auto st = s.Commit(committed + n); !st.ok()) return Report(st, stats());
     // Metadata of the new slots and attention mass over all of them.
     std::vector<polykv::SlotMeta> meta(n);
@@ -377,7 +479,9 @@ int RunAgent(const std::map<std::string, std::string>& f) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: polykv-test-worker run|hang|resume|agent|forge|fetch --flag value ...\n");
+    std::fprintf(stderr,
+                 "usage: polykv-test-worker run|hang|resume|agent|forge|fetch|peek --flag value "
+                 "...\n");
     return 2;
   }
   const std::string mode = argv[1];
@@ -392,6 +496,7 @@ int main(int argc, char** argv) {
     if (fd.ok()) close(*fd);
     return Report(fd.status());
   }
+  if (mode == "peek") return Peek(f, ref);
   std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
   return 2;
 }

@@ -43,6 +43,14 @@ using policies::ScoreStream;
 using policies::ScoreValues;
 using policies::WantedStreams;
 
+// Where a worker can use pages. A daemon whose pages are elsewhere refuses
+// the session at OpenSession (FAILED_PRECONDITION), before it holds anything.
+enum class PageMemory {
+  kHost,    // pages in host shared memory; Page::addr a host address
+  kDevice,  // pages in this node's GPU memory; Page::addr a device address
+  kEither,  // whichever the daemon has; Page::on_device says which
+};
+
 struct SessionOptions {
   std::string agent_id;
   std::string tenant = "default";
@@ -54,6 +62,10 @@ struct SessionOptions {
   uint32_t block_tokens = 0;  // 0 = daemon default (16)
   uint32_t lease_ms = 0;      // 0 = daemon default
   bool heartbeat = true;      // Renew the lease from a background thread.
+  // kDevice and kEither need a client built with CUDA on a node with a GPU
+  // (else OpenSession is FAILED_PRECONDITION for kDevice; kEither asks for
+  // host pages only).
+  PageMemory page_memory = PageMemory::kHost;
 };
 
 // One page a worker may read and write, already mapped into this process.
@@ -65,7 +77,10 @@ struct Page {
   uint32_t layer = 0;
   bool is_value = false;
   PageFormat format = PageFormat::kF16;
-  void* addr = nullptr;  // Host address (host arenas); nullptr for device arenas.
+  // Mapped address: in host memory, or, where on_device, a device address on
+  // the daemon's GPU (SessionInfo::cuda_device). Valid while the session lives.
+  void* addr = nullptr;
+  bool on_device = false;
 };
 
 // pages[2 * layer] holds keys, pages[2 * layer + 1] values. A layer that
@@ -86,6 +101,9 @@ struct SessionInfo {
   PageFormat value_format = PageFormat::kF16;
   uint32_t key_page_bytes = 0;
   uint32_t value_page_bytes = 0;
+  // Whether the pages are in GPU memory, and on which device.
+  bool pages_on_device = false;
+  int cuda_device = -1;
   // What the agent's policy reads, as of the last Sync (the agent's QoS may
   // change mid-session): measure and report these streams (Report), per
   // layer where wants.per_layer, and no others.

@@ -54,6 +54,11 @@ TEST(ConfigTest, UnknownKeysAndBadValuesNameTheKey) {
   d = DaemonConfig();
   d.tier = "disk";
   EXPECT_FALSE(ValidateConfig(d).ok());
+  d = DaemonConfig();
+  d.cuda_export = "cudaipc";
+  absl::Status export_st = ValidateConfig(d);
+  ASSERT_FALSE(export_st.ok());
+  EXPECT_NE(export_st.message().find("cuda_export"), absl::string_view::npos) << export_st;
   // The peer link is mutual TLS only: a listener needs all three files, and
   // a partial set is a mistake.
   d = DaemonConfig();

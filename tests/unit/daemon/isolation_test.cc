@@ -27,6 +27,7 @@
 #include "polykv/client.h"
 #include "proto/polykv/v1/fd_socket.h"
 #include "tests/integration/http.h"
+#include "tests/unit/daemon/in_process_daemon.h"
 #include "tests/unit/daemon/socket_peers.h"
 
 namespace polykv::daemon {
@@ -257,14 +258,8 @@ TEST_F(IsolationTest, SilentConnectionsDoNotDelayAnArenaFetch) {  // finding 3
   auto r = pool->Reserve(s->session_id, s->token, peer_, 16);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->new_arenas.size(), 1u);
-  FdBrokerOptions o;
-  o.path = ::testing::TempDir() + "findings-fd-" + std::to_string(getpid()) + ".sock";
-  o.mode = 0600;
-  o.policy.allowed_uids = {getuid()};
-  o.pool = pool.get();
-  auto broker = FdBroker::Create(o);
-  ASSERT_TRUE(broker.ok()) << broker.status();
-  (*broker)->Start();
+  const TestFdBroker o = StartFdBroker(pool.get(), "findings-fd", 0600, {getuid()});
+  ASSERT_NE(o.broker, nullptr);
 
   std::vector<int> silent;
   for (int i = 0; i < 30; ++i) silent.push_back(ConnectUnix(o.path, testing::kReadTimeoutMs));
@@ -297,14 +292,9 @@ TEST_F(IsolationTest, SilentConnectionsDoNotDelayAnArenaFetch) {  // finding 3
 TEST_F(IsolationTest, AFloodOfFdConnectionsOfOneUidDropsOnlyItsOwn) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to connect as another uid";
   auto pool = MakePool(16 * kMiB);
-  FdBrokerOptions o;
-  o.path = ::testing::TempDir() + "findings-fdflood-" + std::to_string(getpid()) + ".sock";
-  o.mode = 0666;
-  o.policy.allowed_uids = {getuid(), testing::kOtherUid};
-  o.pool = pool.get();
-  auto broker = FdBroker::Create(o);
-  ASSERT_TRUE(broker.ok()) << broker.status();
-  (*broker)->Start();
+  const TestFdBroker o =
+      StartFdBroker(pool.get(), "findings-fdflood", 0666, {getuid(), testing::kOtherUid});
+  ASSERT_NE(o.broker, nullptr);
 
   // The other uid's worker connects first (so it is the oldest connection),
   // then this uid floods 300 idle connections.

@@ -33,6 +33,7 @@
 #include "polykv/admin.h"
 #include "polykv/client.h"
 #include "polykv/v1/session.grpc.pb.h"
+#include "tests/unit/daemon/in_process_daemon.h"
 #include "tests/unit/daemon/socket_peers.h"
 
 namespace polykv::daemon {
@@ -43,27 +44,6 @@ using testing::ConnectUnix;
 using testing::kOtherUid;
 using testing::WaitForClose;
 using testing::WaitUntil;
-
-DaemonConfig SmallConfig(const std::string& name) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "polykv-rpc-", getpid(), "-", name);
-  mkdir(dir.c_str(), 0700);
-  DaemonConfig c;
-  c.socket = dir + "/d.sock";
-  c.metrics_address = "off";
-  c.pool_bytes = 64ull << 20;
-  c.arena_bytes = 8ull << 20;
-  c.allowed_uids = {0, geteuid(), kOtherUid};
-  return c;
-}
-
-std::unique_ptr<Daemon> StartDaemon(const DaemonConfig& c) {
-  auto d = Daemon::Create(c);
-  EXPECT_TRUE(d.ok()) << d.status();
-  if (!d.ok()) return nullptr;
-  auto s = (*d)->Start();
-  EXPECT_TRUE(s.ok()) << s;
-  return s.ok() ? *std::move(d) : nullptr;
-}
 
 // The daemon's log lines while it lives (a sink on DaemonLogger()).
 class LogCapture {
@@ -112,7 +92,7 @@ absl::Status OpenOneSession(const std::string& socket, int connect_timeout_ms = 
 // again at once: 66% CPU. The listener now pauses, and accepts the
 // connection once fds are free.
 TEST(RpcLimitsTest, AcceptLoopBacksOffWhenOutOfFds) {  // finding 4
-  const std::string path = SmallConfig("emfile").socket;
+  const std::string path = SmallDaemonConfig("emfile").socket;
   std::vector<Connection> accepted;
   absl::Mutex mu;
   UdsListenerOptions o;
@@ -184,7 +164,7 @@ TEST(RpcLimitsTest, ConnectionTableCountsPerUidAndInAll) {  // finding 4
 // another uid still opens a session.
 TEST(RpcLimitsTest, IdleConnectionsOfOneUidDoNotLockOutAnother) {  // finding 4
   if (geteuid() != 0) GTEST_SKIP() << "needs root to connect as uid " << kOtherUid;
-  DaemonConfig c = SmallConfig("peruid");
+  DaemonConfig c = SmallDaemonConfig("peruid");
   c.max_connections_per_uid = 8;
   c.max_connections = 64;
   auto d = StartDaemon(c);
@@ -207,7 +187,7 @@ TEST(RpcLimitsTest, IdleConnectionsOfOneUidDoNotLockOutAnother) {  // finding 4
 // Past the cap a connection is refused; once the others close, the count
 // goes down and the uid connects again.
 TEST(RpcLimitsTest, ConnectionsPastTheCapAreRefusedUntilOthersClose) {  // finding 4
-  DaemonConfig c = SmallConfig("cap");
+  DaemonConfig c = SmallDaemonConfig("cap");
   c.max_connections_per_uid = 3;
   auto d = StartDaemon(c);
   ASSERT_NE(d, nullptr);
@@ -228,7 +208,7 @@ TEST(RpcLimitsTest, ConnectionsPastTheCapAreRefusedUntilOthersClose) {  // findi
 // GRPC_ARG_MAX_CONNECTION_IDLE_MS does apply to fds handed over with
 // AddInsecureChannelFromFd). A real client reconnects on its next call.
 TEST(RpcLimitsTest, IdleConnectionsAreClosedAfterTheTimeout) {  // finding 4
-  DaemonConfig c = SmallConfig("idle");
+  DaemonConfig c = SmallDaemonConfig("idle");
   c.connection_idle_ms = 300;
   auto d = StartDaemon(c);
   ASSERT_NE(d, nullptr);
@@ -249,7 +229,7 @@ TEST(RpcLimitsTest, IdleConnectionsAreClosedAfterTheTimeout) {  // finding 4
 // Finding 11: the registry kept an entry per fd number forever. Entries now
 // go with their connections.
 TEST(RpcLimitsTest, RegistryEntriesGoWhenConnectionsClose) {  // finding 11
-  DaemonConfig c = SmallConfig("registry");
+  DaemonConfig c = SmallDaemonConfig("registry");
   auto d = StartDaemon(c);
   ASSERT_NE(d, nullptr);
   for (int i = 0; i < 100; ++i) {
@@ -267,7 +247,7 @@ TEST(RpcLimitsTest, RegistryEntriesGoWhenConnectionsClose) {  // finding 11
 // connection's credentials, and the old connection's removal does not erase
 // them.
 TEST(RpcLimitsTest, AReusedFdNumberGetsTheNewConnectionsCreds) {  // finding 11
-  const std::string path = SmallConfig("reuse").socket;
+  const std::string path = SmallDaemonConfig("reuse").socket;
   PeerRegistry registry;
   absl::Mutex mu;
   std::vector<std::string> events;
@@ -353,7 +333,7 @@ grpc::Status CallRaw(const std::string& socket, const std::string& method,
 // message and a log line each. Now INVALID_ARGUMENT naming the method, with
 // one log line per method per period; the daemon serves on.
 TEST(RpcLimitsTest, UnparseableRequestsAreInvalidArgument) {  // finding 9
-  DaemonConfig c = SmallConfig("parse");
+  DaemonConfig c = SmallDaemonConfig("parse");
   auto d = StartDaemon(c);
   ASSERT_NE(d, nullptr);
   LogCapture log;
@@ -405,7 +385,7 @@ namespace {
 // max_watch_streams_per_uid of them, over all its sessions; past it a stream
 // is refused naming the limit, and a cancelled one makes room again.
 TEST(RpcQuotaTest, OneUidHoldsAtMostItsWatchStreams) {
-  DaemonConfig c = SmallConfig("watch");
+  DaemonConfig c = SmallDaemonConfig("watch");
   c.max_watch_streams_per_uid = 2;
   auto d = StartDaemon(c);
   ASSERT_NE(d, nullptr);
@@ -483,7 +463,7 @@ namespace {
 // client looping over them wrote 1.3 MB/s. Now a burst per uid and kind per
 // period, the rest counted.
 TEST(RpcQuotaTest, OneUidsSessionChurnLogsABoundedNumberOfLines) {
-  DaemonConfig c = SmallConfig("churn");
+  DaemonConfig c = SmallDaemonConfig("churn");
   c.pool_bytes = 16ull << 20;
   c.arena_bytes = 4ull << 20;
   auto d = StartDaemon(c);
