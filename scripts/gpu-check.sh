@@ -19,30 +19,37 @@
 #       says "skipped" (the dry run CI and this machine can do).
 #
 # Steps: the device (nvidia-smi); the CUDA kernels against the CPU reference
-# (kernels_gpu_test, CTest label gpu); the pool in device memory across
-# processes — VMM fd export and import, another process reading a worker's
-# bytes, SIGKILL while mapped, legacy IPC (gpu_pool_test, label gpu); the
+# (kernels_gpu_test, CTest label gpu); the worker's paged store with its
+# pages on the device against host pages (worker_paged_device_test, gpu);
+# the pool in device memory across processes — VMM fd export and import,
+# another process reading a worker's bytes, SIGKILL while mapped, compaction
+# and merge on the device, legacy IPC (gpu_pool_test, label gpu); the
 # kernels bench's cuda section (decode per page format against dense f16 at
 # up to 32K tokens, dequantization against a device memcpy) with the issue's
 # goals: int4 paged decode >= 2x dense f16 at 32K, dequantization >= 0.7 of
-# the memcpy's bandwidth.
+# the memcpy's bandwidth; the reference worker's greedy output with its
+# pages on the GPU against host pages (worker_compare).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BUNDLE=.gpucheck
 BUNDLE_LIMIT_MIB=64
 # What the check runs (everything but the tests' helpers is in bin/).
-BINARIES=(kernels_gpu_test gpu_pool_test polykvd polykvctl polykv-test-worker polykv-bench)
+BINARIES=(kernels_gpu_test worker_paged_device_test gpu_pool_test polykvd polykvctl
+          polykv-test-worker polykv-bench polykv-worker)
+# The worker's model there: SmolLM2-135M cut to 4 layers and 4096 tokens
+# (scripts/make-gpu-check-model.py; 12 MB instead of 98).
+MODEL=model.gguf
 
 usage() {
-  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
   exit "${1:-0}"
 }
 
 cuda_build_dir() {
   if [[ -n "${1:-}" ]]; then
     echo "$1"
-  elif grep -q '^CMAKE_CUDA_COMPILER:' build/CMakeCache.txt 2>/dev/null; then
+  elif grep -q 'polykv_kernels_cuda' build/build.ninja 2>/dev/null; then
     echo build
   else
     echo build-gpu
@@ -80,6 +87,15 @@ build() {
       *) cp -L "$lib" "$BUNDLE/lib/" && strip --strip-unneeded "$BUNDLE/lib/$(basename "$lib")" ;;
     esac
   done
+  bash scripts/fetch-model.sh smollm2-135m >/dev/null
+  local venv=$HOME/.cache/polykv/gguf-venv
+  if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import gguf' 2>/dev/null; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q gguf==0.19.0 numpy
+  fi
+  "$venv/bin/python" scripts/make-gpu-check-model.py \
+    "${POLYKV_MODEL_DIR:-$HOME/.cache/polykv/models}/SmolLM2-135M-Instruct.Q4_1.gguf" \
+    "$BUNDLE/$MODEL"
   local nlibs
   nlibs=$(ls "$BUNDLE/lib" | wc -l)
   tar -C "$BUNDLE" -cJf "$BUNDLE/lib.tar.xz" lib
@@ -132,6 +148,80 @@ step() {
   printf 'gpu-check: %-14s %s  [%ss, log %s]\n' "$name" "${RESULT[$name]}" "$secs" "$log" >&2
 }
 
+# The reference worker, greedy, on one conversation script: pages in GPU
+# memory (polykvd --tier cuda, the worker --pages-on-device) against host
+# pages (--tier host), f32 pages (token-identical expected) and f16 (close).
+# The agents' QoS is set through the Admin API (polykvctl): the full cache,
+# so no policy asks for what the device lacks (prefill attention mass).
+# Prints one JSON object.
+worker_compare() {
+  local bin=$1 device=$2
+  if [[ "$device" == none || -z "$device" ]]; then
+    echo '{"status": "skipped: no CUDA device"}'
+    return
+  fi
+  local dir
+  dir=$(mktemp -d /tmp/gpu-check-worker-XXXXXX)
+  local pids=()
+  for tier in host cuda; do
+    "$bin/polykvd" --socket "$dir/$tier.sock" --tier "$tier" --metrics-address off \
+      --pool-bytes 512MiB --arena-bytes 32MiB >>"$(log_file polykvd)" 2>&1 &
+    pids+=($!)
+  done
+  local ready=1
+  for tier in host cuda; do
+    for _ in $(seq 100); do
+      "$bin/polykvctl" --socket "$dir/$tier.sock" status >/dev/null 2>&1 && break
+      sleep 0.2
+    done
+    for fmt in f32 f16; do
+      "$bin/polykvctl" --socket "$dir/$tier.sock" qos set "gpu-check-$fmt" --policy full \
+        >/dev/null 2>&1 || ready=0
+    done
+  done
+  if (( ready == 0 )); then
+    kill "${pids[@]}" 2>/dev/null
+    echo '{"status": "failed: a polykvd did not start (log polykvd)"}'
+    return
+  fi
+  for fmt in f32 f16; do
+    for tier in host cuda; do
+      local extra=()
+      [[ $tier == cuda ]] && extra=(--pages-on-device)
+      timeout 120 "$bin/polykv-worker" run tests/fixtures/worker/scripts/coder.jsonl \
+        --model "$BUNDLE/$MODEL" --daemon "$dir/$tier.sock" --agent "gpu-check-$fmt" \
+        --key-format "$fmt" --value-format "$fmt" --threads 4 "${extra[@]}" \
+        >"$dir/$tier-$fmt.jsonl" 2>>"$(log_file worker)" || true
+    done
+  done
+  kill "${pids[@]}" 2>/dev/null
+  wait 2>/dev/null || true
+  python3 - "$dir" <<'EOF'
+import json, os, sys
+d = sys.argv[1]
+def turns(name):
+    path = os.path.join(d, name)
+    if not os.path.exists(path):
+        return None
+    out = [json.loads(l) for l in open(path) if l.strip().startswith("{")]
+    return [t["tokens"] for t in out if "tokens" in t]
+res = {}
+for fmt in ("f32", "f16"):
+    host, cuda = turns(f"host-{fmt}.jsonl"), turns(f"cuda-{fmt}.jsonl")
+    if not host or not cuda:
+        res[fmt] = {"status": "failed: no output (log worker)", "host_turns": len(host or []),
+                    "cuda_turns": len(cuda or [])}
+        continue
+    total = sum(len(t) for t in host)
+    same = sum(sum(1 for a, b in zip(h, c) if a == b) for h, c in zip(host, cuda))
+    first = next((i for i, (h, c) in enumerate(zip(host, cuda)) if h != c), None)
+    res[fmt] = {"turns": len(host), "tokens": total, "same_tokens": same,
+                "identical": host == cuda, "first_differing_turn": first}
+res["status"] = "ok" if res.get("f32", {}).get("identical") else "f32 output differs"
+print(json.dumps(res))
+EOF
+}
+
 run() {
   [[ -d "$BUNDLE/bin" ]] || { echo "gpu-check: no $BUNDLE/ (run 'scripts/gpu-check.sh build' first)" >&2; exit 1; }
   OUT_DIR=${OUT:-}
@@ -153,6 +243,7 @@ run() {
   echo "gpu-check: device: ${device:-none}" >&2
 
   step kernels 120 "$bin/kernels_gpu_test" --gtest_color=no
+  step store 60 "$bin/worker_paged_device_test" --gtest_color=no
   step pool 240 "$bin/gpu_pool_test" --gtest_color=no
 
   local bench_json
@@ -160,7 +251,8 @@ run() {
   local rc=0
   timeout --kill-after=10 150 "$bin/polykv-bench" kernels --only cuda --json \
     >"$bench_json" 2>"$(log_file bench)" || rc=$?
-  python3 - "$bench_json" "$rc" <<'EOF' >"$(log_file bench-goals)" 2>&1 || true
+  local goals
+  goals=$(python3 - "$bench_json" "$rc" <<'EOF' 2>&1 || true
 import json, sys
 path, rc = sys.argv[1], int(sys.argv[2])
 try:
@@ -184,26 +276,33 @@ print(json.dumps({
     "memcpy_gbps": cuda["dequantize"]["memcpy_gbps"],
 }))
 EOF
-  local goals
-  goals=$(tail -1 "$(log_file bench-goals)")
+)
+  goals=$(tail -1 <<<"$goals")
   echo "gpu-check: bench          $goals" >&2
 
+  local worker
+  worker=$(worker_compare "$bin" "$device")
+  echo "gpu-check: worker         $worker" >&2
+
   local summary
-  summary=$(python3 - "$device" "${RESULT[kernels]}" "${RESULT[pool]}" "$goals" <<'EOF'
+  summary=$(python3 - "$device" "${RESULT[kernels]}" "${RESULT[store]}" "${RESULT[pool]}" \
+    "$goals" "$worker" <<'EOF'
 import json, sys
-device, kernels, pool, goals = sys.argv[1:5]
-try:
-    bench = json.loads(goals)
-except Exception:
-    bench = {"status": goals}
+device, kernels, store, pool, goals, worker = sys.argv[1:7]
+def parsed(text):
+    try:
+        return json.loads(text)
+    except Exception:
+        return {"status": text}
 print(json.dumps({"device": device or "none", "kernels_vs_reference": kernels,
-                  "pool_across_processes": pool, "bench": bench,
-                  "gpu_worker": "not built yet (issue 45 scope 2)"}))
+                  "worker_store_device_vs_host": store,
+                  "pool_across_processes": pool, "bench": parsed(goals),
+                  "gpu_worker": parsed(worker)}))
 EOF
 )
   echo "$summary"
   if [[ -n "$OUT_DIR" ]]; then echo "$summary" >"$OUT_DIR/gpu-check.json"; fi
-  case "${RESULT[kernels]} ${RESULT[pool]}" in
+  case "${RESULT[kernels]} ${RESULT[store]} ${RESULT[pool]}" in
     *failed*|*timeout*) return 1 ;;
   esac
 }

@@ -56,6 +56,7 @@ struct Flags {
   std::string value_format;
   int block_tokens = 16;
   int recent_f16_tokens = 0;
+  bool pages_on_device = false;
   std::string attention = "kernels";
   int max_new_tokens = 128;
   uint64_t seed = 0;
@@ -109,9 +110,13 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const Flags& f, const LoadedM
     return absl::InvalidArgumentError(
         "--recent-f16-tokens is for paged caches (--daemon or --local-pages); --local-cache is f32");
   }
+  if (f.pages_on_device && f.daemon.empty()) {
+    return absl::InvalidArgumentError("--pages-on-device is for --daemon (a cuda-tier polykvd)");
+  }
   const KvShape shape = m.model->config().kv_shape();
   kernels::Exec exec;
   exec.num_threads = f.threads;
+  if (f.pages_on_device) exec.backend = kernels::Backend::kCuda;
   if (f.local_cache) {
     LocalKvStoreOptions o;
     o.shape = shape;
@@ -150,6 +155,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const Flags& f, const LoadedM
     o.model_id = m.model->config().name;
     o.shape = shape;
     o.block_tokens = f.block_tokens;
+    o.pages_on_device = f.pages_on_device;
     o.token_text = [tok = m.tokenizer.get()](int32_t id) { return tok->TokenText(id); };
     if (!f.key_format.empty()) {
       auto kf = FormatFlag(f.key_format, "--key-format");
@@ -496,6 +502,7 @@ int main(int argc, char** argv) {
         ->check(CLI::NonNegativeNumber);
     c->add_option("--recent-f16-tokens", f.recent_f16_tokens, "paged stores: attend the newest N tokens (whole pages, plus the page being filled) from f16 copies kept beside the quantized pages (KIVI's residual); counted in kv_bytes. 0 = none")
         ->check(CLI::NonNegativeNumber);
+    c->add_flag("--pages-on-device", f.pages_on_device, "--daemon: the KV pages in the daemon's GPU memory (polykvd --tier cuda); attention and page encodes run as CUDA kernels, the model's matmuls stay on the CPU");
     c->add_option("--attention", f.attention, "--local-cache attention: kernels (default) or blas");
     c->add_option("--agent", f.agent, "agent id reported to the daemon and in the output");
     c->add_option("--max-new-tokens", f.max_new_tokens, "default cap on generated tokens per turn")

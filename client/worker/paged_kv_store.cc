@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -159,7 +160,13 @@ absl::StatusOr<std::unique_ptr<PagedKvStore>> PagedKvStore::Create(
       source->block_tokens() <= 0 || options.recent_f16_tokens < 0) {
     return absl::InvalidArgumentError("PagedKvStore: bad shape");
   }
+  const bool on_device = options.exec.backend == kernels::Backend::kCuda;
+  if (on_device && options.recent_f16_tokens > 0) {
+    return absl::InvalidArgumentError(
+        "PagedKvStore: the recent f16 window is host memory; pages on the device take none");
+  }
   std::unique_ptr<PagedKvStore> store(new PagedKvStore(options, std::move(source)));
+  if (on_device) store->device_ = std::make_unique<DeviceKernels>();
   store->InitRecentWindow();
   // Adopt whatever the source already holds (e.g. a resumed session).
   auto t = store->source_->Sync();
@@ -269,15 +276,7 @@ absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
   if (num_slots_ > 0 && rows < bt) {
     recent_from_ = residual_block_;
     for (int l = 0; l < options_.shape.num_layers; ++l) {
-      const kernels::BlockEntry& e = tables_[l][residual_block_];
-      RETURN_IF_ERROR_(kernels::DequantizePage(
-          options_.exec, page_shape_, KvKind::kKey, e.k_format,
-          reinterpret_cast<const void*>(static_cast<uintptr_t>(e.k_offset)), rows,
-          k_residual_[l].data()));
-      RETURN_IF_ERROR_(kernels::DequantizePage(
-          options_.exec, page_shape_, KvKind::kValue, e.v_format,
-          reinterpret_cast<const void*>(static_cast<uintptr_t>(e.v_offset)), rows,
-          v_residual_[l].data()));
+      RETURN_IF_ERROR_(DecodeBlock(l, residual_block_, rows));
       RETURN_IF_ERROR_(WriteRecentRows(l, residual_block_, 0, rows));
     }
   }
@@ -295,6 +294,9 @@ absl::Status PagedKvStore::CommitPending() {
   if (uncommitted_.empty()) return absl::OkStatus();
   const double tagged = source_->tag_seconds();
   const double t0 = SteadySeconds();
+  // The daemon may read the committed pages as soon as it is told (a
+  // compaction): the device's queued writes must have landed.
+  if (device_) RETURN_IF_ERROR_(kernels::DeviceSynchronize());
   RETURN_IF_ERROR_(source_->Commit(num_slots_, uncommitted_));
   (decode_phase_ ? signal_cost_.decode : signal_cost_.prefill).commit_seconds +=
       SteadySeconds() - t0;
@@ -408,12 +410,42 @@ absl::Status PagedKvStore::BeginStep(std::span<const StepToken> tokens) {
 
 absl::Status PagedKvStore::EncodeBlock(int layer, int64_t block, int rows) {
   const kernels::BlockEntry& e = tables_[layer][block];
-  RETURN_IF_ERROR_(kernels::QuantizePage(
-      options_.exec, page_shape_, KvKind::kKey, e.k_format, k_residual_[layer].data(),
-      kernels::SourceType::kF32, rows, reinterpret_cast<void*>(static_cast<uintptr_t>(e.k_offset))));
-  return kernels::QuantizePage(
-      options_.exec, page_shape_, KvKind::kValue, e.v_format, v_residual_[layer].data(),
-      kernels::SourceType::kF32, rows, reinterpret_cast<void*>(static_cast<uintptr_t>(e.v_offset)));
+  for (auto [kind, format, offset, residual] :
+       {std::tuple{KvKind::kKey, e.k_format, e.k_offset, k_residual_[layer].data()},
+        std::tuple{KvKind::kValue, e.v_format, e.v_offset, v_residual_[layer].data()}}) {
+    void* page = reinterpret_cast<void*>(static_cast<uintptr_t>(offset));
+    RETURN_IF_ERROR_(device_ ? device_->QuantizePage(page_shape_, kind, format, residual, rows,
+                                                     page)
+                             : kernels::QuantizePage(options_.exec, page_shape_, kind, format,
+                                                     residual, kernels::SourceType::kF32, rows,
+                                                     page));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvStore::DecodeBlock(int layer, int64_t block, int rows) {
+  const kernels::BlockEntry& e = tables_[layer][block];
+  for (auto [kind, format, offset, residual] :
+       {std::tuple{KvKind::kKey, e.k_format, e.k_offset, k_residual_[layer].data()},
+        std::tuple{KvKind::kValue, e.v_format, e.v_offset, v_residual_[layer].data()}}) {
+    const void* page = reinterpret_cast<const void*>(static_cast<uintptr_t>(offset));
+    RETURN_IF_ERROR_(device_ ? device_->DequantizePage(page_shape_, kind, format, page, rows,
+                                                       residual)
+                             : kernels::DequantizePage(options_.exec, page_shape_, kind, format,
+                                                       page, rows, residual));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedKvStore::RunAttention(const kernels::PagedKvView& view,
+                                        const kernels::AttentionParams& params, int num_new,
+                                        const float* q, float* out, float* slot_mass) {
+  if (device_) return device_->Attention(view, params, num_new, q, out, slot_mass);
+  if (num_new == 1) {
+    return kernels::PagedDecodeAttention(options_.exec, view, params, q, out, nullptr, slot_mass);
+  }
+  return kernels::PagedPrefillAttention(options_.exec, view, params, num_new, q, out, nullptr,
+                                        slot_mass);
 }
 
 absl::Status PagedKvStore::Append(int layer, const float* k, const float* v) {
@@ -482,20 +514,11 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
   const bool entropy = wants.has(ScoreStream::kEntropy) && !probing_ && n == 1;
   if (!probing_ && !entropy &&
       (!attention || (n > 1 && !options_.prefill_attention_mass))) {
-    if (n == 1) {
-      return kernels::PagedDecodeAttention(options_.exec, view, params, q, out, nullptr, nullptr);
-    }
-    return kernels::PagedPrefillAttention(options_.exec, view, params, n, q, out, nullptr);
+    return RunAttention(view, params, n, q, out, nullptr);
   }
   const int kvh = options_.shape.num_kv_heads;
   head_mass_.resize(static_cast<size_t>(kvh) * held);
-  if (n > 1) {
-    RETURN_IF_ERROR_(kernels::PagedPrefillAttention(options_.exec, view, params, n, q, out,
-                                                    nullptr, head_mass_.data()));
-  } else {
-    RETURN_IF_ERROR_(kernels::PagedDecodeAttention(options_.exec, view, params, q, out, nullptr,
-                                                   head_mass_.data()));
-  }
+  RETURN_IF_ERROR_(RunAttention(view, params, n, q, out, head_mass_.data()));
   const double t0 = SteadySeconds();
   if (entropy) AddEntropy(layer, kvh, held, num_heads / kvh);
   if (!probing_ && !attention) {

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "client/worker/device_kernels.h"
 #include "client/worker/kv_store.h"
 #include "kernels/ops.h"
 #include "kernels/page_format.h"
@@ -194,7 +195,11 @@ struct PagedKvStoreOptions {
   // restarts at the block being filled: rows it held are not kept across a
   // compaction.
   int recent_f16_tokens = 0;
-  kernels::Exec exec;  // kernels backend and threads (CPU by default)
+  // Kernels backend and threads (CPU by default). kCuda: the source's pages
+  // are in GPU memory (a cuda-tier polykvd; PoolPageSourceOptions::
+  // pages_on_device), and encodes, decodes and attention run on the device
+  // (DeviceKernels); no recent f16 window then.
+  kernels::Exec exec;
 };
 
 class PagedKvStore : public KvStore {
@@ -256,6 +261,13 @@ class PagedKvStore : public KvStore {
   absl::Status AdoptSlotCounts(const PagedTable& table);
   absl::Status AdoptTable(const PagedTable& table);
   absl::Status EncodeBlock(int layer, int64_t block, int rows);
+  // The first `rows` rows of `layer`'s block `block` decoded into its f32
+  // residual.
+  absl::Status DecodeBlock(int layer, int64_t block, int rows);
+  // Paged attention (num_new == 1: decode) through options_.exec, or through
+  // device_ when the pages are in GPU memory.
+  absl::Status RunAttention(const kernels::PagedKvView& view, const kernels::AttentionParams& params,
+                            int num_new, const float* q, float* out, float* slot_mass);
   // The recent window (PagedKvStoreOptions::recent_f16_tokens): the f16 K
   // and V page of `block` in layer `layer` (a ring of recent_blocks_ slots).
   void InitRecentWindow();
@@ -293,6 +305,9 @@ class PagedKvStore : public KvStore {
   uint8_t* recent_ = nullptr;  // recent_buf_'s first kPageAlignment-aligned byte
   int64_t recent_from_ = 0;
   std::vector<kernels::BlockEntry> attend_table_;  // Scratch of AttendTable.
+  // options_.exec is the CUDA backend: the pages are device memory, and the
+  // kernel calls go through this (device_kernels.h).
+  std::unique_ptr<DeviceKernels> device_;
   static constexpr int kReserveRetryPauseMs = 200;  // polykvd's "retry in about 200 ms"
   int64_t num_slots_ = 0;
   int64_t reserve_retries_ = 0;

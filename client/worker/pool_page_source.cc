@@ -153,9 +153,10 @@ class PoolPageSource : public PageSource {
       // (the store checks that its pages then run to the last block).
       if (k.size_bytes == 0 && v.size_bytes == 0) continue;
       if (k.addr == nullptr || v.addr == nullptr) {
-        return absl::FailedPreconditionError(
-            "the daemon's pages are not mapped in host memory (a CUDA pool needs the CUDA "
-            "attention path, not wired yet)");
+        return absl::InternalError("the client handed out a page with no address");
+      }
+      if (k.on_device != o_.pages_on_device || v.on_device != o_.pages_on_device) {
+        return absl::InternalError("the daemon's pages are not where the session asked for them");
       }
       const PageFormat kf = k.format;
       const PageFormat vf = v.format;
@@ -204,6 +205,7 @@ absl::StatusOr<std::unique_ptr<PageSource>> NewPoolPageSource(const PoolPageSour
   so.key_format = o.key_format;
   so.value_format = o.value_format;
   so.block_tokens = static_cast<uint32_t>(o.block_tokens);
+  so.page_memory = o.pages_on_device ? PageMemory::kDevice : PageMemory::kHost;
   auto session = (*client)->OpenSession(so);
   if (!session.ok()) return session.status();
   if ((*session)->info().block_tokens == 0) {

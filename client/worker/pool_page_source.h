@@ -23,6 +23,10 @@ struct PoolPageSourceOptions {
   std::optional<kernels::PageFormat> key_format;
   std::optional<kernels::PageFormat> value_format;
   int block_tokens = 0;  // 0 = the daemon's default.
+  // Ask for pages in the daemon's GPU memory (a cuda-tier polykvd; the store
+  // then runs its kernels on the device, PagedKvStoreOptions::exec). Else
+  // host pages: a daemon with device pages refuses the session.
+  bool pages_on_device = false;
   // The text of one token id. When set, every commit reports the tokens'
   // structure tags (SlotTagger) with their turn and role; else turn and role.
   std::function<std::string(int32_t)> token_text;

@@ -31,73 +31,16 @@ using testing::Rows;
 using testing::Shape;
 using testing::Step;
 
-// Heap pages (f32) behind a source that publishes, when asked, the table of
-// everything reserved so far with the given slot counts, as the daemon's Sync
-// does after a compaction that merged slots (here: no pages move, only counts).
-class CountingSource : public PageSource {
- public:
-  CountingSource() {
-    HeapPageSourceOptions o;
-    o.shape = Shape();
-    o.block_tokens = kBlock;
-    auto inner = NewHeapPageSource(o);
-    EXPECT_TRUE(inner.ok()) << inner.status();
-    inner_ = std::move(*inner);
-  }
-  int block_tokens() const override { return inner_->block_tokens(); }
-  absl::StatusOr<std::vector<PagedBlock>> Reserve(int64_t total) override {
-    auto b = inner_->Reserve(total);
-    if (b.ok()) blocks_.insert(blocks_.end(), b->begin(), b->end());
-    return b;
-  }
-  absl::Status Commit(int64_t total, std::span<const StepToken>) override {
-    committed_ = total;
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::optional<PagedTable>> Sync() override {
-    if (!publish_) return std::nullopt;
-    publish_ = false;
-    PagedTable t{blocks_, committed_, ++epoch_};
-    t.slot_counts = counts_;
-    for (size_t l = 0; l < starts_.size(); ++l) {
-      for (int b = 0; b < starts_[l] && b < static_cast<int>(t.blocks.size()); ++b) {
-        t.blocks[b].k_pages[l] = t.blocks[b].v_pages[l] = nullptr;
-      }
-    }
-    return t;
-  }
-  // The store then asks for the prefill attention mass too (the mass path).
-  WantedStreams wants() const override { return {{ScoreStream::kAttention}}; }
-  int64_t bytes() const override { return inner_->bytes(); }
-  std::string name() const override { return "counting"; }
-
-  // Publishes `counts` at the next Sync; layer l without its pages in the
-  // first starts[l] blocks (what a daemon that compacted layers to different
-  // lengths would publish).
-  void Publish(std::vector<uint32_t> counts, std::vector<int> starts = {}) {
-    counts_ = std::move(counts);
-    starts_ = std::move(starts);
-    publish_ = true;
-  }
-
- private:
-  std::unique_ptr<PageSource> inner_;
-  std::vector<PagedBlock> blocks_;
-  std::vector<uint32_t> counts_;
-  std::vector<int> starts_;
-  int64_t committed_ = 0;
-  uint64_t epoch_ = 0;
-  bool publish_ = false;
-};
-
 struct Store {
-  CountingSource* src = nullptr;  // owned by store
+  testing::RepublishingSource* src = nullptr;  // owned by store
   std::unique_ptr<PagedKvStore> store;
 };
 
+// Heap pages (f32) republished with the slot counts a merge would publish;
+// the store asks for the prefill attention mass too (the mass path).
 Store NewStore() {
   Store s;
-  s.src = new CountingSource();
+  s.src = new testing::RepublishingSource(testing::HeapSource(), {{ScoreStream::kAttention}});
   PagedKvStoreOptions o;
   o.shape = Shape();
   o.sync_every_steps = 1;  // Every step boundary adopts a published table.

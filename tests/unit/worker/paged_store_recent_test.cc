@@ -29,16 +29,10 @@ using testing::Shape;
 using testing::Step;
 
 std::unique_ptr<PagedKvStore> NewStore(PageFormat format, int recent_f16_tokens) {
-  HeapPageSourceOptions ho;
-  ho.shape = Shape();
-  ho.block_tokens = kBlock;
-  ho.k_format = ho.v_format = format;
-  auto src = NewHeapPageSource(ho);
-  EXPECT_TRUE(src.ok()) << src.status();
   PagedKvStoreOptions o;
   o.shape = Shape();
   o.recent_f16_tokens = recent_f16_tokens;
-  auto store = PagedKvStore::Create(o, std::move(*src));
+  auto store = PagedKvStore::Create(o, testing::HeapSource(format));
   EXPECT_TRUE(store.ok()) << store.status();
   return std::move(*store);
 }
@@ -149,14 +143,23 @@ TEST(PagedKvStoreRecentTest, AProbeLeavesTheWindowAsItWas) {
 }
 
 TEST(PagedKvStoreRecentTest, ANegativeWindowIsRefused) {
-  HeapPageSourceOptions ho;
-  ho.shape = Shape();
-  auto src = NewHeapPageSource(ho);
-  ASSERT_TRUE(src.ok());
   PagedKvStoreOptions o;
   o.shape = Shape();
   o.recent_f16_tokens = -1;
-  EXPECT_FALSE(PagedKvStore::Create(o, std::move(*src)).ok());
+  EXPECT_FALSE(PagedKvStore::Create(o, testing::HeapSource()).ok());
+}
+
+// The window's copies are host memory: a store whose pages are on the GPU
+// (the CUDA backend) takes none, and says why.
+TEST(PagedKvStoreRecentTest, PagesOnTheDeviceTakeNoWindow) {
+  PagedKvStoreOptions o;
+  o.shape = Shape();
+  o.recent_f16_tokens = 64;
+  o.exec.backend = kernels::Backend::kCuda;
+  auto store = PagedKvStore::Create(o, testing::HeapSource());
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(store.status().message().find("device"), std::string::npos) << store.status();
 }
 
 }  // namespace

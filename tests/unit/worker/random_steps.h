@@ -4,7 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <optional>
 #include <random>
+#include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "client/worker/paged_kv_store.h"
@@ -69,6 +74,71 @@ inline std::vector<float> Step(PagedKvStore* store, const Rows& rows, const std:
   EXPECT_TRUE(store->EndStep().ok());
   return out;
 }
+
+// Heap pages of the tests' shape in `format`.
+inline std::unique_ptr<PageSource> HeapSource(kernels::PageFormat format = kernels::PageFormat::kF32) {
+  HeapPageSourceOptions ho;
+  ho.shape = Shape();
+  ho.block_tokens = kBlock;
+  ho.k_format = ho.v_format = format;
+  auto src = NewHeapPageSource(ho);
+  EXPECT_TRUE(src.ok()) << src.status();
+  return src.ok() ? *std::move(src) : nullptr;
+}
+
+// Another source's pages behind a source that publishes, when asked, the
+// table of everything reserved so far, as the daemon's Sync does after a
+// compaction that merged slots (here no page moves: the counts, and which
+// layers keep which blocks, are what change) or after a move.
+class RepublishingSource : public PageSource {
+ public:
+  RepublishingSource(std::unique_ptr<PageSource> inner, WantedStreams wants)
+      : inner_(std::move(inner)), wants_(wants) {}
+  int block_tokens() const override { return inner_->block_tokens(); }
+  absl::StatusOr<std::vector<PagedBlock>> Reserve(int64_t total) override {
+    auto b = inner_->Reserve(total);
+    if (b.ok()) blocks_.insert(blocks_.end(), b->begin(), b->end());
+    return b;
+  }
+  absl::Status Commit(int64_t total, std::span<const StepToken>) override {
+    committed_ = total;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::optional<PagedTable>> Sync() override {
+    if (!publish_) return std::nullopt;
+    publish_ = false;
+    PagedTable t{blocks_, committed_, ++epoch_};
+    t.slot_counts = counts_;
+    for (size_t l = 0; l < starts_.size(); ++l) {
+      for (int b = 0; b < starts_[l] && b < static_cast<int>(t.blocks.size()); ++b) {
+        t.blocks[b].k_pages[l] = t.blocks[b].v_pages[l] = nullptr;
+      }
+    }
+    return t;
+  }
+  WantedStreams wants() const override { return wants_; }
+  int64_t bytes() const override { return inner_->bytes(); }
+  std::string name() const override { return "republishing-" + inner_->name(); }
+
+  // Publishes `counts` at the next Sync; layer l without its pages in the
+  // first starts[l] blocks (what a daemon that compacted layers to different
+  // lengths would publish).
+  void Publish(std::vector<uint32_t> counts = {}, std::vector<int> starts = {}) {
+    counts_ = std::move(counts);
+    starts_ = std::move(starts);
+    publish_ = true;
+  }
+
+ private:
+  std::unique_ptr<PageSource> inner_;
+  const WantedStreams wants_;
+  std::vector<PagedBlock> blocks_;
+  std::vector<uint32_t> counts_;
+  std::vector<int> starts_;
+  int64_t committed_ = 0;
+  uint64_t epoch_ = 0;
+  bool publish_ = false;
+};
 
 inline std::vector<float> RandomQ(int n, std::mt19937& rng) {
   std::normal_distribution<float> dist(0.0f, 2.0f);  // peaked, model-like attention
