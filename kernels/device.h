@@ -26,8 +26,9 @@ absl::Status CopyToHost(void* dst, const void* src, size_t bytes);
 absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes);
 // Waits for all enqueued device work; reports asynchronous kernel errors.
 absl::Status DeviceSynchronize();
-// Writes zeros over [ptr, ptr + bytes) of device memory and waits for it.
-absl::Status DeviceZero(void* ptr, size_t bytes);
+// Makes `device` this thread's current device: the copies and kernels this
+// thread enqueues next run there (the CUDA runtime's device is per thread).
+absl::Status SetDevice(int device);
 
 // Device memory with one owner (RAII): freed when the buffer goes.
 // Thread-safety: as a unique_ptr.
@@ -101,6 +102,9 @@ class SharedDeviceMemory {
   int fd() const { return fd_; }
   // kIpc: the handle's bytes; else empty.
   const std::string& ipc_handle() const { return ipc_handle_; }
+  // Writes zeros over [offset, offset + bytes) and waits for it.
+  // REQUIRES: the range lies inside.
+  absl::Status Zero(size_t offset, size_t bytes) const;
 
  private:
   SharedDeviceMemory(DeviceShare share, void* ptr, size_t size, int device, bool owner)

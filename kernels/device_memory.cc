@@ -1,5 +1,5 @@
-// DeviceBuffer, SharedDeviceMemory and DeviceZero (kernels/device.h); the
-// last two over the plain-C++ CUDA wrappers of kernels/cuda/shared_memory.h.
+// DeviceBuffer and SharedDeviceMemory (kernels/device.h); the latter over the
+// plain-C++ CUDA wrappers of kernels/cuda/shared_memory.h.
 #include <unistd.h>
 
 #include <cstring>
@@ -136,8 +136,9 @@ SharedDeviceMemory::~SharedDeviceMemory() {
   if (fd_ >= 0) close(fd_);
 }
 
-absl::Status DeviceZero(void* ptr, size_t bytes) {
-  return FromShared(cuda::Memset(ptr, 0, bytes), "cudaMemset");
+absl::Status SharedDeviceMemory::Zero(size_t offset, size_t bytes) const {
+  return FromShared(cuda::Memset(device_, static_cast<char*>(ptr_) + offset, 0, bytes),
+                    "cudaMemset");
 }
 
 #else  // !POLYKV_KERNELS_WITH_CUDA
@@ -162,7 +163,7 @@ absl::StatusOr<std::unique_ptr<SharedDeviceMemory>> SharedDeviceMemory::ImportIp
   return NoCuda();
 }
 SharedDeviceMemory::~SharedDeviceMemory() = default;
-absl::Status DeviceZero(void*, size_t) { return NoCuda(); }
+absl::Status SharedDeviceMemory::Zero(size_t, size_t) const { return NoCuda(); }
 
 #endif
 

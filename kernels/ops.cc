@@ -419,6 +419,7 @@ absl::Status CopyOnDevice(void* dst, const void* src, size_t n) {
   return FromCuda(cuda::Memcpy(dst, src, n, 3), "cudaMemcpy D2D");
 }
 absl::Status DeviceSynchronize() { return FromCuda(cuda::Synchronize(), "cudaDeviceSynchronize"); }
+absl::Status SetDevice(int device) { return FromCuda(cuda::SetDevice(device), "cudaSetDevice"); }
 #else
 int CudaDeviceCount() { return 0; }
 absl::StatusOr<void*> DeviceAlloc(size_t) {
@@ -437,6 +438,9 @@ absl::Status CopyOnDevice(void*, const void*, size_t) {
   return absl::FailedPreconditionError("polykv_kernels built without CUDA");
 }
 absl::Status DeviceSynchronize() {
+  return absl::FailedPreconditionError("polykv_kernels built without CUDA");
+}
+absl::Status SetDevice(int) {
   return absl::FailedPreconditionError("polykv_kernels built without CUDA");
 }
 #endif

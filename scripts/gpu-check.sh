@@ -223,7 +223,10 @@ EOF
 }
 
 run() {
-  [[ -d "$BUNDLE/bin" ]] || { echo "gpu-check: no $BUNDLE/ (run 'scripts/gpu-check.sh build' first)" >&2; exit 1; }
+  if [[ ! -d "$BUNDLE/bin" ]]; then
+    echo "gpu-check: no $BUNDLE/ (run 'scripts/gpu-check.sh build' first)" >&2
+    exit 1
+  fi
   OUT_DIR=${OUT:-}
   local libs
   libs=$(mktemp -d /tmp/gpu-check-XXXXXX)

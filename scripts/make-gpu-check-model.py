@@ -62,7 +62,8 @@ def main():
             value = a.layers
         elif name == f"{arch}.vocab_size":
             value = a.vocab
-        elif name in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+        elif name in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+                      "tokenizer.ggml.scores"):
             value = value[: a.vocab]
         elif name == "tokenizer.ggml.merges":
             value = [m for m in value

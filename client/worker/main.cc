@@ -502,7 +502,10 @@ int main(int argc, char** argv) {
         ->check(CLI::NonNegativeNumber);
     c->add_option("--recent-f16-tokens", f.recent_f16_tokens, "paged stores: attend the newest N tokens (whole pages, plus the page being filled) from f16 copies kept beside the quantized pages (KIVI's residual); counted in kv_bytes. 0 = none")
         ->check(CLI::NonNegativeNumber);
-    c->add_flag("--pages-on-device", f.pages_on_device, "--daemon: the KV pages in the daemon's GPU memory (polykvd --tier cuda); attention and page encodes run as CUDA kernels, the model's matmuls stay on the CPU");
+    c->add_flag("--pages-on-device", f.pages_on_device,
+                "--daemon: the KV pages in the daemon's GPU memory (polykvd --tier cuda); "
+                "attention and page encodes run as CUDA kernels, the model's matmuls stay on "
+                "the CPU");
     c->add_option("--attention", f.attention, "--local-cache attention: kernels (default) or blas");
     c->add_option("--agent", f.agent, "agent id reported to the daemon and in the output");
     c->add_option("--max-new-tokens", f.max_new_tokens, "default cap on generated tokens per turn")

@@ -266,8 +266,9 @@ class PagedKvStore : public KvStore {
   absl::Status DecodeBlock(int layer, int64_t block, int rows);
   // Paged attention (num_new == 1: decode) through options_.exec, or through
   // device_ when the pages are in GPU memory.
-  absl::Status RunAttention(const kernels::PagedKvView& view, const kernels::AttentionParams& params,
-                            int num_new, const float* q, float* out, float* slot_mass);
+  absl::Status RunAttention(const kernels::PagedKvView& view,
+                            const kernels::AttentionParams& params, int num_new, const float* q,
+                            float* out, float* slot_mass);
   // The recent window (PagedKvStoreOptions::recent_f16_tokens): the f16 K
   // and V page of `block` in layer `layer` (a ring of recent_blocks_ slots).
   void InitRecentWindow();

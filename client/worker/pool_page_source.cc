@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/worker/slot_tagger.h"
+#include "kernels/device.h"
 #include "polykv/client.h"
 
 namespace polykv::worker {
@@ -210,6 +211,11 @@ absl::StatusOr<std::unique_ptr<PageSource>> NewPoolPageSource(const PoolPageSour
   if (!session.ok()) return session.status();
   if ((*session)->info().block_tokens == 0) {
     return absl::InternalError("the daemon opened a session with block_tokens = 0");
+  }
+  // The store's kernels and copies then run on the pages' GPU (this thread
+  // drives the store).
+  if (o.pages_on_device) {
+    if (auto st = kernels::SetDevice((*session)->info().cuda_device); !st.ok()) return st;
   }
   return std::unique_ptr<PageSource>(
       new PoolPageSource(std::move(*client), std::move(*session), o));

@@ -120,7 +120,7 @@ std::vector<uint32_t> KeySummaryLayers(uint32_t num_layers) {
 
 absl::Status ReadKeySummaries(const kernels::PageShape& shape, int num_slots,
                               const std::vector<std::vector<kernels::BlockEntry>>& tables,
-                              bool on_device, std::vector<float>& keys) {
+                              int device, std::vector<float>& keys) {
   const int bt = shape.block_tokens, heads = shape.num_kv_heads, d = shape.head_dim;
   const size_t key_dim = tables.size() * static_cast<size_t>(d);
   keys.assign(static_cast<size_t>(num_slots) * key_dim, 0.f);
@@ -137,7 +137,7 @@ absl::Status ReadKeySummaries(const kernels::PageShape& shape, int num_slots,
       const kernels::BlockEntry& e = tables[i][static_cast<size_t>(b)];
       const int n = std::min(bt, num_slots - first);
       const void* page = reinterpret_cast<const void*>(e.k_offset);
-      if (on_device) {
+      if (device >= 0) {
         // Summaries are a few floats per slot: the page comes to the host
         // rather than the decoder to the device.
         staged.resize(kernels::PageBytes(e.k_format, kernels::KvKind::kKey, shape));
@@ -186,7 +186,8 @@ class DeviceLayer {
     for (auto [to, from] : {std::pair{&src_, &l.src}, std::pair{&dst_, &l.dst}}) {
       if (auto st = copy(*to, *from); !st.ok()) return st;
     }
-    const int32_t num_members = plan.group_offsets ? plan.group_offsets[plan.num_out] : plan.num_out;
+    const int32_t num_members =
+        plan.group_offsets ? plan.group_offsets[plan.num_out] : plan.num_out;
     const std::span<const int32_t> members(plan.members, size_t(num_members));
     if (auto st = copy(members_, members); !st.ok()) return st;
     plan.members = members_.as<const int32_t>();
@@ -214,16 +215,20 @@ class DeviceLayer {
 absl::Status ExecuteCompaction(const kernels::PageShape& shape,
                                const std::vector<LayerTables>& layers,
                                const std::vector<const CompactionGroups*>& groups,
-                               bool on_device) {
+                               int device) {
   if (groups.size() != 1 && groups.size() != layers.size()) {
     return absl::InternalError(absl::StrCat("groups for ", groups.size(), " of ",
                                             layers.size(), " layers"));
   }
   kernels::Exec exec;
+  const bool on_device = device >= 0;
   exec.backend = on_device ? kernels::Backend::kCuda : kernels::Backend::kCpu;
   exec.num_threads = 1;  // The daemon's cores serve RPCs; sessions are small per call.
   // Device work is queued on the default stream and waited for at the end:
   // the caller publishes the new tables only after this returns.
+  if (on_device) {
+    if (auto st = kernels::SetDevice(device); !st.ok()) return st;
+  }
   std::vector<DeviceLayer> staged(on_device ? layers.size() : 0);
   for (size_t i = 0; i < layers.size(); ++i) {
     const LayerTables& l = layers[i];

@@ -69,13 +69,14 @@ std::vector<uint32_t> KeySummaryLayers(uint32_t num_layers);
 
 // Reads the keys of the first `num_slots` slots from their pages (through the
 // kernels' decoder, so every page format reads the same way): per layer of
-// `tables` ([layer][source block] entries with absolute addresses, in device
-// memory where on_device), the slot's key averaged over KV heads and scaled
-// to unit length, concatenated. So the cosine of two summaries is the mean
-// of their per-layer cosines. keys: [num_slots * tables.size() * head_dim].
+// `tables` ([layer][source block] entries with absolute addresses, in the
+// memory of GPU `device`, or of the host for -1), the slot's key averaged
+// over KV heads and scaled to unit length, concatenated. So the cosine of two
+// summaries is the mean of their per-layer cosines.
+// keys: [num_slots * tables.size() * head_dim].
 absl::Status ReadKeySummaries(const kernels::PageShape& shape, int num_slots,
                               const std::vector<std::vector<kernels::BlockEntry>>& tables,
-                              bool on_device, std::vector<float>& keys);
+                              int device, std::vector<float>& keys);
 
 // A layer's plan lowered (policies::LoweredLayer: the kernels' CSR groups,
 // each output slot's source and count, the output blocks' formats) with the
@@ -124,12 +125,12 @@ struct LayerTables {
 // that layer's src slots, the groups being groups[0] for every layer when
 // there is one, else groups[l] ([layers.size()]). A layer with no output
 // slots is skipped.
-// on_device: the pages are device memory, and the CUDA kernels run (the
-// tables and groups copied to the device, the device waited for before this
-// returns). REQUIRES: dst pages disjoint from src pages.
+// device >= 0: the pages are that GPU's memory, and the CUDA kernels run
+// there (the tables and groups copied to it, the device waited for before
+// this returns). REQUIRES: dst pages disjoint from src pages.
 absl::Status ExecuteCompaction(const kernels::PageShape& shape,
                                const std::vector<LayerTables>& layers,
                                const std::vector<const CompactionGroups*>& groups,
-                               bool on_device = false);
+                               int device = -1);
 
 }  // namespace polykv::daemon

@@ -107,8 +107,8 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
   if (root.IsNull()) return c;
   if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": expected a mapping"));
   static const std::set<std::string> kKeys = {
-      "socket", "socket_mode", "metrics_address", "tier", "cuda_device", "cuda_export", "pool_bytes",
-      "arena_bytes", "superblock_bytes", "block_tokens", "lease_ms", "max_sessions",
+      "socket", "socket_mode", "metrics_address", "tier", "cuda_device", "cuda_export",
+      "pool_bytes", "arena_bytes", "superblock_bytes", "block_tokens", "lease_ms", "max_sessions",
       "max_sessions_per_uid", "max_tenants_per_uid", "max_watch_streams_per_uid",
       "low_watermark_bytes", "max_connections",
       "max_connections_per_uid", "connection_idle_ms",

@@ -46,6 +46,8 @@ class Arena {
   // Device address of the arena in this process (device arenas); nullptr for
   // host arenas.
   virtual void* device_base() const { return nullptr; }
+  // The GPU a device arena is on; -1 for host arenas.
+  virtual int device() const { return -1; }
   // File descriptor to hand to workers (host and VMM arenas), or -1. Owned
   // by the arena.
   virtual int fd() const = 0;

@@ -19,6 +19,7 @@ class CudaArena final : public Arena {
   uint64_t size_bytes() const override { return memory_->size(); }
   void* host_base() const override { return nullptr; }
   void* device_base() const override { return memory_->ptr(); }
+  int device() const override { return memory_->device(); }
   // The fd socket hands out dups of this one after the same token, uid and
   // tenant checks as a memfd's (kCudaVmm); -1 for IPC arenas.
   int fd() const override { return memory_->fd(); }
@@ -36,7 +37,7 @@ class CudaArena final : public Arena {
       return absl::InvalidArgumentError(absl::StrCat("range ", offset, "+", len,
                                                      " outside arena ", id_));
     }
-    return kernels::DeviceZero(static_cast<char*>(memory_->ptr()) + offset, len);
+    return memory_->Zero(offset, len);
   }
   // Device memory a worker has imported stays allocated until every importer
   // lets go: it cannot be handed back while mapped, only cleared.
@@ -78,7 +79,7 @@ absl::StatusOr<std::unique_ptr<Arena>> CreateCudaArena(ArenaKind kind,
       options.cuda_device, options.size_bytes);
   if (!memory.ok()) return memory.status();
   // A page changes owner only scrubbed, and a new arena's pages are new owners.
-  if (auto st = kernels::DeviceZero((*memory)->ptr(), (*memory)->size()); !st.ok()) return st;
+  if (auto st = (*memory)->Zero(0, (*memory)->size()); !st.ok()) return st;
   return std::unique_ptr<Arena>(new CudaArena(options.id, kind, *std::move(memory)));
 }
 

@@ -372,24 +372,24 @@ void BlockPool::Free(BlockAccount& account, Block& block) {
   }
 }
 
-uint64_t BlockPool::PageAddress(const std::string& tenant, PageId page, bool* on_device) const {
-  *on_device = false;
+uint64_t BlockPool::PageAddress(const std::string& tenant, PageId page, int* device) const {
+  *device = -1;
   const Tenant& t = TenantOf(tenant);
   auto loc = t.allocator.Locate(page);
   if (!loc.ok()) return 0;
   const Arena& arena = *t.arenas.at(loc->arena_id);
   auto* base = static_cast<uint8_t*>(arena.host_base());
-  if (base == nullptr) {
+  if (base == nullptr && arena.device_base() != nullptr) {
     base = static_cast<uint8_t*>(arena.device_base());
-    *on_device = base != nullptr;
+    *device = arena.device();
   }
   return base == nullptr ? 0 : reinterpret_cast<uintptr_t>(base + loc->offset);
 }
 
 uint64_t BlockPool::HostAddress(const std::string& tenant, PageId page) const {
-  bool on_device = false;
-  const uint64_t addr = PageAddress(tenant, page, &on_device);
-  return on_device ? 0 : addr;
+  int device = -1;
+  const uint64_t addr = PageAddress(tenant, page, &device);
+  return device >= 0 ? 0 : addr;
 }
 
 absl::StatusOr<PageLocation> BlockPool::Locate(const std::string& tenant, PageId page) const {

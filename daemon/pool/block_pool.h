@@ -143,10 +143,10 @@ class BlockPool {
   // The block's pages could not move: its arenas take allocations again.
   void StopVacating(const std::string& tenant, const Block& block);
 
-  // Address of an allocated page in this process: in host memory, or in
-  // device memory (*on_device) for device arenas; 0 for unknown pages (or
-  // arenas with no memory, as in the pool's unit tests).
-  uint64_t PageAddress(const std::string& tenant, PageId page, bool* on_device) const;
+  // Address of an allocated page in this process: in host memory
+  // (*device = -1), or in the memory of GPU *device for device arenas; 0 for
+  // unknown pages (or arenas with no memory, as in the pool's unit tests).
+  uint64_t PageAddress(const std::string& tenant, PageId page, int* device) const;
   // PageAddress of a page in host memory; 0 for device arenas.
   uint64_t HostAddress(const std::string& tenant, PageId page) const;
   absl::StatusOr<PageLocation> Locate(const std::string& tenant, PageId page) const;

@@ -9,13 +9,13 @@ namespace polykv::daemon {
 namespace {
 
 // Host addresses of the block's layer-`layer` pages (0 for device arenas).
-// The layer's pages of `block` at their addresses in this process; *on_device
-// is set when they are device memory.
+// The layer's pages of `block` at their addresses in this process; *device
+// is the GPU they are on (-1: host memory).
 kernels::BlockEntry EntryOf(const BlockPool& blocks, const Session& s, const Block& block,
-                            uint32_t layer, bool* on_device) {
+                            uint32_t layer, int* device) {
   kernels::BlockEntry e;
-  e.k_offset = blocks.PageAddress(s.tenant(), block.pages[2 * layer], on_device);
-  e.v_offset = blocks.PageAddress(s.tenant(), block.pages[2 * layer + 1], on_device);
+  e.k_offset = blocks.PageAddress(s.tenant(), block.pages[2 * layer], device);
+  e.v_offset = blocks.PageAddress(s.tenant(), block.pages[2 * layer + 1], device);
   e.k_format = block.shape.key_format;
   e.v_format = block.shape.value_format;
   return e;
@@ -50,7 +50,7 @@ absl::Status CompactionRun::Prepare(const Session& s, const QosRecord& qos,
   for (uint32_t l : KeySummaryLayers(s.profile.num_layers)) {
     auto& t = key_tables_.emplace_back();
     for (size_t b = 0; b < SourceBlocks(s); ++b) {
-      t.push_back(EntryOf(blocks, s, s.tables.blocks[b], l, &on_device_));
+      t.push_back(EntryOf(blocks, s, s.tables.blocks[b], l, &device_));
     }
     for (const kernels::BlockEntry& e : t) {
       if (e.k_offset == 0) return absl::InternalError("a source page has no memory to read");
@@ -62,7 +62,7 @@ absl::Status CompactionRun::Prepare(const Session& s, const QosRecord& qos,
 absl::StatusOr<bool> CompactionRun::Decide(const Session& s) {
   if (!key_tables_.empty()) {
     const int num_src = static_cast<int>(s.tables.committed_tokens);
-    if (auto st = ReadKeySummaries(in_.shape, num_src, key_tables_, on_device_, in_.keys);
+    if (auto st = ReadKeySummaries(in_.shape, num_src, key_tables_, device_, in_.keys);
         !st.ok()) {
       return st;
     }
@@ -111,12 +111,12 @@ absl::Status CompactionRun::Address(const Session& s, const BlockPool& blocks) {
   for (uint32_t l = 0; l < layers; ++l) {
     LayerTables& t = tables_[l];
     for (size_t b = in_.layer_offsets[l] / s.block_tokens; b < SourceBlocks(s); ++b) {
-      t.src.push_back(EntryOf(blocks, s, s.tables.blocks[b], l, &on_device_));
+      t.src.push_back(EntryOf(blocks, s, s.tables.blocks[b], l, &device_));
     }
     t.num_src = num_src - static_cast<int>(in_.layer_offsets[l]);
     for (size_t j = 0, next = 0; j < plan.out_blocks(); ++j) {
       if (plan.shared[j] >= 0) continue;
-      if (Holds(s, j, l)) t.dst.push_back(EntryOf(blocks, s, s.tables.staged[next], l, &on_device_));
+      if (Holds(s, j, l)) t.dst.push_back(EntryOf(blocks, s, s.tables.staged[next], l, &device_));
       ++next;
     }
     for (const auto* list : {&t.src, &t.dst}) {
@@ -134,7 +134,7 @@ absl::Status CompactionRun::Copy(const Session& s) const {
   if (!copies_) return absl::OkStatus();
   std::vector<const CompactionGroups*> groups;
   for (const CompactionGroups& g : plan_->copy) groups.push_back(&g);
-  return ExecuteCompaction(s.page_shape(), tables_, groups, on_device_);
+  return ExecuteCompaction(s.page_shape(), tables_, groups, device_);
 }
 
 std::vector<Block> CompactionRun::Publish(Session& s) {

@@ -91,9 +91,10 @@ class CompactionRun final : public StagedRun {
   // Address: [layer] the copy's source and destination pages.
   std::vector<LayerTables> tables_;
   bool copies_ = false;
-  // The session's pages are device memory (a cuda tier): the copy runs the
-  // CUDA kernels, and key summaries are read through host copies.
-  bool on_device_ = false;
+  // The GPU the session's pages are on (a cuda tier; -1: host memory): the
+  // copy runs the CUDA kernels there, and key summaries are read through
+  // host copies.
+  int device_ = -1;
   Published published_;
 };
 

@@ -25,8 +25,8 @@ absl::Status RelocationRun::Address(const Session& s, const BlockPool& blocks) {
     const Block& to = s.tables.staged[i];
     for (size_t p = 0; p < from.pages.size(); ++p) {
       if (from.pages[p] == kNoPage) continue;
-      const uint64_t src = blocks.PageAddress(s.tenant(), from.pages[p], &on_device_);
-      const uint64_t dst = blocks.PageAddress(s.tenant(), to.pages[p], &on_device_);
+      const uint64_t src = blocks.PageAddress(s.tenant(), from.pages[p], &device_);
+      const uint64_t dst = blocks.PageAddress(s.tenant(), to.pages[p], &device_);
       if (src == 0 || dst == 0) return absl::InternalError("a page to move has no memory");
       copies_.push_back({reinterpret_cast<const void*>(src), reinterpret_cast<void*>(dst),
                          from.shape.page_bytes(p)});
@@ -36,12 +36,13 @@ absl::Status RelocationRun::Address(const Session& s, const BlockPool& blocks) {
 }
 
 absl::Status RelocationRun::Copy(const Session&) const {
+  if (device_ < 0) {
+    for (const PageCopy& c : copies_) std::memcpy(c.to, c.from, c.bytes);
+    return absl::OkStatus();
+  }
+  if (auto st = kernels::SetDevice(device_); !st.ok()) return st;
   for (const PageCopy& c : copies_) {
-    if (!on_device_) {
-      std::memcpy(c.to, c.from, c.bytes);
-    } else if (auto st = kernels::CopyOnDevice(c.to, c.from, c.bytes); !st.ok()) {
-      return st;
-    }
+    if (auto st = kernels::CopyOnDevice(c.to, c.from, c.bytes); !st.ok()) return st;
   }
   return absl::OkStatus();
 }

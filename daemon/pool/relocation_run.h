@@ -38,7 +38,7 @@ class RelocationRun final : public StagedRun {
   };
   std::vector<size_t> moving_;
   std::vector<PageCopy> copies_;
-  bool on_device_ = false;  // the pages are device memory
+  int device_ = -1;  // the GPU the pages are on; -1: host memory
 };
 
 }  // namespace polykv::daemon

@@ -20,6 +20,7 @@ int Free(void* ptr);
 // kind: 1 host->device, 2 device->host, 3 device->device (cudaMemcpyKind).
 int Memcpy(void* dst, const void* src, size_t bytes, int kind);
 int Synchronize();
+int SetDevice(int device);
 
 int QuantizePages(void* stream, const PageShape& shape, KvKind kind, PageFormat format,
                   const void* src, SourceType src_type, int num_pages, int rows_per_page,

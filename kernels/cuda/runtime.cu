@@ -23,5 +23,6 @@ int Memcpy(void* dst, const void* src, size_t bytes, int kind) {
   return int(cudaMemcpy(dst, src, bytes, cudaMemcpyKind(kind)));
 }
 int Synchronize() { return int(cudaDeviceSynchronize()); }
+int SetDevice(int device) { return int(cudaSetDevice(device)); }
 
 }  // namespace polykv::kernels::cuda

@@ -214,7 +214,8 @@ int IpcClose(int device, void* ptr, bool owner) {
   return e == cudaSuccess ? 0 : int(e) + kRuntimeBase;
 }
 
-int Memset(void* ptr, int value, size_t bytes) {
+int Memset(int device, void* ptr, int value, size_t bytes) {
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return int(e) + kRuntimeBase;
   const cudaError_t e = cudaMemset(ptr, value, bytes);
   if (e != cudaSuccess) return int(e) + kRuntimeBase;
   const cudaError_t s = cudaDeviceSynchronize();

@@ -48,8 +48,8 @@ int IpcExport(int device, size_t bytes, void** ptr, IpcHandleBytes* handle);
 int IpcOpen(int device, const IpcHandleBytes& handle, void** ptr);
 int IpcClose(int device, void* ptr, bool owner);
 
-// Writes `value` over device memory and waits for it.
-int Memset(void* ptr, int value, size_t bytes);
+// Writes `value` over memory of `device` and waits for it.
+int Memset(int device, void* ptr, int value, size_t bytes);
 
 const char* SharedErrorName(int error);
 // What a caller can act on: no usable driver or device here, a full device,

@@ -65,9 +65,9 @@ TEST_F(GpuPoolTest, AnotherProcessReadsWhatAWorkerWroteThenAKillLeaksNothing) {
   Subprocess reader({BinDir() + "/polykv-test-worker", "peek", "--socket", options_.socket,
                      "--session", Field(line, "session_id"), "--token", Field(line, "token"),
                      "--arena", Field(line, "page_arena"), "--arena-bytes",
-                     std::to_string(kArenaBytes), "--offset", Field(line, "page_offset"), "--page-id", Field(line, "page_id"),
-                     "--page-bytes", Field(line, "page_bytes"), "--seed", "7", "--cuda-device",
-                     Field(line, "cuda_device")});
+                     std::to_string(kArenaBytes), "--offset", Field(line, "page_offset"),
+                     "--page-id", Field(line, "page_id"), "--page-bytes", Field(line, "page_bytes"),
+                     "--seed", "7", "--cuda-device", Field(line, "cuda_device")});
   const std::string peeked = reader.ReadAll();
   EXPECT_EQ(reader.Wait(), 0) << peeked;
   EXPECT_EQ(Field(peeked, "ok"), "true") << peeked;

@@ -134,7 +134,9 @@ int Peek(const std::map<std::string, std::string>& f, const polykv::SessionRef& 
   auto bad = BytesOffPattern(static_cast<const uint8_t*>((*memory)->ptr()) + offset, true, size,
                              Num(f, "--seed"), Num(f, "--page-id"));
   if (!bad.ok()) return Report(bad.status());
-  if (*bad) return Report(absl::DataLossError(absl::StrCat(*bad, " bytes differ from the pattern")));
+  if (*bad) {
+    return Report(absl::DataLossError(absl::StrCat(*bad, " bytes differ from the pattern")));
+  }
   return Report(absl::OkStatus(), absl::StrCat(",\"checked_bytes\":", size));
 }
 

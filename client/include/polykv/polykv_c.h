@@ -46,7 +46,7 @@ typedef struct {
   uint32_t format;   /* PKV_FORMAT_* */
   uint32_t size_bytes;
   uint32_t block_index;
-  void* addr; /* mapped host address; NULL for device arenas */
+  void* addr; /* mapped host address (C API sessions take host pages only) */
 } pkv_page;
 
 typedef struct {

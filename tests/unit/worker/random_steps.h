@@ -76,7 +76,8 @@ inline std::vector<float> Step(PagedKvStore* store, const Rows& rows, const std:
 }
 
 // Heap pages of the tests' shape in `format`.
-inline std::unique_ptr<PageSource> HeapSource(kernels::PageFormat format = kernels::PageFormat::kF32) {
+inline std::unique_ptr<PageSource> HeapSource(
+    kernels::PageFormat format = kernels::PageFormat::kF32) {
   HeapPageSourceOptions ho;
   ho.shape = Shape();
   ho.block_tokens = kBlock;
