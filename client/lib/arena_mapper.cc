@@ -27,7 +27,7 @@ absl::Status ArenaError(const v1::ArenaHandle& h, const absl::Status& s) {
 }  // namespace
 
 absl::StatusOr<int> FetchArenaFd(const std::string& path, const SessionRef& ref,
-                                 uint32_t arena_id) {
+                                 uint32_t arena_id, uint64_t* size_bytes) {
   // A dumpable process's fds can be taken from /proc/<pid>/fd by any process
   // of its uid; an arena fd maps every page of the tenant. (Also stops
   // same-uid ptrace and core dumps, which would expose the same memory.)
@@ -79,6 +79,7 @@ absl::StatusOr<int> FetchArenaFd(const std::string& path, const SessionRef& ref,
     return absl::Status(static_cast<absl::StatusCode>(reply.status), reply.message);
   }
   if (arena_fd < 0) return absl::InternalError("fd socket replied OK without a descriptor");
+  if (size_bytes != nullptr) *size_bytes = reply.size_bytes;
   return arena_fd;
 }
 
@@ -143,12 +144,18 @@ absl::Status ArenaMapper::Add(const v1::ArenaHandle& h) {
                              kernels::CudaBuilt() ? "no CUDA device is visible to this process"
                                                   : "libpolykv_client was built without CUDA"));
   }
-  auto fd = FetchArenaFd(fd_socket_path_, ref_, h.arena_id());
+  uint64_t size = 0;
+  auto fd = FetchArenaFd(fd_socket_path_, ref_, h.arena_id(), &size);
   // Retired between its announcement and this fetch: it was empty, so no
   // page of ours is in it; were its id used again, it would be announced
   // again (and mapped then).
   if (absl::IsNotFound(fd.status())) return absl::OkStatus();
   if (!fd.ok()) return fd.status();
+  if (size != h.size_bytes()) {
+    close(*fd);
+    return absl::InternalError(absl::StrCat("arena ", h.arena_id(), " was announced with ",
+                                            h.size_bytes(), " bytes and handed out with ", size));
+  }
   if (h.kind() == v1::ArenaHandle::KIND_CUDA_VMM) {
     auto m = kernels::SharedDeviceMemory::ImportFd(h.cuda_device(), *fd, h.size_bytes());
     close(*fd);

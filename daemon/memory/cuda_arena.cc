@@ -78,6 +78,14 @@ absl::StatusOr<std::unique_ptr<Arena>> CreateCudaArena(ArenaKind kind,
       kind == ArenaKind::kCudaVmm ? kernels::DeviceShare::kPosixFd : kernels::DeviceShare::kIpc,
       options.cuda_device, options.size_bytes);
   if (!memory.ok()) return memory.status();
+  // The pool counts the size it asked for: a larger allocation would hold
+  // device memory no budget sees.
+  if ((*memory)->size() != options.size_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an arena of ", options.size_bytes, " bytes is ", (*memory)->size(),
+        " on this GPU (its allocation granularity): make superblock_bytes and arena_bytes "
+        "multiples of it"));
+  }
   // A page changes owner only scrubbed, and a new arena's pages are new owners.
   if (auto st = (*memory)->Zero(0, (*memory)->size()); !st.ok()) return st;
   return std::unique_ptr<Arena>(new CudaArena(options.id, kind, *std::move(memory)));

@@ -410,8 +410,8 @@ std::vector<ArenaExport> BlockPool::NewArenas(const std::string& tenant,
   return out;
 }
 
-absl::StatusOr<int> BlockPool::DupArenaFd(const std::string& tenant, uint32_t arena_id,
-                                          pid_t holder) {
+absl::StatusOr<ArenaFd> BlockPool::DupArenaFd(const std::string& tenant, uint32_t arena_id,
+                                              pid_t holder) {
   const Tenant& t = TenantOf(tenant);
   auto it = t.arenas.find(arena_id);
   if (auto r = retired_owner_.find(arena_id);
@@ -448,7 +448,7 @@ absl::StatusOr<int> BlockPool::DupArenaFd(const std::string& tenant, uint32_t ar
       if (auto ref = options_.watcher(holder)) holders.push_back(std::move(ref));
     }
   }
-  return fd;
+  return ArenaFd{fd, it->second->size_bytes()};
 }
 
 uint64_t BlockPool::agent_bytes(const std::string& agent_id) const {

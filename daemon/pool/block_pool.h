@@ -159,7 +159,8 @@ class BlockPool {
   // since it was announced (it is empty: nothing of the session is in it);
   // PERMISSION_DENIED unless it is the tenant's; RESOURCE_EXHAUSTED when 64
   // other live processes hold it (each is watched with a pidfd).
-  absl::StatusOr<int> DupArenaFd(const std::string& tenant, uint32_t arena_id, pid_t holder);
+  absl::StatusOr<ArenaFd> DupArenaFd(const std::string& tenant, uint32_t arena_id,
+                                     pid_t holder);
   // Drops retired arenas whose holders are all gone, and punches again the
   // ones an old mapper wrote to. Called periodically and when short.
   void SweepRetired();

@@ -564,8 +564,8 @@ absl::StatusOr<std::shared_ptr<EventChannel>> KvPool::Watch(uint64_t session_id,
   return (*sp)->events;
 }
 
-absl::StatusOr<int> KvPool::DupArenaFd(uint64_t session_id, absl::string_view token,
-                                       const PeerCreds& peer, uint32_t arena_id) {
+absl::StatusOr<ArenaFd> KvPool::DupArenaFd(uint64_t session_id, absl::string_view token,
+                                           const PeerCreds& peer, uint32_t arena_id) {
   absl::MutexLock lock(&mu_);
   auto sp = sessions_.Authorize(session_id, token, peer, Now());
   if (!sp.ok()) return sp.status();

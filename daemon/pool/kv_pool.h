@@ -151,10 +151,11 @@ class KvPool {
   absl::StatusOr<std::shared_ptr<EventChannel>> Watch(uint64_t session_id,
                                                       absl::string_view token,
                                                       const PeerCreds& peer);
-  // A duplicate of the arena's fd for the fd socket; the caller owns it.
-  // PERMISSION_DENIED unless the arena belongs to the session's tenant.
-  absl::StatusOr<int> DupArenaFd(uint64_t session_id, absl::string_view token,
-                                 const PeerCreds& peer, uint32_t arena_id);
+  // A duplicate of the arena's fd for the fd socket (the caller owns it),
+  // and the arena's size. PERMISSION_DENIED unless the arena belongs to the
+  // session's tenant.
+  absl::StatusOr<ArenaFd> DupArenaFd(uint64_t session_id, absl::string_view token,
+                                     const PeerCreds& peer, uint32_t arena_id);
 
   // --- Admin service ---
   PoolSummary Stats() const;

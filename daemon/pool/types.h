@@ -83,6 +83,13 @@ struct OpenRequest {
   std::vector<ArenaKind> can_map;
 };
 
+// An arena's descriptor for a worker (the fd socket's reply), and the bytes
+// to map: a VMM fd has no size of its own to ask.
+struct ArenaFd {
+  int fd = -1;  // owned by the receiver
+  uint64_t size_bytes = 0;
+};
+
 struct PageDesc {
   PageId page_id = kNoPage;
   uint32_t arena_id = 0;

@@ -148,10 +148,9 @@ void FdBroker::Serve(const Conn& c) {
   auto arena_fd =
       options_.pool->DupArenaFd(parsed->session_id, parsed->token, c.creds, parsed->arena_id);
   if (!arena_fd.ok()) return fail(arena_fd.status());
-  off_t size = lseek(*arena_fd, 0, SEEK_END);
   v1::FdReply reply;
   reply.status = 0;
-  reply.size_bytes = size > 0 ? static_cast<uint64_t>(size) : 0;
+  reply.size_bytes = arena_fd->size_bytes;
   iovec iov{&reply, sizeof(reply)};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr msg{};
@@ -163,11 +162,11 @@ void FdBroker::Serve(const Conn& c) {
   cm->cmsg_level = SOL_SOCKET;
   cm->cmsg_type = SCM_RIGHTS;
   cm->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cm), &*arena_fd, sizeof(int));
+  std::memcpy(CMSG_DATA(cm), &arena_fd->fd, sizeof(int));
   // 256 bytes into a fresh socket's buffer: never blocks in practice, and
   // must not (MSG_DONTWAIT) — a peer that does not read loses its fd.
   (void)!sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-  close(*arena_fd);
+  close(arena_fd->fd);
 }
 
 }  // namespace polykv::daemon

@@ -108,7 +108,7 @@ int Expected(Fixture& f, const std::string& req) {
   auto parsed = daemon::ParseFdRequest(absl::string_view(req).substr(0, sizeof(v1::FdRequest)));
   if (!parsed.ok()) return int(parsed.status().code());
   auto fd = f.pool->DupArenaFd(parsed->session_id, parsed->token, f.peer, parsed->arena_id);
-  if (fd.ok()) close(*fd);
+  if (fd.ok()) close(fd->fd);
   return int(fd.status().code());
 }
 

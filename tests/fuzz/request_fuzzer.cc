@@ -355,7 +355,7 @@ class Run {
   void DupArenaFd(std::string_view p) {
     auto fd = pool_->DupArenaFd(target_->id, target_->token, peer_, U32(p));
     CheckRefusal(fd.status(), "DupArenaFd");
-    if (fd.ok()) close(*fd);
+    if (fd.ok()) close(fd->fd);
   }
 
   void Validate(std::string_view p) {

@@ -21,9 +21,6 @@
 namespace polykv::testing {
 namespace {
 
-// polykvd's --arena-bytes here: a multiple of the VMM granularity (2 MiB on
-// current GPUs), so the arenas are exactly this size.
-constexpr uint64_t kArenaBytes = 8ull << 20;
 
 class GpuPoolTest : public ::testing::Test {
  protected:
@@ -33,7 +30,6 @@ class GpuPoolTest : public ::testing::Test {
   }
   void StartDaemon(const std::string& cuda_export) {
     options_.socket = MakeTempDir("polykv-gpu-" + cuda_export) + "/d.sock";
-    options_.arena_bytes = std::to_string(kArenaBytes);
     options_.extra_args = {"--tier", "cuda", "--cuda-export", cuda_export};
     auto d = DaemonProcess::Start(options_);
     ASSERT_TRUE(d.ok()) << d.status();
@@ -64,8 +60,7 @@ TEST_F(GpuPoolTest, AnotherProcessReadsWhatAWorkerWroteThenAKillLeaksNothing) {
   // A second process, its own import of the same arena: the writer's bytes.
   Subprocess reader({BinDir() + "/polykv-test-worker", "peek", "--socket", options_.socket,
                      "--session", Field(line, "session_id"), "--token", Field(line, "token"),
-                     "--arena", Field(line, "page_arena"), "--arena-bytes",
-                     std::to_string(kArenaBytes), "--offset", Field(line, "page_offset"),
+                     "--arena", Field(line, "page_arena"), "--offset", Field(line, "page_offset"),
                      "--page-id", Field(line, "page_id"), "--page-bytes", Field(line, "page_bytes"),
                      "--seed", "7", "--cuda-device", Field(line, "cuda_device")});
   const std::string peeked = reader.ReadAll();

@@ -9,7 +9,7 @@
 //         written and read back with device copies; the line then names the
 //         first page ("page_arena", "page_offset", "page_id", "page_bytes",
 //         "cuda_device") for peek
-//   peek  --socket S --session ID --token HEX --arena ID --arena-bytes B
+//   peek  --socket S --session ID --token HEX --arena ID
 //         --offset O --page-id P --page-bytes N --seed X --cuda-device D
 //         maps a device arena in this process (fd socket, VMM import) and
 //         checks that the page holds the pattern another process wrote
@@ -120,11 +120,12 @@ absl::StatusOr<uint64_t> BytesOffPattern(const void* addr, bool on_device, uint6
 // peek: another process's page, read through this process's own import of
 // the daemon's device arena.
 int Peek(const std::map<std::string, std::string>& f, const polykv::SessionRef& ref) {
+  uint64_t arena_bytes = 0;
   auto fd = polykv::FetchArenaFd(f.at("--socket") + ".fds", ref,
-                                 static_cast<uint32_t>(Num(f, "--arena")));
+                                 static_cast<uint32_t>(Num(f, "--arena")), &arena_bytes);
   if (!fd.ok()) return Report(fd.status());
   auto memory = polykv::kernels::SharedDeviceMemory::ImportFd(
-      static_cast<int>(Num(f, "--cuda-device")), *fd, Num(f, "--arena-bytes"));
+      static_cast<int>(Num(f, "--cuda-device")), *fd, arena_bytes);
   close(*fd);
   if (!memory.ok()) return Report(memory.status());
   const uint64_t offset = Num(f, "--offset"), size = Num(f, "--page-bytes");

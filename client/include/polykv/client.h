@@ -212,8 +212,9 @@ struct SessionRef {
 };
 absl::StatusOr<uint64_t> ReserveRaw(const std::string& socket_path, const SessionRef& ref,
                                     uint64_t num_tokens);
-// Fetches an arena fd over the fd socket; the caller owns the fd.
+// Fetches an arena fd over the fd socket; the caller owns the fd. When
+// `size_bytes` is given, the arena's size (the bytes to map) is stored there.
 absl::StatusOr<int> FetchArenaFd(const std::string& fd_socket_path, const SessionRef& ref,
-                                 uint32_t arena_id);
+                                 uint32_t arena_id, uint64_t* size_bytes = nullptr);
 
 }  // namespace polykv

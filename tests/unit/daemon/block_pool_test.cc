@@ -326,8 +326,8 @@ TEST_F(BlockPoolTest, ArenasArePrivateToTheirTenant) {
 
   auto fd = pool->DupArenaFd("t1", arena_a, 0);
   ASSERT_TRUE(fd.ok()) << fd.status();
-  EXPECT_GE(*fd, 0);
-  close(*fd);
+  EXPECT_GE(fd->fd, 0);
+  close(fd->fd);
   for (uint32_t id : arenas_b) {
     EXPECT_EQ(pool->DupArenaFd("t1", id, 0).status().code(), absl::StatusCode::kPermissionDenied);
   }

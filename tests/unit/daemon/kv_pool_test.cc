@@ -219,7 +219,7 @@ TEST_F(KvPoolTest, TenantsGetDisjointArenasAndCannotFetchEachOthers) {
   EXPECT_TRUE(absl::IsPermissionDenied(pool_->DupArenaFd(b->session_id, b->token, peer_, arena_a).status()));
   auto fd = pool_->DupArenaFd(a->session_id, a->token, peer_, arena_a);
   ASSERT_TRUE(fd.ok());
-  close(*fd);
+  close(fd->fd);
   // A second session of tenant A is told about A's arena when it opens.
   auto a2 = pool_->Open(Req("a2", "tenant-a"));
   ASSERT_TRUE(a2.ok());

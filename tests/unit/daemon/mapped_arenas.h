@@ -50,9 +50,10 @@ class MappedArenas {
     if (maps_.contains(arena)) return;
     auto fd = pool_->DupArenaFd(id, token, peer, arena);
     ASSERT_TRUE(fd.ok()) << fd.status();
-    const size_t len = static_cast<size_t>(lseek(*fd, 0, SEEK_END));
-    void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
-    close(*fd);
+    const size_t len = static_cast<size_t>(fd->size_bytes);
+    ASSERT_EQ(len, static_cast<size_t>(lseek(fd->fd, 0, SEEK_END)));
+    void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd->fd, 0);
+    close(fd->fd);
     ASSERT_NE(m, MAP_FAILED);
     maps_[arena] = {m, len};
   }

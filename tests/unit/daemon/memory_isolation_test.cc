@@ -155,10 +155,10 @@ TEST(MemoryIsolationTest, ArenasCostNoMoreThanPoolBytesWhateverWorkersKeepMapped
   // The worker (pid 77) maps the whole arena and writes all of it.
   auto fd = pool.DupArenaFd("a", arena, 77);
   ASSERT_TRUE(fd.ok()) << fd.status();
-  void* map = mmap(nullptr, 8 * kMiB, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+  void* map = mmap(nullptr, 8 * kMiB, PROT_READ | PROT_WRITE, MAP_SHARED, fd->fd, 0);
   ASSERT_NE(map, MAP_FAILED);
   std::memset(map, 0x5a, 8 * kMiB);
-  EXPECT_EQ(Resident(*fd), 8 * kMiB);
+  EXPECT_EQ(Resident(fd->fd), 8 * kMiB);
 
   // Its tenant's last session ends; the worker keeps its mapping.
   for (Block& blk : *ga) pool.Free(a, blk);
@@ -166,7 +166,7 @@ TEST(MemoryIsolationTest, ArenasCostNoMoreThanPoolBytesWhateverWorkersKeepMapped
   PoolSummary s = Summary(pool);
   EXPECT_EQ(s.num_arenas, 0u);
   EXPECT_EQ(s.retired_arenas, 1u);  // kept while pid 77 lives
-  EXPECT_EQ(Resident(*fd), 0u);     // but its memory is back
+  EXPECT_EQ(Resident(fd->fd), 0u);     // but its memory is back
   EXPECT_EQ(static_cast<unsigned char*>(map)[12345], 0);  // and it reads zeros
 
   // The worker writes it all again (it should not; nothing of it is its
@@ -181,10 +181,10 @@ TEST(MemoryIsolationTest, ArenasCostNoMoreThanPoolBytesWhateverWorkersKeepMapped
   EXPECT_NE(arena_b, arena);  // a retired arena's id is not reused
   auto fd_b = pool.DupArenaFd("b", arena_b, 78);
   ASSERT_TRUE(fd_b.ok());
-  void* map_b = mmap(nullptr, 8 * kMiB, PROT_READ | PROT_WRITE, MAP_SHARED, *fd_b, 0);
+  void* map_b = mmap(nullptr, 8 * kMiB, PROT_READ | PROT_WRITE, MAP_SHARED, fd_b->fd, 0);
   ASSERT_NE(map_b, MAP_FAILED);
   std::memset(map_b, 0x11, 8 * kMiB);
-  EXPECT_LE(Resident(*fd) + Resident(*fd_b), 8 * kMiB);
+  EXPECT_LE(Resident(fd->fd) + Resident(fd_b->fd), 8 * kMiB);
   EXPECT_EQ(static_cast<unsigned char*>(map)[0], 0);  // b's KV is not in a's memfd
 
   // Once pid 77 is gone the retired arena is dropped.
@@ -193,8 +193,8 @@ TEST(MemoryIsolationTest, ArenasCostNoMoreThanPoolBytesWhateverWorkersKeepMapped
   EXPECT_EQ(Summary(pool).retired_arenas, 0u);
   munmap(map, 8 * kMiB);
   munmap(map_b, 8 * kMiB);
-  close(*fd);
-  close(*fd_b);
+  close(fd->fd);
+  close(fd_b->fd);
 }
 
 // Finding 6 (second half): freshly reserved pages held the previous
@@ -271,7 +271,7 @@ TEST(MemoryIsolationTest, AnArenaRetiredBeforeItsFetchIsNotFoundAndAnnouncedAgai
   EXPECT_EQ(rb->new_arenas[0].arena_id, mine);
   auto fd2 = pool->DupArenaFd(b.session_id, b.token, peer, mine);
   ASSERT_TRUE(fd2.ok()) << fd2.status();
-  close(*fd2);
+  close(fd2->fd);
   ASSERT_TRUE(pool->CheckInvariants().ok());
 }
 
@@ -559,17 +559,17 @@ TEST(MemoryIsolationTest, TheProcessesWatchedPerArenaAreBounded) {
   for (pid_t pid = 1000; pid < 1064; ++pid) {
     auto fd = pool.DupArenaFd("t", arena, pid);
     ASSERT_TRUE(fd.ok()) << pid << ": " << fd.status();
-    close(*fd);
+    close(fd->fd);
   }
   auto again = pool.DupArenaFd("t", arena, 1000);  // a known holder: served
   ASSERT_TRUE(again.ok()) << again.status();
-  close(*again);
+  close(again->fd);
   auto refused = pool.DupArenaFd("t", arena, 2000);
   EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
   procs.Kill(1001);
   auto room = pool.DupArenaFd("t", arena, 2000);
   ASSERT_TRUE(room.ok()) << room.status();
-  close(*room);
+  close(room->fd);
 }
 
 }  // namespace
