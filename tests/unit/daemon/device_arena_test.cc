@@ -173,8 +173,10 @@ TEST(DeviceArenaTest, AVmmDescriptorTravelsOnlyToItsTenantsSessions) {
   const TestFdBroker o = StartFdBroker(pool.get(), "device-fd", 0600, {getuid()});
   ASSERT_NE(o.broker, nullptr);
 
-  auto fd = FetchArenaFd(o.path, SessionRef{s->session_id, s->token}, arena.arena_id);
+  uint64_t size = 0;
+  auto fd = FetchArenaFd(o.path, SessionRef{s->session_id, s->token}, arena.arena_id, &size);
   ASSERT_TRUE(fd.ok()) << fd.status();
+  EXPECT_EQ(size, arena.size_bytes) << "the reply's size is the arena's (a VMM fd has none)";
   struct stat st {};
   ASSERT_EQ(fstat(*fd, &st), 0);
   EXPECT_EQ(uint64_t(st.st_size), arena.size_bytes);
@@ -202,6 +204,28 @@ TEST(DeviceArenaTest, AVmmDescriptorTravelsOnlyToItsTenantsSessions) {
         << mapped;
     EXPECT_FALSE(mapper.Address(arena.arena_id, 0, 1).ok());
   }
+  o.broker->Stop();
+}
+
+// An arena handed out with another size than announced is not mapped.
+TEST(DeviceArenaTest, AnArenaOfAnotherSizeThanAnnouncedIsNotMapped) {
+  auto pool = MakePool(ArenaKind::kHostShm);
+  auto s = pool->Open(Request("t", {ArenaKind::kHostShm}));
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto r = pool->Reserve(s->session_id, s->token, PeerCreds{getpid(), getuid(), getgid()}, 16);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const TestFdBroker o = StartFdBroker(pool.get(), "size-fd", 0600, {getuid()});
+  ASSERT_NE(o.broker, nullptr);
+  internal::ArenaMapper mapper(o.path, SessionRef{s->session_id, s->token});
+  v1::ArenaHandle h;
+  ToProto(r->new_arenas[0], &h);
+  h.set_size_bytes(h.size_bytes() * 2);
+  const absl::Status st = mapper.Add(h);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
+  EXPECT_FALSE(mapper.Address(h.arena_id(), 0, 1).ok());
+  h.set_size_bytes(r->new_arenas[0].size_bytes);
+  EXPECT_TRUE(mapper.Add(h).ok());
+  EXPECT_TRUE(mapper.Address(h.arena_id(), 0, 1).ok());
   o.broker->Stop();
 }
 
