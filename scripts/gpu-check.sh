@@ -231,7 +231,9 @@ run() {
   OUT_DIR=${OUT:-}
   local libs
   libs=$(mktemp -d /tmp/gpu-check-XXXXXX)
-  tar -C "$libs" -xJf "$BUNDLE/lib.tar.xz"
+  # Python's tarfile rather than tar -J: the machine's image may lack xz.
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+    "$BUNDLE/lib.tar.xz" "$libs"
   export LD_LIBRARY_PATH="$libs/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export POLYKV_BIN_DIR="$PWD/$BUNDLE/bin"
   local bin=$BUNDLE/bin device="none"
