@@ -10,11 +10,11 @@ class NoMemoryArena : public Arena {
  public:
   explicit NoMemoryArena(const ArenaOptions& o) : id_(o.id), size_(o.size_bytes) {}
   uint32_t id() const override { return id_; }
-  ArenaKind kind() const override { return ArenaKind::kCudaVmm; }
+  ArenaKind kind() const override { return ArenaKind::kCudaIpc; }
   uint64_t size_bytes() const override { return size_; }
   void* host_base() const override { return nullptr; }
   int fd() const override { return -1; }
-  ArenaExport Export() const override { return {id_, ArenaKind::kCudaVmm, size_, "", 0}; }
+  ArenaExport Export() const override { return {id_, ArenaKind::kCudaIpc, size_, "", 0}; }
   absl::Status Zero(uint64_t, uint64_t) override { return absl::OkStatus(); }
   absl::Status Discard() override { return absl::OkStatus(); }
   uint64_t ResidentBytes() const override { return size_; }
