@@ -116,7 +116,7 @@ ssize_t RecvFdReply(int sock, v1::FdReply* reply, int* fd) {
 
 ArenaMapper::~ArenaMapper() {
   for (auto& [id, m] : mappings_) {
-    if (m.base && !m.device) munmap(m.base, m.size);
+    if (m.base && !m.device_memory) munmap(m.base, m.size);
   }
 }
 
@@ -130,7 +130,7 @@ absl::Status ArenaMapper::Add(const v1::ArenaHandle& h) {
       auto m = kernels::SharedDeviceMemory::ImportIpc(h.cuda_device(), h.cuda_ipc_handle(),
                                                       h.size_bytes());
       if (!m.ok()) return ArenaError(h, m.status());
-      mappings_[h.arena_id()] = Mapping{(*m)->ptr(), h.size_bytes(), true, *std::move(m)};
+      mappings_[h.arena_id()] = Mapping{(*m)->ptr(), h.size_bytes(), *std::move(m)};
       return absl::OkStatus();
     }
     default:
@@ -160,7 +160,7 @@ absl::Status ArenaMapper::Add(const v1::ArenaHandle& h) {
     auto m = kernels::SharedDeviceMemory::ImportFd(h.cuda_device(), *fd, h.size_bytes());
     close(*fd);
     if (!m.ok()) return ArenaError(h, m.status());
-    mappings_[h.arena_id()] = Mapping{(*m)->ptr(), h.size_bytes(), true, *std::move(m)};
+    mappings_[h.arena_id()] = Mapping{(*m)->ptr(), h.size_bytes(), *std::move(m)};
     return absl::OkStatus();
   }
   void* base = mmap(nullptr, h.size_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
@@ -168,7 +168,7 @@ absl::Status ArenaMapper::Add(const v1::ArenaHandle& h) {
   if (base == MAP_FAILED) {
     return absl::InternalError(absl::StrCat("mmap of arena ", h.arena_id(), ": ", std::strerror(errno)));
   }
-  mappings_[h.arena_id()] = Mapping{base, h.size_bytes(), false, nullptr};
+  mappings_[h.arena_id()] = Mapping{base, h.size_bytes(), nullptr};
   return absl::OkStatus();
 }
 

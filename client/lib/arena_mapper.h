@@ -51,8 +51,9 @@ class ArenaMapper {
   struct Mapping {
     void* base = nullptr;
     uint64_t size = 0;
-    bool device = false;
-    std::unique_ptr<kernels::SharedDeviceMemory> device_memory;  // device arenas
+    // Device arenas: the import, which unmaps itself; host arenas: null (base
+    // is an mmap).
+    std::unique_ptr<kernels::SharedDeviceMemory> device_memory;
   };
   const std::string fd_socket_path_;
   const SessionRef ref_;
