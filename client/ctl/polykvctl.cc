@@ -218,6 +218,12 @@ int main(int argc, char** argv) {
                 (unsigned long long)p.num_superblocks_used(), Human(p.superblock_bytes()).c_str());
     std::printf("sessions %u, lease expiries %llu, refused reservations %llu\n", s->num_sessions(),
                 (unsigned long long)s->lease_expiries(), (unsigned long long)s->refused_reservations());
+    const auto& x = s->prefix();
+    std::printf("prefixes %s shared, %s cached; blocks attached %llu, not found %llu, "
+                "dropped for room %llu\n",
+                Human(x.shared_bytes()).c_str(), Human(x.cached_bytes()).c_str(),
+                (unsigned long long)x.hit_blocks(), (unsigned long long)x.miss_blocks(),
+                (unsigned long long)x.dropped_blocks());
     std::printf("metrics  %s\n\n", s->metrics_address().empty() ? "off" : s->metrics_address().c_str());
     std::printf("%-20s %12s %12s %9s\n", "TENANT", "USED", "MAPPED", "SESSIONS");
     for (const auto& t : s->tenants()) {

@@ -122,6 +122,39 @@ class SessionImpl final : public Session {
     return out;
   }
 
+  absl::StatusOr<uint64_t> SharePrefix(std::span<const int32_t> token_ids) override {
+    if (auto s = CheckActive(); !s.ok()) return s;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::SharePrefixRequest req;
+    FillRef(ref_, req.mutable_session());
+    req.mutable_token_ids()->Add(token_ids.begin(), token_ids.end());
+    v1::SharePrefixResponse resp;
+    if (auto s = FromGrpc(stub_->SharePrefix(&ctx, req, &resp)); !s.ok()) return s;
+    return resp.shared_tokens();
+  }
+
+  absl::StatusOr<uint64_t> AttachPrefix(std::span<const int32_t> token_ids) override {
+    if (auto s = CheckActive(); !s.ok()) return s;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::AttachPrefixRequest req;
+    FillRef(ref_, req.mutable_session());
+    req.mutable_token_ids()->Add(token_ids.begin(), token_ids.end());
+    v1::AttachPrefixResponse resp;
+    if (auto s = FromGrpc(stub_->AttachPrefix(&ctx, req, &resp)); !s.ok()) return s;
+    for (const auto& a : resp.new_arenas()) {
+      if (auto s = mapper_->Add(a); !s.ok()) return s;
+    }
+    for (const auto& b : resp.blocks()) {
+      auto block = Convert(b);
+      if (!block.ok()) return block.status();
+      blocks_.push_back(*std::move(block));
+    }
+    committed_ = resp.attached_tokens();
+    return committed_;
+  }
+
   absl::Status Commit(uint64_t committed_tokens) override {
     if (auto s = CheckActive(); !s.ok()) return s;
     grpc::ClientContext ctx;

@@ -63,6 +63,11 @@ struct ConversationOptions {
   // what `snapkv` policies rank by. Like an intent probe, it prefills what is
   // queued first. 0: never.
   int observation_window = 32;
+  // Shared prefixes (docs/prefix-sharing.md), on a store that supports them:
+  // the first prefill attaches whatever leading whole blocks of the context
+  // another conversation shared (they are not run through the model), and
+  // the context prefilled before the first generated turn is shared in turn.
+  bool share_prefix = false;
   SamplerOptions sampler;
 };
 
@@ -74,6 +79,7 @@ struct TurnResult {
   std::string text;               // Generated text, end-of-turn token excluded.
   std::vector<int32_t> tokens;    // Generated ids, end-of-turn token excluded.
   int prompt_tokens = 0;          // Tokens prefilled for this turn.
+  int64_t attached_tokens = 0;    // Tokens of the prompt attached, not prefilled (share_prefix).
   int completion_tokens = 0;      // Tokens sampled (including the end token).
   int64_t cached_tokens = 0;      // Slots in the store after the turn.
   double prefill_seconds = 0;
@@ -152,6 +158,9 @@ class Conversation {
   void Queue(const std::vector<TaggedToken>& tokens);
   // Runs the queued tokens through the model (no chat-tokenizer flush).
   absl::Status ForwardPending(std::vector<float>* last_logits);
+  // share_prefix, at the first prefill: attaches what was shared of the
+  // queued tokens' leading blocks and drops them from the queue.
+  absl::Status AttachSharedPrefix();
   // Prefills what is queued, then runs the intent's tokens over the cache as
   // a probe the store does not keep.
   absl::Status ProbeIntent(std::string_view intent);
@@ -183,6 +192,12 @@ class Conversation {
   // Prefilled since the last generated turn (its prompt_tokens, prefill_seconds).
   int64_t prefilled_tokens_ = 0;
   double prefill_seconds_ = 0;
+  int64_t attached_tokens_ = 0;
+  // share_prefix: the ids of the context so far, until it is shared (after
+  // the first generated turn's prompt); prefix_tried_: attaching was tried.
+  std::vector<int32_t> context_ids_;
+  bool prefix_tried_ = false;
+  bool prefix_shared_ = false;
   int32_t next_position_ = 0;
   int32_t turn_ = 0;          // Index of the next message.
   int32_t end_of_turn_id_ = -1;

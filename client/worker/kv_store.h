@@ -126,6 +126,15 @@ class KvStore {
   virtual absl::Status BeginProbe(ProbeKind kind) { return absl::UnimplementedError("probe"); }
   virtual absl::Status EndProbe() { return absl::UnimplementedError("probe"); }
 
+  // Shared prefixes (docs/prefix-sharing.md). Before the first step: the
+  // store takes KV another store of the same model shared for the leading
+  // tokens of `tokens` (whole blocks), and returns how many; the caller runs
+  // the model from there on. SharePrefix offers the leading tokens written,
+  // whose ids are `token_ids`, to later stores; returns how many are shared.
+  // Defaults: 0, a store that shares nothing.
+  virtual absl::StatusOr<int64_t> AttachPrefix(std::span<const StepToken> tokens) { return 0; }
+  virtual absl::StatusOr<int64_t> SharePrefix(std::span<const int32_t> token_ids) { return 0; }
+
   // REQUIRES: no step in progress; tokens non-empty.
   // RESOURCE_EXHAUSTED when the cache has no room for the tokens.
   virtual absl::Status BeginStep(std::span<const StepToken> tokens) = 0;

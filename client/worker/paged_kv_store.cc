@@ -290,6 +290,23 @@ void PagedKvStore::CountSignal(double seconds, bool tags) {
   ++p.calls;
 }
 
+absl::StatusOr<int64_t> PagedKvStore::AttachPrefix(std::span<const StepToken> tokens) {
+  if (num_slots_ != 0 || reserved_ != 0 || probing_) {
+    return absl::FailedPreconditionError("a prefix is attached to a fresh store only");
+  }
+  auto table = source_->AttachPrefix(tokens);
+  if (!table.ok()) return table.status();
+  if (!table->has_value()) return 0;
+  RETURN_IF_ERROR_(AdoptTable(**table));
+  return num_slots_;
+}
+
+absl::StatusOr<int64_t> PagedKvStore::SharePrefix(std::span<const int32_t> token_ids) {
+  // Only committed tokens can be shared.
+  RETURN_IF_ERROR_(CommitPending());
+  return source_->SharePrefix(token_ids);
+}
+
 absl::Status PagedKvStore::CommitPending() {
   if (uncommitted_.empty()) return absl::OkStatus();
   const double tagged = source_->tag_seconds();

@@ -106,6 +106,16 @@ class PageSource {
   // commits (SlotTagger and the report it builds), for the store's
   // SignalCost. Default: 0, a source that tags nothing.
   virtual double tag_seconds() const { return 0; }
+  // Shared prefixes (KvStore::AttachPrefix). Before the first Reserve: the
+  // table of the shared blocks holding the leading full blocks of `tokens`
+  // (epoch unchanged), or nullopt when nothing matched or the source shares
+  // nothing (the default). SharePrefix: the committed leading blocks holding
+  // `token_ids`, offered; returns the tokens shared (default 0).
+  virtual absl::StatusOr<std::optional<PagedTable>> AttachPrefix(
+      std::span<const StepToken> tokens) {
+    return std::nullopt;
+  }
+  virtual absl::StatusOr<int64_t> SharePrefix(std::span<const int32_t> token_ids) { return 0; }
   // Bytes of pages held.
   virtual int64_t bytes() const = 0;
   virtual std::string name() const = 0;
@@ -242,6 +252,8 @@ class PagedKvStore : public KvStore {
   }
   absl::Status BeginProbe(ProbeKind kind) override;
   absl::Status EndProbe() override;
+  absl::StatusOr<int64_t> AttachPrefix(std::span<const StepToken> tokens) override;
+  absl::StatusOr<int64_t> SharePrefix(std::span<const int32_t> token_ids) override;
   // Commits the tokens written since the last commit (if any).
   absl::Status CommitPending();
 

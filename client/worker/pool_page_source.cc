@@ -36,14 +36,7 @@ class PoolPageSource : public PageSource {
     if (total_tokens <= have) return std::vector<PagedBlock>{};
     auto blocks = session_->Reserve(static_cast<uint64_t>(total_tokens - have));
     if (!blocks.ok()) return blocks.status();
-    std::vector<PagedBlock> out;
-    out.reserve(blocks->size());
-    for (const Block& b : *blocks) {
-      auto pb = Convert(b);
-      if (!pb.ok()) return pb.status();
-      out.push_back(*std::move(pb));
-    }
-    return out;
+    return ConvertAll(*blocks);
   }
 
   absl::Status Commit(int64_t total_tokens, std::span<const StepToken> new_tokens) override {
@@ -104,11 +97,9 @@ class PoolPageSource : public PageSource {
     // Moved to another polykvd, no new epoch there: the same slots in new pages.
     t.same_slots = session_->moves() != moves && session_->epoch() == epoch;
     if (tagger_ && !t.same_slots) tagger_->SlotsMoved();
-    for (const Block& b : session_->blocks()) {
-      auto pb = Convert(b);
-      if (!pb.ok()) return pb.status();
-      t.blocks.push_back(*std::move(pb));
-    }
+    auto blocks = ConvertAll(session_->blocks());
+    if (!blocks.ok()) return blocks.status();
+    t.blocks = *std::move(blocks);
     // After a compaction fewer slots hold tokens; the session says how many.
     committed_ = static_cast<int64_t>(session_->committed_tokens());
     t.num_tokens = std::min<int64_t>(committed_, static_cast<int64_t>(t.blocks.size()) *
@@ -118,6 +109,33 @@ class PoolPageSource : public PageSource {
     // checks the size against num_tokens and biases attention by log(count).
     t.slot_counts = session_->slot_counts();
     return t;
+  }
+
+  absl::StatusOr<std::optional<PagedTable>> AttachPrefix(
+      std::span<const StepToken> tokens) override {
+    std::vector<int32_t> ids;
+    ids.reserve(tokens.size());
+    for (const StepToken& t : tokens) ids.push_back(t.token_id);
+    auto attached = session_->AttachPrefix(ids);
+    if (!attached.ok()) return attached.status();
+    if (*attached == 0) return std::nullopt;
+    // The tagger reads the attached tokens too: what follows them is tagged
+    // in their context (their own tags came with the shared blocks).
+    if (tagger_) (void)tagger_->Commit(0, tokens.first(*attached));
+    PagedTable t;
+    auto blocks = ConvertAll(session_->blocks());
+    if (!blocks.ok()) return blocks.status();
+    t.blocks = *std::move(blocks);
+    committed_ = static_cast<int64_t>(*attached);
+    t.num_tokens = committed_;
+    t.epoch = session_->epoch();
+    return t;
+  }
+
+  absl::StatusOr<int64_t> SharePrefix(std::span<const int32_t> token_ids) override {
+    auto shared = session_->SharePrefix(token_ids);
+    if (!shared.ok()) return shared.status();
+    return static_cast<int64_t>(*shared);
   }
 
   // Summed per page: a requantized block is smaller than the session's
@@ -136,6 +154,16 @@ class PoolPageSource : public PageSource {
   }
 
  private:
+  absl::StatusOr<std::vector<PagedBlock>> ConvertAll(const std::vector<Block>& blocks) const {
+    std::vector<PagedBlock> out;
+    out.reserve(blocks.size());
+    for (const Block& b : blocks) {
+      auto pb = Convert(b);
+      if (!pb.ok()) return pb.status();
+      out.push_back(*std::move(pb));
+    }
+    return out;
+  }
   absl::StatusOr<PagedBlock> Convert(const Block& b) const {
     const size_t layers = static_cast<size_t>(o_.shape.num_layers);
     if (b.pages.size() != 2 * layers) {

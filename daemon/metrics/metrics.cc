@@ -235,6 +235,21 @@ std::vector<prometheus::MetricFamily> PoolCollector::Collect() const {
                           MetricType::Counter);
   AddCounter(relocated, {}, double(s.relocated_blocks));
   out.push_back(std::move(relocated));
+  auto prefix_bytes = Family("polykv_prefix_bytes",
+                             "Shared prefix blocks: held by session tables (charged once), or "
+                             "cached (held by none, dropped when memory is needed)",
+                             MetricType::Gauge);
+  AddGauge(prefix_bytes, {{"kind", "shared"}}, double(s.prefix_shared_bytes));
+  AddGauge(prefix_bytes, {{"kind", "cached"}}, double(s.prefix_cached_bytes));
+  out.push_back(std::move(prefix_bytes));
+  auto prefix_blocks = Family("polykv_prefix_blocks_total",
+                              "Shared prefix lookups and drops: full blocks attached (hit), "
+                              "asked for and not found (miss), cached ones dropped for room",
+                              MetricType::Counter);
+  AddCounter(prefix_blocks, {{"result", "hit"}}, double(s.prefix_hit_blocks));
+  AddCounter(prefix_blocks, {{"result", "miss"}}, double(s.prefix_miss_blocks));
+  AddCounter(prefix_blocks, {{"result", "dropped"}}, double(s.prefix_dropped_blocks));
+  out.push_back(std::move(prefix_blocks));
 
   // The pool's full invariant check (bytes, pages and slot records of every
   // session against the allocators), only in the debug mode: fault and soak

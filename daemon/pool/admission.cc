@@ -68,7 +68,8 @@ uint64_t Admission::UnusedGuarantees(const std::string& agent_id, const BlockPoo
 
 absl::Status Admission::AdmitReserve(const std::string& agent_id, Priority priority,
                                      uint64_t need, const BlockPool& blocks) {
-  const uint64_t used = blocks.used_bytes() + in_flight_total_;
+  // Cached prefix blocks are room: allocations drop them (BlockPool).
+  const uint64_t used = blocks.used_bytes() - blocks.cached_bytes() + in_flight_total_;
   const QosRecord& qos = For(agent_id);
   const uint64_t agent_used = AgentBytes(agent_id, blocks);
   // Memory within the agent's own guarantee is promised: pressure neither

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -302,6 +303,20 @@ absl::StatusOr<std::vector<Block>> BlockPool::Allocate(BlockAccount& account,
                                                        const BlockShape& shape, uint64_t count,
                                                        bool zero, uint64_t keep_unmapped) {
   Tenant& t = *tenants_.at(account.tenant);
+  auto got = AllocateOnce(t, account, shape, count, zero, keep_unmapped);
+  // Cached prefix blocks go before anything live: when they are what fills
+  // the pool, drop enough of them and try again.
+  while (absl::IsResourceExhausted(got.status()) &&
+         DropCached(t, count * shape.bytes()) > 0) {
+    got = AllocateOnce(t, account, shape, count, zero, keep_unmapped);
+  }
+  return got;
+}
+
+absl::StatusOr<std::vector<Block>> BlockPool::AllocateOnce(Tenant& t, BlockAccount& account,
+                                                           const BlockShape& shape,
+                                                           uint64_t count, bool zero,
+                                                           uint64_t keep_unmapped) {
   std::vector<Block> out;
   out.reserve(count);
   std::vector<uint32_t> grown;
@@ -355,6 +370,22 @@ absl::StatusOr<std::vector<Block>> BlockPool::Allocate(BlockAccount& account,
 void BlockPool::Free(BlockAccount& account, Block& block) {
   if (block.empty()) return;
   Tenant& t = *tenants_.at(account.tenant);
+  if (block.prefix != 0) {
+    CountShared(account, block.bytes(), -1);
+    const PrefixId id = std::exchange(block.prefix, 0);
+    block.pages.clear();
+    if (auto gone = t.prefix.Unref(id)) {
+      FreePrefixBlock(t, *gone);
+    } else if (t.prefix.Get(id).refs == 0 && InVacatingArena(t.name, t.prefix.Get(id).block)) {
+      // Cached where an arena is being emptied: it would keep it.
+      for (Block& b : t.prefix.Drop(id)) FreePrefixBlock(t, b);
+    }
+    return;
+  }
+  if (FreePages(t, block)) Count(account, block.shape, -1);
+}
+
+bool BlockPool::FreePages(Tenant& t, Block& block) {
   // A page of a block is allocated by construction; a failure here is a bug
   // that CheckInvariants reports as drifted counts.
   bool all = true, vacated = false;
@@ -363,13 +394,13 @@ void BlockPool::Free(BlockAccount& account, Block& block) {
     all &= t.allocator.Free(p).ok();
     vacated |= t.allocator.Vacating(PageAllocator::ArenaOf(p));
   }
-  if (all) Count(account, block.shape, -1);
   block.pages.clear();
   if (vacated) {
     for (uint32_t id : t.allocator.EmptyArenas()) {
       if (t.allocator.Vacating(id)) RetireArena(t, id);
     }
   }
+  return all;
 }
 
 uint64_t BlockPool::PageAddress(const std::string& tenant, PageId page, int* device) const {
@@ -452,13 +483,17 @@ absl::StatusOr<ArenaFd> BlockPool::DupArenaFd(const std::string& tenant, uint32_
 }
 
 uint64_t BlockPool::agent_bytes(const std::string& agent_id) const {
-  auto it = agent_bytes_.find(agent_id);
-  return it == agent_bytes_.end() ? 0 : it->second;
+  auto own = agent_bytes_.find(agent_id);
+  auto shared = agent_shared_.find(agent_id);
+  return (own == agent_bytes_.end() ? 0 : own->second) +
+         (shared == agent_shared_.end() ? 0 : shared->second);
 }
 
 void BlockPool::ForgetAgent(const std::string& agent_id) {
   auto it = agent_bytes_.find(agent_id);
   if (it != agent_bytes_.end() && it->second == 0) agent_bytes_.erase(it);
+  auto shared = agent_shared_.find(agent_id);
+  if (shared != agent_shared_.end() && shared->second == 0) agent_shared_.erase(shared);
 }
 
 void BlockPool::Summarize(PoolSummary& p) const {
@@ -474,7 +509,10 @@ void BlockPool::Summarize(PoolSummary& p) const {
       p.vacating_arenas += u.vacating;
     }
     p.tenants.push_back({name, t->allocator.used_bytes(), t->allocator.arena_bytes(), t->num_sessions});
+    p.prefix_shared_bytes += t->prefix.shared_bytes();
+    p.prefix_cached_bytes += t->prefix.cached_bytes();
   }
+  p.prefix_dropped_blocks = prefix_dropped_blocks_;
   p.retired_arenas = retired_.size();
   for (const auto& [id, r] : retired_) p.retired_resident_bytes += r.arena->ResidentBytes();
   for (const auto& [k, n] : pages_by_format_) p.pages_by_format.push_back({k, n});
@@ -483,21 +521,36 @@ void BlockPool::Summarize(PoolSummary& p) const {
                    [](const auto& x, const auto& y) { return x.second > y.second; });
 }
 
-absl::Status BlockPool::CheckInvariants(const std::map<std::string, uint64_t>& agent_totals,
-                                        uint64_t account_total, uint64_t pages) const {
-  uint64_t tenant_used = 0;
+absl::Status BlockPool::CheckInvariants(const Holdings& held) const {
+  uint64_t tenant_used = 0, prefix_bytes = 0, pages = held.pages;
   for (const auto& [name, t] : tenants_) {
     if (auto s = t->allocator.CheckInvariants(); !s.ok()) return s;
     tenant_used += t->allocator.used_bytes();
+    auto refs = held.prefix_refs.find(name);
+    if (auto s = t->prefix.CheckInvariants(refs == held.prefix_refs.end()
+                                                ? std::map<PrefixId, uint32_t>{}
+                                                : refs->second);
+        !s.ok()) {
+      return absl::InternalError(absl::StrCat("tenant ", name, ": ", s.message()));
+    }
+    if (t->prefix_bytes != t->prefix.shared_bytes() + t->prefix.cached_bytes()) {
+      return absl::InternalError(absl::StrCat("tenant ", name, ": prefix bytes drifted"));
+    }
+    prefix_bytes += t->prefix_bytes;
+    pages += t->prefix.num_pages();
   }
-  if (account_total != used_bytes_ || tenant_used != used_bytes_) {
+  if (held.bytes + prefix_bytes != used_bytes_ || tenant_used != used_bytes_) {
     return absl::InternalError(absl::StrCat("used bytes: pool ", used_bytes_, ", tenants ",
-                                            tenant_used, ", sessions ", account_total));
+                                            tenant_used, ", sessions ", held.bytes,
+                                            " + shared prefixes ", prefix_bytes));
   }
-  for (const auto& [agent, b] : agent_bytes_) {
-    auto it = agent_totals.find(agent);
-    if ((it == agent_totals.end() ? 0 : it->second) != b) {
-      return absl::InternalError(absl::StrCat("agent ", agent, " bytes drifted"));
+  for (const auto* counts : {&agent_bytes_, &agent_shared_}) {
+    const auto& totals = counts == &agent_bytes_ ? held.agent_bytes : held.agent_shared;
+    for (const auto& [agent, b] : *counts) {
+      auto it = totals.find(agent);
+      if ((it == totals.end() ? 0 : it->second) != b) {
+        return absl::InternalError(absl::StrCat("agent ", agent, " bytes drifted"));
+      }
     }
   }
   uint64_t format_pages = 0;

@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,50 +32,15 @@
 #include "absl/status/statusor.h"
 #include "daemon/memory/arena.h"
 #include "daemon/memory/process_ref.h"
+#include "daemon/pool/block.h"
 #include "daemon/pool/page_allocator.h"
+#include "daemon/pool/prefix_index.h"
 #include "daemon/pool/types.h"
 #include "kernels/page_format.h"
 
 namespace polykv::daemon {
 
 using ArenaFactory = std::function<absl::StatusOr<std::unique_ptr<Arena>>(const ArenaOptions&)>;
-
-// What one block is made of. A session's blocks start in its fill shape; a
-// compaction may store cold blocks in coarser formats (requantization), and
-// a policy with budgets that differ by layer leaves a layer's oldest blocks
-// without its pages (docs/compaction.md, "Budgets that differ by layer").
-struct BlockShape {
-  uint32_t layers = 0;            // layers with pages in the block
-  uint32_t key_page_bytes = 0;    // size class
-  uint32_t value_page_bytes = 0;  // size class
-  PageFormat key_format = PageFormat::kF16;
-  PageFormat value_format = PageFormat::kF16;
-  // [model layers] which layers have pages, when not all do (then `layers`
-  // counts the true ones); empty: layers 0 .. layers - 1 all do.
-  std::vector<bool> present;
-  uint64_t bytes() const { return uint64_t(layers) * (key_page_bytes + value_page_bytes); }
-  uint32_t page_bytes(size_t i) const { return i % 2 ? value_page_bytes : key_page_bytes; }
-  // Entries of Block::pages (2 per model layer) and whether layer l has pages.
-  size_t num_entries() const { return 2 * (present.empty() ? layers : present.size()); }
-  bool has_layer(size_t l) const { return present.empty() ? l < layers : present[l]; }
-  bool operator==(const BlockShape&) const = default;
-};
-
-// The shape of a block of `layers` layers in formats kf/vf for `page`-shaped
-// pages (size classes from PageBytes). INVALID_ARGUMENT when a format cannot
-// hold such pages (PageBytes is 0: e.g. quantized values need head_dim
-// divisible by the value group) or a page would exceed `max_page_bytes`.
-absl::StatusOr<BlockShape> MakeBlockShape(uint32_t layers, const kernels::PageShape& page,
-                                          PageFormat kf, PageFormat vf, uint64_t max_page_bytes);
-
-// One block's pages, in its shape's formats: pages[2 * layer] is K,
-// pages[2 * layer + 1] is V; kNoPage for a layer the block has none of.
-struct Block {
-  BlockShape shape;
-  std::vector<PageId> pages;
-  bool empty() const { return pages.empty(); }
-  uint64_t bytes() const { return shape.bytes(); }
-};
 
 // [layer]: the first slot of a session's table held by each layer (its first
 // block with pages of the layer, times block_tokens): 0 unless the layers
@@ -83,10 +49,26 @@ std::vector<uint64_t> LayerOffsets(const std::vector<Block>& table, uint32_t num
                                    uint32_t block_tokens);
 
 // Whose blocks: every page handed out is charged to exactly one account.
+// Shared prefix blocks (prefix_index.h) are charged to their tenant's index
+// once, not to the accounts whose tables hold them; each such account counts
+// their bytes in `shared_bytes`, which its agent's max_bytes also bounds
+// (Admission), so sharing lets no agent hold more than its cap.
 struct BlockAccount {
   std::string tenant;
   std::string agent_id;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;         // its own pages
+  uint64_t shared_bytes = 0;  // prefix blocks its tables hold
+};
+
+// The bytes a table's block charges to the account holding it: 0 for a
+// shared prefix block.
+inline uint64_t OwnBytes(const Block& b) { return b.prefix ? 0 : b.bytes(); }
+
+// Prefix blocks attached to a session (BlockPool::AttachPrefix), with what
+// the sharing session's policy knew of their slots.
+struct AttachedPrefix {
+  std::vector<Block> blocks;
+  std::vector<policies::SlotRecord> records;
 };
 
 // Where the block's pages are, for the worker. Pure arithmetic on page ids
@@ -131,8 +113,35 @@ class BlockPool {
                                               uint64_t count, bool zero = true,
                                               uint64_t keep_unmapped = 0);
   // Frees the block's pages and uncharges them; `block` is left empty. An
-  // arena being vacated is retired as soon as its last page goes.
+  // arena being vacated is retired as soon as its last page goes. A shared
+  // prefix block is let go instead: its pages stay while another table
+  // holds it, and cached after that (PrefixIndex).
   void Free(BlockAccount& account, Block& block);
+
+  // --- Shared prefixes (prefix_index.h; defined in block_pool_prefix.cc) ---
+  // Makes the full blocks of `table` that hold `tokens` (block i: tokens
+  // [i*B, (i+1)*B), B = block_tokens) shared prefix blocks of the tenant's
+  // index in `space` (model, formats and block size: blocks of one space
+  // have one shape), with `records` (their slots'); their bytes move from
+  // the account's own to its shared. A block whose tokens another table
+  // shared already stays the table's own (the chain goes on through that
+  // one). Returns how many leading blocks of `table` are now shared.
+  // INVALID_ARGUMENT, nothing changed, when a block already shared holds
+  // other tokens. REQUIRES: the caller checked the blocks hold these tokens
+  // in order, in the fill shape.
+  absl::StatusOr<uint64_t> SharePrefix(BlockAccount& account, const std::string& space,
+                                       std::span<const int32_t> tokens, uint32_t block_tokens,
+                                       std::vector<Block>& table,
+                                       std::span<const policies::SlotRecord> records);
+  // The longest chain of the tenant's shared blocks in `space` holding the
+  // leading full blocks of `tokens`, at most `max_blocks`, each now held by
+  // the account (cached ones revived).
+  AttachedPrefix AttachPrefix(BlockAccount& account, const std::string& space,
+                              std::span<const int32_t> tokens, uint32_t block_tokens,
+                              uint64_t max_blocks);
+  // Bytes of shared prefix blocks no table holds: cached, and given up
+  // whenever an allocation needs the room (free_bytes counts them free).
+  uint64_t cached_bytes() const;
 
   // Arenas being vacated. When the budget is short, Grow picks the arenas
   // whose pages fit in their tenant's other arenas (the sparsest first) and
@@ -168,12 +177,15 @@ class BlockPool {
   uint64_t pool_bytes() const { return options_.pool_bytes; }
   uint64_t superblock_bytes() const { return options_.superblock_bytes; }
   uint64_t used_bytes() const { return used_bytes_; }
-  uint64_t free_bytes() const { return options_.pool_bytes - std::min(options_.pool_bytes, used_bytes_); }
+  // Free, counting cached prefix blocks as free: allocations drop them.
+  uint64_t free_bytes() const;
   // How many blocks of `shape` `tenant` could allocate now, in its free page
   // slots, free superblocks and the arenas the pool budget still allows.
   // Less than free_bytes() / shape.bytes() when the free bytes are slots of
   // other size classes (a requantized block's pages are of new classes).
   uint64_t FreeBlocksFor(const std::string& tenant, const BlockShape& shape) const;
+  // The agent's own bytes plus the shared prefix blocks its tables hold:
+  // what its QoS limits.
   uint64_t agent_bytes(const std::string& agent_id) const;
   // Drops an agent's zero entry (its last session ended).
   void ForgetAgent(const std::string& agent_id);
@@ -181,10 +193,18 @@ class BlockPool {
 
   // Tenants, arenas, pages and the per-format counts of Stats.
   void Summarize(PoolSummary& out) const;
-  // Allocator invariants, and the pool's / tenants' / agents' counts against
-  // the totals of `accounts` (every session) and `pages` (their page count).
-  absl::Status CheckInvariants(const std::map<std::string, uint64_t>& agent_totals,
-                               uint64_t account_total, uint64_t pages) const;
+  // What CheckInvariants compares the pool's counts with, from every table.
+  struct Holdings {
+    std::map<std::string, uint64_t> agent_bytes;   // own bytes by agent
+    std::map<std::string, uint64_t> agent_shared;  // shared bytes held, by agent
+    uint64_t bytes = 0;                            // own bytes of every account
+    uint64_t pages = 0;                            // own pages of every account
+    // tenant -> prefix entry -> tables holding it.
+    std::map<std::string, std::map<PrefixId, uint32_t>> prefix_refs;
+  };
+  // Allocator and prefix index invariants, and the pool's / tenants' /
+  // agents' counts against `held`.
+  absl::Status CheckInvariants(const Holdings& held) const;
 
  private:
   struct Tenant {
@@ -193,6 +213,8 @@ class BlockPool {
     PageAllocator allocator;
     std::map<uint32_t, std::unique_ptr<Arena>> arenas;
     uint32_t num_sessions = 0;
+    PrefixIndex prefix;
+    uint64_t prefix_bytes = 0;  // its index's blocks, charged once
   };
 
   const Tenant& TenantOf(const std::string& name) const { return *tenants_.at(name); }
@@ -214,7 +236,20 @@ class BlockPool {
   // Live arenas plus what retired ones hold: what pool_bytes caps.
   uint64_t ChargedBytes() const;
   void ZeroPages(const Tenant& t, const Block& block);
+  absl::StatusOr<std::vector<Block>> AllocateOnce(Tenant& t, BlockAccount& account,
+                                                  const BlockShape& shape, uint64_t count,
+                                                  bool zero, uint64_t keep_unmapped);
+  // Frees the block's pages in `t` (uncharged by the caller); false if one
+  // was not allocated (a bug CheckInvariants reports as drifted counts).
+  bool FreePages(Tenant& t, Block& block);
   void Count(BlockAccount& account, const BlockShape& shape, int64_t sign);
+  // A block's charge to its tenant's prefix index (+1) or off it (-1).
+  void CountPrefix(Tenant& t, const BlockShape& shape, int64_t sign);
+  void CountShared(BlockAccount& account, uint64_t bytes, int64_t sign);
+  void FreePrefixBlock(Tenant& t, Block& block);
+  // Drops cached prefix blocks, `t`'s coldest first, then other tenants',
+  // until `need` bytes went or none are left. Returns the bytes dropped.
+  uint64_t DropCached(Tenant& t, uint64_t need);
 
   const BlockPoolOptions options_;
   std::map<std::string, std::unique_ptr<Tenant>> tenants_;
@@ -227,6 +262,8 @@ class BlockPool {
   // NOT_FOUND for its tenant (and PERMISSION_DENIED for everyone else).
   std::map<uint32_t, std::string> retired_owner_;
   std::map<std::string, uint64_t> agent_bytes_;
+  std::map<std::string, uint64_t> agent_shared_;
+  uint64_t prefix_dropped_blocks_ = 0;
   std::map<std::pair<PageFormat, bool>, uint64_t> pages_by_format_;
   uint64_t used_bytes_ = 0;
   uint32_t next_arena_id_ = 1;

@@ -84,15 +84,21 @@ void KvPool::CloseEventStreams() {
 
 absl::StatusOr<uint64_t> KvPool::TableBytes(const std::string& tenant,
                                              const std::vector<Block>& table,
-                                             absl::string_view who, uint64_t& pages) const {
+                                             absl::string_view who, BlockPool::Holdings& held,
+                                             uint64_t& shared) const {
   uint64_t b = 0;
   for (const Block& block : table) {
+    if (block.prefix != 0) {  // the index's pages: counted there, once
+      ++held.prefix_refs[tenant][block.prefix];
+      shared += block.bytes();
+      continue;
+    }
     for (PageId page : block.pages) {
       if (page == kNoPage) continue;  // a layer without these slots
       auto loc = blocks_.Locate(tenant, page);
       if (!loc.ok()) return absl::InternalError(absl::StrCat(who, ": ", loc.status().message()));
       b += loc->size_bytes;
-      ++pages;
+      ++held.pages;
     }
   }
   return b;
@@ -305,7 +311,7 @@ absl::StatusOr<ReserveResult> KvPool::Reserve(uint64_t session_id, absl::string_
     out.blocks.push_back(DescribeBlock(options_.superblock_bytes, s.tables.blocks.back(), index));
   }
   out.reserved_tokens = s.reserved_tokens();
-  out.session_bytes = s.account.bytes;
+  out.session_bytes = s.account.bytes + s.account.shared_bytes;
   out.new_arenas = blocks_.NewArenas(s.tenant(), s.known_arenas);
   return out;
 }
@@ -460,13 +466,22 @@ absl::StatusOr<ReleaseResult> KvPool::Release(uint64_t session_id, absl::string_
         "; keep more than ", late, " tokens, or 0 to start over"));
   }
   const uint64_t keep_blocks = (keep_tokens + s.block_tokens - 1) / s.block_tokens;
+  // The worker writes on from keep_tokens: never into a shared block.
+  if (keep_tokens % s.block_tokens != 0 && s.tables.blocks[keep_blocks - 1].prefix != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "keep_tokens ", keep_tokens, " ends inside block ", keep_blocks - 1,
+        ", a shared prefix block other sessions read: keep a multiple of ", s.block_tokens,
+        " tokens there (", (keep_blocks - 1) * s.block_tokens, " or ",
+        keep_blocks * s.block_tokens, ")"));
+  }
   while (s.tables.blocks.size() > keep_blocks) {
     blocks_.Free(s.account, s.tables.blocks.back());
     s.tables.blocks.pop_back();
   }
   s.tables.committed_tokens = std::min(s.tables.committed_tokens, keep_tokens);
   for (auto& list : s.policy.records) list.resize(s.tables.committed_tokens);
-  return ReleaseResult{s.reserved_tokens(), s.tables.committed_tokens, s.account.bytes};
+  return ReleaseResult{s.reserved_tokens(), s.tables.committed_tokens,
+                       s.account.bytes + s.account.shared_bytes};
 }
 
 uint64_t KvPool::DestroySession(uint64_t session_id, SessionEventMsg last_event,
@@ -492,6 +507,7 @@ uint64_t KvPool::DestroySession(uint64_t session_id, SessionEventMsg last_event,
     pending_bytes_ -= s.tables.pending_bytes;
     s.tables.pending_bytes = 0;
     s.account.bytes = 0;  // the quarantine's account holds them now
+    s.account.shared_bytes = 0;
     quarantine_.emplace(session_id, std::move(q));
   } else {
     for (auto* table : {&s.tables.blocks, &s.tables.staged}) {

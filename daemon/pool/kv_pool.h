@@ -49,6 +49,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -157,6 +158,24 @@ class KvPool {
   absl::StatusOr<ArenaFd> DupArenaFd(uint64_t session_id, absl::string_view token,
                                      const PeerCreds& peer, uint32_t arena_id);
 
+  // --- Shared prefixes (issue 42; kv_pool_prefix.cc, prefix_index.h) ---
+  // Shares the session's leading full blocks, which hold `token_ids` (its
+  // first tokens, committed and never compacted), with the later sessions
+  // of its tenant and model whose context starts the same way. Returns how
+  // many leading tokens of the session are in shared blocks now.
+  // FAILED_PRECONDITION when those slots were compacted, requantized or
+  // split by layer; INVALID_ARGUMENT for more ids than committed tokens.
+  absl::StatusOr<uint64_t> SharePrefix(uint64_t session_id, absl::string_view token,
+                                       const PeerCreds& peer,
+                                       std::span<const int32_t> token_ids);
+  // A fresh session (nothing reserved) takes the tenant's shared blocks that
+  // hold the leading full blocks of `token_ids`, as committed tokens its
+  // worker need not compute; as many as its agent's max_bytes allows (each
+  // session holding a shared block is charged its bytes, the pool once).
+  absl::StatusOr<AttachPrefixResult> AttachPrefix(uint64_t session_id, absl::string_view token,
+                                                  const PeerCreds& peer,
+                                                  std::span<const int32_t> token_ids);
+
   // --- Admin service ---
   PoolSummary Stats() const;
   std::vector<SessionSummary> ListSessions(absl::string_view tenant,
@@ -262,10 +281,13 @@ class KvPool {
   // the worker now knows.
   absl::StatusOr<Session*> Authorize(uint64_t id, absl::string_view token, const PeerCreds& peer,
                                      bool mutation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Bytes of `table`'s pages (each must be allocated in `tenant`; else
-  // INTERNAL naming `who`); adds their number to `pages`. For CheckInvariants.
+  // Bytes of `table`'s own pages (each must be allocated in `tenant`; else
+  // INTERNAL naming `who`); adds their number to held.pages, its shared
+  // blocks to held.prefix_refs and their bytes to `shared`. For
+  // CheckInvariants.
   absl::StatusOr<uint64_t> TableBytes(const std::string& tenant, const std::vector<Block>& table,
-                                      absl::string_view who, uint64_t& pages) const
+                                      absl::string_view who, BlockPool::Holdings& held,
+                                      uint64_t& shared) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Frees a quarantined session's pages and forgets it.
   void ReleaseQuarantined(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -391,6 +413,8 @@ class KvPool {
   std::map<uint64_t, Forward> forwards_ ABSL_GUARDED_BY(mu_);
   uint64_t shared_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // output blocks reusing old pages
   uint64_t copied_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // output blocks written anew
+  uint64_t prefix_hits_ ABSL_GUARDED_BY(mu_) = 0;    // full blocks attached
+  uint64_t prefix_misses_ ABSL_GUARDED_BY(mu_) = 0;  // full blocks asked for, not found
   uint64_t relocated_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // moved out of vacated arenas
   static constexpr size_t kMaxCompactionErrors = 16;
   std::vector<std::string> compaction_errors_ ABSL_GUARDED_BY(mu_);

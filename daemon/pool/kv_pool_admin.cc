@@ -42,19 +42,21 @@ absl::Status CheckLayerPresence(const Session& s) {
 
 absl::Status KvPool::CheckInvariants() const {
   absl::MutexLock lock(&mu_);
-  uint64_t session_bytes = 0, pages = 0, pending_total = 0;
-  std::map<std::string, uint64_t> by_agent;
+  BlockPool::Holdings held;
+  uint64_t pending_total = 0;
   for (const auto& [id, s] : sessions_) {
     const std::string who = absl::StrCat("session ", id);
-    uint64_t b = 0;
+    uint64_t b = 0, shared = 0;
     uint64_t pending = 0;
     for (const auto* table : {&s.tables.blocks, &s.tables.pending, &s.tables.staged}) {
-      auto tb = TableBytes(s.tenant(), *table, who, pages);
+      auto tb = TableBytes(s.tenant(), *table, who, held, shared);
       if (!tb.ok()) return tb.status();
       b += *tb;
       if (table == &s.tables.pending) pending = *tb;
     }
-    if (b != s.account.bytes) return absl::InternalError(absl::StrCat(who, " byte count drifted"));
+    if (b != s.account.bytes || shared != s.account.shared_bytes) {
+      return absl::InternalError(absl::StrCat(who, " byte count drifted"));
+    }
     if (pending != s.tables.pending_bytes) {
       return absl::InternalError(absl::StrCat(who, " pending byte count drifted"));
     }
@@ -73,18 +75,23 @@ absl::Status KvPool::CheckInvariants() const {
       return absl::InternalError(absl::StrCat(who, ": ", st.message()));
     }
     pending_total += pending;
-    session_bytes += b;
-    by_agent[s.agent_id()] += b;
+    held.bytes += b;
+    held.agent_bytes[s.agent_id()] += b;
+    held.agent_shared[s.agent_id()] += shared;
   }
   for (const auto& [id, q] : quarantine_) {
     const std::string who = absl::StrCat("quarantined session ", id);
-    auto b = TableBytes(q.account.tenant, q.blocks, who, pages);
+    uint64_t shared = 0;
+    auto b = TableBytes(q.account.tenant, q.blocks, who, held, shared);
     if (!b.ok()) return b.status();
-    if (*b != q.account.bytes) return absl::InternalError(absl::StrCat(who, " byte count drifted"));
-    session_bytes += *b;
-    by_agent[q.account.agent_id] += *b;
+    if (*b != q.account.bytes || shared != q.account.shared_bytes) {
+      return absl::InternalError(absl::StrCat(who, " byte count drifted"));
+    }
+    held.bytes += *b;
+    held.agent_bytes[q.account.agent_id] += *b;
+    held.agent_shared[q.account.agent_id] += shared;
   }
-  if (auto st = blocks_.CheckInvariants(by_agent, session_bytes, pages); !st.ok()) return st;
+  if (auto st = blocks_.CheckInvariants(held); !st.ok()) return st;
   if (pending_total != pending_bytes_) {
     return absl::InternalError(absl::StrCat("pending bytes: pool ", pending_bytes_, ", sessions ",
                                             pending_total));
@@ -110,6 +117,8 @@ PoolSummary KvPool::Stats() const {
   p.compaction_shared_blocks = shared_blocks_;
   p.compaction_copied_blocks = copied_blocks_;
   p.relocated_blocks = relocated_blocks_;
+  p.prefix_hit_blocks = prefix_hits_;
+  p.prefix_miss_blocks = prefix_misses_;
   p.compactions_by_policy.assign(compactions_.begin(), compactions_.end());
   p.evicted_tokens_by_policy.assign(evicted_tokens_.begin(), evicted_tokens_.end());
   p.merged_tokens_by_policy.assign(merged_tokens_.begin(), merged_tokens_.end());

@@ -78,7 +78,7 @@ absl::Status KvPool::StageBlocks(Session& s, const std::vector<BlockShape>& shap
 bool KvPool::FreeGradually(Session& s, std::vector<Block>& blocks, bool pending) {
   while (!blocks.empty()) {
     for (size_t i = 0; i < kBlocksPerStep && !blocks.empty(); ++i) {
-      const uint64_t bytes = blocks.back().bytes();
+      const uint64_t bytes = OwnBytes(blocks.back());
       blocks_.Free(s.account, blocks.back());
       blocks.pop_back();
       if (pending) {
@@ -121,7 +121,7 @@ absl::Status KvPool::RunStaged(Session& s, StagedRun& run) {
   BlockTables& t = s.tables;
   t.pending = run.Publish(s);
   t.pending_bytes = 0;
-  for (const Block& b : t.pending) t.pending_bytes += b.bytes();
+  for (const Block& b : t.pending) t.pending_bytes += OwnBytes(b);
   pending_bytes_ += t.pending_bytes;
   ++t.epoch;
   t.pending_epoch = t.epoch;

@@ -217,6 +217,8 @@ void KvPool::DescribeRequant(const Session& s, LadderCandidate& c) const {
   uint64_t saved = 0;
   for (size_t b = 0; b < cold; ++b) {
     const Block& block = s.tables.blocks[b];
+    // A shared block's copy would add memory, not save it.
+    if (block.prefix != 0) continue;
     if (kernels::FormatBits(block.shape.value_format) <= kernels::FormatBits(to)) continue;
     const absl::StatusOr<BlockShape> shape =
         block.shape.key_format == s.shape.key_format

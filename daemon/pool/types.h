@@ -90,6 +90,10 @@ struct ArenaFd {
   uint64_t size_bytes = 0;
 };
 
+// A shared prefix block's entry in its tenant's index (prefix_index.h); 0:
+// a private block.
+using PrefixId = uint64_t;
+
 struct PageDesc {
   PageId page_id = kNoPage;
   uint32_t arena_id = 0;
@@ -133,6 +137,13 @@ struct ReserveResult {
   uint64_t reserved_tokens = 0;
   uint64_t session_bytes = 0;
   std::vector<ArenaExport> new_arenas;
+};
+
+// A fresh session's shared prefix (KvPool::AttachPrefix): its first
+// `attached_tokens` tokens, committed, in the blocks described.
+struct AttachPrefixResult {
+  uint64_t attached_tokens = 0;
+  ReserveResult reserve;
 };
 
 // Where a moved session went (session_move.h), as its worker learns at its
@@ -245,6 +256,14 @@ struct PoolSummary {
   // Sparsely used arenas whose pages move out at their sessions' next Sync.
   uint64_t vacating_arenas = 0;
   uint64_t relocated_blocks = 0;  // counter: blocks moved out of them
+  // Shared prefixes (prefix_index.h): bytes of blocks tables hold, of
+  // cached ones no table holds; counters of full blocks attached (hits) and
+  // asked for but not found (misses), and of cached blocks dropped for room.
+  uint64_t prefix_shared_bytes = 0;
+  uint64_t prefix_cached_bytes = 0;
+  uint64_t prefix_hit_blocks = 0;
+  uint64_t prefix_miss_blocks = 0;
+  uint64_t prefix_dropped_blocks = 0;
 };
 
 // Daemon events delivered to a session's watchers.

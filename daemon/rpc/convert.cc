@@ -330,6 +330,12 @@ void ToProto(const PoolSummary& in, v1::Stats* out) {
   out->set_draining(in.draining);
   out->set_lease_expiries(in.lease_expiries);
   out->set_refused_reservations(in.refused_reservations);
+  v1::PrefixStats* prefix = out->mutable_prefix();
+  prefix->set_shared_bytes(in.prefix_shared_bytes);
+  prefix->set_cached_bytes(in.prefix_cached_bytes);
+  prefix->set_hit_blocks(in.prefix_hit_blocks);
+  prefix->set_miss_blocks(in.prefix_miss_blocks);
+  prefix->set_dropped_blocks(in.prefix_dropped_blocks);
 }
 
 }  // namespace polykv::daemon

@@ -1,5 +1,7 @@
 #include "daemon/rpc/session_service.h"
 
+#include <span>
+
 #include "absl/strings/str_cat.h"
 #include "daemon/log.h"
 #include "daemon/rpc/convert.h"
@@ -8,6 +10,10 @@
 
 namespace polykv::daemon {
 namespace {
+
+std::span<const int32_t> TokenIds(const google::protobuf::RepeatedField<int32_t>& ids) {
+  return {ids.data(), static_cast<size_t>(ids.size())};
+}
 
 // A line about a session of `uid` (opened, closed, refused): a burst per
 // period for each uid and kind, then counted (one worker opening and closing
@@ -82,6 +88,33 @@ grpc::Status SessionService::Reserve(grpc::ServerContext* c, const v1::ReserveRe
     resp->set_reserved_tokens(out->reserved_tokens);
     resp->set_session_bytes(out->session_bytes);
     for (const auto& a : out->new_arenas) ToProto(a, resp->add_new_arenas());
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status SessionService::SharePrefix(grpc::ServerContext* c,
+                                         const v1::SharePrefixRequest* req,
+                                         v1::SharePrefixResponse* resp) {
+  return Handle(ctx_, c, "SharePrefix", [&](const PeerCreds& peer) -> absl::Status {
+    auto out = ctx_.pool->SharePrefix(req->session().session_id(), req->session().token(), peer,
+                                      TokenIds(req->token_ids()));
+    if (!out.ok()) return out.status();
+    resp->set_shared_tokens(*out);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status SessionService::AttachPrefix(grpc::ServerContext* c,
+                                          const v1::AttachPrefixRequest* req,
+                                          v1::AttachPrefixResponse* resp) {
+  return Handle(ctx_, c, "AttachPrefix", [&](const PeerCreds& peer) -> absl::Status {
+    auto out = ctx_.pool->AttachPrefix(req->session().session_id(), req->session().token(),
+                                       peer, TokenIds(req->token_ids()));
+    if (!out.ok()) return out.status();
+    resp->set_attached_tokens(out->attached_tokens);
+    for (const auto& b : out->reserve.blocks) ToProto(b, resp->add_blocks());
+    resp->set_session_bytes(out->reserve.session_bytes);
+    for (const auto& a : out->reserve.new_arenas) ToProto(a, resp->add_new_arenas());
     return absl::OkStatus();
   });
 }

@@ -16,6 +16,10 @@ class SessionService final : public v1::Session::Service {
                              v1::OpenSessionResponse* resp) override;
   grpc::Status Reserve(grpc::ServerContext* c, const v1::ReserveRequest* req,
                        v1::ReserveResponse* resp) override;
+  grpc::Status SharePrefix(grpc::ServerContext* c, const v1::SharePrefixRequest* req,
+                           v1::SharePrefixResponse* resp) override;
+  grpc::Status AttachPrefix(grpc::ServerContext* c, const v1::AttachPrefixRequest* req,
+                            v1::AttachPrefixResponse* resp) override;
   grpc::Status Commit(grpc::ServerContext* c, const v1::CommitRequest* req,
                       v1::CommitResponse* resp) override;
   grpc::Status Sync(grpc::ServerContext* c, const v1::SyncRequest* req,

@@ -13,6 +13,13 @@
 //         --offset O --page-id P --page-bytes N --seed X --cuda-device D
 //         maps a device arena in this process (fd socket, VMM import) and
 //         checks that the page holds the pattern another process wrote
+//   share --socket S --tenant T --agent A --tokens N --seed X --ids Y
+//         like hang, and shares its N tokens (SharePrefix) as ids Y, Y+1, ...;
+//         adds "shared" (tokens shared) to its line, then waits until killed
+//   attach --socket S --tenant T --agent A --tokens N --seed X --ids Y [--hold-ms M]
+//         a fresh session attaches (AttachPrefix) ids Y, Y+1, ... (N of them),
+//         waits M ms, then checks that every attached page still holds the
+//         pattern seed X wrote (the sharer's); adds "attached" to its line
 //   forge --socket S --session ID --token HEX                    (reserve with it)
 //   fetch --socket S --session ID --token HEX --arena ID         (fd socket)
 //   agent --socket S --tenant T --agent A --tokens N --seed X --step K --budget B
@@ -168,7 +175,60 @@ int Resume(polykv::Client& client, polykv::Session& stale, const polykv::Session
   return reopen.ok() ? 0 : 1;
 }
 
-// mode: "run", "hang" or "resume".
+// The session every mode opens: 4 layers of exact f32 pages on 16-token
+// blocks, whatever the agent's QoS (the tests count these pages' bytes and
+// check their values exactly).
+polykv::SessionOptions TestSessionOptions(const std::map<std::string, std::string>& f) {
+  polykv::SessionOptions o;
+  o.agent_id = f.at("--agent");
+  o.tenant = f.at("--tenant");
+  o.profile = {4, 2, 64, polykv::DType::kF32, "test"};
+  o.key_format = o.value_format = polykv::PageFormat::kF32;
+  o.block_tokens = 16;
+  o.lease_ms = static_cast<uint32_t>(Num(f, "--lease-ms", 0));
+  if (Num(f, "--device", 0) != 0) o.page_memory = polykv::PageMemory::kDevice;
+  return o;
+}
+
+std::vector<int32_t> PrefixIds(const std::map<std::string, std::string>& f) {
+  std::vector<int32_t> ids(Num(f, "--tokens", 64));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(Num(f, "--ids") + i);
+  return ids;
+}
+
+// The bytes of `blocks`' pages that differ from their pattern under `seed`.
+absl::StatusOr<uint64_t> BlocksOffPattern(const std::vector<polykv::Block>& blocks,
+                                          uint64_t seed) {
+  uint64_t bad = 0;
+  for (const auto& b : blocks) {
+    for (const auto& p : b.pages) {
+      auto off = BytesOffPattern(p.addr, p.on_device, p.size_bytes, seed, p.page_id);
+      if (!off.ok()) return off.status();
+      bad += *off;
+    }
+  }
+  return bad;
+}
+
+// attach: a fresh session takes the shared prefix and reads the sharer's pages.
+int Attach(polykv::Client& client, const std::map<std::string, std::string>& f) {
+  auto session = client.OpenSession(TestSessionOptions(f));
+  if (!session.ok()) return Report(session.status());
+  auto& s = **session;
+  auto attached = s.AttachPrefix(PrefixIds(f));
+  if (!attached.ok()) return Report(attached.status());
+  usleep(static_cast<useconds_t>(Num(f, "--hold-ms", 0) * 1000));
+  auto bad = BlocksOffPattern(s.blocks(), Num(f, "--seed", 1));
+  const std::string extra = absl::StrCat(",\"attached\":", *attached);
+  if (!bad.ok()) return Report(bad.status(), extra);
+  if (*bad) {
+    return Report(absl::DataLossError(absl::StrCat(*bad, " bytes of the sharer's pattern changed")),
+                  extra);
+  }
+  return Report(s.Close(), extra);
+}
+
+// mode: "run", "hang", "resume", "share" or "attach".
 int RunWorker(const std::map<std::string, std::string>& f, const std::string& mode) {
   sigset_t wake;
   sigemptyset(&wake);
@@ -179,16 +239,8 @@ int RunWorker(const std::map<std::string, std::string>& f, const std::string& mo
   if (mode == "resume") pthread_sigmask(SIG_BLOCK, &wake, nullptr);
   auto client = polykv::Client::Connect(f.at("--socket"));
   if (!client.ok()) return Report(client.status());
-  polykv::SessionOptions o;
-  o.agent_id = f.at("--agent");
-  o.tenant = f.at("--tenant");
-  o.profile = {4, 2, 64, polykv::DType::kF32, "test"};
-  // Exact f32 pages on 16-token blocks, whatever the agent's QoS: the tests
-  // count these pages' bytes and check their values exactly.
-  o.key_format = o.value_format = polykv::PageFormat::kF32;
-  o.block_tokens = 16;
-  o.lease_ms = static_cast<uint32_t>(Num(f, "--lease-ms", 0));
-  if (Num(f, "--device", 0) != 0) o.page_memory = polykv::PageMemory::kDevice;
+  if (mode == "attach") return Attach(**client, f);
+  const polykv::SessionOptions o = TestSessionOptions(f);
   auto session = (*client)->OpenSession(o);
   if (!session.ok()) return Report(session.status());
   auto& s = **session;
@@ -216,7 +268,12 @@ int RunWorker(const std::map<std::string, std::string>& f, const std::string& mo
                     first.offset, ",\"page_id\":", first.page_id, ",\"page_bytes\":",
                     first.size_bytes, ",\"cuda_device\":", s.info().cuda_device);
   }
-  if (mode == "hang") {
+  if (mode == "share") {
+    auto shared = s.SharePrefix(PrefixIds(f));
+    if (!shared.ok()) return Report(shared.status(), extra);
+    absl::StrAppend(&extra, ",\"shared\":", *shared);
+  }
+  if (mode == "hang" || mode == "share") {
     Report(absl::OkStatus(), extra);
     while (true) pause();
   }
@@ -228,16 +285,10 @@ int RunWorker(const std::map<std::string, std::string>& f, const std::string& mo
   }
   // Another process may write to its own pages meanwhile; ours must stay intact.
   usleep(static_cast<useconds_t>(Num(f, "--hold-ms", 0) * 1000));
-  uint64_t bad = 0;
-  for (const auto& b : s.blocks()) {
-    for (const auto& p : b.pages) {
-      auto off = BytesOffPattern(p.addr, p.on_device, p.size_bytes, seed, p.page_id);
-      if (!off.ok()) return Report(off.status(), extra);
-      bad += *off;
-    }
-  }
-  if (bad) {
-    return Report(absl::DataLossError(absl::StrCat(bad, " bytes of the pattern changed")), extra);
+  auto bad = BlocksOffPattern(s.blocks(), seed);
+  if (!bad.ok()) return Report(bad.status(), extra);
+  if (*bad) {
+    return Report(absl::DataLossError(absl::StrCat(*bad, " bytes of the pattern changed")), extra);
   }
   return Report(s.Close(), extra);
 }
@@ -483,13 +534,16 @@ int RunAgent(const std::map<std::string, std::string>& f) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
-                 "usage: polykv-test-worker run|hang|resume|agent|forge|fetch|peek --flag value "
-                 "...\n");
+                 "usage: polykv-test-worker run|hang|resume|share|attach|agent|forge|fetch|peek "
+                 "--flag value ...\n");
     return 2;
   }
   const std::string mode = argv[1];
   auto f = Flags(argc, argv);
-  if (mode == "run" || mode == "hang" || mode == "resume") return RunWorker(f, mode);
+  if (mode == "run" || mode == "hang" || mode == "resume" || mode == "share" ||
+      mode == "attach") {
+    return RunWorker(f, mode);
+  }
   if (mode == "agent") return RunAgent(f);
   polykv::SessionRef ref{Num(f, "--session"), absl::HexStringToBytes(f["--token"])};
   if (mode == "forge") return Report(polykv::ReserveRaw(f.at("--socket"), ref, 16).status());

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,23 @@ class Session {
   virtual absl::Status Idle() { return absl::OkStatus(); }
   virtual absl::Status Release(uint64_t keep_tokens) = 0;
   virtual absl::Status Close() = 0;
+
+  // --- Shared prefixes (docs/prefix-sharing.md) ---
+  // Offers the session's leading full blocks, which hold `token_ids` (the
+  // session's first tokens, written and committed, not compacted), to later
+  // sessions of the same tenant and model. Returns how many leading tokens
+  // are in shared blocks now. Sharing never copies: the blocks stay where
+  // they are, read-only from then on for everyone.
+  virtual absl::StatusOr<uint64_t> SharePrefix(std::span<const int32_t> token_ids) {
+    return absl::UnimplementedError("SharePrefix");
+  }
+  // On a fresh session (before the first Reserve): takes the longest run of
+  // shared blocks holding the leading full blocks of `token_ids`. Returns
+  // how many tokens that is: they are committed, blocks() holds them, and
+  // the worker computes the context from there on. 0 when nothing matched.
+  virtual absl::StatusOr<uint64_t> AttachPrefix(std::span<const int32_t> token_ids) {
+    return absl::UnimplementedError("AttachPrefix");
+  }
   // All blocks of the session in order, as last reserved or synced.
   virtual const std::vector<Block>& blocks() const = 0;
   virtual uint64_t reserved_tokens() const = 0;

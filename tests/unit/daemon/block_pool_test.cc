@@ -48,13 +48,13 @@ class BlockPoolTest : public ::testing::Test {
   // The pool's own counts against what the test's accounts hold.
   void Check(const BlockPool& p, const std::vector<const BlockAccount*>& accounts,
              uint64_t pages) {
-    std::map<std::string, uint64_t> agents;
-    uint64_t total = 0;
+    BlockPool::Holdings held;
+    held.pages = pages;
     for (const BlockAccount* a : accounts) {
-      agents[a->agent_id] += a->bytes;
-      total += a->bytes;
+      held.agent_bytes[a->agent_id] += a->bytes;
+      held.bytes += a->bytes;
     }
-    auto s = p.CheckInvariants(agents, total, pages);
+    auto s = p.CheckInvariants(held);
     ASSERT_TRUE(s.ok()) << s;
   }
 

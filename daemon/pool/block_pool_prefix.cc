@@ -1,0 +1,140 @@
+// BlockPool's shared prefix blocks (block_pool.h, prefix_index.h): sharing a
+// session's full blocks, attaching them to another session, their charge
+// (once, to the tenant's index), and dropping cached ones for room.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/pool/block_pool.h"
+
+namespace polykv::daemon {
+
+void BlockPool::CountPrefix(Tenant& t, const BlockShape& shape, int64_t sign) {
+  const uint64_t b = shape.bytes();
+  used_bytes_ = sign > 0 ? used_bytes_ + b : used_bytes_ - b;
+  t.prefix_bytes = sign > 0 ? t.prefix_bytes + b : t.prefix_bytes - b;
+  pages_by_format_[{shape.key_format, false}] += uint64_t(sign * int64_t(shape.layers));
+  pages_by_format_[{shape.value_format, true}] += uint64_t(sign * int64_t(shape.layers));
+}
+
+void BlockPool::CountShared(BlockAccount& account, uint64_t bytes, int64_t sign) {
+  uint64_t& agent = agent_shared_[account.agent_id];
+  if (sign > 0) {
+    account.shared_bytes += bytes;
+    agent += bytes;
+  } else {
+    account.shared_bytes -= bytes;
+    agent -= bytes;
+  }
+}
+
+void BlockPool::FreePrefixBlock(Tenant& t, Block& block) {
+  const BlockShape shape = block.shape;
+  if (FreePages(t, block)) CountPrefix(t, shape, -1);
+}
+
+uint64_t BlockPool::cached_bytes() const {
+  uint64_t n = 0;
+  for (const auto& [name, t] : tenants_) n += t->prefix.cached_bytes();
+  return n;
+}
+
+uint64_t BlockPool::free_bytes() const {
+  const uint64_t used = used_bytes_ - cached_bytes();
+  return options_.pool_bytes - std::min(options_.pool_bytes, used);
+}
+
+uint64_t BlockPool::DropCached(Tenant& t, uint64_t need) {
+  uint64_t dropped = 0;
+  while (dropped < need) {
+    // The tenant's own first (their room is its own at once), then the
+    // tenant caching most: its emptied arenas go back to the pool.
+    Tenant* from = t.prefix.Coldest() ? &t : nullptr;
+    for (auto& [name, other] : tenants_) {
+      if (from == &t) break;
+      const uint64_t cached = other->prefix.cached_bytes();
+      if (cached > 0 && (from == nullptr || cached > from->prefix.cached_bytes())) {
+        from = other.get();
+      }
+    }
+    if (from == nullptr) break;
+    for (Block& b : from->prefix.Drop(*from->prefix.Coldest())) {
+      dropped += b.bytes();
+      ++prefix_dropped_blocks_;
+      FreePrefixBlock(*from, b);
+    }
+    if (from != &t && from->num_sessions == 0) RetireEmptyArenas(*from);
+  }
+  return dropped;
+}
+
+absl::StatusOr<uint64_t> BlockPool::SharePrefix(BlockAccount& account, const std::string& space,
+                                                std::span<const int32_t> tokens,
+                                                uint32_t block_tokens, std::vector<Block>& table,
+                                                std::span<const policies::SlotRecord> records) {
+  Tenant& t = *tenants_.at(account.tenant);
+  const uint64_t n = std::min<uint64_t>(tokens.size() / block_tokens, table.size());
+  auto block_tokens_of = [&](uint64_t i) { return tokens.subspan(i * block_tokens, block_tokens); };
+  // Checked whole before anything changes.
+  PrefixId parent = t.prefix.Root(space);
+  for (uint64_t i = 0; i < n; ++i) {
+    if (table[i].prefix == 0) break;
+    const PrefixIndex::Entry& e = t.prefix.Get(table[i].prefix);
+    const auto own = block_tokens_of(i);
+    if (e.parent != parent || !std::ranges::equal(e.tokens, own)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block ", i, " is a shared prefix block of other tokens than the ids given for "
+          "tokens [", i * block_tokens, ", ", (i + 1) * block_tokens, ")"));
+    }
+    parent = table[i].prefix;
+  }
+  parent = t.prefix.Root(space);
+  uint64_t shared = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    Block& b = table[i];
+    const auto own = block_tokens_of(i);
+    if (b.prefix != 0) {
+      parent = b.prefix;
+    } else if (auto found = t.prefix.Find(parent, own)) {
+      parent = *found;  // shared by another table already: ours stays its own
+      continue;
+    } else {
+      Count(account, b.shape, -1);
+      CountPrefix(t, b.shape, +1);
+      CountShared(account, b.bytes(), +1);
+      parent = t.prefix.Insert(parent, own, b,
+                               {records.begin() + i * block_tokens,
+                                records.begin() + (i + 1) * block_tokens});
+    }
+    if (shared == i) ++shared;
+  }
+  return shared;
+}
+
+AttachedPrefix BlockPool::AttachPrefix(BlockAccount& account, const std::string& space,
+                                       std::span<const int32_t> tokens, uint32_t block_tokens,
+                                       uint64_t max_blocks) {
+  Tenant& t = *tenants_.at(account.tenant);
+  AttachedPrefix out;
+  PrefixId parent = t.prefix.Root(space);
+  const uint64_t n = std::min<uint64_t>(tokens.size() / block_tokens, max_blocks);
+  for (uint64_t i = 0; i < n; ++i) {
+    auto found = t.prefix.Find(parent, tokens.subspan(i * block_tokens, block_tokens));
+    if (!found) break;
+    parent = *found;
+    out.blocks.push_back(t.prefix.Get(parent).block);
+  }
+  // Referenced leaf first, so an ancestor is used more recently than its
+  // descendants and never dropped before them.
+  for (auto b = out.blocks.rbegin(); b != out.blocks.rend(); ++b) {
+    t.prefix.Ref(b->prefix);
+    CountShared(account, b->bytes(), +1);
+  }
+  for (const Block& b : out.blocks) {
+    const auto& r = t.prefix.Get(b.prefix).records;
+    out.records.insert(out.records.end(), r.begin(), r.end());
+  }
+  return out;
+}
+
+}  // namespace polykv::daemon

@@ -1,0 +1,258 @@
+// Shared prefix blocks (issue 42): a session shares its leading full blocks,
+// a fresh session of the same tenant and model attaches them and reads the
+// sharer's pages; copy on write when a compaction or requantization of one
+// session touches them; cached after the last session, revived, dropped for
+// room; never found across tenants or models; accounting exact throughout.
+// The test plays the workers (paged_session_fixture.h) and checks every
+// slot's content against the pattern of its position.
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "daemon/pool/kv_pool.h"
+#include "tests/unit/daemon/paged_session_fixture.h"
+
+namespace polykv::daemon {
+namespace {
+
+class PrefixSharingTest : public PagedSessionTest {
+ protected:
+  // Token ids of a context: n ids from `seed` on.
+  static std::vector<int32_t> Ids(size_t n, int32_t seed = 100) {
+    std::vector<int32_t> ids(n);
+    std::iota(ids.begin(), ids.end(), seed);
+    return ids;
+  }
+
+  // Attaches like a worker: the shared blocks become the session's first
+  // committed tokens, positions 0 .. n - 1.
+  absl::StatusOr<uint64_t> Attach(Sess& s, const std::vector<int32_t>& ids) {
+    auto r = pool_->AttachPrefix(s.id, s.token, peer_, ids);
+    if (!r.ok()) return r.status();
+    Map(s.id, s.token, r->reserve.new_arenas);
+    s.blocks = r->reserve.blocks;
+    s.committed = r->attached_tokens;
+    s.positions.resize(s.committed);
+    std::iota(s.positions.begin(), s.positions.end(), 0);
+    s.next_pos = static_cast<int64_t>(s.committed);
+    EXPECT_EQ(r->reserve.reserved_tokens, s.committed);
+    return s.committed;
+  }
+
+  absl::StatusOr<uint64_t> Share(const Sess& s, const std::vector<int32_t>& ids) {
+    return pool_->SharePrefix(s.id, s.token, peer_, ids);
+  }
+
+  static constexpr uint64_t kBlockBytes = 2ull * kLayers * kBlock * kHeads * kDim * 4;
+};
+
+TEST_F(PrefixSharingTest, AFreshSessionAttachesTheSharedBlocksAndReadsTheSharersPages) {
+  Sess a = Open("a");
+  ASSERT_TRUE(Append(a, 40).ok());
+  const std::vector<int32_t> ids = Ids(40);
+  // Two full blocks; the third holds 8 tokens and is not shared.
+  EXPECT_EQ(Share(a, ids).value(), 32u);
+  const uint64_t used = pool_->used_bytes();
+  Check();
+
+  Sess b = Open("b");
+  std::vector<int32_t> longer = Ids(70);  // same start, more of its own
+  ASSERT_EQ(Attach(b, longer).value(), 32u);
+  EXPECT_EQ(pool_->used_bytes(), used);  // nothing new in memory
+  for (size_t i = 0; i < 2; ++i) {
+    for (size_t p = 0; p < a.blocks[i].pages.size(); ++p) {
+      EXPECT_EQ(b.blocks[i].pages[p].page_id, a.blocks[i].pages[p].page_id);
+    }
+  }
+  VerifyContent(b);
+  Check();
+  // b goes on in its own pages; a's are untouched.
+  ASSERT_TRUE(Append(b, 20).ok());
+  VerifyContent(b);
+  VerifyContent(a);
+  PoolSummary st = pool_->Stats();
+  EXPECT_EQ(st.prefix_hit_blocks, 2u);
+  EXPECT_EQ(st.prefix_miss_blocks, 2u);  // blocks 2 and 3 of b's ids
+  EXPECT_EQ(st.prefix_shared_bytes, 2 * kBlockBytes);
+  EXPECT_EQ(st.prefix_cached_bytes, 0u);
+  Check();
+  // Sharing again (or past what is shared) changes nothing shared.
+  EXPECT_EQ(Share(a, ids).value(), 32u);
+  EXPECT_EQ(pool_->Stats().prefix_shared_bytes, 2 * kBlockBytes);
+  Check();
+  ASSERT_TRUE(pool_->Close(a.id, a.token, peer_).ok());
+  VerifyContent(b);  // the shared pages live on while b holds them
+  Check();
+  ASSERT_TRUE(pool_->Close(b.id, b.token, peer_).ok());
+  Check();
+}
+
+TEST_F(PrefixSharingTest, OtherTenantsModelsAndContextsFindNothing) {
+  Sess a = Open("a");
+  ASSERT_TRUE(Append(a, 48).ok());
+  ASSERT_EQ(Share(a, Ids(48)).value(), 48u);
+
+  Sess other_tenant = Open("a", kLayers, "t2");
+  EXPECT_EQ(Attach(other_tenant, Ids(48)).value(), 0u);
+  Sess other_model = Open("a", kLayers, "t1", "another-model");
+  EXPECT_EQ(Attach(other_model, Ids(48)).value(), 0u);
+  Sess other_start = Open("a");
+  EXPECT_EQ(Attach(other_start, Ids(48, 101)).value(), 0u);
+  // Differing in the second block: the first one only.
+  std::vector<int32_t> ids = Ids(48);
+  ids[20] = -7;
+  Sess second_differs = Open("a");
+  EXPECT_EQ(Attach(second_differs, ids).value(), 16u);
+  VerifyContent(second_differs);
+  EXPECT_EQ(pool_->Stats().prefix_hit_blocks, 1u);
+  Check();
+}
+
+TEST_F(PrefixSharingTest, ACompactionOfOneSessionCopiesTheSharedBlocksItRewrites) {
+  Sess a = Open("a");
+  ASSERT_TRUE(Append(a, 48).ok());
+  ASSERT_EQ(Share(a, Ids(48)).value(), 48u);
+  // b keeps heavy hitters inside shared block 0 and its recent tokens: its
+  // slots no longer line up with the shared blocks.
+  SetQos("b", "h2o", 32);
+  Sess b = Open("b");
+  ASSERT_EQ(Attach(b, Ids(48)).value(), 48u);
+  ASSERT_TRUE(Append(b, 10).ok());
+  std::vector<float> attn(58, 0.01f);
+  attn[5] = 50.f;
+  attn[9] = 40.f;
+  ReportSlotsRequest r;
+  Values(r, ScoreStream::kAttention) = attn;
+  ASSERT_TRUE(pool_->ReportSlots(b.id, b.token, peer_, r).ok());
+  auto changed = Sync(b);  // checks every slot of b's new tables, acks
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  ASSERT_TRUE(*changed);
+  EXPECT_EQ(b.committed, 26u);
+  EXPECT_EQ(b.positions[0], 5);
+  EXPECT_EQ(b.positions[1], 9);
+  // b wrote its own pages and let the shared ones go; a's read as before.
+  for (const BlockDesc& blk : b.blocks) {
+    for (const BlockDesc& shared : a.blocks) {
+      EXPECT_NE(blk.pages[0].page_id, shared.pages[0].page_id);
+    }
+  }
+  VerifyContent(a);
+  EXPECT_EQ(pool_->Stats().prefix_shared_bytes, 3 * kBlockBytes);  // held by a only
+  EXPECT_EQ(pool_->used_bytes(), 5 * kBlockBytes);                 // a's three, b's two
+  Check();
+  // A window that drops whole blocks keeps the shared ones it keeps, by reference.
+  SetQos("c", "window", 32);
+  Sess c = Open("c");
+  ASSERT_EQ(Attach(c, Ids(48)).value(), 48u);
+  ASSERT_TRUE(Append(c, 16).ok());  // 64: the window drops blocks 0 and 1
+  ASSERT_TRUE(Sync(c).value());
+  EXPECT_EQ(c.blocks[0].pages[0].page_id, a.blocks[2].pages[0].page_id);
+  VerifyContent(a);
+  Check();
+}
+
+TEST_F(PrefixSharingTest, CachedAfterTheLastSessionRevivedThenDroppedForRoom) {
+  pool_ = MakePool(2 * kMiB);
+  arenas_.Reset(pool_.get());
+  Sess a = Open("a");
+  ASSERT_TRUE(Append(a, 64).ok());
+  ASSERT_EQ(Share(a, Ids(64)).value(), 64u);
+  ASSERT_TRUE(pool_->Close(a.id, a.token, peer_).ok());
+  PoolSummary st = pool_->Stats();
+  EXPECT_EQ(st.prefix_cached_bytes, 4 * kBlockBytes);
+  EXPECT_EQ(st.used_bytes, 4 * kBlockBytes);
+  Check();
+
+  Sess b = Open("b");
+  ASSERT_EQ(Attach(b, Ids(64)).value(), 64u);  // revived
+  VerifyContent(b);
+  EXPECT_EQ(pool_->Stats().prefix_cached_bytes, 0u);
+  ASSERT_TRUE(pool_->Close(b.id, b.token, peer_).ok());
+  Check();
+
+  // Another context wants the whole pool: the cached blocks make room.
+  Sess c = Open("c");
+  const uint64_t blocks = 2 * kMiB / kBlockBytes - 2;
+  auto appended = Append(c, static_cast<int>(blocks * kBlock));
+  ASSERT_TRUE(appended.ok()) << appended;
+  // As many as the room needed, the coldest first: the last blocks of the
+  // chain (an attach refreshes a chain's first blocks last).
+  st = pool_->Stats();
+  EXPECT_EQ(st.prefix_dropped_blocks, 2u);
+  EXPECT_EQ(st.prefix_cached_bytes, 2 * kBlockBytes);
+  VerifyContent(c);
+  Check();
+  Sess d = Open("d");
+  EXPECT_EQ(Attach(d, Ids(64)).value(), 32u);
+  VerifyContent(d);
+  Check();
+}
+
+TEST_F(PrefixSharingTest, BadCallsAreRefusedAndChangeNothing) {
+  Sess a = Open("a");
+  ASSERT_TRUE(Append(a, 32).ok());
+  // More ids than committed tokens.
+  EXPECT_TRUE(absl::IsInvalidArgument(Share(a, Ids(33)).status()));
+  ASSERT_EQ(Share(a, Ids(32)).value(), 32u);
+  // Ids that contradict what block 0 was shared as.
+  EXPECT_TRUE(absl::IsInvalidArgument(Share(a, Ids(32, 5)).status()));
+  // A session that reserved already cannot attach.
+  EXPECT_TRUE(absl::IsFailedPrecondition(pool_->AttachPrefix(a.id, a.token, peer_, Ids(32))
+                                             .status()));
+  // A forged token.
+  std::string forged = a.token;
+  forged[0] ^= 1;
+  EXPECT_TRUE(absl::IsPermissionDenied(pool_->SharePrefix(a.id, forged, peer_, Ids(32))
+                                           .status()));
+  Sess b = Open("b");
+  EXPECT_TRUE(absl::IsPermissionDenied(pool_->AttachPrefix(b.id, forged, peer_, Ids(32))
+                                           .status()));
+  ASSERT_EQ(Attach(b, Ids(32)).value(), 32u);
+  // The worker would write on from keep_tokens: not inside a shared block.
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      pool_->Release(b.id, b.token, peer_, 20).status()));
+  EXPECT_EQ(pool_->Release(b.id, b.token, peer_, 16).value().committed_tokens, 16u);
+  VerifyContent(a);
+  Check();
+  // A compacted session's slots are no longer its first tokens in order.
+  SetQos("c", "window", 32);
+  Sess c = Open("c");
+  ASSERT_TRUE(Append(c, 48).ok());
+  ASSERT_TRUE(Sync(c).value());
+  EXPECT_TRUE(absl::IsFailedPrecondition(Share(c, Ids(32, 900)).status()));
+  Check();
+}
+
+TEST_F(PrefixSharingTest, AnAgentsCapCountsTheSharedBlocksItsSessionsHold) {
+  Sess a = Open("a");
+  ASSERT_TRUE(Append(a, 64).ok());
+  ASSERT_EQ(Share(a, Ids(64)).value(), 64u);
+  QosRecord q;
+  q.agent_id = "capped";
+  q.max_bytes = 2 * kBlockBytes + kBlockBytes / 2;
+  ASSERT_TRUE(pool_->SetQos(q).ok());
+  Sess b = Open("capped");
+  EXPECT_EQ(Attach(b, Ids(64)).value(), 32u);
+  // Its cap is reached: no room for a block of its own.
+  EXPECT_TRUE(absl::IsResourceExhausted(pool_->Reserve(b.id, b.token, peer_, 16).status()));
+  Check();
+}
+
+TEST_F(PrefixSharingTest, AnEvictedSessionLetsItsSharedBlocksGo) {
+  Sess a = Open("a");
+  ASSERT_TRUE(Append(a, 32).ok());
+  ASSERT_EQ(Share(a, Ids(32)).value(), 32u);
+  Sess b = Open("b");
+  ASSERT_EQ(Attach(b, Ids(32)).value(), 32u);
+  ASSERT_TRUE(pool_->Evict(b.id, "test").ok());
+  Check();
+  ASSERT_TRUE(pool_->Close(a.id, a.token, peer_).ok());
+  Check();
+  EXPECT_EQ(pool_->Stats().prefix_cached_bytes, 2 * kBlockBytes);
+  EXPECT_EQ(pool_->used_bytes(), 2 * kBlockBytes);
+}
+
+}  // namespace
+}  // namespace polykv::daemon
