@@ -145,14 +145,10 @@ absl::Status Conversation::Flush(std::vector<float>* last_logits) {
 
 absl::Status Conversation::AttachSharedPrefix() {
   prefix_tried_ = true;
-  // A store that holds slots already holds tokens this conversation does
-  // not know the ids of: it neither attaches nor shares.
-  if (store_->num_slots() != 0) prefix_shared_ = true;
   if (store_->num_slots() != 0 || pending_.size() < 2) return absl::OkStatus();
   // The last token is run either way: its logits are what the caller wants.
   auto attached = store_->AttachPrefix(std::span(pending_).first(pending_.size() - 1));
   if (!attached.ok()) return attached.status();
-  for (int64_t i = 0; i < *attached; ++i) context_ids_.push_back(pending_[size_t(i)].token_id);
   pending_.erase(pending_.begin(), pending_.begin() + *attached);
   attached_tokens_ += *attached;
   return absl::OkStatus();
@@ -162,10 +158,6 @@ absl::Status Conversation::ForwardPending(std::vector<float>* last_logits) {
   const double t0 = SteadySeconds();
   if (options_.share_prefix && !prefix_tried_) {
     if (absl::Status s = AttachSharedPrefix(); !s.ok()) return s;
-  }
-  // The ids of the store's slots, in order, until they are shared.
-  if (options_.share_prefix && !prefix_shared_) {
-    for (const StepToken& t : pending_) context_ids_.push_back(t.token_id);
   }
   prefilled_tokens_ += static_cast<int64_t>(pending_.size());
   const int chunk = std::max(1, options_.prefill_chunk);
@@ -205,13 +197,6 @@ absl::Status Conversation::BeginGeneratedTurn(std::string_view intent,
   Queue(prompt);
   if (!answer_prefix.empty()) Queue(m_->tokenizer->Encode(answer_prefix, false), Role::kAssistant);
   if (absl::Status s = Flush(logits); !s.ok()) return s;
-  if (options_.share_prefix && !prefix_shared_) {
-    prefix_shared_ = true;
-    // A store whose tables a compaction already changed shares nothing.
-    auto shared = store_->SharePrefix(context_ids_);
-    if (!shared.ok() && !absl::IsFailedPrecondition(shared.status())) return shared.status();
-    context_ids_ = {};
-  }
   // Everything prefilled since the last turn: messages flushed early for an
   // intent probe count here, as they would had they waited for this flush.
   r->prompt_tokens = static_cast<int>(std::exchange(prefilled_tokens_, 0));

@@ -65,8 +65,8 @@ struct ConversationOptions {
   int observation_window = 32;
   // Shared prefixes (docs/prefix-sharing.md), on a store that supports them:
   // the first prefill attaches whatever leading whole blocks of the context
-  // another conversation shared (they are not run through the model), and
-  // the context prefilled before the first generated turn is shared in turn.
+  // another session shared (they are not run through the model). Sharing is
+  // the store's (PagedKvStoreOptions::share_prefix).
   bool share_prefix = false;
   SamplerOptions sampler;
 };
@@ -193,11 +193,7 @@ class Conversation {
   int64_t prefilled_tokens_ = 0;
   double prefill_seconds_ = 0;
   int64_t attached_tokens_ = 0;
-  // share_prefix: the ids of the context so far, until it is shared (after
-  // the first generated turn's prompt); prefix_tried_: attaching was tried.
-  std::vector<int32_t> context_ids_;
-  bool prefix_tried_ = false;
-  bool prefix_shared_ = false;
+  bool prefix_tried_ = false;  // share_prefix: attaching was tried
   int32_t next_position_ = 0;
   int32_t turn_ = 0;          // Index of the next message.
   int32_t end_of_turn_id_ = -1;

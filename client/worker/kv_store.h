@@ -129,11 +129,8 @@ class KvStore {
   // Shared prefixes (docs/prefix-sharing.md). Before the first step: the
   // store takes KV another store of the same model shared for the leading
   // tokens of `tokens` (whole blocks), and returns how many; the caller runs
-  // the model from there on. SharePrefix offers the leading tokens written,
-  // whose ids are `token_ids`, to later stores; returns how many are shared.
-  // Defaults: 0, a store that shares nothing.
+  // the model from there on. Default: 0, a store that shares nothing.
   virtual absl::StatusOr<int64_t> AttachPrefix(std::span<const StepToken> tokens) { return 0; }
-  virtual absl::StatusOr<int64_t> SharePrefix(std::span<const int32_t> token_ids) { return 0; }
 
   // REQUIRES: no step in progress; tokens non-empty.
   // RESOURCE_EXHAUSTED when the cache has no room for the tokens.

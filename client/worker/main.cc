@@ -187,6 +187,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const Flags& f, const LoadedM
   po.shape = shape;
   po.exec = exec;
   po.recent_f16_tokens = f.recent_f16_tokens;
+  po.share_prefix = f.share_prefix;
   if (!f.daemon.empty()) po.reserve_retry_ms = f.reserve_retry_ms;
   auto s = PagedKvStore::Create(po, std::move(source));
   if (!s.ok()) return s.status();
@@ -528,7 +529,7 @@ int main(int argc, char** argv) {
     c->add_option("--observation-window", f.observation_window, "--daemon: tokens at the end of each user or tool message that probe the cache again when the agent's policy ranks by SnapKV's observation window (snapkv); 0 = none, its slots then rank by decayed attention")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
-    c->add_flag("--share-prefix", f.share_prefix, "--daemon: attach the leading whole pages of the first prompt that another session of the tenant and model shared (not run through the model), and share this session's prompt in turn, up to its first generated turn (docs/prefix-sharing.md)");
+    c->add_flag("--share-prefix", f.share_prefix, "--daemon: attach the leading whole pages of the first prompt that another session of the tenant and model shared (not run through the model), and share this session's pages in turn as they fill, until its first compaction (docs/prefix-sharing.md)");
     c->add_option("--threads", f.threads, "threads of the weight products and attention kernels (0 = all cores); use 1 per worker when several share a host")->check(CLI::NonNegativeNumber);
     c->add_option("--max-context", f.max_context, "KV slots of the local cache")->check(CLI::PositiveNumber);
   };

@@ -108,6 +108,7 @@ PagedKvStore::PagedKvStore(const PagedKvStoreOptions& options, std::unique_ptr<P
   k_residual_.assign(options.shape.num_layers,
                      std::vector<float>(static_cast<size_t>(page_shape_.block_tokens * row_)));
   v_residual_ = k_residual_;
+  sharing_ = options.share_prefix;
 }
 
 void PagedKvStore::InitRecentWindow() {
@@ -259,6 +260,9 @@ absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
                                             num_slots_));
   }
   if (!table.same_slots) RETURN_IF_ERROR_(AdoptSlotCounts(table));
+  // Slots as written no more (or pages of another daemon): nothing to share.
+  sharing_ = false;
+  written_ids_ = {};
   for (auto& t : tables_) t.clear();
   first_block_ = std::move(first);
   AddBlocks(table.blocks);
@@ -298,13 +302,26 @@ absl::StatusOr<int64_t> PagedKvStore::AttachPrefix(std::span<const StepToken> to
   if (!table.ok()) return table.status();
   if (!table->has_value()) return 0;
   RETURN_IF_ERROR_(AdoptTable(**table));
+  sharing_ = options_.share_prefix;  // AdoptTable stopped it
+  for (const StepToken& t : tokens.first(num_slots_)) written_ids_.push_back(t.token_id);
+  shared_tokens_ = num_slots_;
   return num_slots_;
 }
 
-absl::StatusOr<int64_t> PagedKvStore::SharePrefix(std::span<const int32_t> token_ids) {
-  // Only committed tokens can be shared.
-  RETURN_IF_ERROR_(CommitPending());
-  return source_->SharePrefix(token_ids);
+absl::Status PagedKvStore::ShareWritten() {
+  const int64_t bt = page_shape_.block_tokens;
+  if (!sharing_ || static_cast<int64_t>(written_ids_.size()) / bt * bt <= shared_tokens_) {
+    return absl::OkStatus();
+  }
+  auto shared = source_->SharePrefix(written_ids_);
+  // Compacted meanwhile (the daemon's tables moved on): nothing more to share.
+  if (absl::IsFailedPrecondition(shared.status())) {
+    sharing_ = false;
+    return absl::OkStatus();
+  }
+  if (!shared.ok()) return shared.status();
+  shared_tokens_ = *shared;
+  return absl::OkStatus();
 }
 
 absl::Status PagedKvStore::CommitPending() {
@@ -320,8 +337,11 @@ absl::Status PagedKvStore::CommitPending() {
   if (const double t = source_->tag_seconds() - tagged; t > 0) {
     CountSignal(t, /*tags=*/true);
   }
+  if (sharing_) {
+    for (const StepToken& t : uncommitted_) written_ids_.push_back(t.token_id);
+  }
   uncommitted_.clear();
-  return absl::OkStatus();
+  return ShareWritten();
 }
 
 absl::Status PagedKvStore::CommitAndSync() {

@@ -205,6 +205,12 @@ struct PagedKvStoreOptions {
   // restarts at the block being filled: rows it held are not kept across a
   // compaction.
   int recent_f16_tokens = 0;
+  // Shared prefixes (docs/prefix-sharing.md): at each commit the store
+  // offers the full blocks it has written to later sessions of its tenant
+  // and model (PageSource::SharePrefix), until its table first changes (a
+  // compaction moves slots): the early blocks, the prompt every agent of a
+  // group starts with, are shared before the session's policy compacts them.
+  bool share_prefix = false;
   // Kernels backend and threads (CPU by default). kCuda: the source's pages
   // are in GPU memory (a cuda-tier polykvd; PoolPageSourceOptions::
   // pages_on_device), and encodes, decodes and attention run on the device
@@ -253,7 +259,6 @@ class PagedKvStore : public KvStore {
   absl::Status BeginProbe(ProbeKind kind) override;
   absl::Status EndProbe() override;
   absl::StatusOr<int64_t> AttachPrefix(std::span<const StepToken> tokens) override;
-  absl::StatusOr<int64_t> SharePrefix(std::span<const int32_t> token_ids) override;
   // Commits the tokens written since the last commit (if any).
   absl::Status CommitPending();
 
@@ -329,6 +334,13 @@ class PagedKvStore : public KvStore {
   int64_t peak_bytes_ = 0;  // The largest bytes() after AddBlocks.
   std::vector<StepToken> step_meta_;
   std::vector<StepToken> uncommitted_;  // Written, not yet committed to the source.
+  // options_.share_prefix: the ids of the committed slots as written, while
+  // the table has not changed, and how many of them are shared.
+  bool sharing_ = false;
+  std::vector<int32_t> written_ids_;
+  int64_t shared_tokens_ = 0;
+  // Shares the full blocks committed since the last share (sharing_).
+  absl::Status ShareWritten();
   int steps_since_sync_ = -1;           // -1: sync before the first step.
   int64_t tokens_since_sync_ = 0;
   int next_layer_ = 0;

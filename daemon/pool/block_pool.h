@@ -65,10 +65,10 @@ struct BlockAccount {
 inline uint64_t OwnBytes(const Block& b) { return b.prefix ? 0 : b.bytes(); }
 
 // Prefix blocks attached to a session (BlockPool::AttachPrefix), with what
-// the sharing session's policy knew of their slots.
+// the sharing session's policy knew of their slots: [record list][slot].
 struct AttachedPrefix {
   std::vector<Block> blocks;
-  std::vector<policies::SlotRecord> records;
+  std::vector<std::vector<policies::SlotRecord>> records;
 };
 
 // Where the block's pages are, for the worker. Pure arithmetic on page ids
@@ -122,7 +122,8 @@ class BlockPool {
   // Makes the full blocks of `table` that hold `tokens` (block i: tokens
   // [i*B, (i+1)*B), B = block_tokens) shared prefix blocks of the tenant's
   // index in `space` (model, formats and block size: blocks of one space
-  // have one shape), with `records` (their slots'); their bytes move from
+  // have one shape), with `records` (their slots', per record list:
+  // session_table.h PolicyInputs); their bytes move from
   // the account's own to its shared. A block whose tokens another table
   // shared already stays the table's own (the chain goes on through that
   // one). Returns how many leading blocks of `table` are now shared.
@@ -132,13 +133,14 @@ class BlockPool {
   absl::StatusOr<uint64_t> SharePrefix(BlockAccount& account, const std::string& space,
                                        std::span<const int32_t> tokens, uint32_t block_tokens,
                                        std::vector<Block>& table,
-                                       std::span<const policies::SlotRecord> records);
+                                       const std::vector<std::vector<policies::SlotRecord>>& records);
   // The longest chain of the tenant's shared blocks in `space` holding the
   // leading full blocks of `tokens`, at most `max_blocks`, each now held by
-  // the account (cached ones revived).
+  // the account (cached ones revived), with their records in `lists` lists
+  // (a sharer's list per layer where it held them so, else its one list).
   AttachedPrefix AttachPrefix(BlockAccount& account, const std::string& space,
                               std::span<const int32_t> tokens, uint32_t block_tokens,
-                              uint64_t max_blocks);
+                              uint64_t max_blocks, size_t lists);
   // Bytes of shared prefix blocks no table holds: cached, and given up
   // whenever an allocation needs the room (free_bytes counts them free).
   uint64_t cached_bytes() const;

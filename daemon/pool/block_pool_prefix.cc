@@ -71,7 +71,8 @@ uint64_t BlockPool::DropCached(Tenant& t, uint64_t need) {
 absl::StatusOr<uint64_t> BlockPool::SharePrefix(BlockAccount& account, const std::string& space,
                                                 std::span<const int32_t> tokens,
                                                 uint32_t block_tokens, std::vector<Block>& table,
-                                                std::span<const policies::SlotRecord> records) {
+                                                const std::vector<std::vector<policies::SlotRecord>>&
+                                                    records) {
   Tenant& t = *tenants_.at(account.tenant);
   const uint64_t n = std::min<uint64_t>(tokens.size() / block_tokens, table.size());
   auto block_tokens_of = [&](uint64_t i) { return tokens.subspan(i * block_tokens, block_tokens); };
@@ -102,9 +103,11 @@ absl::StatusOr<uint64_t> BlockPool::SharePrefix(BlockAccount& account, const std
       Count(account, b.shape, -1);
       CountPrefix(t, b.shape, +1);
       CountShared(account, b.bytes(), +1);
-      parent = t.prefix.Insert(parent, own, b,
-                               {records.begin() + i * block_tokens,
-                                records.begin() + (i + 1) * block_tokens});
+      std::vector<std::vector<policies::SlotRecord>> slots;
+      for (const auto& list : records) {
+        slots.emplace_back(list.begin() + i * block_tokens, list.begin() + (i + 1) * block_tokens);
+      }
+      parent = t.prefix.Insert(parent, own, b, std::move(slots));
     }
     if (shared == i) ++shared;
   }
@@ -113,7 +116,7 @@ absl::StatusOr<uint64_t> BlockPool::SharePrefix(BlockAccount& account, const std
 
 AttachedPrefix BlockPool::AttachPrefix(BlockAccount& account, const std::string& space,
                                        std::span<const int32_t> tokens, uint32_t block_tokens,
-                                       uint64_t max_blocks) {
+                                       uint64_t max_blocks, size_t lists) {
   Tenant& t = *tenants_.at(account.tenant);
   AttachedPrefix out;
   PrefixId parent = t.prefix.Root(space);
@@ -130,9 +133,13 @@ AttachedPrefix BlockPool::AttachPrefix(BlockAccount& account, const std::string&
     t.prefix.Ref(b->prefix);
     CountShared(account, b->bytes(), +1);
   }
+  out.records.resize(lists);
   for (const Block& b : out.blocks) {
-    const auto& r = t.prefix.Get(b.prefix).records;
-    out.records.insert(out.records.end(), r.begin(), r.end());
+    const auto& shared = t.prefix.Get(b.prefix).records;
+    for (size_t j = 0; j < lists; ++j) {
+      const auto& r = shared[std::min(j, shared.size() - 1)];
+      out.records[j].insert(out.records[j].end(), r.begin(), r.end());
+    }
   }
   return out;
 }

@@ -23,20 +23,16 @@ std::string PrefixSpace(const Session& s) {
 }
 
 // The session's first `n` slots are its first n tokens as written: never
-// compacted (position i at slot i, one token each), one record list, and
-// the blocks holding them in the fill shape.
+// compacted (position i at slot i, one token each, in every record list),
+// and the blocks holding them in the fill shape.
 absl::Status CheckAsWritten(const Session& s, uint64_t n) {
-  if (s.policy.layers_apart()) {
-    return absl::FailedPreconditionError(
-        "the session's layers keep slots of their own (per-layer selection): its blocks are "
-        "not a prefix another session can use");
-  }
-  const auto& records = s.policy.records[0];
-  for (uint64_t i = 0; i < n; ++i) {
-    if (records[i].meta.position != int64_t(i) || records[i].count != 1) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "slot ", i, " no longer holds token ", i, " alone (the session was compacted): "
-          "share a prefix before compaction reaches it"));
+  for (const auto& records : s.policy.records) {
+    for (uint64_t i = 0; i < n; ++i) {
+      if (records[i].meta.position != int64_t(i) || records[i].count != 1) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "slot ", i, " no longer holds token ", i, " alone (the session was compacted): "
+            "share a prefix before compaction reaches it"));
+      }
     }
   }
   for (uint64_t b = 0; b < n / s.block_tokens; ++b) {
@@ -66,7 +62,7 @@ absl::StatusOr<uint64_t> KvPool::SharePrefix(uint64_t session_id, absl::string_v
   const uint64_t full = token_ids.size() / s.block_tokens * s.block_tokens;
   if (auto st = CheckAsWritten(s, full); !st.ok()) return st;
   auto shared = blocks_.SharePrefix(s.account, PrefixSpace(s), token_ids.first(full),
-                                    s.block_tokens, s.tables.blocks, s.policy.records[0]);
+                                    s.block_tokens, s.tables.blocks, s.policy.records);
   if (!shared.ok()) return shared.status();
   return *shared * s.block_tokens;
 }
@@ -83,7 +79,7 @@ absl::StatusOr<AttachPrefixResult> KvPool::AttachPrefix(uint64_t session_id,
     return absl::InvalidArgumentError(
         absl::StrCat(token_ids.size(), " token ids: at most ", kMaxPrefixTokens, " per call"));
   }
-  if (!s.tables.blocks.empty() || s.policy.layers_apart()) {
+  if (!s.tables.blocks.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "a prefix is attached to a fresh session only (this one holds ", s.reserved_tokens(),
         " reserved tokens): attach before the first Reserve"));
@@ -98,7 +94,7 @@ absl::StatusOr<AttachPrefixResult> KvPool::AttachPrefix(uint64_t session_id,
                                           ? (qos.max_bytes - held) / s.shape.bytes() : 0);
   }
   AttachedPrefix got = blocks_.AttachPrefix(s.account, PrefixSpace(s), token_ids,
-                                            s.block_tokens, max_blocks);
+                                            s.block_tokens, max_blocks, s.policy.records.size());
   prefix_hits_ += got.blocks.size();
   prefix_misses_ += token_ids.size() / s.block_tokens - got.blocks.size();
   AttachPrefixResult out;
@@ -109,7 +105,7 @@ absl::StatusOr<AttachPrefixResult> KvPool::AttachPrefix(uint64_t session_id,
         DescribeBlock(options_.superblock_bytes, s.tables.blocks.back(), index));
   }
   s.tables.committed_tokens = s.reserved_tokens();
-  s.policy.records[0] = std::move(got.records);
+  s.policy.records = std::move(got.records);
   s.policy.next_position = static_cast<int64_t>(s.tables.committed_tokens);
   out.attached_tokens = s.tables.committed_tokens;
   out.reserve.reserved_tokens = s.reserved_tokens();

@@ -19,7 +19,7 @@ std::optional<PrefixId> PrefixIndex::Find(PrefixId parent, std::span<const int32
 }
 
 PrefixId PrefixIndex::Insert(PrefixId parent, std::span<const int32_t> tokens, Block& block,
-                             std::vector<policies::SlotRecord> records) {
+                             std::vector<std::vector<policies::SlotRecord>> records) {
   const PrefixId id = next_id_++;
   block.prefix = id;
   Entry e;

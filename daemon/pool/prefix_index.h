@@ -43,8 +43,9 @@ class PrefixIndex {
     std::vector<int32_t> tokens;  // the block's own token ids
     Block block;                  // its pages, owned by the index (block.prefix: its id)
     // What the sharing session's policy knew of these slots, for the
-    // sessions that attach them (positions as in the sharing session).
-    std::vector<policies::SlotRecord> records;
+    // sessions that attach them: [record list][slot], one list or one per
+    // layer as the sharer held them (session_table.h PolicyInputs).
+    std::vector<std::vector<policies::SlotRecord>> records;
     uint32_t refs = 0;
     uint64_t stamp = 0;  // last use, for dropping the coldest first
     bool linked = true;  // reachable by Find (false once an ancestor was dropped)
@@ -60,7 +61,7 @@ class PrefixIndex {
   // REQUIRES: no linked entry under `parent` holds `tokens`.
   // `block.prefix` is set to the new id.
   PrefixId Insert(PrefixId parent, std::span<const int32_t> tokens, Block& block,
-                  std::vector<policies::SlotRecord> records);
+                  std::vector<std::vector<policies::SlotRecord>> records);
   const Entry& Get(PrefixId id) const { return entries_.at(id); }
   bool Contains(PrefixId id) const { return entries_.contains(id); }
 

@@ -14,7 +14,7 @@ import torch
 import polykv
 from polykv import errors
 
-from conftest import pool_problems
+from conftest import pool_problems, start_daemon
 
 PROFILE = polykv.ModelProfile(num_layers=2, num_kv_heads=2, head_dim=64, dtype="f32")
 
@@ -179,3 +179,38 @@ def test_the_evaluation_names_page_formats_as_the_library_does():
     sys.path.insert(0, str(ROOT / "bench" / "eval"))
     import live
     assert live.PAGE_FORMATS == polykv.PAGE_FORMATS
+
+
+def test_a_later_session_of_the_tenant_attaches_a_shared_prefix(tmp_path):
+    daemon = start_daemon(tmp_path)  # its own: the shared blocks stay cached after the test
+    try:
+        ids = list(range(1000, 1040))
+        opts = dict(key_format="f32", value_format="f32", block_tokens=16)
+        with polykv.Client(daemon.socket) as client:
+            with client.open_session("sharer", PROFILE, tenant="t-prefix", **opts) as a:
+                a.reserve(40)
+                for b in range(3):
+                    for p in range(4):
+                        a.page(b, p)[:] = 16 * b + p + 1
+                a.commit(40)
+                assert a.share_prefix(ids) == 32  # the full blocks
+                with client.open_session("reader", PROFILE, tenant="t-prefix", **opts) as r:
+                    assert r.attach_prefix(ids + [7]) == 32
+                    assert (r.committed_tokens, len(r.blocks)) == (32, 2)
+                    assert r.blocks[1].pages[3].page_id == a.blocks[1].pages[3].page_id
+                    assert np.array_equal(r.page(1, 3), a.page(1, 3))
+                    assert r.page(1, 3)[0] == 16 + 3 + 1
+                    with pytest.raises(errors.FailedPrecondition):
+                        r.release(20)  # would cut into a shared block
+                    with pytest.raises(errors.FailedPrecondition):
+                        a.attach_prefix(ids)  # not a fresh session
+                with client.open_session("stranger", PROFILE, tenant="t-other", **opts) as c:
+                    assert c.attach_prefix(ids) == 0
+        # Nobody holds them now: cached, the pool's only pages.
+        stats = daemon.admin.stats()
+        assert stats.num_sessions == 0
+        assert stats.pool.used_bytes == 2 * 4 * 16 * 2 * 64 * 4  # 2 blocks of 4 f32 pages
+    finally:
+        daemon.admin.close()
+        daemon.process.terminate()
+        daemon.process.wait(timeout=20)

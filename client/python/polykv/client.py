@@ -125,6 +125,19 @@ class Session:
         """Gives back the pages beyond the first ``keep_tokens`` slots."""
         self._s.release(keep_tokens)
 
+    def share_prefix(self, token_ids: Sequence[int]) -> int:
+        """Offers the session's leading full blocks, which hold ``token_ids``
+        (its first tokens, committed, not compacted), to later sessions of the
+        same tenant and model; returns how many leading tokens are shared now.
+        docs/prefix-sharing.md."""
+        return self._s.share_prefix(list(token_ids))
+
+    def attach_prefix(self, token_ids: Sequence[int]) -> int:
+        """On a fresh session (before :meth:`reserve`): takes the shared blocks
+        holding the leading full blocks of ``token_ids``; returns how many
+        tokens that is (committed, in :attr:`blocks`; 0 when none matched)."""
+        return self._s.attach_prefix(list(token_ids))
+
     def close(self) -> None:
         self._s.close()
 

@@ -111,6 +111,12 @@ void BindSession(nb::module_& m) {
       .def_prop_ro("moves", &Session::moves)
       .def("release", [](Session& s, uint64_t keep) { Check(s.Release(keep)); },
            nb::arg("keep_tokens"), Unlocked())
+      .def("share_prefix",
+           [](Session& s, const std::vector<int32_t>& ids) { return Take(s.SharePrefix(ids)); },
+           nb::arg("token_ids"), Unlocked())
+      .def("attach_prefix",
+           [](Session& s, const std::vector<int32_t>& ids) { return Take(s.AttachPrefix(ids)); },
+           nb::arg("token_ids"), Unlocked())
       .def("close", [](Session& s) { Check(s.Close()); }, Unlocked())
       .def_prop_ro("blocks", &Session::blocks)
       .def_prop_ro("reserved_tokens", &Session::reserved_tokens)

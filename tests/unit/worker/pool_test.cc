@@ -122,6 +122,44 @@ TEST(WorkerPoolTest, F32PoolGreedyEqualsLocalCacheQwen) {
   CheckPoolEqualsLocal("qwen2.5-coder-0.5b", "tool_coder.jsonl", 2);
 }
 
+// The first turn's "attached_tokens" in a worker's output (-1 when absent).
+double FirstAttached(const std::string& out) {
+  const size_t end = out.find('\n');
+  auto v = ParseJson(out.substr(0, end));
+  if (!v.ok() || !v->is_object() || !v->count("attached_tokens")) return -1;
+  return (*v).at("attached_tokens").get<double>();
+}
+
+// Shared prefixes on the product path: a worker shares its pages as it
+// writes them; a second one, same script, attaches the first prompt's
+// leading pages instead of computing them and still answers token for token
+// as the local cache does (f32 pages: the KV it reads is the KV it would
+// have computed).
+TEST(WorkerPoolTest, AnAttachedPrefixGivesTheSameGreedyOutput) {
+  POLYKV_REQUIRE_MODEL();
+  const std::string script = std::string(POLYKV_WORKER_FIXTURES) + "/scripts/coder.jsonl";
+  // No intent probe: it would prefill the 15-token system message alone
+  // first, less than a page, and the attach would find no whole page (it
+  // also changes where the prompt is cut into pieces: every run here). One
+  // token per prefill step: the attaching worker runs fewer tokens in its
+  // first step than the others, and a product over more rows may round
+  // otherwise; one row at a time, every run computes every token alike.
+  const std::string base = std::string(POLYKV_WORKER_BIN) + " run " + script +
+                           " --max-new-tokens 32 --no-intent-probe --prefill-chunk 1 ";
+  Daemon d;
+  if (d.socket().empty()) POLYKV_MISSING_INPUT() << "polykvd not built (" << Polykvd() << "); set POLYKVD_BIN";
+  const std::vector<std::string> local = Texts(Capture(base + "--local-cache"));
+  const std::string pooled = base + "--daemon " + d.socket() +
+                             " --key-format f32 --value-format f32 --share-prefix";
+  const std::string first = Capture(pooled + " --agent first");
+  const std::string second = Capture(pooled + " --agent second");
+  EXPECT_EQ(FirstAttached(first), 0) << first;
+  EXPECT_GT(FirstAttached(second), 0) << second;
+  ASSERT_EQ(local.size(), 3u);
+  EXPECT_EQ(Texts(first), local);
+  EXPECT_EQ(Texts(second), local);
+}
+
 // A session whose QoS budget makes polykvd compact it: the worker adopts the
 // new tables (its epoch counts them), holds fewer slots than it wrote, and
 // reports the bytes it held before the compactions as its peak.
