@@ -147,8 +147,10 @@ absl::Status Conversation::AttachSharedPrefix() {
   prefix_tried_ = true;
   if (store_->num_slots() != 0 || pending_.size() < 2) return absl::OkStatus();
   // The last token is run either way: its logits are what the caller wants.
+  const double t0 = SteadySeconds();
   auto attached = store_->AttachPrefix(std::span(pending_).first(pending_.size() - 1));
   if (!attached.ok()) return attached.status();
+  attach_seconds_ += SteadySeconds() - t0;
   pending_.erase(pending_.begin(), pending_.begin() + *attached);
   attached_tokens_ += *attached;
   return absl::OkStatus();
@@ -201,6 +203,7 @@ absl::Status Conversation::BeginGeneratedTurn(std::string_view intent,
   // intent probe count here, as they would had they waited for this flush.
   r->prompt_tokens = static_cast<int>(std::exchange(prefilled_tokens_, 0));
   r->attached_tokens = std::exchange(attached_tokens_, 0);
+  r->attach_seconds = std::exchange(attach_seconds_, 0.0);
   r->prefill_seconds = std::exchange(prefill_seconds_, 0.0);
   return absl::OkStatus();
 }

@@ -66,7 +66,7 @@ struct ConversationOptions {
   // Shared prefixes (docs/prefix-sharing.md), on a store that supports them:
   // the first prefill attaches whatever leading whole blocks of the context
   // another session shared (they are not run through the model). Sharing is
-  // the store's (PagedKvStoreOptions::share_prefix).
+  // the store's (PagedKvStoreOptions::share_prefix_messages).
   bool share_prefix = false;
   SamplerOptions sampler;
 };
@@ -80,6 +80,7 @@ struct TurnResult {
   std::vector<int32_t> tokens;    // Generated ids, end-of-turn token excluded.
   int prompt_tokens = 0;          // Tokens prefilled for this turn.
   int64_t attached_tokens = 0;    // Tokens of the prompt attached, not prefilled (share_prefix).
+  double attach_seconds = 0;      // Spent attaching them (within prefill_seconds).
   int completion_tokens = 0;      // Tokens sampled (including the end token).
   int64_t cached_tokens = 0;      // Slots in the store after the turn.
   double prefill_seconds = 0;
@@ -194,6 +195,7 @@ class Conversation {
   double prefill_seconds_ = 0;
   int64_t attached_tokens_ = 0;
   bool prefix_tried_ = false;  // share_prefix: attaching was tried
+  double attach_seconds_ = 0;
   int32_t next_position_ = 0;
   int32_t turn_ = 0;          // Index of the next message.
   int32_t end_of_turn_id_ = -1;

@@ -66,7 +66,7 @@ struct Flags {
   bool no_intent_probe = false;
   bool no_reconstruct = false;
   int observation_window = ConversationOptions{}.observation_window;
-  bool share_prefix = false;
+  int share_prefix_messages = 0;
   int reserve_retry_ms = 30000;
   int threads = 0;
   int64_t max_context = 8192;
@@ -97,7 +97,7 @@ ConversationOptions ConversationOptionsOf(const Flags& f) {
   co.intent_probe = !f.no_intent_probe;
   co.reconstruct = !f.no_reconstruct;
   co.observation_window = f.observation_window;
-  co.share_prefix = f.share_prefix;
+  co.share_prefix = f.share_prefix_messages > 0;
   co.sampler = {f.temperature, f.top_p, f.seed};
   return co;
 }
@@ -115,8 +115,9 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const Flags& f, const LoadedM
   if (f.pages_on_device && f.daemon.empty()) {
     return absl::InvalidArgumentError("--pages-on-device is for --daemon (a cuda-tier polykvd)");
   }
-  if (f.share_prefix && f.daemon.empty()) {
-    return absl::InvalidArgumentError("--share-prefix is for --daemon (prefixes are the pool's)");
+  if (f.share_prefix_messages > 0 && f.daemon.empty()) {
+    return absl::InvalidArgumentError(
+        "--share-prefix-messages is for --daemon (prefixes are the pool's)");
   }
   const KvShape shape = m.model->config().kv_shape();
   kernels::Exec exec;
@@ -187,7 +188,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> MakeStore(const Flags& f, const LoadedM
   po.shape = shape;
   po.exec = exec;
   po.recent_f16_tokens = f.recent_f16_tokens;
-  po.share_prefix = f.share_prefix;
+  po.share_prefix_messages = f.share_prefix_messages;
   if (!f.daemon.empty()) po.reserve_retry_ms = f.reserve_retry_ms;
   auto s = PagedKvStore::Create(po, std::move(source));
   if (!s.ok()) return s.status();
@@ -207,6 +208,7 @@ std::string TurnJson(const Flags& f, const std::string& id, int turn, const Turn
                    {"tokens", r.tokens},
                    {"prompt_tokens", r.prompt_tokens},
                    {"attached_tokens", r.attached_tokens},
+                   {"attach_ms", round(r.attach_seconds * 1e3, 1e-3)},
                    {"completion_tokens", r.completion_tokens},
                    {"cached_tokens", r.cached_tokens},
                    {"prefill_ms", round(r.prefill_seconds * 1e3, 1e-3)},
@@ -529,7 +531,8 @@ int main(int argc, char** argv) {
     c->add_option("--observation-window", f.observation_window, "--daemon: tokens at the end of each user or tool message that probe the cache again when the agent's policy ranks by SnapKV's observation window (snapkv); 0 = none, its slots then rank by decayed attention")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
-    c->add_flag("--share-prefix", f.share_prefix, "--daemon: attach the leading whole pages of the first prompt that another session of the tenant and model shared (not run through the model), and share this session's pages in turn as they fill, until its first compaction (docs/prefix-sharing.md)");
+    c->add_option("--share-prefix-messages", f.share_prefix_messages, "--daemon: share the whole pages of the conversation's first N messages (1: the system prompt) with later sessions of the tenant and model, and attach what another session shared of them instead of computing it (docs/prefix-sharing.md); 0 = neither")
+        ->check(CLI::NonNegativeNumber);
     c->add_option("--threads", f.threads, "threads of the weight products and attention kernels (0 = all cores); use 1 per worker when several share a host")->check(CLI::NonNegativeNumber);
     c->add_option("--max-context", f.max_context, "KV slots of the local cache")->check(CLI::PositiveNumber);
   };

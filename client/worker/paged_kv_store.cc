@@ -108,7 +108,7 @@ PagedKvStore::PagedKvStore(const PagedKvStoreOptions& options, std::unique_ptr<P
   k_residual_.assign(options.shape.num_layers,
                      std::vector<float>(static_cast<size_t>(page_shape_.block_tokens * row_)));
   v_residual_ = k_residual_;
-  sharing_ = options.share_prefix;
+  sharing_ = options.share_prefix_messages > 0;
 }
 
 void PagedKvStore::InitRecentWindow() {
@@ -302,7 +302,7 @@ absl::StatusOr<int64_t> PagedKvStore::AttachPrefix(std::span<const StepToken> to
   if (!table.ok()) return table.status();
   if (!table->has_value()) return 0;
   RETURN_IF_ERROR_(AdoptTable(**table));
-  sharing_ = options_.share_prefix;  // AdoptTable stopped it
+  sharing_ = options_.share_prefix_messages > 0;  // AdoptTable stopped it
   for (const StepToken& t : tokens.first(num_slots_)) written_ids_.push_back(t.token_id);
   shared_tokens_ = num_slots_;
   return num_slots_;
@@ -337,11 +337,20 @@ absl::Status PagedKvStore::CommitPending() {
   if (const double t = source_->tag_seconds() - tagged; t > 0) {
     CountSignal(t, /*tags=*/true);
   }
+  bool past = false;  // a token of a later message is committed: the shared ones are whole
   if (sharing_) {
-    for (const StepToken& t : uncommitted_) written_ids_.push_back(t.token_id);
+    for (const StepToken& t : uncommitted_) {
+      if (t.turn >= options_.share_prefix_messages) {
+        past = true;
+        break;
+      }
+      written_ids_.push_back(t.token_id);
+    }
   }
   uncommitted_.clear();
-  return ShareWritten();
+  RETURN_IF_ERROR_(ShareWritten());
+  if (past) sharing_ = false;
+  return absl::OkStatus();
 }
 
 absl::Status PagedKvStore::CommitAndSync() {

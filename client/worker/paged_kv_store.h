@@ -206,11 +206,12 @@ struct PagedKvStoreOptions {
   // compaction.
   int recent_f16_tokens = 0;
   // Shared prefixes (docs/prefix-sharing.md): at each commit the store
-  // offers the full blocks it has written to later sessions of its tenant
-  // and model (PageSource::SharePrefix), until its table first changes (a
-  // compaction moves slots): the early blocks, the prompt every agent of a
-  // group starts with, are shared before the session's policy compacts them.
-  bool share_prefix = false;
+  // offers the full blocks it has written of the conversation's first
+  // `share_prefix_messages` messages (StepToken::turn below it: 1 = the
+  // system prompt, which every agent of a group starts with) to later
+  // sessions of its tenant and model (PageSource::SharePrefix), unless its
+  // table changed first (a compaction moved slots). 0: nothing shared.
+  int share_prefix_messages = 0;
   // Kernels backend and threads (CPU by default). kCuda: the source's pages
   // are in GPU memory (a cuda-tier polykvd; PoolPageSourceOptions::
   // pages_on_device), and encodes, decodes and attention run on the device
@@ -334,8 +335,8 @@ class PagedKvStore : public KvStore {
   int64_t peak_bytes_ = 0;  // The largest bytes() after AddBlocks.
   std::vector<StepToken> step_meta_;
   std::vector<StepToken> uncommitted_;  // Written, not yet committed to the source.
-  // options_.share_prefix: the ids of the committed slots as written, while
-  // the table has not changed, and how many of them are shared.
+  // share_prefix_messages: the ids of the committed slots of those messages
+  // as written, while the table has not changed, and how many are shared.
   bool sharing_ = false;
   std::vector<int32_t> written_ids_;
   int64_t shared_tokens_ = 0;

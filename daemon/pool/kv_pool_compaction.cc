@@ -24,6 +24,22 @@ uint64_t HeldTokens(const Session& s, const std::vector<uint64_t>& offsets) {
   return offsets.empty() ? s.tables.committed_tokens : sum / offsets.size();
 }
 
+// Slots of the session's leading shared prefix blocks (prefix_index.h),
+// with their records pinned in every list: a compaction keeps them whole, so
+// the blocks stay shared by reference, and its budget counts the session's
+// other slots only (a shared block is the pool's once, whatever holds it).
+// 0 when a layer starts late (its budget is its own).
+uint64_t PinSharedPrefix(Session& s, const std::vector<uint64_t>& offsets) {
+  if (std::any_of(offsets.begin(), offsets.end(), [](uint64_t o) { return o != 0; })) return 0;
+  size_t b = 0;
+  while (b < s.tables.blocks.size() && s.tables.blocks[b].prefix != 0) ++b;
+  const uint64_t slots = std::min<uint64_t>(b * s.block_tokens, s.tables.committed_tokens);
+  for (auto& list : s.policy.records) {
+    for (uint64_t i = 0; i < slots; ++i) list[i].meta.pinned = true;
+  }
+  return slots;
+}
+
 }  // namespace
 
 absl::Status KvPool::Relocate(Session& s) {
@@ -54,19 +70,22 @@ absl::Status KvPool::CompactAtStepBoundary(Session& s) {
   // session is not evicted meanwhile.
   const bool can_rank =
       !s.policy.wants.has(policies::ScoreStream::kImportance) || s.policy.importance_reported;
+  const uint64_t shared = PinSharedPrefix(s, offsets);
+  const uint64_t want = s.policy.want_tokens;
   TargetInputs in{.compacting_policy = qos.policy != "full" && can_rank,
-                  .committed_tokens = HeldTokens(s, offsets),
+                  .committed_tokens = HeldTokens(s, offsets) - shared,
                   .block_tokens = s.block_tokens,
                   .budget_tokens = SessionBudget(qos.budget_tokens, qos.budget_fraction,
-                                                 s.policy.next_position),
-                  .want_tokens = s.policy.want_tokens};
+                                                 s.policy.next_position - shared),
+                  .want_tokens = want == 0 ? 0 : std::max(want, shared + 1) - shared};
   // Only a budget reads the policy's trigger, so a Sync without one looks
   // nothing up. A policy the registry refuses keeps the default trigger;
   // Compact reports the error.
   if (in.compacting_policy && in.budget_tokens > 0) {
     if (auto policy = policies_.Get(qos.policy); policy.ok()) in.trigger = (*policy)->Trigger();
   }
-  const uint64_t target = CompactionTarget(in);
+  uint64_t target = CompactionTarget(in);
+  if (target > 0) target += shared;
   const PolicyInputs::Failure now{s.tables.committed_tokens, s.policy.reports, qos.policy};
   if (target > 0 && s.policy.failed == now) {
     // Failed as it is: the session keeps its tables until it changes.

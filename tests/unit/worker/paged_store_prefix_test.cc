@@ -37,7 +37,7 @@ std::unique_ptr<PagedKvStore> NewStore(PrefixSource* src, bool share) {
   PagedKvStoreOptions po;
   po.shape = Shape();
   po.sync_every_steps = 1;
-  po.share_prefix = share;
+  po.share_prefix_messages = share ? 1 : 0;
   auto store = PagedKvStore::Create(po, std::unique_ptr<PageSource>(src));
   EXPECT_TRUE(store.ok()) << store.status();
   return store.ok() ? *std::move(store) : nullptr;
@@ -66,6 +66,19 @@ TEST(PagedStorePrefixTest, FullBlocksAreSharedAtCommitsUntilTheTableChanges) {
   }
   ASSERT_TRUE(store->BeginTurn(TurnInfo{3, Role::kUser, ""}).ok());
   EXPECT_EQ(src->shares_.size(), 2u);
+}
+
+TEST(PagedStorePrefixTest, OnlyTheFirstMessagesWholePagesAreShared) {
+  auto* src = new PrefixSource;
+  auto store = NewStore(src, /*share=*/true);  // the first message
+  std::mt19937 rng(6);
+  Step(store.get(), RandomRows(24, rng), RandomQ(24, rng), 0, 100, /*turn=*/0);
+  Step(store.get(), RandomRows(24, rng), RandomQ(24, rng), 24, 200, /*turn=*/1);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(store->BeginTurn(TurnInfo{2 + i, Role::kUser, ""}).ok());
+  // Message 0 fills one page (16 of its 24 tokens); message 1 is its own.
+  ASSERT_EQ(src->shares_.size(), 1u);
+  ASSERT_EQ(src->shares_[0].size(), 24u);
+  EXPECT_EQ(src->shares_[0][23], 123);
 }
 
 TEST(PagedStorePrefixTest, AStoreWithoutTheOptionSharesNothing) {

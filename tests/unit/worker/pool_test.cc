@@ -130,9 +130,9 @@ double FirstAttached(const std::string& out) {
   return (*v).at("attached_tokens").get<double>();
 }
 
-// Shared prefixes on the product path: a worker shares its pages as it
-// writes them; a second one, same script, attaches the first prompt's
-// leading pages instead of computing them and still answers token for token
+// Shared prefixes on the product path: a worker shares the pages of its
+// first two messages (the system prompt alone is under a page); a second
+// one, same script, attaches them instead of computing them and still answers token for token
 // as the local cache does (f32 pages: the KV it reads is the KV it would
 // have computed).
 TEST(WorkerPoolTest, AnAttachedPrefixGivesTheSameGreedyOutput) {
@@ -150,7 +150,7 @@ TEST(WorkerPoolTest, AnAttachedPrefixGivesTheSameGreedyOutput) {
   if (d.socket().empty()) POLYKV_MISSING_INPUT() << "polykvd not built (" << Polykvd() << "); set POLYKVD_BIN";
   const std::vector<std::string> local = Texts(Capture(base + "--local-cache"));
   const std::string pooled = base + "--daemon " + d.socket() +
-                             " --key-format f32 --value-format f32 --share-prefix";
+                             " --key-format f32 --value-format f32 --share-prefix-messages 2";
   const std::string first = Capture(pooled + " --agent first");
   const std::string second = Capture(pooled + " --agent second");
   EXPECT_EQ(FirstAttached(first), 0) << first;

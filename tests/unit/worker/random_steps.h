@@ -57,12 +57,12 @@ inline Rows Pick(const Rows& from, const std::vector<int>& slots) {
 
 // One step writing `rows` (every layer) and attending with `q`
 // ([layer][tokens][kQHeads][kHeadDim]); returns the outputs of every layer.
-// Token ids: first_id, first_id + 1, ...
+// Token ids: first_id, first_id + 1, ...; all of message `turn`.
 inline std::vector<float> Step(PagedKvStore* store, const Rows& rows, const std::vector<float>& q,
-                               int first_position, int first_id = 7) {
+                               int first_position, int first_id = 7, int turn = 0) {
   const int n = rows.num_tokens();
   std::vector<StepToken> meta;
-  for (int i = 0; i < n; ++i) meta.push_back({first_id + i, first_position + i, 0, Role::kUser});
+  for (int i = 0; i < n; ++i) meta.push_back({first_id + i, first_position + i, turn, Role::kUser});
   EXPECT_TRUE(store->BeginStep(meta).ok());
   const size_t per_layer = static_cast<size_t>(n) * kQHeads * kHeadDim;
   std::vector<float> out(kLayers * per_layer);
