@@ -1,5 +1,6 @@
 // The one policy implementation: a composite of components (see policy.h).
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -468,16 +469,27 @@ class CompositePolicy final : public Policy {
       ent[l] = view.layers[l].score[ScoreStream::kEntropy];
     }
     if (cfg_.full) return AllocateLayerBudgets(LayerAllocator::kUniform, total, sizes, ent);
+    // Pinned slots (a shared prefix's, kv_pool_compaction.cc) are kept
+    // whatever the budget: ranked first, and no layer's budget below them.
+    std::vector<int64_t> pinned(L, 0);
+    for (int l = 0; l < L; ++l) {
+      for (const Slot& s : view.layers[l].slots) pinned[l] += view.tokens[s.token].pinned;
+    }
     if (cfg_.layers == LayerAllocator::kImportance) {
       std::vector<std::vector<float>> scores(L);
       for (int l = 0; l < L; ++l) {
         for (const Slot& s : view.layers[l].slots) {
-          scores[l].push_back(s.score[ScoreStream::kImportance]);
+          scores[l].push_back(view.tokens[s.token].pinned
+                                  ? std::numeric_limits<float>::infinity()
+                                  : s.score[ScoreStream::kImportance]);
         }
       }
-      return ImportanceLayerBudgets(total, scores);
+      out = ImportanceLayerBudgets(total, scores);
+    } else {
+      out = AllocateLayerBudgets(cfg_.layers, total, sizes, ent, cfg_.skew);
     }
-    return AllocateLayerBudgets(cfg_.layers, total, sizes, ent, cfg_.skew);
+    for (int l = 0; l < L; ++l) out[l] = std::max(out[l], pinned[l]);
+    return out;
   }
 
   double Trigger() const override { return cfg_.trigger; }

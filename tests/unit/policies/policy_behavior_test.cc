@@ -286,6 +286,34 @@ TEST(KvzipPolicyTest, KeepsTheMostImportantSlotsBesideSinksAndWindow) {
   EXPECT_TRUE(Make("sinks+kvzip+h2o")->Reads().has(kImportance));
 }
 
+// Pinned slots (a shared prefix the daemon keeps whole) are kept in every
+// layer whatever the per-layer budgets would give: importance budgets rank
+// them first, so a layer whose pinned slots scored low is not starved below
+// them, and the other layers share what is left.
+TEST(KvzipPolicyTest, PerLayerImportanceBudgetsKeepEveryPinnedSlot) {
+  SessionView v = MakeView(40, 2);
+  for (int i = 0; i < 16; ++i) v.tokens[i].pinned = true;
+  for (int i = 0; i < 40; ++i) {
+    v.layers[0].slots[i].score[kImportance] = i < 16 ? 0.f : 1.f;  // pinned: least important
+    v.layers[1].slots[i].score[kImportance] = i < 16 ? 0.f : 2.f;
+  }
+  auto p = Make("kvzip", {{"select", "layer"}, {"layers", "importance"}, {"window.size", "2"}});
+  ASSERT_NE(p, nullptr);
+  const Budget budget = Budget::TotalTokens(36);  // over both layers
+  auto budgets = p->LayerBudgets(v, budget);
+  ASSERT_TRUE(budgets.ok()) << budgets.status();
+  EXPECT_GE((*budgets)[0], 16);
+  EXPECT_GE((*budgets)[1], 16);
+  EXPECT_LE((*budgets)[0] + (*budgets)[1], 36);
+  auto plan = p->Decide(v, budget);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (const LayerPlan& lp : plan->layers) {
+    for (uint32_t i = 0; i < 16; ++i) {
+      EXPECT_NE(std::find(lp.keep.begin(), lp.keep.end(), i), lp.keep.end()) << i;
+    }
+  }
+}
+
 // select=layer tells a caller with one slot list for all layers (the daemon)
 // to give each layer its own; it ranks by per-layer importance alone, so
 // components that read streams summed over layers, and merging, are refused.
