@@ -28,15 +28,27 @@ uint64_t HeldTokens(const Session& s, const std::vector<uint64_t>& offsets) {
 // with their records pinned in every list: a compaction keeps them whole, so
 // the blocks stay shared by reference, and its budget counts the session's
 // other slots only (a shared block is the pool's once, whatever holds it).
-// 0 when a layer starts late (its budget is its own).
+// 0 when a layer starts late: its layers keep budgets of their own, laid out
+// from the table's end, and a layer that keeps fewer slots holds the prefix
+// in other blocks (copies), so there is nothing shared to keep. Slots pinned
+// for an earlier compaction are unpinned then.
 uint64_t PinSharedPrefix(Session& s, const std::vector<uint64_t>& offsets) {
-  if (std::any_of(offsets.begin(), offsets.end(), [](uint64_t o) { return o != 0; })) return 0;
-  size_t b = 0;
-  while (b < s.tables.blocks.size() && s.tables.blocks[b].prefix != 0) ++b;
-  const uint64_t slots = std::min<uint64_t>(b * s.block_tokens, s.tables.committed_tokens);
+  uint64_t slots = 0;
+  if (std::none_of(offsets.begin(), offsets.end(), [](uint64_t o) { return o != 0; })) {
+    size_t b = 0;
+    while (b < s.tables.blocks.size() && s.tables.blocks[b].prefix != 0) ++b;
+    slots = std::min<uint64_t>(b * s.block_tokens, s.tables.committed_tokens);
+  }
+  // The prefix holds the session's first tokens: positions 0 .. n - 1,
+  // wherever a layer's list holds them now.
+  const auto pinned_before = static_cast<int64_t>(s.policy.prefix_pinned);
   for (auto& list : s.policy.records) {
+    for (SlotRecord& r : list) {
+      if (r.meta.position >= 0 && r.meta.position < pinned_before) r.meta.pinned = false;
+    }
     for (uint64_t i = 0; i < slots; ++i) list[i].meta.pinned = true;
   }
+  s.policy.prefix_pinned = slots;
   return slots;
 }
 

@@ -85,6 +85,10 @@ struct PolicyInputs {
   bool importance_reported = false;
   // ReportSlots calls accepted so far.
   uint64_t reports = 0;
+  // Tokens the daemon pinned as a shared prefix the session holds whole
+  // (positions 0 .. prefix_pinned - 1; kv_pool_compaction.cc
+  // PinSharedPrefix); unpinned when it no longer does.
+  uint64_t prefix_pinned = 0;
   // A compaction that failed is not retried (nor counted again) until the
   // session changes: more tokens, a report, another policy text. Otherwise
   // every idle Sync ran and counted the same failure. (One that found no

@@ -145,6 +145,48 @@ TEST_F(PrefixSharingTest, ACompactionKeepsTheSharedBlocksWholeAndBudgetsTheRest)
   Check();
 }
 
+// A policy whose layers keep budgets of their own lays each layer out from
+// the table's end: once one layer keeps fewer slots than another, it holds
+// the prefix in blocks of its own, nothing shared is left to keep, and the
+// prefix's slots are unpinned: the next compaction budgets them like any.
+TEST_F(PrefixSharingTest, PerLayerBudgetsPinThePrefixOnlyWhileItIsShared) {
+  Sess a = Open("a");
+  ASSERT_TRUE(Append(a, 32).ok());
+  ASSERT_EQ(Share(a, Ids(32)).value(), 32u);
+  SetQos("b", "kvzip{select=layer,layers=importance,window.size=4}", 8);
+  Sess b = Open("b");
+  ASSERT_EQ(Attach(b, Ids(32)).value(), 32u);
+  ASSERT_TRUE(Append(b, 32).ok());  // 32 of its own > 8
+  const auto report = [&](uint64_t n) {
+    ReportSlotsRequest r;
+    r.epoch = b.epoch;
+    std::vector<float>& v = Values(r, ScoreStream::kImportance, true);
+    v.assign(kLayers * n, 0.01f);
+    for (uint64_t i = 0; i < n; ++i) v[n + i] = 2.f;  // layer 1's slots matter more
+    return pool_->ReportSlots(b.id, b.token, peer_, r);
+  };
+  ASSERT_TRUE(report(64).ok());
+  ASSERT_TRUE(Sync(b).value());  // checks every layer's slots
+  const auto prefix_slots = [&](int l) {
+    int n = 0;
+    for (uint64_t i = 0; i < b.committed; ++i) n += b.position(l, i) >= 0 && b.position(l, i) < 32;
+    return n;
+  };
+  // Both layers keep the whole prefix; layer 1 more of the rest, so layer 0
+  // starts late (its first slots hold nothing).
+  EXPECT_EQ(prefix_slots(0), 32);
+  EXPECT_EQ(prefix_slots(1), 32);
+  EXPECT_EQ(b.position(0, 0), -1);
+  Check();
+  // Layer 0 starts late now: the next compaction budgets the prefix too.
+  ASSERT_TRUE(Append(b, 32).ok());
+  ASSERT_TRUE(report(b.committed).ok());
+  ASSERT_TRUE(Sync(b).value());
+  EXPECT_LT(prefix_slots(0), 32);
+  VerifyContent(a);
+  Check();
+}
+
 TEST_F(PrefixSharingTest, CachedAfterTheLastSessionRevivedThenDroppedForRoom) {
   pool_ = MakePool(2 * kMiB);
   arenas_.Reset(pool_.get());
