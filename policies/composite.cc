@@ -1,8 +1,8 @@
 // The one policy implementation: a composite of components (see policy.h).
 #include <algorithm>
-#include <limits>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>

@@ -212,6 +212,9 @@ def summarize(results: dict, geometry: dict, static_tokens: int) -> dict:
             if res["peak_held_bytes"]:
                 m["x_static_f16"] = round(out["static_f16_bytes"] / res["peak_held_bytes"], 2)
                 m["x_paged_f16"] = round(out["paged_f16_bytes"] / res["peak_held_bytes"], 2)
+                # The reference run is paged f16, measured live at the same
+                # concurrency (agents end at different times: below the sum).
+                m["x_reference_peak"] = round(ref["peak_held_bytes"] / res["peak_held_bytes"], 2)
         attached = [r for r in res["records"] if r["attached_tokens"] > 0]
         if attached:
             first = res["records"][0]

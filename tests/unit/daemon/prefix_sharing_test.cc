@@ -45,6 +45,20 @@ class PrefixSharingTest : public PagedSessionTest {
     return pool_->SharePrefix(s.id, s.token, peer_, ids);
   }
 
+  // A session of `agent` that wrote n tokens (whole blocks) and shared them.
+  Sess Sharer(const std::string& agent, int n) {
+    Sess s = Open(agent);
+    EXPECT_TRUE(Append(s, n).ok());
+    EXPECT_EQ(Share(s, Ids(n)).value(), uint64_t(n));
+    return s;
+  }
+  // A fresh session of `agent` that attached those n tokens.
+  Sess Attacher(const std::string& agent, int n) {
+    Sess s = Open(agent);
+    EXPECT_EQ(Attach(s, Ids(n)).value(), uint64_t(n));
+    return s;
+  }
+
   static constexpr uint64_t kBlockBytes = 2ull * kLayers * kBlock * kHeads * kDim * 4;
 };
 
@@ -90,9 +104,7 @@ TEST_F(PrefixSharingTest, AFreshSessionAttachesTheSharedBlocksAndReadsTheSharers
 }
 
 TEST_F(PrefixSharingTest, OtherTenantsModelsAndContextsFindNothing) {
-  Sess a = Open("a");
-  ASSERT_TRUE(Append(a, 48).ok());
-  ASSERT_EQ(Share(a, Ids(48)).value(), 48u);
+  Sess a = Sharer("a", 48);
 
   Sess other_tenant = Open("a", kLayers, "t2");
   EXPECT_EQ(Attach(other_tenant, Ids(48)).value(), 0u);
@@ -111,14 +123,11 @@ TEST_F(PrefixSharingTest, OtherTenantsModelsAndContextsFindNothing) {
 }
 
 TEST_F(PrefixSharingTest, ACompactionKeepsTheSharedBlocksWholeAndBudgetsTheRest) {
-  Sess a = Open("a");
-  ASSERT_TRUE(Append(a, 48).ok());
-  ASSERT_EQ(Share(a, Ids(48)).value(), 48u);
+  Sess a = Sharer("a", 48);
   // b's policy would keep a heavy hitter inside shared block 0 and evict
   // around it; the shared blocks are kept whole instead, outside its budget.
   SetQos("b", "h2o", 16);
-  Sess b = Open("b");
-  ASSERT_EQ(Attach(b, Ids(48)).value(), 48u);
+  Sess b = Attacher("b", 48);
   ASSERT_TRUE(Append(b, 40).ok());  // 40 of its own > 16 + 10%
   std::vector<float> attn(88, 0.01f);
   attn[5] = 50.f;
@@ -150,12 +159,9 @@ TEST_F(PrefixSharingTest, ACompactionKeepsTheSharedBlocksWholeAndBudgetsTheRest)
 // the prefix in blocks of its own, nothing shared is left to keep, and the
 // prefix's slots are unpinned: the next compaction budgets them like any.
 TEST_F(PrefixSharingTest, PerLayerBudgetsPinThePrefixOnlyWhileItIsShared) {
-  Sess a = Open("a");
-  ASSERT_TRUE(Append(a, 32).ok());
-  ASSERT_EQ(Share(a, Ids(32)).value(), 32u);
+  Sess a = Sharer("a", 32);
   SetQos("b", "kvzip{select=layer,layers=importance,window.size=4}", 8);
-  Sess b = Open("b");
-  ASSERT_EQ(Attach(b, Ids(32)).value(), 32u);
+  Sess b = Attacher("b", 32);
   ASSERT_TRUE(Append(b, 32).ok());  // 32 of its own > 8
   const auto report = [&](uint64_t n) {
     ReportSlotsRequest r;
@@ -260,9 +266,7 @@ TEST_F(PrefixSharingTest, BadCallsAreRefusedAndChangeNothing) {
 }
 
 TEST_F(PrefixSharingTest, AnAgentsCapCountsTheSharedBlocksItsSessionsHold) {
-  Sess a = Open("a");
-  ASSERT_TRUE(Append(a, 64).ok());
-  ASSERT_EQ(Share(a, Ids(64)).value(), 64u);
+  Sess a = Sharer("a", 64);
   QosRecord q;
   q.agent_id = "capped";
   q.max_bytes = 2 * kBlockBytes + kBlockBytes / 2;
@@ -275,11 +279,8 @@ TEST_F(PrefixSharingTest, AnAgentsCapCountsTheSharedBlocksItsSessionsHold) {
 }
 
 TEST_F(PrefixSharingTest, AnEvictedSessionLetsItsSharedBlocksGo) {
-  Sess a = Open("a");
-  ASSERT_TRUE(Append(a, 32).ok());
-  ASSERT_EQ(Share(a, Ids(32)).value(), 32u);
-  Sess b = Open("b");
-  ASSERT_EQ(Attach(b, Ids(32)).value(), 32u);
+  Sess a = Sharer("a", 32);
+  Sess b = Attacher("b", 32);
   ASSERT_TRUE(pool_->Evict(b.id, "test").ok());
   Check();
   ASSERT_TRUE(pool_->Close(a.id, a.token, peer_).ok());
