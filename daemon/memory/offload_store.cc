@@ -134,48 +134,64 @@ std::string OffloadStore::PathOf(uint64_t key) const {
   return absl::StrFormat("%s/%s%08x-%016x.kv", options_.disk_dir, kPrefix, options_.instance, key);
 }
 
-uint64_t OffloadStore::FileBytes(uint64_t bytes) const { return sizeof(FileHeader) + bytes; }
+uint64_t OffloadStore::FileBytes(uint64_t bytes) { return sizeof(FileHeader) + bytes; }
 
 absl::Status OffloadStore::Put(uint64_t key, std::span<const std::span<const std::byte>> pages) {
-  Entry e;
+  uint64_t bytes = 0;
+  uint32_t crc = 0;
   for (const auto& p : pages) {
-    e.bytes += p.size();
-    e.crc = Crc32c(p, e.crc);
+    bytes += p.size();
+    crc = Crc32c(p, crc);
   }
-  e.pages = static_cast<uint32_t>(pages.size());
-  absl::MutexLock lock(&mu_);
-  if (entries_.contains(key)) {
-    return absl::AlreadyExistsError(absl::StrCat("offload: entry ", key, " exists"));
-  }
-  if (e.bytes <= options_.host_bytes) {
-    while (stats_.host_bytes + e.bytes > options_.host_bytes && SpillOldest()) {
+  absl::MutexLock io(&io_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (entries_.contains(key)) {
+      return absl::AlreadyExistsError(absl::StrCat("offload: entry ", key, " exists"));
     }
-    if (stats_.host_bytes + e.bytes <= options_.host_bytes) {
-      e.data.resize(e.bytes);
+  }
+  if (bytes <= options_.host_bytes) {
+    auto fits = [&] {
+      absl::MutexLock lock(&mu_);
+      return stats_.host_bytes + bytes <= options_.host_bytes;
+    };
+    while (!fits() && SpillOldest()) {
+    }
+    if (fits()) {
+      Entry e;
+      e.bytes = bytes;
+      e.pages = static_cast<uint32_t>(pages.size());
+      e.crc = crc;
+      e.data.resize(bytes);
       size_t at = 0;
       for (const auto& p : pages) {
         std::memcpy(e.data.data() + at, p.data(), p.size());
         at += p.size();
       }
+      absl::MutexLock lock(&mu_);
       host_order_.push_back(key);
       e.lru = std::prev(host_order_.end());
-      stats_.host_bytes += e.bytes;
+      stats_.host_bytes += bytes;
       ++stats_.host_entries;
       entries_.emplace(key, std::move(e));
       return absl::OkStatus();
     }
   }
-  absl::Status written = WriteFile(key, pages, e.crc);
+  const absl::Status written = WriteFile(key, pages, crc);
+  absl::MutexLock lock(&mu_);
   if (!written.ok()) {
     if (absl::IsResourceExhausted(written)) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "offload: no room for ", e.bytes, " bytes: host tier ", stats_.host_bytes, " of ",
+          "offload: no room for ", bytes, " bytes: host tier ", stats_.host_bytes, " of ",
           options_.host_bytes, " bytes used, disk tier: ", written.message()));
     }
     return written;
   }
+  Entry e;
   e.tier = OffloadTier::kDisk;
-  stats_.disk_bytes += FileBytes(e.bytes);
+  e.bytes = bytes;
+  e.pages = static_cast<uint32_t>(pages.size());
+  e.crc = crc;
   ++stats_.disk_entries;
   entries_.emplace(key, std::move(e));
   return absl::OkStatus();
@@ -187,16 +203,25 @@ absl::Status OffloadStore::WriteFile(uint64_t key,
   uint64_t bytes = 0;
   for (const auto& p : pages) bytes += p.size();
   if (options_.disk_dir.empty()) return absl::ResourceExhaustedError("none configured");
-  if (stats_.disk_bytes + FileBytes(bytes) > options_.disk_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(stats_.disk_bytes, " of ",
-                                                     options_.disk_bytes, " bytes used"));
+  {
+    absl::MutexLock lock(&mu_);
+    if (stats_.disk_bytes + FileBytes(bytes) > options_.disk_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(stats_.disk_bytes, " of ",
+                                                       options_.disk_bytes, " bytes used"));
+    }
+    stats_.disk_bytes += FileBytes(bytes);  // taken before the write, given back on failure
   }
+  auto fail = [&](absl::Status st) {
+    absl::MutexLock lock(&mu_);
+    stats_.disk_bytes -= FileBytes(bytes);
+    ++stats_.disk_errors;
+    return st;
+  };
   const std::string path = PathOf(key);
   Fd f{::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600)};
   if (f.fd < 0) {
-    ++stats_.disk_errors;
-    return absl::UnavailableError(absl::StrCat("offload: cannot create ", path, ": ",
-                                               ErrnoText(errno)));
+    return fail(absl::UnavailableError(absl::StrCat("offload: cannot create ", path, ": ",
+                                                    ErrnoText(errno))));
   }
   FileHeader h{};
   std::memcpy(h.magic, kMagic, sizeof(kMagic));
@@ -216,73 +241,100 @@ absl::Status OffloadStore::WriteFile(uint64_t key,
       });
   if (err != 0) {
     ::unlink(path.c_str());
-    ++stats_.disk_errors;
     if (err == ENOSPC || err == EDQUOT) {
-      return absl::ResourceExhaustedError(absl::StrCat("the disk is full (", path, ")"));
+      return fail(absl::ResourceExhaustedError(absl::StrCat("the disk is full (", path, ")")));
     }
-    return absl::UnavailableError(absl::StrCat("offload: cannot write ", path, ": ",
-                                               err < 0 ? "short write" : ErrnoText(err)));
+    return fail(absl::UnavailableError(absl::StrCat(
+        "offload: cannot write ", path, ": ", err < 0 ? "short write" : ErrnoText(err))));
   }
   return absl::OkStatus();
 }
 
 bool OffloadStore::SpillOldest() {
-  if (host_order_.empty()) return false;
-  const uint64_t key = host_order_.front();
+  uint64_t key = 0;
+  uint32_t crc = 0;
+  std::span<const std::byte> data;
+  {
+    absl::MutexLock lock(&mu_);
+    if (host_order_.empty()) return false;
+    key = host_order_.front();
+    Entry& e = entries_.at(key);
+    e.io = true;
+    crc = e.crc;
+    data = e.data;  // stays: only a transfer (this one) moves or frees it
+  }
+  const bool written = WriteFile(key, std::span(&data, 1), crc).ok();
+  absl::MutexLock lock(&mu_);
   Entry& e = entries_.at(key);
-  const std::span<const std::byte> data(e.data);
-  if (!WriteFile(key, std::span(&data, 1), e.crc).ok()) return false;
-  host_order_.pop_front();
-  stats_.host_bytes -= e.bytes;
-  --stats_.host_entries;
-  stats_.disk_bytes += FileBytes(e.bytes);
-  ++stats_.disk_entries;
-  ++stats_.spilled;
-  e.tier = OffloadTier::kDisk;
-  std::vector<std::byte>().swap(e.data);
-  return true;
+  if (written) {
+    host_order_.erase(e.lru);
+    stats_.host_bytes -= e.bytes;
+    --stats_.host_entries;
+    ++stats_.disk_entries;
+    ++stats_.spilled;
+    e.tier = OffloadTier::kDisk;
+    std::vector<std::byte>().swap(e.data);
+  }
+  EndIo(key);
+  return written;
 }
 
 absl::Status OffloadStore::Get(uint64_t key, std::span<const std::span<std::byte>> pages) {
-  absl::MutexLock lock(&mu_);
-  auto it = entries_.find(key);
-  if (it == entries_.end()) return absl::NotFoundError(absl::StrCat("offload: no entry ", key));
-  const Entry& e = it->second;
-  uint64_t bytes = 0;
-  for (const auto& p : pages) bytes += p.size();
-  if (bytes != e.bytes || pages.size() != e.pages) {
-    return absl::InvalidArgumentError(absl::StrCat("offload: entry ", key, " holds ", e.pages,
-                                                   " pages of ", e.bytes, " bytes, not ",
-                                                   pages.size(), " of ", bytes));
+  absl::MutexLock io(&io_mu_);
+  OffloadTier tier;
+  uint64_t bytes;
+  uint32_t count, crc;
+  const std::byte* data;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end() || it->second.dropped) {
+      return absl::NotFoundError(absl::StrCat("offload: no entry ", key));
+    }
+    Entry& e = it->second;
+    uint64_t want = 0;
+    for (const auto& p : pages) want += p.size();
+    if (want != e.bytes || pages.size() != e.pages) {
+      return absl::InvalidArgumentError(absl::StrCat("offload: entry ", key, " holds ", e.pages,
+                                                     " pages of ", e.bytes, " bytes, not ",
+                                                     pages.size(), " of ", want));
+    }
+    e.io = true;
+    tier = e.tier;
+    bytes = e.bytes;
+    count = e.pages;
+    crc = e.crc;
+    data = e.data.data();
   }
   absl::Status read = absl::OkStatus();
-  if (e.tier == OffloadTier::kHost) {
+  if (tier == OffloadTier::kHost) {
     size_t at = 0;
     for (const auto& p : pages) {
-      std::memcpy(p.data(), e.data.data() + at, p.size());
+      std::memcpy(p.data(), data + at, p.size());
       at += p.size();
     }
   } else {
-    read = ReadFile(key, e, pages);
+    read = ReadFile(key, bytes, count, crc, pages);
   }
-  uint32_t crc = 0;
   if (read.ok()) {
-    for (const auto& p : pages) crc = Crc32c(p, crc);
-    if (crc != e.crc) {
+    uint32_t got = 0;
+    for (const auto& p : pages) got = Crc32c(p, got);
+    if (got != crc) {
       read = absl::DataLossError(absl::StrCat("offload: entry ", key, " in ",
-                                              OffloadTierName(e.tier),
-                                              " fails its checksum"));
+                                              OffloadTierName(tier), " fails its checksum"));
     }
   }
+  absl::MutexLock lock(&mu_);
   if (absl::IsDataLoss(read)) {
     ++stats_.corrupt;
-    Forget(key);
+    entries_.at(key).dropped = true;
   }
+  EndIo(key);
   return read;
 }
 
-absl::Status OffloadStore::ReadFile(uint64_t key, const Entry& e,
-                                    std::span<const std::span<std::byte>> pages) {
+absl::Status OffloadStore::ReadFile(uint64_t key, uint64_t bytes, uint32_t pages, uint32_t crc,
+                                    std::span<const std::span<std::byte>> out) const {
   const std::string path = PathOf(key);
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (f.fd < 0) {
@@ -296,14 +348,13 @@ absl::Status OffloadStore::ReadFile(uint64_t key, const Entry& e,
       [](int fd, const iovec* iov, int n, off_t off) { return ::preadv(fd, iov, n, off); });
   if (err == 0 && (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 ||
                    h.header_crc != HeaderCrc(h) || h.instance != options_.instance ||
-                   h.key != key || h.bytes != e.bytes || h.pages != e.pages ||
-                   h.data_crc != e.crc)) {
+                   h.key != key || h.bytes != bytes || h.pages != pages || h.data_crc != crc)) {
     return absl::DataLossError(
         absl::StrCat("offload: ", path, " is not this entry (header does not match)"));
   }
   if (err == 0) {
     err = TransferAll<std::span<std::byte>>(
-        f.fd, sizeof(FileHeader), pages,
+        f.fd, sizeof(FileHeader), out,
         [](int fd, const iovec* iov, int n, off_t off) { return ::preadv(fd, iov, n, off); });
   }
   if (err != 0) {
@@ -313,9 +364,21 @@ absl::Status OffloadStore::ReadFile(uint64_t key, const Entry& e,
   return absl::OkStatus();
 }
 
+void OffloadStore::EndIo(uint64_t key) {
+  Entry& e = entries_.at(key);
+  e.io = false;
+  if (e.dropped) Forget(key);
+}
+
 void OffloadStore::Drop(uint64_t key) {
   absl::MutexLock lock(&mu_);
-  Forget(key);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  if (it->second.io) {
+    it->second.dropped = true;  // its transfer forgets it
+  } else {
+    Forget(key);
+  }
 }
 
 void OffloadStore::Forget(uint64_t key) {
@@ -337,7 +400,7 @@ void OffloadStore::Forget(uint64_t key) {
 std::optional<OffloadTier> OffloadStore::Where(uint64_t key) const {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(key);
-  if (it == entries_.end()) return std::nullopt;
+  if (it == entries_.end() || it->second.dropped) return std::nullopt;
   return it->second.tier;
 }
 

@@ -13,8 +13,11 @@
 // file of earlier runs. Writes go through the page cache (no O_DIRECT: an
 // entry is read back once, soon after it may still be cached).
 //
-// Thread-safety: all methods are thread-safe; one transfer at a time (a
-// Put's spills included), under the store's own mutex, never the pool's.
+// Thread-safety: all methods are thread-safe. Transfers (Put, its spills,
+// Get) go one at a time under io_mu_; Drop, Where and stats take only the
+// short metadata lock, so a caller holding its own lock (the pool's) never
+// waits for a disk. An entry dropped while it is being transferred goes
+// when that transfer ends.
 #pragma once
 
 #include <cstddef>
@@ -86,22 +89,30 @@ class OffloadStore {
     uint32_t pages = 0;
     uint32_t crc = 0;             // of the pages' bytes
     std::list<uint64_t>::iterator lru;  // host tier: place in host_order_
+    bool io = false;       // being transferred (without mu_)
+    bool dropped = false;  // Drop came meanwhile: forget it after
   };
 
   std::string PathOf(uint64_t key) const;
-  uint64_t FileBytes(uint64_t bytes) const;
-  // Writes `pages` as key's file. RESOURCE_EXHAUSTED past disk_bytes or on
-  // ENOSPC, UNAVAILABLE on other errors; no file is left on failure.
+  static uint64_t FileBytes(uint64_t bytes);
+  // Writes `pages` as key's file, its room on disk taken first.
+  // RESOURCE_EXHAUSTED past disk_bytes or on ENOSPC, UNAVAILABLE on other
+  // errors; no file is left and no room kept on failure.
   absl::Status WriteFile(uint64_t key, std::span<const std::span<const std::byte>> pages,
-                         uint32_t crc) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ReadFile(uint64_t key, const Entry& e, std::span<const std::span<std::byte>> pages)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves the host entry stored longest ago to disk; false when the disk
-  // cannot take it (it stays in host memory).
-  bool SpillOldest() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                         uint32_t crc) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ReadFile(uint64_t key, uint64_t bytes, uint32_t pages, uint32_t crc,
+                        std::span<const std::span<std::byte>> out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // Moves the host entry stored longest ago to disk; false when there is
+  // none or the disk cannot take it (it stays in host memory).
+  bool SpillOldest() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // The end of a transfer of `key`: forgets it if it was dropped meanwhile.
+  void EndIo(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Forget(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const OffloadOptions options_;
+  absl::Mutex io_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::list<uint64_t> host_order_ ABSL_GUARDED_BY(mu_);  // oldest first

@@ -358,11 +358,20 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
       }
     }
     if (!sp.ok()) return sp.status();
-    Session& s = **sp;
+    Session* live = *sp;
+    if (live->offloading) {  // its pages are on their way out: then back
+      live = AwaitOffloaded(session_id);
+      if (live == nullptr) return absl::NotFoundError(absl::StrCat("no session ", session_id));
+    }
+    Session& s = *live;
     if (known_epoch > s.tables.epoch) {
       return absl::InvalidArgumentError(absl::StrCat("known_epoch ", known_epoch,
                                                      " is ahead of the session's epoch ",
                                                      s.tables.epoch));
+    }
+    // The worker is back: its pages come back first (new pages, epoch + 1).
+    if (s.offloaded && !then_idle) {
+      if (auto st = Restore(s); !st.ok()) return st;
     }
     // A move asked for parks the worker here, at its step boundary, once it
     // holds the current tables (ParkForMove waits for this); a parked
@@ -388,6 +397,7 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     // Idle only over the tables the worker holds: a move copies the current
     // ones, and the worker takes them for its own.
     s.idle = then_idle && !out.parked && known_epoch == s.tables.epoch;
+    if (s.idle) s.idle_since = Now();
     out.epoch = s.tables.epoch;
     out.committed_tokens = s.tables.committed_tokens;
     out.wants = s.policy.wants;
@@ -489,15 +499,22 @@ uint64_t KvPool::DestroySession(uint64_t session_id, SessionEventMsg last_event,
   Session* sp = sessions_.Find(session_id);
   if (sp == nullptr) return 0;
   Session& s = *sp;
-  const uint64_t before = s.account.bytes;
   if (s.busy) {
     // Its compaction works without the lock; it finishes the destruction
     // when it gets the lock back.
     s.doomed = true;
     s.doom_consented = consented;
     s.doom_event = std::move(last_event);
-    return before;
+    return s.account.bytes;
   }
+  if (s.offloaded) {  // its own pages are in the store; the shared blocks it held go below
+    options_.offload_store->Drop(session_id);
+    for (Block& b : s.offloaded->blocks) {
+      if (b.prefix != 0) s.tables.blocks.push_back(std::move(b));
+    }
+    s.offloaded.reset();
+  }
+  const uint64_t before = s.account.bytes;
   if (!consented && s.lease.process && s.lease.process->Alive() && before > 0) {
     QuarantinedSession q{s.token, s.lease.peer.uid, s.lease.process, s.account, {}};
     for (auto* table : {&s.tables.blocks, &s.tables.staged, &s.tables.pending}) {
@@ -540,7 +557,14 @@ absl::StatusOr<Session*> KvPool::Authorize(uint64_t id, absl::string_view token,
                                            const PeerCreds& peer, bool mutation) {
   auto sp = mutation ? sessions_.AuthorizeMutation(id, token, peer, Now())
                      : sessions_.Authorize(id, token, peer, Now());
-  if (sp.ok()) (*sp)->idle = false;  // the worker is at work again
+  if (sp.ok()) {
+    Session& s = **sp;
+    if (mutation && (s.offloaded || s.offloading)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session ", id, " is offloaded (its worker went idle): its next Sync restores it"));
+    }
+    s.idle = false;  // the worker is at work again
+  }
   if (!absl::IsNotFound(sp.status())) return sp;
   auto q = quarantine_.find(id);
   if (q != quarantine_.end() && TokenEquals(token, q->second.token) && peer.uid == q->second.uid) {

@@ -62,6 +62,7 @@
 #include "daemon/compaction/policy_registry.h"
 #include "daemon/compaction/pressure_ladder.h"
 #include "daemon/memory/arena.h"
+#include "daemon/memory/offload_store.h"
 #include "daemon/pool/admission.h"
 #include "daemon/pool/block_pool.h"
 #include "daemon/pool/event_channel.h"
@@ -114,6 +115,11 @@ struct KvPoolOptions {
   uint32_t instance = 0;
   ArenaFactory arena_factory;  // Required.
   Clock clock;                 // Defaults to absl::Now.
+  // Offload tiers (issue 42, docs/offload.md): where idle sessions' pages
+  // go when the ladder needs room, when an operator asks (polykvctl
+  // offload), or once idle for offload_idle. Null: nothing is offloaded.
+  std::shared_ptr<OffloadStore> offload_store;
+  absl::Duration offload_idle = absl::InfiniteDuration();
   // Whether a worker process still lives (pidfds in polykvd). Pages taken
   // from a live worker without its consent are quarantined, and retired
   // arenas kept, while it lives. Empty: nobody is watched (pages and arenas
@@ -233,6 +239,19 @@ class KvPool {
   // session's.
   absl::StatusOr<OpenResult> Attach(uint64_t session_id, absl::string_view token,
                                     const PeerCreds& peer);
+
+  // --- Offload tiers (kv_pool_offload.cc, docs/offload.md) ---
+  // Moves an idle session's own pages (its worker said Idle and has called
+  // nothing since) to the offload store and frees them; its next Sync
+  // restores them into new pages (epoch + 1, the same bytes). Returns the
+  // bytes offloaded. FAILED_PRECONDITION when offload is not configured or
+  // the session is not idle (or is moving, or offloaded already);
+  // RESOURCE_EXHAUSTED / UNAVAILABLE from the store (the session keeps its
+  // pages); NOT_FOUND for no such session.
+  absl::StatusOr<uint64_t> Offload(uint64_t session_id);
+  // Offloads the sessions idle for options.offload_idle or longer (called
+  // periodically by the daemon). Returns how many it offloaded.
+  uint32_t OffloadIdle();
 
   // One round of the pressure ladder (called periodically by the daemon):
   // below the low watermark, asks sessions with a compacting policy, lowest
@@ -375,6 +394,17 @@ class KvPool {
   // tokens). No-op once split. REQUIRES: !s.busy (Compact reads the records
   // without the lock).
   void SplitLayerRecords(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Offload's work on `s` (REQUIRES: s idle, not busy, not moving, not
+  // offloaded, offload configured): the copy runs with mu_ released (s busy
+  // and offloading). NOT_FOUND when s was destroyed meanwhile.
+  absl::StatusOr<uint64_t> OffloadLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Brings an offloaded s back into new pages at epoch + 1 (a RestoreRun
+  // through RunStaged). UNAVAILABLE when the pool has no room now (s stays
+  // offloaded); DATA_LOSS when the store lost its pages (s is destroyed);
+  // NOT_FOUND when s was destroyed meanwhile.
+  absl::Status Restore(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits while `id` is being offloaded; the session afterwards, or null.
+  Session* AwaitOffloaded(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finishes a destruction deferred while `s` was busy.
   absl::Status FinishDoomed(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -416,6 +446,7 @@ class KvPool {
   uint64_t prefix_hits_ ABSL_GUARDED_BY(mu_) = 0;    // full blocks attached
   uint64_t prefix_misses_ ABSL_GUARDED_BY(mu_) = 0;  // full blocks asked for, not found
   uint64_t relocated_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // moved out of vacated arenas
+  OffloadCounts offload_counts_ ABSL_GUARDED_BY(mu_);
   static constexpr size_t kMaxCompactionErrors = 16;
   std::vector<std::string> compaction_errors_ ABSL_GUARDED_BY(mu_);
 };

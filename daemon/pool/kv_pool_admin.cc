@@ -48,7 +48,9 @@ absl::Status KvPool::CheckInvariants() const {
     const std::string who = absl::StrCat("session ", id);
     uint64_t b = 0, shared = 0;
     uint64_t pending = 0;
-    for (const auto* table : {&s.tables.blocks, &s.tables.pending, &s.tables.staged}) {
+    static const std::vector<Block> kNone;
+    const auto* out = s.offloaded ? &s.offloaded->blocks : &kNone;
+    for (const auto* table : {&s.tables.blocks, &s.tables.pending, &s.tables.staged, out}) {
       auto tb = TableBytes(s.tenant(), *table, who, held, shared);
       if (!tb.ok()) return tb.status();
       b += *tb;
@@ -70,6 +72,9 @@ absl::Status KvPool::CheckInvariants() const {
         return absl::InternalError(absl::StrCat(who, ": ", list.size(), " slot records for ",
                                                 s.tables.committed_tokens, " committed tokens"));
       }
+    }
+    if (s.offloaded && (!s.tables.blocks.empty() || b != 0)) {
+      return absl::InternalError(absl::StrCat(who, " is offloaded but holds pages"));
     }
     if (auto st = CheckLayerPresence(s); !st.ok()) {
       return absl::InternalError(absl::StrCat(who, ": ", st.message()));
@@ -119,6 +124,13 @@ PoolSummary KvPool::Stats() const {
   p.relocated_blocks = relocated_blocks_;
   p.prefix_hit_blocks = prefix_hits_;
   p.prefix_miss_blocks = prefix_misses_;
+  for (const auto& [id, s] : sessions_) {
+    if (!s.offloaded) continue;
+    ++p.offloaded_sessions;
+    p.offloaded_bytes += s.offloaded->bytes;
+  }
+  if (options_.offload_store) p.offload_store = options_.offload_store->stats();
+  p.offload = offload_counts_;
   p.compactions_by_policy.assign(compactions_.begin(), compactions_.end());
   p.evicted_tokens_by_policy.assign(evicted_tokens_.begin(), evicted_tokens_.end());
   p.merged_tokens_by_policy.assign(merged_tokens_.begin(), merged_tokens_.end());
@@ -137,7 +149,13 @@ std::vector<SessionSummary> KvPool::ListSessions(absl::string_view tenant,
     out.push_back({s.id, s.agent_id(), s.tenant_name, s.priority, s.reserved_tokens(),
                    s.tables.committed_tokens, s.account.bytes, s.tables.epoch,
                    s.shape.key_format, s.shape.value_format, s.lease.peer,
-                   absl::ToDoubleSeconds(now - s.lease.last_seen), s.profile});
+                   absl::ToDoubleSeconds(now - s.lease.last_seen), s.profile, ""});
+    if (s.offloaded) {
+      SessionSummary& o = out.back();
+      o.reserved_tokens = uint64_t(s.offloaded->blocks.size()) * s.block_tokens;
+      const auto tier = options_.offload_store->Where(s.id);
+      o.offloaded_to = tier ? OffloadTierName(*tier) : "lost";
+    }
   }
   return out;
 }

@@ -198,7 +198,9 @@ std::vector<std::string> KvPool::RunPressureLadder() {
     const QosRecord& q = admission_.For(s.agent_id());
     // A compacting session publishes soon and clears its ask; it is asked
     // again next round if still needed.
-    if (q.policy == "full" || s.busy || s.policy.want_tokens != 0 ||
+    // An idle session compacts nothing before its next Sync (nor does an
+    // offloaded one, which has no pages here).
+    if (q.policy == "full" || s.busy || s.idle || s.offloaded || s.policy.want_tokens != 0 ||
         s.policy.want_requant_blocks != 0 || !s.tables.pending.empty()) {
       continue;
     }

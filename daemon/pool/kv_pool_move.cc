@@ -74,6 +74,11 @@ absl::StatusOr<MoveSource> KvPool::ParkForMove(uint64_t session_id, absl::Durati
     return absl::FailedPreconditionError(
         absl::StrCat("session ", session_id, " is being moved already"));
   }
+  if (sp->offloaded || sp->offloading) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", session_id, " is offloaded: it can move once its worker's next Sync has "
+        "restored it"));
+  }
   sp->move = Session::Move::kRequested;
   // An idle worker touches no page until its next Sync: parked now.
   if (sp->idle && !sp->busy) {

@@ -129,6 +129,18 @@ struct Session {
   // Its worker said it is idle (Sync then_idle) and has called nothing since:
   // it touches no page until its next Sync, so a move may park it at once.
   bool idle = false;
+  absl::Time idle_since;  // when it last went idle
+  // Offloaded (kv_pool_offload.cc, docs/offload.md): its own pages are in
+  // the offload store under its id, freed here; `blocks` is its table, the
+  // own blocks without pages (their shapes say what to restore), the shared
+  // prefix blocks still held. tables.blocks is empty meanwhile. Its next
+  // Sync restores it; its other calls but Close are refused.
+  struct Offloaded {
+    std::vector<Block> blocks;
+    uint64_t bytes = 0;  // its own pages' bytes, in the store
+  };
+  std::optional<Offloaded> offloaded;
+  bool offloading = false;  // its pages are being copied out (busy too)
   bool doom_consented = false;
   SessionEventMsg doom_event;
 

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <set>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "daemon/memory/arena.h"
+#include "daemon/memory/offload_store.h"
 #include "daemon/pool/page_allocator.h"
 #include "kernels/model_profile.h"
 #include "kernels/page_format.h"
@@ -212,6 +214,7 @@ struct SessionSummary {
   PeerCreds peer;
   double idle_seconds = 0;
   ModelProfile profile;
+  std::string offloaded_to;  // "host" or "disk" while offloaded; "" in the pool
 };
 
 struct TenantSummary {
@@ -219,6 +222,28 @@ struct TenantSummary {
   uint64_t used_bytes = 0;
   uint64_t arena_bytes = 0;
   uint32_t num_sessions = 0;
+};
+
+// Offload tiers (docs/offload.md): counters since start, and how long
+// restores took (a histogram: restore_buckets[i] counts those at or under
+// kRestoreSecondsBounds[i] and over the bound before; the last, the rest).
+inline constexpr std::array<double, 10> kRestoreSecondsBounds = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5};
+struct OffloadCounts {
+  uint64_t offloaded = 0;     // sessions offloaded
+  uint64_t offloaded_bytes = 0;
+  uint64_t restored = 0;      // sessions restored
+  uint64_t refused = 0;       // offloads the store could not take (the session stayed)
+  uint64_t lost = 0;          // restores whose pages the store had lost (session ended)
+  uint64_t evicted_idle = 0;  // idle sessions the ladder evicted
+  std::array<uint64_t, kRestoreSecondsBounds.size() + 1> restore_buckets{};
+  double restore_seconds_sum = 0;
+  void ObserveRestore(double seconds) {
+    size_t i = 0;
+    while (i < kRestoreSecondsBounds.size() && seconds > kRestoreSecondsBounds[i]) ++i;
+    ++restore_buckets[i];
+    restore_seconds_sum += seconds;
+  }
 };
 
 struct PoolSummary {
@@ -264,6 +289,12 @@ struct PoolSummary {
   uint64_t prefix_hit_blocks = 0;
   uint64_t prefix_miss_blocks = 0;
   uint64_t prefix_dropped_blocks = 0;
+  // Offload tiers: sessions out of the pool now and their bytes; the
+  // store's tiers (absent when offload is off); counters.
+  uint32_t offloaded_sessions = 0;
+  uint64_t offloaded_bytes = 0;
+  std::optional<OffloadStore::Stats> offload_store;
+  OffloadCounts offload;
 };
 
 // Daemon events delivered to a session's watchers.

@@ -57,6 +57,9 @@ class PagedSessionTest : public ::testing::Test {
     arenas_.Reset(pool_.get());
   }
 
+  // A test's own options (offload tiers, ...), over the fixture's.
+  virtual void Configure(KvPoolOptions&) {}
+
   std::unique_ptr<KvPool> MakePool(uint64_t bytes, uint64_t low_watermark = 0) {
     KvPoolOptions o;
     o.pool_bytes = bytes;
@@ -66,6 +69,7 @@ class PagedSessionTest : public ::testing::Test {
     o.low_watermark_bytes = low_watermark;
     o.arena_factory = CreateHostShmArena;
     o.clock = [this] { return clock_.now; };
+    Configure(o);
     auto p = KvPool::Create(o);
     EXPECT_TRUE(p.ok()) << p.status();
     return *std::move(p);
