@@ -36,6 +36,18 @@ LadderSteps PlanLadder(std::vector<LadderCandidate> candidates, const LadderInpu
                    });
   uint64_t expect = 0;
   auto enough = [&] { return in.free_bytes + expect >= 2 * low; };
+  std::vector<LadderCandidate> idle;
+  if (in.offload_on || in.evict_idle) {
+    for (const LadderCandidate& c : candidates) {
+      if (c.idle) idle.push_back(c);
+    }
+    std::erase_if(candidates, [](const LadderCandidate& c) { return c.idle; });
+    std::stable_sort(idle.begin(), idle.end(),
+                     [](const LadderCandidate& a, const LadderCandidate& b) {
+                       if (a.priority != b.priority) return a.priority < b.priority;
+                       return a.idle_ms > b.idle_ms;
+                     });
+  }
   // Step 1. Each block is rewritten into new pages before its old ones go.
   uint64_t room = in.free_bytes;
   std::vector<LadderCandidate> rest;
@@ -72,8 +84,25 @@ LadderSteps PlanLadder(std::vector<LadderCandidate> candidates, const LadderInpu
     room -= std::min(room, out_bytes);
     expect += uint64_t(double(c.committed_tokens - want) * per_token);
   }
-  // Nothing (more) to requantize or compact: refuse the lowest class present.
-  out.refuse = out.requant.empty() && rest.empty() && !in.refusing && in.any_sessions;
+  // Steps 3 and 4: what an idle session holds leaves the pool at once.
+  uint64_t offload_room = in.offload_room;
+  for (const LadderCandidate& c : idle) {
+    if (enough()) break;
+    if (c.bytes == 0) continue;
+    if (in.offload_on && c.bytes <= offload_room) {
+      out.offload.push_back(c.session_id);
+      offload_room -= c.bytes;
+    } else if (in.evict_idle && !c.never_evict) {
+      out.evict.push_back(c.session_id);
+    } else {
+      continue;
+    }
+    expect += c.bytes;
+  }
+  // Nothing (more) to requantize, compact, offload or evict: refuse the
+  // lowest class present.
+  out.refuse = out.requant.empty() && rest.empty() && out.offload.empty() &&
+               out.evict.empty() && !in.refusing && in.any_sessions;
   return out;
 }
 

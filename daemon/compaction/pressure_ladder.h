@@ -34,6 +34,11 @@ struct LadderCandidate {
   uint64_t requant_saving = 0;
   uint64_t requant_block_bytes = 0;
   uint64_t requant_room = 0;  // such blocks its tenant could allocate now
+  // Its worker is idle (it calls nothing until its next Sync), for idle_ms
+  // since its last call: steps 3 and 4 take it, when they are on.
+  bool idle = false;
+  int64_t idle_ms = 0;
+  bool never_evict = false;  // its class is critical
 };
 
 struct LadderInputs {
@@ -41,11 +46,18 @@ struct LadderInputs {
   uint64_t low_watermark = 0;
   bool refusing = false;
   bool any_sessions = false;
+  // Step 3: bytes the offload tiers can take (0: offload is off or full).
+  uint64_t offload_room = 0;
+  bool offload_on = false;
+  // Step 4: idle sessions may be evicted (ladder_evict_idle).
+  bool evict_idle = false;
 };
 
 struct LadderSteps {
   std::vector<std::pair<uint64_t, uint64_t>> requant;  // (session id, blocks)
   std::vector<std::pair<uint64_t, uint64_t>> compact;  // (session id, target tokens)
+  std::vector<uint64_t> offload;  // idle sessions to offload now
+  std::vector<uint64_t> evict;    // idle sessions to evict now
   bool refuse = false;  // refuse the lowest priority class present
   bool resume = false;  // stop refusing
 };
@@ -59,9 +71,15 @@ struct LadderSteps {
 //   2. compact: the others are asked to compact to max(guarantee, min(half
 //      their tokens, what fits in 90% of the still free bytes)); candidates
 //      at their floor (guarantee, or one block) are skipped.
-// With no candidate at all, refuse. At or above 2 x watermark: resume.
-// A session asked to requantize is asked to compact in a later round if the
-// pressure stays.
+//   3. offload: idle candidates, by (priority asc, longest idle first), as
+//      many as the watermark needs and the offload tiers can take;
+//   4. evict idle: with evict_idle, the idle candidates step 3 could not
+//      take, in the same order, but never_evict ones.
+// Idle candidates go to steps 3 and 4 only, when either is on (an idle
+// session compacts nothing before its next Sync); else to steps 1 and 2
+// like the others. With no candidate at all, refuse. At or above 2 x
+// watermark: resume. A session asked to requantize is asked to compact in a
+// later round if the pressure stays.
 LadderSteps PlanLadder(std::vector<LadderCandidate> candidates, const LadderInputs& in);
 
 // Step 1's requantization: values go to int4 (KIVI's and our K8V4's value

@@ -120,6 +120,9 @@ struct KvPoolOptions {
   // offload), or once idle for offload_idle. Null: nothing is offloaded.
   std::shared_ptr<OffloadStore> offload_store;
   absl::Duration offload_idle = absl::InfiniteDuration();
+  // Ladder step 4: evict idle sessions (lowest class, longest idle first)
+  // when offload cannot make the room (ladder_evict_idle).
+  bool ladder_evict_idle = false;
   // Whether a worker process still lives (pidfds in polykvd). Pages taken
   // from a live worker without its consent are quarantined, and retired
   // arenas kept, while it lives. Empty: nobody is watched (pages and arenas
@@ -255,11 +258,14 @@ class KvPool {
 
   // One round of the pressure ladder (called periodically by the daemon):
   // below the low watermark, asks sessions with a compacting policy, lowest
-  // priority first, to compact down to max(guarantee, half their tokens)
-  // at their next Sync; when nothing is left to compact, refuses new
-  // reservations of the lowest priority class (with a retry hint) until free
-  // bytes are back above 2 x low watermark. Returns the steps taken
-  // ("compact", "refuse", "resume"), for logs.
+  // priority first, to requantize cold blocks or compact down to
+  // max(guarantee, half their tokens) at their next Sync; offloads idle
+  // sessions (with offload tiers), then evicts idle ones (with
+  // ladder_evict_idle); when nothing is left, refuses new reservations of
+  // the lowest priority class (with a retry hint) until free bytes are back
+  // above 2 x low watermark (pressure_ladder.h). Returns the steps taken
+  // ("requant", "compact", "offload", "offload_refused", "evict_idle",
+  // "refuse", "resume"), for logs.
   std::vector<std::string> RunPressureLadder();
   // Why compactions failed since the last call (at most a few; each failure
   // also counts as ladder step "compaction_failed"), for the daemon's log.

@@ -192,28 +192,40 @@ std::vector<std::string> KvPool::RunPressureLadder() {
   absl::MutexLock lock(&mu_);
   std::vector<LadderCandidate> candidates;
   const bool under_pressure = blocks_.free_bytes() < admission_.low_watermark();
+  const absl::Time now = Now();
   Priority lowest = Priority::kCritical;
   for (const auto& [id, s] : sessions_) {
     lowest = std::min(lowest, s.priority);
     const QosRecord& q = admission_.For(s.agent_id());
     // A compacting session publishes soon and clears its ask; it is asked
     // again next round if still needed.
-    // An idle session compacts nothing before its next Sync (nor does an
-    // offloaded one, which has no pages here).
-    if (q.policy == "full" || s.busy || s.idle || s.offloaded || s.policy.want_tokens != 0 ||
-        s.policy.want_requant_blocks != 0 || !s.tables.pending.empty()) {
+    // An idle session is a candidate for steps 3 and 4 whatever its policy
+    // (offloading loses nothing); an offloaded one holds no pages here.
+    const bool idle = s.idle && !s.busy && s.move == Session::Move::kNone;
+    if (s.offloaded || (!idle && (q.policy == "full" || s.busy || s.policy.want_tokens != 0 ||
+                                  s.policy.want_requant_blocks != 0 ||
+                                  !s.tables.pending.empty()))) {
       continue;
     }
     LadderCandidate& c = candidates.emplace_back(
         LadderCandidate{id, static_cast<int>(s.priority), s.account.bytes,
                         s.tables.committed_tokens, s.block_tokens, s.shape.bytes(),
                         q.guaranteed_bytes});
+    c.idle = idle;
+    c.idle_ms = idle ? absl::ToInt64Milliseconds(now - s.idle_since) : 0;
+    c.never_evict = s.priority == Priority::kCritical;
     // A scan of the session's blocks, under the lock: only when step 1 can run.
-    if (under_pressure) DescribeRequant(s, c);
+    if (under_pressure && !idle) DescribeRequant(s, c);
   }
-  const LadderSteps plan =
-      PlanLadder(std::move(candidates), {blocks_.free_bytes(), admission_.low_watermark(),
-                                         admission_.refusing(), sessions_.size() > 0});
+  LadderInputs in{blocks_.free_bytes(), admission_.low_watermark(), admission_.refusing(),
+                  sessions_.size() > 0};
+  if (options_.offload_store) {
+    const OffloadStore::Stats st = options_.offload_store->stats();
+    in.offload_on = true;
+    in.offload_room = (st.host_capacity - st.host_bytes) + (st.disk_capacity - st.disk_bytes);
+  }
+  in.evict_idle = options_.ladder_evict_idle;
+  const LadderSteps plan = PlanLadder(std::move(candidates), in);
   std::vector<std::string> steps;
   if (plan.resume) {
     admission_.Resume();
@@ -226,6 +238,26 @@ std::vector<std::string> KvPool::RunPressureLadder() {
   for (const auto& [id, want] : plan.compact) {
     sessions_.Find(id)->policy.want_tokens = want;
     steps.push_back("compact");
+  }
+  // Steps 3 and 4 act now (an offload copies with the lock released; each
+  // session is looked up again after).
+  for (uint64_t id : plan.offload) {
+    Session* s = sessions_.Find(id);
+    if (s == nullptr || !s->idle || s->busy || s->offloaded || s->move != Session::Move::kNone) {
+      continue;
+    }
+    steps.push_back(OffloadLocked(*s).ok() ? "offload" : "offload_refused");
+  }
+  for (uint64_t id : plan.evict) {
+    Session* s = sessions_.Find(id);
+    if (s == nullptr || !s->idle || s->busy) continue;
+    // Idle: its worker touches no page until its next Sync, which finds
+    // the session gone; nothing to quarantine.
+    DestroySession(id, {SessionEventMsg::Type::kEvicted, 0,
+                        "evicted by the pressure ladder while idle: the pool needed its memory"},
+                   /*consented=*/true);
+    ++offload_counts_.evicted_idle;
+    steps.push_back("evict_idle");
   }
   if (plan.refuse) {
     admission_.Refuse(lowest);

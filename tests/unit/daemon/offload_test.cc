@@ -31,6 +31,7 @@ class OffloadTest : public PagedSessionTest {
     fs::remove_all(dir_);
   }
   void Configure(KvPoolOptions& o) override {
+    o.ladder_evict_idle = evict_idle_;
     if (host_bytes_ == 0 && disk_bytes_ == 0) return;
     auto store = OffloadStore::Create(
         {host_bytes_, disk_bytes_ ? dir_.string() : "", disk_bytes_, 0x5eed});
@@ -39,10 +40,10 @@ class OffloadTest : public PagedSessionTest {
     o.offload_store = store_;
     o.offload_idle = offload_idle_;
   }
-  void Remake(uint64_t pool_bytes = 16 * kMiB) {
+  void Remake(uint64_t pool_bytes = 16 * kMiB, uint64_t low_watermark = 0) {
     pool_.reset();
     store_.reset();
-    pool_ = MakePool(pool_bytes);
+    pool_ = MakePool(pool_bytes, low_watermark);
     arenas_.Reset(pool_.get());
   }
 
@@ -85,6 +86,7 @@ class OffloadTest : public PagedSessionTest {
   }
 
   uint64_t host_bytes_ = 8 * kMiB, disk_bytes_ = 0;
+  bool evict_idle_ = false;
   absl::Duration offload_idle_ = absl::InfiniteDuration();
   fs::path dir_;
   std::shared_ptr<OffloadStore> store_;
@@ -257,6 +259,47 @@ TEST_F(OffloadTest, NoRoomToRestoreIsUnavailableAndTheSessionWaitsOffloaded) {
   ASSERT_TRUE(pool_->Close(b.id, b.token, peer_).ok());
   ASSERT_TRUE(Sync(a).ok());
   EXPECT_EQ(Bytes(a), before);
+  Check();
+}
+
+// The ladder under pressure: active sessions are asked to compact at their
+// next Sync; idle ones leave the pool at once, offloaded (lowest class and
+// longest idle first), or evicted when offload cannot take them.
+TEST_F(OffloadTest, TheLadderOffloadsIdleSessionsThenEvictsWhatItCannotOffload) {
+  host_bytes_ = 1 * kMiB;  // room for one idle session
+  evict_idle_ = true;
+  // 4 MiB pool, 1.5 MiB watermark. A block here is 16 KiB.
+  Remake(4 * kMiB, 3 * kMiB / 2);
+  SetQos("busy", "h2o", 64);
+  SetQos("low", "full", 0, Priority::kLow);
+  SetQos("critical", "full", 0, Priority::kCritical);
+  Sess busy = Open("busy"), low = Open("low"), normal = Open("normal"),
+       critical = Open("critical");
+  ASSERT_TRUE(Append(busy, 48 * kBlock).ok());  // 768 KiB
+  for (Sess* s : {&low, &normal, &critical}) {
+    ASSERT_TRUE(Append(*s, 48 * kBlock).ok());
+    ASSERT_TRUE(Sync(*s).ok());
+  }
+  ASSERT_TRUE(Idle(normal).ok());
+  clock_.now += absl::Seconds(10);  // normal has been idle longer
+  ASSERT_TRUE(Idle(low).ok());
+  ASSERT_TRUE(Idle(critical).ok());
+  clock_.now += absl::Seconds(1);
+  const auto low_bytes = Bytes(low);
+  std::vector<std::string> steps = pool_->RunPressureLadder();
+  Check();
+  // Steps in the ladder's order: the active session is asked first (to
+  // requantize, at its next Sync), then idle ones leave at once.
+  EXPECT_EQ(steps, (std::vector<std::string>{"requant", "offload", "evict_idle"}));
+  EXPECT_EQ(Summary(low.id).offloaded_to, "host");  // the low class first
+  // The store is full now: the next idle one, the normal session, is evicted;
+  // the critical one never is.
+  EXPECT_TRUE(absl::IsNotFound(pool_->Sync(normal.id, normal.token, peer_, normal.epoch).status()));
+  EXPECT_EQ(Summary(critical.id).offloaded_to, "");
+  EXPECT_EQ(pool_->Stats().offload.evicted_idle, 1u);
+  // The offloaded one comes back whole when its worker does.
+  ASSERT_TRUE(Sync(low).ok());
+  EXPECT_EQ(Bytes(low), low_bytes);
   Check();
 }
 

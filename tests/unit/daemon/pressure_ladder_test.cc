@@ -182,6 +182,57 @@ TEST(PressureLadderTest, RequantizationComesBeforeCompaction) {
   EXPECT_FALSE(s.refuse);
 }
 
+// An idle candidate, idle for `idle_ms`.
+LadderCandidate Idle(uint64_t id, int priority, uint64_t committed, int64_t idle_ms) {
+  LadderCandidate c = Cand(id, priority, committed);
+  c.idle = true;
+  c.idle_ms = idle_ms;
+  return c;
+}
+
+TEST(PressureLadderTest, IdleSessionsAreOffloadedLowestClassAndLongestIdleFirst) {
+  // 1 MiB watermark, 0.5 MiB free: 1.5 MiB to find. The active session is
+  // asked to compact first; then idle ones go, by class,
+  // then by how long they have been idle.
+  std::vector<LadderCandidate> c{Cand(1, 3, 1024), Idle(2, 3, 512, 1000),
+                                 Idle(3, 2, 512, 10), Idle(4, 3, 512, 5000)};
+  LadderInputs in = At(kMiB / 2);
+  in.offload_on = true;
+  in.offload_room = 64 * kMiB;
+  LadderSteps s = PlanLadder(c, in);
+  ASSERT_EQ(s.compact.size(), 1u);
+  EXPECT_EQ(s.compact[0].first, 1u);  // to 448 tokens: what fits in 90% of the free bytes
+  EXPECT_EQ(s.offload, (std::vector<uint64_t>{3, 4}));  // 0.5 + 0.56 + 0.5 + 0.5 MiB
+  EXPECT_TRUE(s.evict.empty());
+  EXPECT_FALSE(s.refuse);
+  // Without offload or idle eviction, idle sessions are asked to compact at
+  // their next Sync like the others (and nothing leaves at once).
+  s = PlanLadder(c, At(kMiB / 2));
+  EXPECT_TRUE(s.offload.empty());
+  EXPECT_EQ(s.compact.size(), 3u);
+}
+
+TEST(PressureLadderTest, WhatOffloadCannotTakeIsEvictedButNeverACriticalSession) {
+  std::vector<LadderCandidate> c{Idle(1, 5, 1024, 9000), Idle(2, 3, 1024, 100),
+                                 Idle(3, 3, 1024, 200)};
+  c[0].never_evict = true;
+  LadderInputs in = At(0);
+  in.offload_on = true;
+  in.offload_room = kMiB;  // one session's worth
+  in.evict_idle = true;
+  LadderSteps s = PlanLadder(c, in);
+  EXPECT_EQ(s.offload, (std::vector<uint64_t>{3}));
+  EXPECT_EQ(s.evict, (std::vector<uint64_t>{2}));
+  EXPECT_FALSE(s.refuse);
+  // Nothing to offload to, nothing evictable: refuse.
+  in.offload_room = 0;
+  in.evict_idle = false;
+  s = PlanLadder(c, in);
+  EXPECT_TRUE(s.offload.empty());
+  EXPECT_TRUE(s.evict.empty());
+  EXPECT_TRUE(s.refuse);
+}
+
 TEST(PressureLadderTest, TheRequantizationStepIsAColdStepOfValues) {
   using F = kernels::PageFormat;
   EXPECT_EQ(LadderValueFormat(std::nullopt), F::kInt4);
