@@ -18,6 +18,7 @@
 #include "daemon/metrics/http_server.h"
 #include "daemon/memory/process_ref.h"
 #include "daemon/metrics/metrics.h"
+#include "daemon/pool/token.h"
 #include "daemon/rpc/admin_service.h"
 #include "daemon/rpc/fd_broker.h"
 #include "daemon/rpc/log_throttle.h"
@@ -81,6 +82,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonConfig& confi
   } else {
     po.arena_kind = ArenaKind::kHostShm;
     po.arena_factory = CreateHostShmArena;
+  }
+  po.ladder_evict_idle = config.ladder_evict_idle;
+  if (config.offload.on()) {
+    // One instance for session ids and offload files: a file names the run
+    // that wrote it.
+    po.instance = DrawInstance();
+    auto store = OffloadStore::Create({config.offload.host_bytes, config.offload.dir,
+                                       config.offload.disk_bytes, po.instance});
+    if (!store.ok()) return store.status();
+    po.offload_store = *std::move(store);
+    if (config.offload.idle_ms > 0) po.offload_idle = absl::Milliseconds(config.offload.idle_ms);
   }
   auto pool = KvPool::Create(po);
   if (!pool.ok()) return pool.status();
@@ -320,6 +332,9 @@ void Daemon::ReaperLoop() {
   // 1.25 lease periods of its last heartbeat.
   const absl::Duration period = absl::Milliseconds(std::max<uint32_t>(config_.lease_ms / 4, 20));
   while (!stop_reaper_.WaitForNotificationWithTimeout(period)) {
+    if (const uint32_t n = pool_->OffloadIdle(); n > 0) {
+      DaemonLogger()->debug("offloaded {} idle sessions", n);
+    }
     for (const KvPool::Reclaimed& r : pool_->ReclaimExpired()) {
       metrics_->SessionReclaimed(r.reason);
       auto skipped = session_log_->Admit(absl::StrCat("reclaim:", r.reason));

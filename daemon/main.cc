@@ -56,6 +56,9 @@ int main(int argc, char** argv) {
   bool print_config = false, check_invariants = false;
   std::string describe_policy;
   std::string peer_address, peer_cert, peer_key, peer_ca;
+  std::string offload_host_bytes, offload_dir, offload_disk_bytes;
+  uint32_t offload_idle_ms = 0;
+  bool ladder_evict_idle = false;
   app.add_option("--config", config_file, "YAML config file (see deploy/polykvd.yaml)");
   app.add_option("--describe-policy", describe_policy,
                  "Print how polykvd runs the policy TEXT (its canonical spec, compaction "
@@ -85,6 +88,17 @@ int main(int argc, char** argv) {
   app.add_option("--peer-cert", peer_cert, "This daemon's peer certificate (PEM)");
   app.add_option("--peer-key", peer_key, "Its private key (PEM)");
   app.add_option("--peer-ca", peer_ca, "The CA both ends of the peer link trust (PEM)");
+  app.add_option("--offload-host-bytes", offload_host_bytes,
+                 "Offload tier in polykvd's memory for idle sessions' pages, e.g. 4GiB [0: none]");
+  app.add_option("--offload-dir", offload_dir,
+                 "Offload tier on disk: a directory of polykvd's own (files of earlier runs are "
+                 "removed) [none]");
+  app.add_option("--offload-disk-bytes", offload_disk_bytes,
+                 "The disk tier's capacity, e.g. 64GiB (with --offload-dir)");
+  app.add_option("--offload-idle-ms", offload_idle_ms,
+                 "Offload a session idle this long [0: only under pressure or when asked]");
+  app.add_flag("--ladder-evict-idle", ladder_evict_idle,
+               "Under pressure, evict idle sessions the offload tiers cannot take");
   CLI11_PARSE(app, argc, argv);
   if (!describe_policy.empty()) return DescribePolicy(describe_policy);
 
@@ -109,7 +123,14 @@ int main(int argc, char** argv) {
                              std::pair{&peer_ca, &config.peer.ca}}) {
     if (!text->empty()) *field = *text;
   }
+  if (!offload_dir.empty()) config.offload.dir = offload_dir;
+  if (offload_idle_ms) config.offload.idle_ms = offload_idle_ms;
+  if (ladder_evict_idle) config.ladder_evict_idle = true;
   for (auto [flag, text, field] : {std::tuple{"--pool-bytes", &pool_bytes, &config.pool_bytes},
+                                   std::tuple{"--offload-host-bytes", &offload_host_bytes,
+                                              &config.offload.host_bytes},
+                                   std::tuple{"--offload-disk-bytes", &offload_disk_bytes,
+                                              &config.offload.disk_bytes},
                                    std::tuple{"--arena-bytes", &arena_bytes, &config.arena_bytes},
                                    std::tuple{"--low-watermark-bytes", &low_watermark,
                                               &config.low_watermark_bytes}}) {

@@ -113,7 +113,8 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
       "low_watermark_bytes", "max_connections",
       "max_connections_per_uid", "connection_idle_ms",
       "drain_timeout_ms", "allowed_uids", "allowed_gids", "admin_uids", "default_qos", "agents", "tenants",
-      "log_level", "check_invariants_on_scrape", "metrics_agent_names", "peer"};
+      "log_level", "check_invariants_on_scrape", "metrics_agent_names", "peer",
+      "ladder_evict_idle", "offload"};
   try {
     for (const auto& kv : root) {
       const std::string k = kv.first.as<std::string>();
@@ -161,6 +162,26 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path, DaemonConfi
     }
     if (root["metrics_agent_names"]) {
       c.metrics_agent_names = root["metrics_agent_names"].as<bool>();
+    }
+    if (root["ladder_evict_idle"]) c.ladder_evict_idle = root["ladder_evict_idle"].as<bool>();
+    if (root["offload"]) {
+      if (!root["offload"].IsMap()) {
+        return KeyError("offload", "expected a mapping (host_bytes, dir, disk_bytes, idle_ms)");
+      }
+      for (const auto& kv : root["offload"]) {
+        const std::string k = kv.first.as<std::string>();
+        if (k == "dir") {
+          c.offload.dir = kv.second.IsNull() ? "" : kv.second.as<std::string>();
+        } else if (k == "idle_ms") {
+          c.offload.idle_ms = kv.second.as<uint32_t>();
+        } else if (k == "host_bytes" || k == "disk_bytes") {
+          auto b = policies::ParseByteSize(kv.second.as<std::string>());
+          if (!b.ok()) return KeyError("offload." + k, std::string(b.status().message()));
+          (k == "host_bytes" ? c.offload.host_bytes : c.offload.disk_bytes) = *b;
+        } else {
+          return KeyError("offload." + k, "unknown key (host_bytes, dir, disk_bytes, idle_ms)");
+        }
+      }
     }
     if (root["peer"]) {
       if (!root["peer"].IsMap()) return KeyError("peer", "expected a mapping (address, cert, key, ca)");
@@ -249,6 +270,13 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   }
   if (c.connection_idle_ms > 0 && c.connection_idle_ms < 100) {
     return KeyError("connection_idle_ms", "must be 0 (never) or at least 100");
+  }
+  if (c.offload.dir.empty() != (c.offload.disk_bytes == 0)) {
+    return KeyError("offload", "set both dir and disk_bytes for a disk tier, or neither");
+  }
+  if (c.offload.idle_ms > 0 && !c.offload.on()) {
+    return KeyError("offload.idle_ms", "needs a tier to offload to (host_bytes, or dir and "
+                                       "disk_bytes)");
   }
   if (!c.peer.address.empty() && (c.peer.cert.empty() || c.peer.key.empty() || c.peer.ca.empty())) {
     return KeyError("peer.address", "needs peer.cert, peer.key and peer.ca: the peer link is "

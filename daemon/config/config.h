@@ -38,6 +38,19 @@ struct PeerConfig {
   bool tls() const { return !cert.empty() || !key.empty() || !ca.empty(); }
 };
 
+// Offload tiers (docs/offload.md): where idle sessions' pages go out of the
+// pool. host_bytes: the daemon's own memory; dir + disk_bytes: checksummed
+// files (the directory is the daemon's: files of earlier runs are removed at
+// start). idle_ms: a session idle this long is offloaded (0 = only when the
+// ladder needs room or an operator asks).
+struct OffloadConfig {
+  uint64_t host_bytes = 0;
+  std::string dir;
+  uint64_t disk_bytes = 0;
+  uint32_t idle_ms = 0;
+  bool on() const { return host_bytes > 0 || !dir.empty(); }
+};
+
 struct DaemonConfig {
   std::string socket = "/run/polykv/polykvd.sock";  // gRPC Unix socket
   mode_t socket_mode = 0660;
@@ -73,6 +86,10 @@ struct DaemonConfig {
   // Pressure ladder: below this many free pool bytes the daemon compacts
   // and then refuses the lowest priority class. 0 = pool_bytes / 10.
   uint64_t low_watermark_bytes = 0;  // SIGTERM: evict what is left after this
+  // Ladder step 4: idle sessions the offload tiers cannot take are evicted
+  // (lowest class, longest idle first; never critical ones).
+  bool ladder_evict_idle = false;
+  OffloadConfig offload;
   // Empty lists mean: the daemon's own uid and root.
   std::vector<uid_t> allowed_uids;
   std::vector<gid_t> allowed_gids;

@@ -93,6 +93,13 @@ std::string ConfigToYaml(const DaemonConfig& c) {
   out << YAML::Key << "connection_idle_ms" << YAML::Value << c.connection_idle_ms;
   out << YAML::Key << "drain_timeout_ms" << YAML::Value << c.drain_timeout_ms;
   out << YAML::Key << "low_watermark_bytes" << YAML::Value << ByteSizeText(c.low_watermark_bytes);
+  out << YAML::Key << "ladder_evict_idle" << YAML::Value << c.ladder_evict_idle;
+  out << YAML::Key << "offload" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "host_bytes" << YAML::Value << ByteSizeText(c.offload.host_bytes);
+  out << YAML::Key << "dir" << YAML::Value << YAML::DoubleQuoted << c.offload.dir;
+  out << YAML::Key << "disk_bytes" << YAML::Value << ByteSizeText(c.offload.disk_bytes);
+  out << YAML::Key << "idle_ms" << YAML::Value << c.offload.idle_ms;
+  out << YAML::EndMap;
   out << YAML::Key << "peer" << YAML::Value << YAML::BeginMap;
   for (auto [key, value] : {std::pair{"address", &c.peer.address}, std::pair{"cert", &c.peer.cert},
                             std::pair{"key", &c.peer.key}, std::pair{"ca", &c.peer.ca}}) {

@@ -1,10 +1,7 @@
 #include "daemon/pool/kv_pool.h"
 
-#include <sys/random.h>
-
 #include <algorithm>
 #include <cmath>
-#include <ctime>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -33,14 +30,6 @@ PageFormat FormatForDtype(DType d) {
 PageFormat ApplyFloor(PageFormat f, std::optional<PageFormat> floor) {
   if (floor && kernels::FormatBits(f) < kernels::FormatBits(*floor)) return *floor;
   return f;
-}
-
-// A nonzero instance number for session ids, from the kernel's CSPRNG (the
-// clock if that fails: restarts within one second are not the concern then).
-uint32_t DrawInstance() {
-  uint32_t v = 0;
-  if (getrandom(&v, sizeof(v), 0) != sizeof(v)) v = static_cast<uint32_t>(time(nullptr));
-  return v == 0 ? 1 : v;
 }
 
 }  // namespace

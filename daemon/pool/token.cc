@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -29,6 +30,12 @@ bool TokenEquals(absl::string_view a, absl::string_view b) {
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   return diff == 0;
+}
+
+uint32_t DrawInstance() {
+  uint32_t v = 0;
+  if (getrandom(&v, sizeof(v), 0) != sizeof(v)) v = static_cast<uint32_t>(time(nullptr));
+  return v == 0 ? 1 : v;
 }
 
 }  // namespace polykv::daemon

@@ -234,6 +234,29 @@ TEST(ConfigTest, ExampleFileAgreesWithTheBuiltInDefaults) {
 
 // --print-config's output is a config file that reads back to the same
 // values, whatever it is read over.
+TEST(ConfigTest, OffloadTiersAreReadAndChecked) {
+  auto c = LoadConfigFile(
+      WriteTemp("offload: {host_bytes: 2GiB, dir: /tmp/pkv-off, disk_bytes: 8GiB, idle_ms: 500}\n"
+                "ladder_evict_idle: true\n"),
+      DaemonConfig());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->offload.host_bytes, 2ull << 30);
+  EXPECT_EQ(c->offload.disk_bytes, 8ull << 30);
+  EXPECT_EQ(c->offload.idle_ms, 500u);
+  EXPECT_TRUE(c->ladder_evict_idle);
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+  for (const char* bad : {"offload: {dir: /tmp/x}\n", "offload: {disk_bytes: 1GiB}\n",
+                          "offload: {idle_ms: 100}\n"}) {
+    auto b = LoadConfigFile(WriteTemp(bad), DaemonConfig());
+    ASSERT_TRUE(b.ok()) << b.status();
+    const absl::Status st = ValidateConfig(*b);
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << bad;
+    EXPECT_NE(st.message().find("offload"), std::string::npos) << st;
+  }
+  auto typo = LoadConfigFile(WriteTemp("offload: {host_byte: 1GiB}\n"), DaemonConfig());
+  EXPECT_NE(typo.status().message().find("offload.host_byte"), std::string::npos) << typo.status();
+}
+
 TEST(ConfigTest, PrintedConfigReadsBackToTheSame) {
   DaemonConfig c;
   c.socket = "/tmp/pk.sock";
@@ -246,6 +269,8 @@ TEST(ConfigTest, PrintedConfigReadsBackToTheSame) {
   c.default_qos.key_format.reset();
   c.default_qos.budget_fraction = 0.1;
   c.peer = {"10.0.0.7:7070", "/etc/polykv/node.pem", "/etc/polykv/node.key", "/etc/polykv/ca.pem"};
+  c.offload = {4ull << 30, "/var/lib/polykv/offload", 64ull << 30, 30000};
+  c.ladder_evict_idle = true;
   QosRecord a = c.default_qos;
   a.agent_id = "coder";
   a.priority = Priority::kHigh;
@@ -266,6 +291,9 @@ TEST(ConfigTest, PrintedConfigReadsBackToTheSame) {
   EXPECT_EQ(back->agents[0].key_floor, PageFormat::kInt8);
   EXPECT_EQ(back->peer.address, "10.0.0.7:7070");
   EXPECT_EQ(back->peer.ca, "/etc/polykv/ca.pem");
+  EXPECT_EQ(back->offload.disk_bytes, 64ull << 30);
+  EXPECT_EQ(back->offload.dir, "/var/lib/polykv/offload");
+  EXPECT_TRUE(back->ladder_evict_idle);
   EXPECT_EQ(ConfigToYaml(*back), text);
 }
 
