@@ -172,6 +172,11 @@ int main(int argc, char** argv) {
   uint64_t session_id = 0;
   evict->add_option("session_id", session_id, "Session id (see 'sessions')")->required();
   evict->add_flag("--json", json, "Print JSON");
+  auto* offload = app.add_subcommand(
+      "offload", "Move an idle session's pages to the offload tiers; its worker's next Sync "
+                 "brings them back");
+  offload->add_option("session_id", session_id, "Session id (see 'sessions')")->required();
+  offload->add_flag("--json", json, "Print JSON");
   auto* drain = app.add_subcommand("drain", "Stop admitting sessions; optionally evict the rest later");
   uint32_t evict_after_ms = 0;
   drain->add_option("--evict-after-ms", evict_after_ms, "Evict sessions still open after this (0 = never)");
@@ -224,6 +229,22 @@ int main(int argc, char** argv) {
                 Human(x.shared_bytes()).c_str(), Human(x.cached_bytes()).c_str(),
                 (unsigned long long)x.hit_blocks(), (unsigned long long)x.miss_blocks(),
                 (unsigned long long)x.dropped_blocks());
+    const auto& o = s->offload();
+    if (o.enabled()) {
+      std::printf("offload  %u sessions, %s; host %s of %s, disk %s of %s; offloaded %llu, "
+                  "restored %llu (%.3f s each on average), refused %llu, lost %llu, idle "
+                  "evicted %llu\n",
+                  o.sessions(), Human(o.bytes()).c_str(), Human(o.host_bytes()).c_str(),
+                  Human(o.host_capacity()).c_str(), Human(o.disk_bytes()).c_str(),
+                  Human(o.disk_capacity()).c_str(), (unsigned long long)o.offloaded(),
+                  (unsigned long long)o.restored(),
+                  o.restored() ? o.restore_seconds_sum() / double(o.restored()) : 0.0,
+                  (unsigned long long)o.refused(), (unsigned long long)o.lost(),
+                  (unsigned long long)o.evicted_idle());
+    } else {
+      std::printf("offload  off (no tier configured); idle evicted %llu\n",
+                  (unsigned long long)o.evicted_idle());
+    }
     std::printf("metrics  %s\n\n", s->metrics_address().empty() ? "off" : s->metrics_address().c_str());
     std::printf("%-20s %12s %12s %9s\n", "TENANT", "USED", "MAPPED", "SESSIONS");
     for (const auto& t : s->tenants()) {
@@ -239,15 +260,17 @@ int main(int argc, char** argv) {
       PrintJson(ToJson(*l));
       return 0;
     }
-    std::printf("%-8s %-20s %-12s %-11s %9s %9s %11s %5s %-9s %7s\n", "ID", "AGENT", "TENANT",
-                "PRIORITY", "RESERVED", "COMMITTED", "BYTES", "EPOCH", "K/V", "PID");
+    std::printf("%-8s %-20s %-12s %-11s %9s %9s %11s %5s %-9s %7s %-5s\n", "ID", "AGENT",
+                "TENANT", "PRIORITY", "RESERVED", "COMMITTED", "BYTES", "EPOCH", "K/V", "PID",
+                "PAGES");
     for (const auto& x : l->sessions()) {
-      std::printf("%-8llu %-20s %-12s %-11s %9llu %9llu %11s %5llu %4s/%-4s %7u\n",
+      std::printf("%-8llu %-20s %-12s %-11s %9llu %9llu %11s %5llu %4s/%-4s %7u %-5s\n",
                   (unsigned long long)x.session_id(), x.agent_id().c_str(), x.tenant().c_str(),
                   PriorityName(x.priority()), (unsigned long long)x.reserved_tokens(),
                   (unsigned long long)x.committed_tokens(), Human(x.bytes()).c_str(),
                   (unsigned long long)x.epoch(), FormatName(x.key_format()).c_str(),
-                  FormatName(x.value_format()).c_str(), x.peer_pid());
+                  FormatName(x.value_format()).c_str(), x.peer_pid(),
+                  x.offloaded_to().empty() ? "pool" : x.offloaded_to().c_str());
     }
     return 0;
   }
@@ -345,6 +368,17 @@ int main(int argc, char** argv) {
     if (!freed.ok()) return Fail(freed.status());
     if (json) PrintJson({{"session_id", session_id}, {"freed_bytes", *freed}});
     else std::printf("evicted session %llu, freed %s\n", (unsigned long long)session_id, Human(*freed).c_str());
+    return 0;
+  }
+  if (offload->parsed()) {
+    auto o = c.OffloadSession(session_id);
+    if (!o.ok()) return Fail(o.status());
+    if (json) {
+      PrintJson({{"session_id", session_id}, {"bytes", o->bytes()}, {"tier", o->tier()}});
+    } else {
+      std::printf("offloaded session %llu: %s to %s\n", (unsigned long long)session_id,
+                  Human(o->bytes()).c_str(), o->tier().c_str());
+    }
     return 0;
   }
   if (move->parsed()) {

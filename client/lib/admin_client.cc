@@ -64,6 +64,16 @@ absl::StatusOr<uint64_t> AdminClient::EvictSession(uint64_t session_id) {
   return out.freed_bytes();
 }
 
+absl::StatusOr<v1::OffloadSessionResponse> AdminClient::OffloadSession(uint64_t session_id) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::OffloadSessionRequest req;
+  req.set_session_id(session_id);
+  v1::OffloadSessionResponse out;
+  if (auto s = FromGrpc(stub_->OffloadSession(&ctx, req, &out)); !s.ok()) return s;
+  return out;
+}
+
 absl::StatusOr<uint32_t> AdminClient::Drain(uint32_t evict_after_ms) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx);

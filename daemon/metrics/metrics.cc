@@ -1,5 +1,7 @@
 #include "daemon/metrics/metrics.h"
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 
 namespace polykv::daemon {
@@ -199,7 +201,9 @@ std::vector<prometheus::MetricFamily> PoolCollector::Collect() const {
            "Tokens folded into another slot by compactions, by QoS policy", "policy",
            s.merged_tokens_by_policy);
   by_label("polykv_ladder_steps_total",
-           "Pressure-ladder steps (requant, compact, refuse, resume, compaction_failed)", "step",
+           "Pressure-ladder steps (requant, compact, offload, offload_refused, evict_idle, "
+           "refuse, resume, compaction_failed)",
+           "step",
            s.ladder_steps);
   auto blocks = Family("polykv_compaction_blocks_total",
                         "Output blocks of compactions: shared (old pages reused, no copy) or "
@@ -250,6 +254,49 @@ std::vector<prometheus::MetricFamily> PoolCollector::Collect() const {
   AddCounter(prefix_blocks, {{"result", "miss"}}, double(s.prefix_miss_blocks));
   AddCounter(prefix_blocks, {{"result", "dropped"}}, double(s.prefix_dropped_blocks));
   out.push_back(std::move(prefix_blocks));
+
+  // Offload tiers (docs/offload.md): what they hold, the pool's offload
+  // steps, and how long restores took.
+  auto offload_bytes = Family("polykv_offload_bytes",
+                              "Bytes the offload tiers hold now (host memory, disk files)",
+                              MetricType::Gauge);
+  if (s.offload_store) {
+    AddGauge(offload_bytes, {{"tier", "host"}}, double(s.offload_store->host_bytes));
+    AddGauge(offload_bytes, {{"tier", "disk"}}, double(s.offload_store->disk_bytes));
+  }
+  out.push_back(std::move(offload_bytes));
+  gauge("polykv_offloaded_sessions", "Sessions whose pages are in the offload tiers now",
+        double(s.offloaded_sessions));
+  auto offload_steps = Family("polykv_offload_total",
+                              "Offload events: sessions offloaded, restored, refused by full "
+                              "tiers, lost (pages failed their checks), idle sessions evicted by "
+                              "the ladder, entries spilled from host memory to disk",
+                              MetricType::Counter);
+  const uint64_t spilled = s.offload_store ? s.offload_store->spilled : 0;
+  for (auto [name, value] : {std::pair{"offloaded", s.offload.offloaded},
+                             std::pair{"restored", s.offload.restored},
+                             std::pair{"refused", s.offload.refused},
+                             std::pair{"lost", s.offload.lost},
+                             std::pair{"evicted_idle", s.offload.evicted_idle},
+                             std::pair{"spilled", spilled}}) {
+    AddCounter(offload_steps, {{"result", name}}, double(value));
+  }
+  out.push_back(std::move(offload_steps));
+  auto restore = Family("polykv_restore_seconds",
+                        "How long an offloaded session's Sync waited for its pages",
+                        MetricType::Histogram);
+  prometheus::ClientMetric h;
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < kRestoreSecondsBounds.size(); ++i) {
+    cumulative += s.offload.restore_buckets[i];
+    h.histogram.bucket.push_back({cumulative, kRestoreSecondsBounds[i]});
+  }
+  cumulative += s.offload.restore_buckets.back();
+  h.histogram.bucket.push_back({cumulative, std::numeric_limits<double>::infinity()});
+  h.histogram.sample_count = cumulative;
+  h.histogram.sample_sum = s.offload.restore_seconds_sum;
+  restore.metric.push_back(std::move(h));
+  out.push_back(std::move(restore));
 
   // The pool's full invariant check (bytes, pages and slot records of every
   // session against the allocators), only in the debug mode: fault and soak

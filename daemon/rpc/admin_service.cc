@@ -94,6 +94,22 @@ grpc::Status AdminService::EvictSession(grpc::ServerContext* c,
   });
 }
 
+grpc::Status AdminService::OffloadSession(grpc::ServerContext* c,
+                                          const v1::OffloadSessionRequest* req,
+                                          v1::OffloadSessionResponse* resp) {
+  return AdminHandle(c, "OffloadSession", [&]() -> absl::Status {
+    auto bytes = ctx_.pool->Offload(req->session_id());
+    if (!bytes.ok()) return bytes.status();
+    resp->set_bytes(*bytes);
+    for (const SessionSummary& s : ctx_.pool->ListSessions("", "")) {
+      if (s.session_id == req->session_id()) resp->set_tier(s.offloaded_to);
+    }
+    DaemonLogger()->info("session {} offloaded by operator: {} bytes to {}", req->session_id(),
+                         *bytes, resp->tier());
+    return absl::OkStatus();
+  });
+}
+
 grpc::Status AdminService::Drain(grpc::ServerContext* c, const v1::DrainRequest* req,
                                  v1::DrainResponse* resp) {
   return AdminHandle(c, "Drain", [&]() {

@@ -20,6 +20,8 @@ class AdminService final : public v1::Admin::Service {
                       v1::QosRecord* resp) override;
   grpc::Status EvictSession(grpc::ServerContext* c, const v1::EvictSessionRequest* req,
                             v1::EvictSessionResponse* resp) override;
+  grpc::Status OffloadSession(grpc::ServerContext* c, const v1::OffloadSessionRequest* req,
+                              v1::OffloadSessionResponse* resp) override;
   grpc::Status Drain(grpc::ServerContext* c, const v1::DrainRequest* req,
                      v1::DrainResponse* resp) override;
   grpc::Status MoveSession(grpc::ServerContext* c, const v1::MoveSessionRequest* req,

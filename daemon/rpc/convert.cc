@@ -306,6 +306,7 @@ void ToProto(const SessionSummary& in, v1::SessionInfo* out) {
   out->set_peer_uid(in.peer.uid);
   out->set_idle_seconds(in.idle_seconds);
   ToProto(in.profile, out->mutable_profile());
+  out->set_offloaded_to(in.offloaded_to);
 }
 
 void ToProto(const PoolSummary& in, v1::Stats* out) {
@@ -336,6 +337,23 @@ void ToProto(const PoolSummary& in, v1::Stats* out) {
   prefix->set_hit_blocks(in.prefix_hit_blocks);
   prefix->set_miss_blocks(in.prefix_miss_blocks);
   prefix->set_dropped_blocks(in.prefix_dropped_blocks);
+  v1::OffloadStats* o = out->mutable_offload();
+  o->set_enabled(in.offload_store.has_value());
+  o->set_sessions(in.offloaded_sessions);
+  o->set_bytes(in.offloaded_bytes);
+  if (in.offload_store) {
+    o->set_host_bytes(in.offload_store->host_bytes);
+    o->set_host_capacity(in.offload_store->host_capacity);
+    o->set_disk_bytes(in.offload_store->disk_bytes);
+    o->set_disk_capacity(in.offload_store->disk_capacity);
+    o->set_spilled(in.offload_store->spilled);
+  }
+  o->set_offloaded(in.offload.offloaded);
+  o->set_restored(in.offload.restored);
+  o->set_refused(in.offload.refused);
+  o->set_lost(in.offload.lost);
+  o->set_evicted_idle(in.offload.evicted_idle);
+  o->set_restore_seconds_sum(in.offload.restore_seconds_sum);
 }
 
 }  // namespace polykv::daemon

@@ -23,6 +23,8 @@ class AdminClient {
   absl::StatusOr<v1::QosRecord> GetQos(const std::string& agent_id);
   absl::StatusOr<v1::QosRecord> SetQos(const v1::QosRecord& qos);
   absl::StatusOr<uint64_t> EvictSession(uint64_t session_id);
+  // Moves an idle session's pages to the offload tiers (Admin.OffloadSession).
+  absl::StatusOr<v1::OffloadSessionResponse> OffloadSession(uint64_t session_id);
   absl::StatusOr<uint32_t> Drain(uint32_t evict_after_ms);
   // Moves the session to the polykvd whose peer listener is `target`
   // (host:port); waits for the worker to park up to wait_ms (0: 30 s).
