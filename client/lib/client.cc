@@ -99,6 +99,7 @@ class SessionImpl final : public Session {
   uint64_t epoch() const override { return epoch_; }
   const std::string& token() const override { return ref_.token; }
   uint64_t moves() const override { return moves_; }
+  bool same_slots() const override { return same_slots_; }
 
   absl::StatusOr<std::vector<Block>> Reserve(uint64_t num_tokens) override {
     if (auto s = CheckActive(); !s.ok()) return s;
@@ -226,6 +227,7 @@ class SessionImpl final : public Session {
   absl::StatusOr<bool> Sync() override {
     if (closed_) return absl::FailedPreconditionError("session is closed");
     idle_ = false;
+    same_slots_ = false;
     v1::SyncResponse resp;
     for (;;) {
       resp.Clear();
@@ -254,6 +256,7 @@ class SessionImpl final : public Session {
       blocks.push_back(*std::move(block));
     }
     blocks_ = std::move(blocks);
+    same_slots_ = resp.same_slots();
     epoch_ = resp.epoch();
     committed_ = resp.committed_tokens();
     slot_positions_.assign(resp.slot_positions().begin(), resp.slot_positions().end());
@@ -448,6 +451,7 @@ class SessionImpl final : public Session {
   uint64_t moves_ = 0;
   bool heartbeat_on_ = false;
   bool idle_ = false;  // Idle() until the next Sync
+  bool same_slots_ = false;  // of the last Sync that changed the tables
   std::vector<Block> blocks_;
   uint64_t epoch_ = 0;
   uint64_t committed_ = 0;

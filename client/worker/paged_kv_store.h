@@ -65,7 +65,8 @@ struct PagedTable {
   // so it weighs like the `count` tokens it replaced.
   std::vector<uint32_t> slot_counts;
   // The table holds the same slots as the store's, with the same bytes, in
-  // other pages (the session moved to another polykvd): the store keeps
+  // other pages (the session moved to another polykvd, or was restored after
+  // an offload, or left an arena polykvd empties): the store keeps
   // what it holds of them (the f32 rows of the block being filled, pending
   // attention mass) and only reads the new pages from now on.
   bool same_slots = false;

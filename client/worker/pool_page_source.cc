@@ -94,8 +94,10 @@ class PoolPageSource : public PageSource {
     if (!changed.ok()) return changed.status();
     if (!*changed) return std::nullopt;
     PagedTable t;
-    // Moved to another polykvd, no new epoch there: the same slots in new pages.
-    t.same_slots = session_->moves() != moves && session_->epoch() == epoch;
+    // Moved to another polykvd with no new epoch there, or restored / moved
+    // between arenas here: the same slots in new pages.
+    t.same_slots =
+        (session_->moves() != moves && session_->epoch() == epoch) || session_->same_slots();
     if (tagger_ && !t.same_slots) tagger_->SlotsMoved();
     auto blocks = ConvertAll(session_->blocks());
     if (!blocks.ok()) return blocks.status();

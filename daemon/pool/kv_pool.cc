@@ -391,6 +391,7 @@ absl::StatusOr<SyncResult> KvPool::Sync(uint64_t session_id, absl::string_view t
     out.committed_tokens = s.tables.committed_tokens;
     out.wants = s.policy.wants;
     out.changed = known_epoch != s.tables.epoch;
+    out.same_slots = out.changed && s.tables.slots_epoch <= known_epoch;
     if (out.changed) {
       tables = s.tables.blocks;
       const std::vector<SlotRecord>& first = s.policy.records[0];

@@ -125,6 +125,7 @@ absl::Status KvPool::RunStaged(Session& s, StagedRun& run) {
   pending_bytes_ += t.pending_bytes;
   ++t.epoch;
   t.pending_epoch = t.epoch;
+  if (!run.KeepsSlots()) t.slots_epoch = t.epoch;
   s.busy = false;
   return absl::OkStatus();
 }

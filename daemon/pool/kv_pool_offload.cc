@@ -65,6 +65,7 @@ class RestoreRun : public StagedRun {
     s.offloaded.reset();
     return {};
   }
+  bool KeepsSlots() const override { return true; }
 
  private:
   OffloadStore& store_;

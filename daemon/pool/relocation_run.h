@@ -29,6 +29,7 @@ class RelocationRun final : public StagedRun {
   absl::Status Copy(const Session& s) const override;
   // Each moving block replaced by its staged copy, in place.
   std::vector<Block> Publish(Session& s) override;
+  bool KeepsSlots() const override { return true; }
 
  private:
   struct PageCopy {

@@ -51,6 +51,9 @@ struct BlockTables {
   uint64_t pending_epoch = 0;
   uint64_t pending_bytes = 0;
   std::vector<Block> staged;
+  // The last epoch whose tables changed the slots or their bytes (not only
+  // where they are: StagedRun::KeepsSlots).
+  uint64_t slots_epoch = 0;
 };
 
 // What the policy ranks: one record per committed slot.

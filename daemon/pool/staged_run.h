@@ -45,6 +45,9 @@ class StagedRun {
   // empty) and updates what else of s the run changes; returns the old
   // blocks the new table does not hold.
   virtual std::vector<Block> Publish(Session& s) = 0;
+  // The new tables hold the same slots with the same bytes (only the pages
+  // differ): the worker keeps what it holds of them (SyncResult::same_slots).
+  virtual bool KeepsSlots() const { return false; }
 };
 
 }  // namespace polykv::daemon

@@ -173,6 +173,9 @@ struct SyncResult {
   std::vector<int64_t> layer_slot_positions;
   // The worker is parked for a move (session_move.h): tables unchanged.
   bool parked = false;
+  // When changed: the same slots, the same bytes, in other pages (a restore
+  // or a relocation since known_epoch, nothing else).
+  bool same_slots = false;
   // The session moved (session_move.h): nothing else is set.
   std::optional<MovedTo> moved_to;
 };

@@ -143,6 +143,7 @@ grpc::Status SessionService::Sync(grpc::ServerContext* c, const v1::SyncRequest*
       return absl::OkStatus();
     }
     resp->set_parked(out->parked);
+    resp->set_same_slots(out->same_slots);
     resp->set_epoch(out->epoch);
     resp->set_changed(out->changed);
     for (const auto& b : out->blocks) ToProto(b, resp->add_blocks());

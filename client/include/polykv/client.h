@@ -166,6 +166,11 @@ class Session {
   // held; else that Sync published new tables (as any Sync may).
   // info().session_id and token() are the target's from then on.
   virtual uint64_t moves() const { return 0; }
+  // After a Sync that returned true: its tables hold the same slots with the
+  // same bytes, in other pages (the daemon restored the session after an
+  // offload, or moved its pages out of an arena it empties): what the worker
+  // holds of them stays valid.
+  virtual bool same_slots() const { return false; }
 
   // --- Policy engine (daemon compaction) ---
   // After a Sync that returned true: how many slots of blocks() hold tokens

@@ -41,6 +41,7 @@ TEST_F(CompactionTest, BudgetCompactionPublishesNewEpochAndOldPagesWaitForAck) {
   const uint64_t before = pool_->used_bytes();
   ASSERT_TRUE(Sync(s, /*ack=*/false).value());
   EXPECT_EQ(s.epoch, 1u);
+  EXPECT_FALSE(s.same_slots);
   EXPECT_EQ(s.committed, 32u);
   // Watchers hear of the new epoch.
   auto e = (*events)->Next(absl::ZeroDuration());

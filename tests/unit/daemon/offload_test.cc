@@ -115,6 +115,7 @@ TEST_F(OffloadTest, AnIdleSessionComesBackFromHostMemoryByteForByte) {
   ASSERT_TRUE(changed.ok()) << changed.status();
   EXPECT_TRUE(*changed);
   EXPECT_EQ(s.epoch, epoch + 1);
+  EXPECT_TRUE(s.same_slots);  // the worker keeps what it holds of them
   EXPECT_EQ(s.committed, 40u);
   EXPECT_EQ(Bytes(s), before);
   st = pool_->Stats();

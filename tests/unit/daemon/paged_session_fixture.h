@@ -87,6 +87,7 @@ class PagedSessionTest : public ::testing::Test {
     policies::WantedStreams wants;  // OpenResult: what the policy reads
     // [kLayers x committed] once the layers hold their own slots; else empty.
     std::vector<int64_t> layer_positions;
+    bool same_slots = false;  // of the last Sync that changed the tables
     int64_t position(int layer, size_t slot) const {
       return layer_positions.empty() ? positions[slot] : layer_positions[layer * committed + slot];
     }
@@ -196,6 +197,7 @@ class PagedSessionTest : public ::testing::Test {
     s.positions = r->slot_positions;
     s.counts = r->slot_counts;
     s.layer_positions = r->layer_slot_positions;
+    s.same_slots = r->same_slots;
     if (!s.layer_positions.empty()) {
       EXPECT_EQ(s.layer_positions.size(), kLayers * r->committed_tokens);
       EXPECT_TRUE(std::equal(s.positions.begin(), s.positions.end(), s.layer_positions.begin()));
