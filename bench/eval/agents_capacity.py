@@ -25,6 +25,19 @@ peak is what the mode needed (the peak with them is reported too). Baselines fro
 agent a --static-tokens f16 cache, 8192 by default, allocated up front) and
 paged f16 (each agent its own tokens, rounded up to 16-token pages).
 
+Agents that wait (issue 42, scope 4b): in the `paced` modes every agent
+waits --pause-ms before each tool message, as for its tool (the worker
+prefills what it holds and says Idle: `polykv-worker run
+--pause-before-tools-ms`), the shipped default QoS, no sharing; all agents
+start together:
+
+  paced          a pool that holds them all (--pool-mib): the answers the
+                 other two are compared with, token for token
+  paced-small    a pool of --small-pool-mib, without offload tiers
+  paced-offload  the same small pool, with a host offload tier and the idle
+                 timer (--offload-host-bytes 1GiB --offload-idle-ms 200):
+                 waiting agents' pages leave the pool and come back
+
 Attach speed: in `shared`, the attaching agents' attach_ms (the worker's turn
 JSON) against what prefilling those tokens cost agent 0 alone in the same run
 (its time to commit the shared prompt, probes included: the product path).
@@ -57,7 +70,8 @@ sys.path.insert(1, os.path.join(HERE, "workloads"))
 import live  # noqa: E402
 import score  # noqa: E402
 
-MODES = ("reference", "independent", "shared")
+MODES = ("reference", "independent", "shared", "paced", "paced-small", "paced-offload")
+PACED = ("paced", "paced-small", "paced-offload")
 PAGE = 16  # the paged-f16 baseline's page
 
 
@@ -86,6 +100,7 @@ class Sampler:
     def __init__(self, bins: live.Bins, socket: str, every: float = 0.25):
         self.bins, self.socket, self.every = bins, socket, every
         self.peak_used = self.peak_held = self.peak_sessions = self.peak_prefix = 0
+        self.peak_offloaded = self.peak_offloaded_sessions = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -98,6 +113,10 @@ class Sampler:
             self.peak_held = max(self.peak_held, used - cached)
             self.peak_sessions = max(self.peak_sessions, len(s.get("sessions", [])))
             self.peak_prefix = max(self.peak_prefix, int(prefix.get("shared_bytes", 0)) + cached)
+            offload = s.get("offload", {})
+            self.peak_offloaded = max(self.peak_offloaded, int(offload.get("bytes", 0)))
+            self.peak_offloaded_sessions = max(self.peak_offloaded_sessions,
+                                               int(offload.get("session_count", 0)))
             self._stop.wait(self.every)
 
     def __enter__(self) -> "Sampler":
@@ -117,8 +136,13 @@ def committed_of(bins: live.Bins, socket: str, agent: str) -> int:
 
 
 def run_mode(mode: str, tasks: list[str], bins: live.Bins, model: str, pool_mib: int,
-             out_dir: str, prompt_tokens: int) -> dict:
-    daemon = live.Daemon(bins.polykvd, pool_mib << 20, os.path.join(out_dir, f"{mode}.polykvd.log"))
+             out_dir: str, prompt_tokens: int, pause_ms: int = 0, small_pool_mib: int = 0) -> dict:
+    extra = ("--offload-host-bytes", "1GiB", "--offload-idle-ms", "200") \
+        if mode == "paced-offload" else ()
+    if mode in ("paced-small", "paced-offload"):
+        pool_mib = small_pool_mib
+    daemon = live.Daemon(bins.polykvd, pool_mib << 20, os.path.join(out_dir, f"{mode}.polykvd.log"),
+                         extra)
     daemon.start()
     procs = []
     try:
@@ -136,6 +160,8 @@ def run_mode(mode: str, tasks: list[str], bins: live.Bins, model: str, pool_mib:
                    "--model", model, "--summary"]
             if mode == "shared":
                 cmd += ["--share-prefix-messages", "1"]
+            if mode in PACED:
+                cmd += ["--pause-before-tools-ms", str(pause_ms)]
             base = os.path.join(out_dir, f"{mode}.{agents[i]}")
             procs.append((i, subprocess.Popen(cmd, stdout=open(base + ".jsonl", "w"),
                                               stderr=open(base + ".err", "w")), base))
@@ -143,8 +169,9 @@ def run_mode(mode: str, tasks: list[str], bins: live.Bins, model: str, pool_mib:
         t0 = time.monotonic()
         with Sampler(bins, daemon.socket) as sampler:
             start(0)
-            # The others start once agent 0 holds the shared system prompt.
-            while committed_of(bins, daemon.socket, agents[0]) < prompt_tokens:
+            # The others start once agent 0 holds the shared system prompt
+            # (paced agents share nothing: all start together).
+            while mode not in PACED and committed_of(bins, daemon.socket, agents[0]) < prompt_tokens:
                 if procs[0][1].poll() is not None:
                     break
                 time.sleep(0.2)
@@ -184,6 +211,9 @@ def run_mode(mode: str, tasks: list[str], bins: live.Bins, model: str, pool_mib:
                 "peak_used_bytes": sampler.peak_used, "peak_held_bytes": sampler.peak_held,
                 "peak_sessions": sampler.peak_sessions,
                 "peak_prefix_bytes": sampler.peak_prefix,
+                "peak_offloaded_bytes": sampler.peak_offloaded,
+                "peak_offloaded_sessions": sampler.peak_offloaded_sessions,
+                "pool_bytes": pool_mib << 20,
                 # Agent 0, alone, prefilling and committing the shared prompt.
                 "prompt_seconds": round(prompt_seconds, 2), "prompt_tokens": prompt_tokens,
                 "sessions_served": len(records) - len(failed), "records": records}
@@ -207,7 +237,16 @@ def summarize(results: dict, geometry: dict, static_tokens: int) -> dict:
         m = {"peak_used_bytes": res["peak_used_bytes"], "peak_held_bytes": res["peak_held_bytes"],
              "peak_prefix_bytes": res["peak_prefix_bytes"], "seconds": res["seconds"],
              "sessions_served": res["sessions_served"], "peak_sessions": res["peak_sessions"],
-             "success": sum(r["success"] for r in res["records"])}
+             "success": sum(r["success"] for r in res["records"]),
+             "pool_bytes": res.get("pool_bytes"),
+             "peak_offloaded_bytes": res.get("peak_offloaded_bytes", 0),
+             "peak_offloaded_sessions": res.get("peak_offloaded_sessions", 0)}
+        paced = results.get("paced")
+        if mode in PACED and paced and mode != "paced":
+            # Token for token against the same agents in a pool that holds them all.
+            want = {r["agent"]: r["text"] for r in paced["records"] if r["rc"] == 0}
+            m["texts_equal_to_paced"] = sum(
+                1 for r in res["records"] if r["rc"] == 0 and want.get(r["agent"]) == r["text"])
         if ref:
             solved = [a for a, ok in ref_ok.items() if ok]
             kept = sum(1 for r in res["records"] if r["agent"] in solved and r["success"])
@@ -248,6 +287,10 @@ def main(argv=None) -> int:
                     help="scripts/fetch-model.sh name or GGUF path (default qwen2.5-coder-0.5b)")
     ap.add_argument("--modes", default=",".join(MODES), help=f"some of {','.join(MODES)}")
     ap.add_argument("--pool-mib", type=int, default=2048, help="polykvd --pool-bytes (MiB)")
+    ap.add_argument("--pause-ms", type=int, default=20000,
+                    help="paced modes: each agent's wait before each tool message (default 20000)")
+    ap.add_argument("--small-pool-mib", type=int, default=48,
+                    help="paced-small and paced-offload: polykvd --pool-bytes (MiB, default 48)")
     ap.add_argument("--static-tokens", type=int, default=8192,
                     help="tokens of the static f16 baseline's cache per agent (default 8192)")
     ap.add_argument("--seed", type=int, default=1, help="gen.py seed (default 1)")
@@ -278,7 +321,7 @@ def main(argv=None) -> int:
             continue
         log(f"{mode}: running")
         res = results[mode] = run_mode(mode, tasks, bins, args.model, args.pool_mib, args.out,
-                                       prompt_tokens)
+                                       prompt_tokens, args.pause_ms, args.small_pool_mib)
         with tempfile.NamedTemporaryFile("w", dir=args.out, delete=False) as f:
             json.dump(res, f, indent=1)
         os.replace(f.name, path)

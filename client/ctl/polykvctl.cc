@@ -234,7 +234,7 @@ int main(int argc, char** argv) {
       std::printf("offload  %u sessions, %s; host %s of %s, disk %s of %s; offloaded %llu, "
                   "restored %llu (%.3f s each on average), refused %llu, lost %llu, idle "
                   "evicted %llu\n",
-                  o.sessions(), Human(o.bytes()).c_str(), Human(o.host_bytes()).c_str(),
+                  o.session_count(), Human(o.bytes()).c_str(), Human(o.host_bytes()).c_str(),
                   Human(o.host_capacity()).c_str(), Human(o.disk_bytes()).c_str(),
                   Human(o.disk_capacity()).c_str(), (unsigned long long)o.offloaded(),
                   (unsigned long long)o.restored(),

@@ -19,12 +19,14 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -71,6 +73,7 @@ struct Flags {
   int threads = 0;
   int64_t max_context = 8192;
   bool summary = false;
+  int pause_before_tools_ms = 0;  // run: the agent waits this long for each tool
   bool count_tokens = false;
   std::string logprobs_out;   // Each generated turn's top-k next-token log-probabilities.
   int logprobs_top = 64;
@@ -374,6 +377,14 @@ int RunScript(const Flags& f) {
         chat.AddMessage(*message, count_turn++, &emitted);
         continue;
       }
+      if (message->role == Role::kToolOutput && f.pause_before_tools_ms > 0) {
+        // The agent waits for its tool: what it holds is computed, its
+        // session idle meanwhile (polykvd may offload it).
+        std::vector<float> logits;
+        if (auto s = conv.Flush(&logits); !s.ok()) return Fail(where(s.message()));
+        if (auto s = (*store)->Idle(); !s.ok()) return Fail(where(s.message()));
+        std::this_thread::sleep_for(std::chrono::milliseconds(f.pause_before_tools_ms));
+      }
       if (auto s = conv.AddMessage(*message, intent); !s.ok()) return Fail(where(s.message()));
       continue;
     }
@@ -539,6 +550,11 @@ int main(int argc, char** argv) {
   CLI::App* run = app.add_subcommand("run", "run a JSONL conversation script");
   run->add_option("script", f.script, "SCRIPT.jsonl")->required();
   run->add_flag("--summary", f.summary, "print a final summary JSON line");
+  run->add_option("--pause-before-tools-ms", f.pause_before_tools_ms,
+                  "before each tool message, wait this long as an agent waits for its tool: "
+                  "the context so far is prefilled and the session idle meanwhile (polykvd may "
+                  "offload it); 0 = none")
+      ->check(CLI::NonNegativeNumber);
   run->add_flag("--count-tokens", f.count_tokens,
                 "run no model: print the model's KV geometry, then each message's position (the "
                 "tokens before it); stops at the first generated turn");

@@ -117,10 +117,13 @@ absl::StatusOr<std::unique_ptr<OffloadStore>> OffloadStore::Create(
           absl::StrCat("offload: cannot clear ", options.disk_dir, ": ", ec.message()));
     }
   }
-  auto store = std::unique_ptr<OffloadStore>(new OffloadStore(options));
-  store->stats_.host_capacity = options.host_bytes;
-  store->stats_.disk_capacity = options.disk_dir.empty() ? 0 : options.disk_bytes;
-  return store;
+  return std::unique_ptr<OffloadStore>(new OffloadStore(options));
+}
+
+OffloadStore::OffloadStore(const OffloadOptions& options) : options_(options) {
+  absl::MutexLock lock(&mu_);
+  stats_.host_capacity = options.host_bytes;
+  stats_.disk_capacity = options.disk_dir.empty() ? 0 : options.disk_bytes;
 }
 
 OffloadStore::~OffloadStore() {

@@ -80,7 +80,7 @@ class OffloadStore {
   ~OffloadStore();
 
  private:
-  explicit OffloadStore(const OffloadOptions& options) : options_(options) {}
+  explicit OffloadStore(const OffloadOptions& options);
 
   struct Entry {
     OffloadTier tier = OffloadTier::kHost;

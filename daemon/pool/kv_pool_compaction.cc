@@ -193,6 +193,9 @@ std::vector<std::string> KvPool::RunPressureLadder() {
   std::vector<LadderCandidate> candidates;
   const bool under_pressure = blocks_.free_bytes() < admission_.low_watermark();
   const absl::Time now = Now();
+  // Steps 3 and 4 take idle sessions when either is on; else an idle
+  // session is asked to compact at its next Sync like any other.
+  const bool idle_steps = options_.offload_store != nullptr || options_.ladder_evict_idle;
   Priority lowest = Priority::kCritical;
   for (const auto& [id, s] : sessions_) {
     lowest = std::min(lowest, s.priority);
@@ -201,7 +204,7 @@ std::vector<std::string> KvPool::RunPressureLadder() {
     // again next round if still needed.
     // An idle session is a candidate for steps 3 and 4 whatever its policy
     // (offloading loses nothing); an offloaded one holds no pages here.
-    const bool idle = s.idle && !s.busy && s.move == Session::Move::kNone;
+    const bool idle = idle_steps && s.idle && !s.busy && s.move == Session::Move::kNone;
     if (s.offloaded || (!idle && (q.policy == "full" || s.busy || s.policy.want_tokens != 0 ||
                                   s.policy.want_requant_blocks != 0 ||
                                   !s.tables.pending.empty()))) {

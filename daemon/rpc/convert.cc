@@ -339,7 +339,7 @@ void ToProto(const PoolSummary& in, v1::Stats* out) {
   prefix->set_dropped_blocks(in.prefix_dropped_blocks);
   v1::OffloadStats* o = out->mutable_offload();
   o->set_enabled(in.offload_store.has_value());
-  o->set_sessions(in.offloaded_sessions);
+  o->set_session_count(in.offloaded_sessions);
   o->set_bytes(in.offloaded_bytes);
   if (in.offload_store) {
     o->set_host_bytes(in.offload_store->host_bytes);

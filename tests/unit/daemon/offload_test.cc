@@ -4,10 +4,12 @@
 // Sync and Close is refused meanwhile; a store that cannot take the pages,
 // a pool with no room to restore them, and pages lost on disk are clear
 // errors; nothing leaks, and the accounting holds after every step.
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <thread>
 
 #include "tests/unit/daemon/paged_session_fixture.h"
 
@@ -260,6 +262,33 @@ TEST_F(OffloadTest, NoRoomToRestoreIsUnavailableAndTheSessionWaitsOffloaded) {
   ASSERT_TRUE(pool_->Close(b.id, b.token, peer_).ok());
   ASSERT_TRUE(Sync(a).ok());
   EXPECT_EQ(Bytes(a), before);
+  Check();
+}
+
+// Offloads racing the worker's own Syncs: a Sync that comes while the pages
+// are on their way out waits for them, then brings them back; every restore
+// gives the worker its bytes back, whatever the interleaving.
+TEST_F(OffloadTest, OffloadsRacingTheWorkersSyncsNeverLoseAByte) {
+  Sess s = Open("a");
+  ASSERT_TRUE(Append(s, 100).ok());
+  ASSERT_TRUE(Sync(s).ok());
+  const auto before = Bytes(s);
+  std::atomic<bool> done{false};
+  std::atomic<int> offloaded{0};
+  std::thread ops([&] {
+    while (!done.load()) offloaded += pool_->Offload(s.id).ok();
+  });
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_TRUE(Idle(s).ok());
+    auto changed = Sync(s);  // checks every slot's pattern when the tables changed
+    ASSERT_TRUE(changed.ok()) << changed.status();
+    if (*changed) ASSERT_EQ(Bytes(s), before) << "round " << i;
+  }
+  done = true;
+  ops.join();
+  const PoolSummary st = pool_->Stats();
+  EXPECT_EQ(st.offload.offloaded, uint64_t(offloaded.load()));
+  EXPECT_EQ(st.offload.restored, st.offload.offloaded - st.offloaded_sessions);
   Check();
 }
 
