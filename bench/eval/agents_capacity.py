@@ -176,8 +176,9 @@ def run_mode(mode: str, tasks: list[str], bins: live.Bins, model: str, pool_mib:
                     break
                 time.sleep(0.2)
             prompt_seconds = time.monotonic() - t0
-            log(f"{mode}: agent 0 committed the system prompt after {prompt_seconds:.0f} s; "
-                f"starting {len(tasks) - 1} more")
+            if mode not in PACED:
+                log(f"{mode}: agent 0 committed the system prompt after {prompt_seconds:.0f} s; "
+                    f"starting {len(tasks) - 1} more")
             for i in range(1, len(tasks)):
                 start(i)
             for _, p, _ in procs:
