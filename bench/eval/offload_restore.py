@@ -32,6 +32,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -141,6 +142,7 @@ def run_tier(tier: str, bins: live.Bins, model: str, tokens: int, threads: int,
         return out
     finally:
         daemon.stop()
+        shutil.rmtree(offload_dir, ignore_errors=True)  # its entries die with the daemon
 
 
 def main() -> int:
