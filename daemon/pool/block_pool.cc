@@ -378,7 +378,10 @@ void BlockPool::Free(BlockAccount& account, Block& block) {
       FreePrefixBlock(t, *gone);
     } else if (t.prefix.Get(id).refs == 0 && InVacatingArena(t.name, t.prefix.Get(id).block)) {
       // Cached where an arena is being emptied: it would keep it.
-      for (Block& b : t.prefix.Drop(id)) FreePrefixBlock(t, b);
+      for (Block& b : t.prefix.Drop(id)) {
+        ++prefix_dropped_blocks_;
+        FreePrefixBlock(t, b);
+      }
     }
     return;
   }

@@ -1,8 +1,9 @@
 // Shared prefix blocks (issue 42): a session shares its leading full blocks,
 // a fresh session of the same tenant and model attaches them and reads the
 // sharer's pages; a compaction keeps them whole outside the budget; cached
-// after the last session, revived, dropped for room; never found across
-// tenants or models; accounting exact throughout.
+// after the last session, revived, dropped for room; copied for each holder
+// out of an arena being emptied; never found across tenants or models;
+// accounting exact throughout.
 // The test plays the workers (paged_session_fixture.h) and checks every
 // slot's content against the pattern of its position.
 #include <cstdint>
@@ -287,6 +288,76 @@ TEST_F(PrefixSharingTest, AnEvictedSessionLetsItsSharedBlocksGo) {
   Check();
   EXPECT_EQ(pool_->Stats().prefix_cached_bytes, 2 * kBlockBytes);
   EXPECT_EQ(pool_->used_bytes(), 2 * kBlockBytes);
+}
+
+// A shared block in an arena being emptied: each holder's next Sync gives it
+// a copy in its own pages, byte for byte; once the last holder has moved,
+// the entry (cached, in that arena) is dropped so the arena can go, and the
+// other tenant gets its room. Refcounts exact after every step.
+TEST_F(PrefixSharingTest, ASharedBlockInAVacatedArenaIsCopiedForEachHolder) {
+  // 16 sessions fill the pool (1 MiB each), then keep one block each,
+  // shared under ids of their own and attached by a second session.
+  std::vector<Sess> sharers, attachers;
+  for (int i = 0; i < 16; ++i) {
+    Sess s = Open("s" + std::to_string(i));
+    auto r = pool_->Reserve(s.id, s.token, peer_, 1024);
+    ASSERT_TRUE(r.ok()) << i << ": " << r.status();
+    Map(s.id, s.token, r->new_arenas);
+    s.blocks = {r->blocks[0]};
+    sharers.push_back(s);
+  }
+  for (int i = 0; i < 16; ++i) {
+    Sess& s = sharers[i];
+    ASSERT_TRUE(pool_->Release(s.id, s.token, peer_, kBlock).ok());
+    ASSERT_TRUE(Append(s, kBlock).ok());
+    ASSERT_EQ(Share(s, Ids(kBlock, 1000 * i)).value(), uint64_t(kBlock));
+    Sess a = Open("a" + std::to_string(i));
+    ASSERT_EQ(Attach(a, Ids(kBlock, 1000 * i)).value(), uint64_t(kBlock));
+    attachers.push_back(a);
+  }
+  EXPECT_EQ(pool_->Stats().prefix_shared_bytes, 16 * kBlockBytes);
+  Check();
+
+  // Another tenant asks for half the pool: refused, sparse arenas vacated.
+  Sess other = Open("o", kLayers, "t2");
+  auto refused = pool_->Reserve(other.id, other.token, peer_, 8 * kMiB / kBlockBytes * kBlock);
+  ASSERT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  ASSERT_GT(pool_->Stats().vacating_arenas, 0u);
+
+  // Sharers first, then attachers: each copy checked slot by slot (Sync).
+  uint64_t moved = 0;
+  for (auto* group : {&sharers, &attachers}) {
+    for (Sess& s : *group) {
+      auto changed = Sync(s);
+      ASSERT_TRUE(changed.ok()) << changed.status();
+      if (!*changed) continue;
+      ++moved;
+      EXPECT_TRUE(s.same_slots);
+      EXPECT_EQ(s.committed, uint64_t(kBlock));
+      Check();
+    }
+  }
+  ASSERT_GT(moved, 0u);
+  ASSERT_EQ(moved % 2, 0u) << "a block moved for one of its holders only";
+  const PoolSummary after = pool_->Stats();
+  EXPECT_EQ(after.vacating_arenas, 0u);
+  EXPECT_EQ(after.relocated_blocks, moved);
+  // The moved blocks are their holders' own now, twice; the others shared.
+  EXPECT_EQ(after.prefix_shared_bytes, (16 - moved / 2) * kBlockBytes);
+  EXPECT_EQ(after.prefix_cached_bytes, 0u);
+  EXPECT_EQ(after.prefix_dropped_blocks, moved / 2);
+  EXPECT_EQ(pool_->used_bytes(), (16 + moved / 2) * kBlockBytes);
+
+  auto granted = pool_->Reserve(other.id, other.token, peer_, 8 * kMiB / kBlockBytes * kBlock);
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  Check();
+  for (auto* group : {&sharers, &attachers}) {
+    for (Sess& s : *group) ASSERT_TRUE(pool_->Close(s.id, s.token, peer_).ok());
+  }
+  ASSERT_TRUE(pool_->Close(other.id, other.token, peer_).ok());
+  Check();
+  // What stayed shared is cached now, nothing else.
+  EXPECT_EQ(pool_->used_bytes(), pool_->Stats().prefix_cached_bytes);
 }
 
 }  // namespace
