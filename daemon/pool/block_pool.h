@@ -141,6 +141,22 @@ class BlockPool {
   AttachedPrefix AttachPrefix(BlockAccount& account, const std::string& space,
                               std::span<const int32_t> tokens, uint32_t block_tokens,
                               uint64_t max_blocks, size_t lists);
+  // The chain of the tenant's blocks in `space` holding the leading full
+  // blocks of `tokens`, at most `max_blocks`, touched as used; held by no
+  // table (an engine's connector reads them under the caller's lock).
+  std::vector<Block> FindPrefix(const std::string& tenant, const std::string& space,
+                                std::span<const int32_t> tokens, uint32_t block_tokens,
+                                uint64_t max_blocks);
+  // Stores blocks [first, first + count) of `tokens`' chain in `space` as
+  // cached entries of `shape`, fill(i, block) writing block i's new pages;
+  // blocks the index holds already are kept unfilled. Returns the chain's
+  // leading blocks held now. FAILED_PRECONDITION when a block before
+  // `first` is missing; RESOURCE_EXHAUSTED when no room is left (what was
+  // stored stays). Charged to the tenant's index, like shared blocks.
+  absl::StatusOr<uint64_t> StorePrefix(const std::string& tenant, const std::string& space,
+                                       std::span<const int32_t> tokens, uint32_t block_tokens,
+                                       const BlockShape& shape, uint64_t first, uint64_t count,
+                                       const std::function<void(uint64_t, const Block&)>& fill);
   // Bytes of shared prefix blocks no table holds: cached, and given up
   // whenever an allocation needs the room (free_bytes counts them free).
   uint64_t cached_bytes() const;

@@ -144,4 +144,78 @@ AttachedPrefix BlockPool::AttachPrefix(BlockAccount& account, const std::string&
   return out;
 }
 
+std::vector<Block> BlockPool::FindPrefix(const std::string& tenant, const std::string& space,
+                                         std::span<const int32_t> tokens, uint32_t block_tokens,
+                                         uint64_t max_blocks) {
+  std::vector<Block> out;
+  auto it = tenants_.find(tenant);
+  if (it == tenants_.end()) return out;
+  PrefixIndex& index = it->second->prefix;
+  PrefixId parent = index.Root(space);
+  const uint64_t n = std::min<uint64_t>(tokens.size() / block_tokens, max_blocks);
+  for (uint64_t i = 0; i < n; ++i) {
+    auto found = index.Find(parent, tokens.subspan(i * block_tokens, block_tokens));
+    if (!found) break;
+    parent = *found;
+    out.push_back(index.Get(parent).block);
+  }
+  // Leaf first: an ancestor stays used more recently than its descendants.
+  for (auto b = out.rbegin(); b != out.rend(); ++b) index.Touch(b->prefix);
+  return out;
+}
+
+absl::StatusOr<uint64_t> BlockPool::StorePrefix(
+    const std::string& tenant, const std::string& space, std::span<const int32_t> tokens,
+    uint32_t block_tokens, const BlockShape& shape, uint64_t first, uint64_t count,
+    const std::function<void(uint64_t, const Block&)>& fill) {
+  auto& tp = tenants_[tenant];
+  if (!tp) tp = std::make_unique<Tenant>(tenant, PageAllocatorOptions{options_.superblock_bytes});
+  Tenant& t = *tp;
+  BlockAccount account{tenant, "", 0};  // the index's, for the allocation only
+  agent_bytes_.try_emplace(account.agent_id, 0);
+  auto own = [&](uint64_t i) { return tokens.subspan(i * block_tokens, block_tokens); };
+  // Every block of the chain is held while the store runs, so that making
+  // room for the next (dropping cached blocks) cannot drop its parent.
+  std::vector<PrefixId> held;
+  absl::Status status;
+  PrefixId parent = t.prefix.Root(space);
+  for (uint64_t i = 0; i < first + count; ++i) {
+    if (auto found = t.prefix.Find(parent, own(i))) {
+      parent = *found;
+      t.prefix.Ref(parent);
+      held.push_back(parent);
+      continue;
+    }
+    if (i < first) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "block ", i, " of this prefix is not stored (first_block ", first,
+          "): store its blocks in order, from block 0"));
+      break;
+    }
+    auto got = Allocate(account, shape, 1, /*zero=*/true);
+    if (!got.ok()) {
+      status = got.status();
+      break;
+    }
+    Block& b = got->front();
+    fill(i, b);
+    Count(account, shape, -1);
+    CountPrefix(t, shape, +1);
+    // One record list: the block's tokens as written, one per slot.
+    std::vector<policies::SlotRecord> records(block_tokens);
+    for (uint32_t k = 0; k < block_tokens; ++k) {
+      records[k].meta.position = static_cast<int64_t>(i * block_tokens + k);
+    }
+    parent = t.prefix.Insert(parent, own(i), b, {std::move(records)});
+    held.push_back(parent);
+  }
+  const uint64_t chain = held.size();
+  for (PrefixId id : held) {
+    if (auto gone = t.prefix.Unref(id)) FreePrefixBlock(t, *gone);  // linked: never
+  }
+  for (auto id = held.rbegin(); id != held.rend(); ++id) t.prefix.Touch(*id);
+  if (!status.ok()) return status;
+  return chain;
+}
+
 }  // namespace polykv::daemon

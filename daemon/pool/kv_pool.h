@@ -185,6 +185,30 @@ class KvPool {
                                                   const PeerCreds& peer,
                                                   std::span<const int32_t> token_ids);
 
+  // --- Prefix cache, for an engine's connector (no session) ---
+  // The same blocks, named by a stated space rather than a session's: an
+  // engine that computes KV in its own memory finds, reads and stores whole
+  // blocks by their token ids (docs/prefix-sharing.md). None of these holds
+  // a block after it returns; what a store adds is cached (dropped first
+  // when memory is needed) until a session attaches it.
+  // How many leading tokens of `token_ids` the tenant's blocks hold (whole
+  // blocks; 0 when the tenant has none).
+  absl::StatusOr<uint64_t> LookupPrefix(const PrefixSpaceRequest& space,
+                                        std::span<const int32_t> token_ids);
+  // The pages of the blocks [first_block, first_block + max_blocks) of that
+  // chain that exist (fewer, or none, where it ends), at most 16 MiB.
+  absl::StatusOr<PrefixPages> ReadPrefix(const PrefixSpaceRequest& space,
+                                         std::span<const int32_t> token_ids, uint64_t first_block,
+                                         uint64_t max_blocks);
+  // Stores blocks first_block, first_block + 1, ... of `token_ids`' chain
+  // from `pages` (PrefixPages' layout); those before first_block must be
+  // stored already (FAILED_PRECONDITION), those stored already are kept.
+  // Returns the leading blocks the chain holds now; RESOURCE_EXHAUSTED when
+  // the pool has no room even without cached blocks (those stored stay).
+  absl::StatusOr<uint64_t> StorePrefix(const PrefixSpaceRequest& space,
+                                       std::span<const int32_t> token_ids, uint64_t first_block,
+                                       std::span<const std::string> pages);
+
   // --- Admin service ---
   PoolSummary Stats() const;
   std::vector<SessionSummary> ListSessions(absl::string_view tenant,

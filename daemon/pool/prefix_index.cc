@@ -60,6 +60,13 @@ std::optional<Block> PrefixIndex::Unref(PrefixId id) {
   return std::nullopt;
 }
 
+void PrefixIndex::Touch(PrefixId id) {
+  Entry& e = entries_.at(id);
+  if (e.refs == 0) cold_.erase({e.stamp, id});
+  e.stamp = ++clock_;
+  if (e.refs == 0) cold_.insert({e.stamp, id});
+}
+
 std::optional<PrefixId> PrefixIndex::Coldest() const {
   if (cold_.empty()) return std::nullopt;
   return cold_.begin()->second;

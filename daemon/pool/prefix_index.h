@@ -71,6 +71,8 @@ class PrefixIndex {
   // more (no ref left and unlinked): the caller frees it.
   std::optional<Block> Unref(PrefixId id);
 
+  // Used now (a lookup that holds nothing): last to be dropped.
+  void Touch(PrefixId id);
   // The cached (unreferenced) entry used longest ago.
   std::optional<PrefixId> Coldest() const;
   // Drops a cached entry (REQUIRES refs == 0) and unlinks its descendants;

@@ -148,6 +148,27 @@ struct AttachPrefixResult {
   ReserveResult reserve;
 };
 
+// The prefix cache's space as an engine's connector names it, with no
+// session (KvPool::LookupPrefix and after): the tenant (bound to `peer` as
+// OpenSession binds it), the model, the page formats and the block size.
+// Blocks are shared with worker sessions whose fill shape is the same.
+struct PrefixSpaceRequest {
+  std::string tenant;
+  ModelProfile profile;
+  PageFormat key_format = PageFormat::kF16;
+  PageFormat value_format = PageFormat::kF16;
+  uint32_t block_tokens = 0;
+  PeerCreds peer;
+};
+
+// Pages of whole prefix blocks, block by block, K then V of each layer, each
+// the format's page (kernels::PageBytes) without the size class's padding.
+struct PrefixPages {
+  uint64_t first_block = 0;
+  uint64_t blocks = 0;
+  std::vector<std::string> pages;  // 2 * layers per block
+};
+
 // Where a moved session went (session_move.h), as its worker learns at its
 // next Sync: the target's session socket, and the session there.
 struct MovedTo {
