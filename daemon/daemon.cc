@@ -27,6 +27,7 @@
 #include "daemon/rpc/peer_service.h"
 #include "daemon/rpc/peer_tls.h"
 #include "daemon/rpc/session_mover.h"
+#include "daemon/rpc/prefix_service.h"
 #include "daemon/rpc/session_service.h"
 #include "daemon/rpc/status_map.h"
 #include "daemon/rpc/uds_listener.h"
@@ -169,11 +170,13 @@ absl::Status Daemon::Start() {
   }
   session_service_ = std::make_unique<SessionService>(ctx);
   admin_service_ = std::make_unique<AdminService>(ctx);
+  prefix_service_ = std::make_unique<PrefixService>(ctx);
 
   RouteProtobufLogs();
   grpc::ServerBuilder builder;
   builder.RegisterService(session_service_.get());
   builder.RegisterService(admin_service_.get());
+  builder.RegisterService(prefix_service_.get());
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.SetMaxReceiveMessageSize(1 << 20);
   if (config_.connection_idle_ms > 0) {

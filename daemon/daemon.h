@@ -36,6 +36,7 @@ class LogThrottle;
 class WatchQuota;
 class ParseErrorInterceptorFactory;
 class FdBroker;
+class PrefixService;
 class SessionService;
 class AdminService;
 class PeerService;
@@ -94,6 +95,7 @@ class Daemon {
   std::unique_ptr<WatchQuota> watches_;         // Watch streams per uid.
   std::unique_ptr<SessionService> session_service_;
   std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<PrefixService> prefix_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<SessionMover> mover_;
   std::unique_ptr<PeerService> peer_service_;

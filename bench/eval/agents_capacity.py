@@ -136,7 +136,8 @@ def committed_of(bins: live.Bins, socket: str, agent: str) -> int:
 
 
 def run_mode(mode: str, tasks: list[str], bins: live.Bins, model: str, pool_mib: int,
-             out_dir: str, prompt_tokens: int, pause_ms: int = 0, small_pool_mib: int = 0) -> dict:
+             out_dir: str, prompt_tokens: int, pause_ms: int = 0, small_pool_mib: int = 0,
+             reserve_retry_ms: int | None = None) -> dict:
     extra = ("--offload-host-bytes", "1GiB", "--offload-idle-ms", "200") \
         if mode == "paced-offload" else ()
     if mode in ("paced-small", "paced-offload"):
@@ -162,6 +163,8 @@ def run_mode(mode: str, tasks: list[str], bins: live.Bins, model: str, pool_mib:
                 cmd += ["--share-prefix-messages", "1"]
             if mode in PACED:
                 cmd += ["--pause-before-tools-ms", str(pause_ms)]
+            if reserve_retry_ms is not None:
+                cmd += ["--reserve-retry-ms", str(reserve_retry_ms)]
             base = os.path.join(out_dir, f"{mode}.{agents[i]}")
             procs.append((i, subprocess.Popen(cmd, stdout=open(base + ".jsonl", "w"),
                                               stderr=open(base + ".err", "w")), base))
@@ -292,6 +295,9 @@ def main(argv=None) -> int:
                     help="paced modes: each agent's wait before each tool message (default 20000)")
     ap.add_argument("--small-pool-mib", type=int, default=48,
                     help="paced-small and paced-offload: polykvd --pool-bytes (MiB, default 48)")
+    ap.add_argument("--reserve-retry-ms", type=int, default=None,
+                    help="workers' --reserve-retry-ms: how long one waits for room (default: "
+                         "the worker's, 30000)")
     ap.add_argument("--static-tokens", type=int, default=8192,
                     help="tokens of the static f16 baseline's cache per agent (default 8192)")
     ap.add_argument("--seed", type=int, default=1, help="gen.py seed (default 1)")
@@ -322,7 +328,8 @@ def main(argv=None) -> int:
             continue
         log(f"{mode}: running")
         res = results[mode] = run_mode(mode, tasks, bins, args.model, args.pool_mib, args.out,
-                                       prompt_tokens, args.pause_ms, args.small_pool_mib)
+                                       prompt_tokens, args.pause_ms, args.small_pool_mib,
+                                       args.reserve_retry_ms)
         with tempfile.NamedTemporaryFile("w", dir=args.out, delete=False) as f:
             json.dump(res, f, indent=1)
         os.replace(f.name, path)

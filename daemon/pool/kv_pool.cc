@@ -16,15 +16,6 @@ namespace {
 // Per call: keeps one Reserve response well under the 64 MiB message limit.
 constexpr uint64_t kMaxReserveTokens = 1ull << 16;
 
-PageFormat FormatForDtype(DType d) {
-  switch (d) {
-    case DType::kF32: return PageFormat::kF32;
-    case DType::kBF16: return PageFormat::kBF16;
-    case DType::kF16: return PageFormat::kF16;
-  }
-  return PageFormat::kF16;
-}
-
 // Raises `f` to the floor when it has fewer bits: the QoS contract is that an
 // agent's K/V are never stored coarser than its floor.
 PageFormat ApplyFloor(PageFormat f, std::optional<PageFormat> floor) {

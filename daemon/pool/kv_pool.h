@@ -207,7 +207,7 @@ class KvPool {
   // the pool has no room even without cached blocks (those stored stay).
   absl::StatusOr<uint64_t> StorePrefix(const PrefixSpaceRequest& space,
                                        std::span<const int32_t> token_ids, uint64_t first_block,
-                                       std::span<const std::string> pages);
+                                       std::span<const std::string_view> pages);
 
   // --- Admin service ---
   PoolSummary Stats() const;

@@ -54,8 +54,9 @@ absl::StatusOr<ConnectorSpace> CheckSpace(const PrefixSpaceRequest& r, uint64_t 
   out.block_tokens = r.block_tokens;
   out.page = {static_cast<int>(r.block_tokens), static_cast<int>(r.profile.num_kv_heads),
               static_cast<int>(r.profile.head_dim)};
-  auto shape = MakeBlockShape(r.profile.num_layers, out.page, r.key_format, r.value_format,
-                              max_page_bytes);
+  const PageFormat dtype_format = FormatForDtype(r.profile.dtype);
+  auto shape = MakeBlockShape(r.profile.num_layers, out.page, r.key_format.value_or(dtype_format),
+                              r.value_format.value_or(dtype_format), max_page_bytes);
   if (!shape.ok()) return shape.status();
   out.shape = *std::move(shape);
   out.key = PrefixSpace(r.profile, out.shape, r.block_tokens);
@@ -179,6 +180,7 @@ absl::StatusOr<PrefixPages> KvPool::ReadPrefix(const PrefixSpaceRequest& r,
   max_blocks = std::min(max_blocks, kMaxReadBytes / std::max<uint64_t>(1, space->block_content()));
   PrefixPages out;
   out.first_block = first_block;
+  if (first_block >= token_ids.size() / space->block_tokens) return out;  // past the ids
   absl::MutexLock lock(&mu_);
   const uint64_t want = first_block + std::min(max_blocks, kMaxPrefixTokens);
   std::vector<Block> chain =
@@ -200,7 +202,7 @@ absl::StatusOr<PrefixPages> KvPool::ReadPrefix(const PrefixSpaceRequest& r,
 absl::StatusOr<uint64_t> KvPool::StorePrefix(const PrefixSpaceRequest& r,
                                              std::span<const int32_t> token_ids,
                                              uint64_t first_block,
-                                             std::span<const std::string> pages) {
+                                             std::span<const std::string_view> pages) {
   auto space = CheckSpace(r, options_.superblock_bytes, token_ids.size());
   if (!space.ok()) return space.status();
   auto tenant = TenantKey(r.tenant, r.peer);
@@ -216,7 +218,8 @@ absl::StatusOr<uint64_t> KvPool::StorePrefix(const PrefixSpaceRequest& r,
         " pages (K and V of each layer) is stored, at least one"));
   }
   const uint64_t count = pages.size() / per_block;
-  if ((first_block + count) * space->block_tokens > token_ids.size()) {
+  if (first_block > kMaxPrefixTokens ||
+      (first_block + count) * space->block_tokens > token_ids.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "blocks ", first_block, "..", first_block + count - 1, " of ", space->block_tokens,
         " tokens need ", (first_block + count) * space->block_tokens, " token ids; got ",
@@ -237,7 +240,7 @@ absl::StatusOr<uint64_t> KvPool::StorePrefix(const PrefixSpaceRequest& r,
       key, space->key, token_ids, space->block_tokens, space->shape, first_block, count,
       [&](uint64_t b, const Block& block) {
         for (size_t i = 0; i < block.pages.size(); ++i) {
-          const std::string& src = pages[(b - first_block) * per_block + i];
+          const std::string_view src = pages[(b - first_block) * per_block + i];
           std::memcpy(reinterpret_cast<void*>(pool.HostAddress(key, block.pages[i])),
                       src.data(), src.size());
         }

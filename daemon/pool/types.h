@@ -148,6 +148,16 @@ struct AttachPrefixResult {
   ReserveResult reserve;
 };
 
+// The page format a model's dtype stores unless asked otherwise.
+inline PageFormat FormatForDtype(DType d) {
+  switch (d) {
+    case DType::kF32: return PageFormat::kF32;
+    case DType::kBF16: return PageFormat::kBF16;
+    case DType::kF16: return PageFormat::kF16;
+  }
+  return PageFormat::kF16;
+}
+
 // The prefix cache's space as an engine's connector names it, with no
 // session (KvPool::LookupPrefix and after): the tenant (bound to `peer` as
 // OpenSession binds it), the model, the page formats and the block size.
@@ -155,8 +165,8 @@ struct AttachPrefixResult {
 struct PrefixSpaceRequest {
   std::string tenant;
   ModelProfile profile;
-  PageFormat key_format = PageFormat::kF16;
-  PageFormat value_format = PageFormat::kF16;
+  std::optional<PageFormat> key_format;    // nullopt: FormatForDtype
+  std::optional<PageFormat> value_format;  // nullopt: FormatForDtype
   uint32_t block_tokens = 0;
   PeerCreds peer;
 };

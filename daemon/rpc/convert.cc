@@ -89,6 +89,23 @@ absl::StatusOr<ModelProfile> FromProto(const v1::ModelProfile& p) {
   return o;
 }
 
+absl::StatusOr<PrefixSpaceRequest> FromProto(const v1::PrefixSpace& s, const PeerCreds& peer) {
+  PrefixSpaceRequest o;
+  o.tenant = s.tenant();
+  auto profile = FromProto(s.profile());
+  if (!profile.ok()) return profile.status();
+  o.profile = *profile;
+  auto kf = FormatFromProto(s.key_format(), "space.key_format");
+  if (!kf.ok()) return kf.status();
+  auto vf = FormatFromProto(s.value_format(), "space.value_format");
+  if (!vf.ok()) return vf.status();
+  o.key_format = *kf;
+  o.value_format = *vf;
+  o.block_tokens = s.block_tokens();
+  o.peer = peer;
+  return o;
+}
+
 absl::StatusOr<OpenRequest> FromProto(const v1::OpenSessionRequest& r, const PeerCreds& peer) {
   OpenRequest o;
   o.agent_id = r.agent_id();

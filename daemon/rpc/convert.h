@@ -5,12 +5,14 @@
 #include "absl/status/statusor.h"
 #include "daemon/pool/types.h"
 #include "polykv/v1/admin.pb.h"
+#include "polykv/v1/prefix.pb.h"
 #include "polykv/v1/session.pb.h"
 
 namespace polykv::daemon {
 
 absl::StatusOr<OpenRequest> FromProto(const v1::OpenSessionRequest& r, const PeerCreds& peer);
 absl::StatusOr<ModelProfile> FromProto(const v1::ModelProfile& p);
+absl::StatusOr<PrefixSpaceRequest> FromProto(const v1::PrefixSpace& s, const PeerCreds& peer);
 // `where` names the slot in the error.
 absl::StatusOr<policies::SlotMeta> FromProto(const v1::SlotMeta& m, absl::string_view where);
 void ToProto(const policies::SlotMeta& in, v1::SlotMeta* out);

@@ -214,3 +214,36 @@ def test_a_later_session_of_the_tenant_attaches_a_shared_prefix(tmp_path):
         daemon.admin.close()
         daemon.process.terminate()
         daemon.process.wait(timeout=20)
+
+
+def test_a_connectors_stored_blocks_are_attached_by_a_session(tmp_path):
+    daemon = start_daemon(tmp_path)  # its own: the stored blocks stay cached after the test
+    try:
+        ids = list(range(2000, 2032))
+        space = polykv.PrefixSpace("t-conn", PROFILE, block_tokens=16)  # f32 pages, the dtype's
+        page_bytes = 16 * 2 * 64 * 4
+        pages = [bytes([(7 * p + k) % 251 for k in range(page_bytes)]) for p in range(8)]
+        with polykv.PrefixCache(daemon.socket) as cache:
+            assert cache.lookup(space, ids) == 0
+            assert cache.store(space, ids, 0, pages[:4]) == 1  # block 0, then block 1
+            assert cache.store(space, ids, 1, pages[4:]) == 2
+            assert cache.lookup(space, ids + [1, 2]) == 32
+            assert cache.read(space, ids, 1) == (1, 1, pages[4:])
+            with pytest.raises(errors.InvalidArgument):
+                cache.store(space, ids, 0, [pages[0][:-1]] + pages[1:4])
+            with pytest.raises(errors.FailedPrecondition):
+                cache.store(space, list(range(48)), 2, pages[:4])  # blocks 0 and 1 first
+            other = polykv.PrefixSpace("t-other", PROFILE, block_tokens=16)
+            assert cache.lookup(other, ids) == 0
+        with polykv.Client(daemon.socket) as client:
+            with client.open_session("engine-peer", PROFILE, tenant="t-conn", key_format="f32",
+                                     value_format="f32", block_tokens=16) as s:
+                assert s.attach_prefix(ids) == 32
+                for b in range(2):
+                    for p in range(4):
+                        assert s.page(b, p).tobytes() == pages[4 * b + p]
+        assert daemon.admin.stats().pool.used_bytes == 2 * 4 * page_bytes  # cached, all of it
+    finally:
+        daemon.admin.close()
+        daemon.process.terminate()
+        daemon.process.wait(timeout=20)

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "kernels/model_profile.h"
 #include "kernels/page_format.h"
 #include "policies/session_view.h"
 
@@ -41,11 +42,13 @@ T Take(absl::StatusOr<T> v) {
 
 // Page formats and roles cross as their short names ("int4", "tool_output").
 kernels::PageFormat FormatArg(const std::string& name, const char* what);
+kernels::DType DtypeArg(const std::string& name);  // f32, f16 or bf16
 policies::Role RoleArg(const std::string& name);
 
 void BindErrors(nb::module_& m);
 void BindClient(nb::module_& m);
 void BindAdmin(nb::module_& m);
 void BindKvStore(nb::module_& m);
+void BindPrefixCache(nb::module_& m);
 
 }  // namespace polykv::python

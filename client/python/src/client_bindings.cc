@@ -172,13 +172,7 @@ void BindConnection(nb::module_& m) {
             SessionOptions o;
             o.agent_id = agent_id;
             o.tenant = tenant;
-            const kernels::PageFormat d = FormatArg(dtype, "dtype");
-            if (d != kernels::PageFormat::kF32 && d != kernels::PageFormat::kF16 &&
-                d != kernels::PageFormat::kBF16) {
-              throw StatusError(absl::InvalidArgumentError(
-                  absl::StrCat("dtype '", dtype, "' is not a compute dtype (f32, f16, bf16)")));
-            }
-            o.profile = {num_layers, num_kv_heads, head_dim, static_cast<DType>(d), model_id};
+            o.profile = {num_layers, num_kv_heads, head_dim, DtypeArg(dtype), model_id};
             if (key_format) o.key_format = FormatArg(*key_format, "key_format");
             if (value_format) o.value_format = FormatArg(*value_format, "value_format");
             o.block_tokens = block_tokens;

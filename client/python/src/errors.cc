@@ -16,6 +16,16 @@ kernels::PageFormat FormatArg(const std::string& name, const char* what) {
   return *f;
 }
 
+kernels::DType DtypeArg(const std::string& name) {
+  const kernels::PageFormat d = FormatArg(name, "dtype");
+  if (d != kernels::PageFormat::kF32 && d != kernels::PageFormat::kF16 &&
+      d != kernels::PageFormat::kBF16) {
+    throw StatusError(absl::InvalidArgumentError(
+        absl::StrCat("dtype '", name, "' is not a compute dtype (f32, f16, bf16)")));
+  }
+  return static_cast<kernels::DType>(d);  // the same wire values
+}
+
 policies::Role RoleArg(const std::string& name) {
   std::optional<policies::Role> r = policies::ParseRole(name);
   if (!r) {

@@ -8,4 +8,5 @@ NB_MODULE(_core, m) {
   polykv::python::BindClient(m);
   polykv::python::BindAdmin(m);
   polykv::python::BindKvStore(m);
+  polykv::python::BindPrefixCache(m);
 }

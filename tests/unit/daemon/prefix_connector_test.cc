@@ -3,15 +3,23 @@
 // blocks stored by their token ids are attached by a worker's session and
 // hold what was stored, slot by slot; stores come in chunks, in order; other
 // tenants, unbound uids and other spaces find nothing; bad calls change
-// nothing; accounting exact after every step.
+// nothing; accounting exact after every step. Last, the same over the
+// daemon's socket: a connector process's stores attached by a worker's
+// session, the bytes read in its mapped pages.
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "daemon/pool/kv_pool.h"
+#include "polykv/client.h"
+#include "polykv/prefix_cache.h"
+#include "tests/unit/daemon/in_process_daemon.h"
 #include "tests/unit/daemon/prefix_fixture.h"
 
 namespace polykv::daemon {
@@ -31,6 +39,12 @@ class PrefixConnectorTest : public PrefixSharingTest {
     r.block_tokens = kBlock;
     r.peer = peer_;
     return r;
+  }
+
+  absl::StatusOr<uint64_t> Store(const PrefixSpaceRequest& space, const std::vector<int32_t>& ids,
+                                 uint64_t first_block, const std::vector<std::string>& pages) {
+    const std::vector<std::string_view> views(pages.begin(), pages.end());
+    return pool_->StorePrefix(space, ids, first_block, views);
   }
 
   // The page bytes of a session's first `blocks` blocks, in PrefixPages' layout.
@@ -87,15 +101,15 @@ TEST_F(PrefixConnectorTest, StoredBlocksAreAttachedByASessionSlotBySlot) {
   const size_t per_block = 2 * kLayers;
   std::vector<std::string> first(pages.begin(), pages.begin() + per_block);
   std::vector<std::string> rest(pages.begin() + per_block, pages.end());
-  EXPECT_EQ(pool_->StorePrefix(Space(), ids, 0, first).value(), 1u);
+  EXPECT_EQ(Store(Space(), ids, 0, first).value(), 1u);
   Check();
-  EXPECT_EQ(pool_->StorePrefix(Space(), ids, 1, rest).value(), 3u);
+  EXPECT_EQ(Store(Space(), ids, 1, rest).value(), 3u);
   Check();
   PoolSummary st = pool_->Stats();
   EXPECT_EQ(st.prefix_cached_bytes, 3 * kBlockBytes);  // held by no session
   EXPECT_EQ(st.used_bytes, 3 * kBlockBytes);
   // Stored again: kept, nothing new.
-  EXPECT_EQ(pool_->StorePrefix(Space(), ids, 0, pages).value(), 3u);
+  EXPECT_EQ(Store(Space(), ids, 0, pages).value(), 3u);
   EXPECT_EQ(pool_->Stats().used_bytes, 3 * kBlockBytes);
 
   Sess b = Open("b");
@@ -127,13 +141,13 @@ TEST_F(PrefixConnectorTest, OtherTenantsUnboundUidsAndOtherSpacesFindNothing) {
   EXPECT_TRUE(absl::IsPermissionDenied(pool_->LookupPrefix(Space("bound"), Ids(32)).status()));
   EXPECT_TRUE(absl::IsPermissionDenied(pool_->ReadPrefix(Space("bound"), Ids(32), 0, 1).status()));
   EXPECT_TRUE(
-      absl::IsPermissionDenied(pool_->StorePrefix(Space("bound"), Ids(16), 0, pages).status()));
+      absl::IsPermissionDenied(Store(Space("bound"), Ids(16), 0, pages).status()));
   Check();
 }
 
 TEST_F(PrefixConnectorTest, BadCallsAreRefusedAndChangeNothing) {
   const std::vector<std::string> block(2 * kLayers, std::string(kPageBytes, 'x'));
-  ASSERT_EQ(pool_->StorePrefix(Space(), Ids(32), 0, block).value(), 1u);
+  ASSERT_EQ(Store(Space(), Ids(32), 0, block).value(), 1u);
   const auto before = Snapshot();
   auto refused = [&](const absl::Status& s, absl::StatusCode code) {
     EXPECT_EQ(s.code(), code) << s;
@@ -143,17 +157,21 @@ TEST_F(PrefixConnectorTest, BadCallsAreRefusedAndChangeNothing) {
   // A page of the wrong size, a block short of a page, no pages.
   std::vector<std::string> wrong = block;
   wrong[3].pop_back();
-  refused(pool_->StorePrefix(Space(), Ids(32), 1, wrong).status(),
+  refused(Store(Space(), Ids(32), 1, wrong).status(),
           absl::StatusCode::kInvalidArgument);
-  refused(pool_->StorePrefix(Space(), Ids(32), 1, std::span(block).first(3)).status(),
+  refused(Store(Space(), Ids(32), 1, {block.begin(), block.begin() + 3}).status(),
           absl::StatusCode::kInvalidArgument);
-  refused(pool_->StorePrefix(Space(), Ids(32), 1, {}).status(),
+  refused(Store(Space(), Ids(32), 1, {}).status(),
           absl::StatusCode::kInvalidArgument);
   // Too few token ids for the blocks given.
-  refused(pool_->StorePrefix(Space(), Ids(31), 1, block).status(),
+  refused(Store(Space(), Ids(31), 1, block).status(),
           absl::StatusCode::kInvalidArgument);
+  // A first block past any context (and past what uint64 arithmetic holds).
+  refused(Store(Space(), Ids(32), ~uint64_t{0}, block).status(),
+          absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool_->ReadPrefix(Space(), Ids(32), ~uint64_t{0}, 4).value().blocks, 0u);
   // Block 2 before block 1.
-  refused(pool_->StorePrefix(Space(), Ids(48), 2, block).status(),
+  refused(Store(Space(), Ids(48), 2, block).status(),
           absl::StatusCode::kFailedPrecondition);
   // A space that cannot be: no block size, no layers, a bad tenant name.
   PrefixSpaceRequest bad = Space();
@@ -161,7 +179,7 @@ TEST_F(PrefixConnectorTest, BadCallsAreRefusedAndChangeNothing) {
   refused(pool_->LookupPrefix(bad, Ids(32)).status(), absl::StatusCode::kInvalidArgument);
   bad = Space();
   bad.profile.num_layers = 0;
-  refused(pool_->StorePrefix(bad, Ids(32), 1, block).status(),
+  refused(Store(bad, Ids(32), 1, block).status(),
           absl::StatusCode::kInvalidArgument);
   refused(pool_->LookupPrefix(Space("no/slash"), Ids(32)).status(),
           absl::StatusCode::kInvalidArgument);
@@ -178,7 +196,7 @@ TEST_F(PrefixConnectorTest, StoredBlocksGoFirstWhenSessionsNeedTheRoom) {
   const std::vector<std::string> block(2 * kLayers, std::string(kPageBytes, 'y'));
   std::vector<std::string> four;
   for (int i = 0; i < 4; ++i) four.insert(four.end(), block.begin(), block.end());
-  ASSERT_EQ(pool_->StorePrefix(Space(), Ids(64), 0, four).value(), 4u);
+  ASSERT_EQ(Store(Space(), Ids(64), 0, four).value(), 4u);
   // A session wants the whole pool: the stored blocks make room, the
   // newest chain's last blocks first.
   Sess c = Open("c");
@@ -193,12 +211,77 @@ TEST_F(PrefixConnectorTest, StoredBlocksGoFirstWhenSessionsNeedTheRoom) {
   // Now the pool holds the session and two cached blocks: a new chain takes
   // their room (the older go first) and is refused past it; what it stored
   // stays, and the session's pages are untouched.
-  auto full = pool_->StorePrefix(Space(), Ids(64, 900), 0, four);
+  auto full = Store(Space(), Ids(64, 900), 0, four);
   EXPECT_TRUE(absl::IsResourceExhausted(full.status())) << full.status();
   EXPECT_EQ(pool_->LookupPrefix(Space(), Ids(64, 900)).value(), 32u);
   EXPECT_EQ(pool_->LookupPrefix(Space(), Ids(64)).value(), 0u);
   VerifyContent(c);
   Check();
+}
+
+TEST(PrefixCacheRpcTest, AConnectorsBlocksReachAWorkersSessionThroughTheSocket) {
+  const DaemonConfig c = SmallDaemonConfig("prefix-connector");
+  auto daemon = StartDaemon(c);
+  ASSERT_NE(daemon, nullptr);
+  auto cache = PrefixCacheClient::Connect(c.socket);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  v1::PrefixSpace space;
+  space.set_tenant("t1");
+  space.mutable_profile()->set_num_layers(kLayers);
+  space.mutable_profile()->set_num_kv_heads(kHeads);
+  space.mutable_profile()->set_head_dim(kDim);
+  space.mutable_profile()->set_dtype(v1::DTYPE_F32);
+  space.mutable_profile()->set_model_id("tiny");
+  space.set_block_tokens(kBlock);  // formats unspecified: f32, the dtype's
+  const size_t page_bytes = size_t(kBlock) * kHeads * kDim * 4;
+  std::vector<std::string> pages;
+  for (int p = 0; p < 2 * 2 * kLayers; ++p) {  // two blocks
+    std::string page(page_bytes, '\0');
+    for (size_t k = 0; k < page_bytes; ++k) page[k] = char((p * 131 + k * 7) % 251);
+    pages.push_back(std::move(page));
+  }
+  std::vector<int32_t> ids(2 * kBlock);
+  std::iota(ids.begin(), ids.end(), 40);
+
+  EXPECT_EQ((*cache)->Lookup(space, ids).value(), 0u);
+  EXPECT_EQ((*cache)->Store(space, ids, 0, pages).value(), 2u);
+  EXPECT_EQ((*cache)->Lookup(space, ids).value(), uint64_t(2 * kBlock));
+  auto read = (*cache)->Read(space, ids, 0, 8);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->blocks(), 2u);
+  EXPECT_TRUE(std::equal(pages.begin(), pages.end(), read->pages().begin()));
+  // Refused with the reason, over the wire too.
+  std::vector<std::string> short_page = pages;
+  short_page[0].pop_back();
+  auto bad = (*cache)->Store(space, ids, 0, short_page);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  v1::PrefixSpace other = space;
+  other.set_tenant("t2");
+  EXPECT_EQ((*cache)->Lookup(other, ids).value(), 0u);
+
+  // A worker's session of that space attaches the blocks and finds the
+  // connector's bytes in its own mapped pages.
+  auto client = Client::Connect(c.socket);
+  ASSERT_TRUE(client.ok()) << client.status();
+  SessionOptions o;
+  o.agent_id = "w";
+  o.tenant = "t1";
+  o.profile = {kLayers, kHeads, kDim, DType::kF32, "tiny"};
+  o.block_tokens = kBlock;
+  o.key_format = o.value_format = PageFormat::kF32;  // the space's (else the default QoS's)
+  auto session = (*client)->OpenSession(o);
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_EQ((*session)->AttachPrefix(ids).value(), uint64_t(2 * kBlock));
+  const auto& blocks = (*session)->blocks();
+  ASSERT_EQ(blocks.size(), 2u);
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    for (size_t i = 0; i < blocks[b].pages.size(); ++i) {
+      const polykv::Page& page = blocks[b].pages[i];
+      ASSERT_NE(page.addr, nullptr);
+      EXPECT_EQ(std::memcmp(page.addr, pages[b * 2 * kLayers + i].data(), page_bytes), 0)
+          << "block " << b << " page " << i;
+    }
+  }
 }
 
 }  // namespace

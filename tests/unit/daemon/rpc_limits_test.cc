@@ -350,6 +350,8 @@ TEST(RpcLimitsTest, UnparseableRequestsAreInvalidArgument) {  // finding 9
       {"/polykv.v1.Admin/GetQos", garbage},
       {"/polykv.v1.Admin/GetQos", truncated},
       {"/polykv.v1.Admin/ListSessions", bad_utf8_filter},
+      {"/polykv.v1.PrefixCache/StorePrefix", garbage},
+      {"/polykv.v1.PrefixCache/LookupPrefix", truncated},
   };
   for (const auto& [method, bytes] : cases) {
     const grpc::Status s = CallRaw(c.socket, method, bytes);
