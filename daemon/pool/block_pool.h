@@ -19,6 +19,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -148,7 +149,8 @@ class BlockPool {
                                 std::span<const int32_t> tokens, uint32_t block_tokens,
                                 uint64_t max_blocks);
   // Stores blocks [first, first + count) of `tokens`' chain in `space` as
-  // cached entries of `shape`, fill(i, block) writing block i's new pages;
+  // cached entries of `shape`, fill(i, pages) writing block i's new pages
+  // (their host addresses, Block::pages' order: a host pool's);
   // blocks the index holds already are kept unfilled. Returns the chain's
   // leading blocks held now. FAILED_PRECONDITION when a block before
   // `first` is missing; RESOURCE_EXHAUSTED when no room is left (what was
@@ -156,7 +158,7 @@ class BlockPool {
   absl::StatusOr<uint64_t> StorePrefix(const std::string& tenant, const std::string& space,
                                        std::span<const int32_t> tokens, uint32_t block_tokens,
                                        const BlockShape& shape, uint64_t first, uint64_t count,
-                                       const std::function<void(uint64_t, const Block&)>& fill);
+                                       const std::function<void(uint64_t, std::span<std::byte* const>)>& fill);
   // Bytes of shared prefix blocks no table holds: cached, and given up
   // whenever an allocation needs the room (free_bytes counts them free).
   uint64_t cached_bytes() const;

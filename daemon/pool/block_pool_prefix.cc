@@ -167,7 +167,7 @@ std::vector<Block> BlockPool::FindPrefix(const std::string& tenant, const std::s
 absl::StatusOr<uint64_t> BlockPool::StorePrefix(
     const std::string& tenant, const std::string& space, std::span<const int32_t> tokens,
     uint32_t block_tokens, const BlockShape& shape, uint64_t first, uint64_t count,
-    const std::function<void(uint64_t, const Block&)>& fill) {
+    const std::function<void(uint64_t, std::span<std::byte* const>)>& fill) {
   auto& tp = tenants_[tenant];
   if (!tp) tp = std::make_unique<Tenant>(tenant, PageAllocatorOptions{options_.superblock_bytes});
   Tenant& t = *tp;
@@ -198,7 +198,9 @@ absl::StatusOr<uint64_t> BlockPool::StorePrefix(
       break;
     }
     Block& b = got->front();
-    fill(i, b);
+    std::vector<std::byte*> addrs;
+    for (PageId p : b.pages) addrs.push_back(reinterpret_cast<std::byte*>(HostAddress(tenant, p)));
+    fill(i, addrs);
     Count(account, shape, -1);
     CountPrefix(t, shape, +1);
     // One record list: the block's tokens as written, one per slot.

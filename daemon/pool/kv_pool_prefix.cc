@@ -159,9 +159,9 @@ absl::StatusOr<uint64_t> KvPool::LookupPrefix(const PrefixSpaceRequest& r,
                                               std::span<const int32_t> token_ids) {
   auto space = CheckSpace(r, options_.superblock_bytes, token_ids.size());
   if (!space.ok()) return space.status();
+  absl::MutexLock lock(&mu_);
   auto tenant = TenantKey(r.tenant, r.peer);
   if (!tenant.ok()) return tenant.status();
-  absl::MutexLock lock(&mu_);
   const uint64_t asked = token_ids.size() / space->block_tokens;
   const uint64_t found =
       blocks_.FindPrefix(*tenant, space->key, token_ids, space->block_tokens, asked).size();
@@ -175,13 +175,13 @@ absl::StatusOr<PrefixPages> KvPool::ReadPrefix(const PrefixSpaceRequest& r,
                                                uint64_t first_block, uint64_t max_blocks) {
   auto space = CheckSpace(r, options_.superblock_bytes, token_ids.size());
   if (!space.ok()) return space.status();
-  auto tenant = TenantKey(r.tenant, r.peer);
-  if (!tenant.ok()) return tenant.status();
   max_blocks = std::min(max_blocks, kMaxReadBytes / std::max<uint64_t>(1, space->block_content()));
   PrefixPages out;
   out.first_block = first_block;
-  if (first_block >= token_ids.size() / space->block_tokens) return out;  // past the ids
   absl::MutexLock lock(&mu_);
+  auto tenant = TenantKey(r.tenant, r.peer);
+  if (!tenant.ok()) return tenant.status();
+  if (first_block >= token_ids.size() / space->block_tokens) return out;  // past the ids
   const uint64_t want = first_block + std::min(max_blocks, kMaxPrefixTokens);
   std::vector<Block> chain =
       blocks_.FindPrefix(*tenant, space->key, token_ids, space->block_tokens, want);
@@ -205,8 +205,6 @@ absl::StatusOr<uint64_t> KvPool::StorePrefix(const PrefixSpaceRequest& r,
                                              std::span<const std::string_view> pages) {
   auto space = CheckSpace(r, options_.superblock_bytes, token_ids.size());
   if (!space.ok()) return space.status();
-  auto tenant = TenantKey(r.tenant, r.peer);
-  if (!tenant.ok()) return tenant.status();
   if (options_.arena_kind != ArenaKind::kHostShm) {
     return absl::UnimplementedError(
         "storing prefix pages into device arenas is not built yet (host pools only)");
@@ -233,16 +231,15 @@ absl::StatusOr<uint64_t> KvPool::StorePrefix(const PrefixSpaceRequest& r,
     }
   }
   absl::MutexLock lock(&mu_);
+  auto tenant = TenantKey(r.tenant, r.peer);
+  if (!tenant.ok()) return tenant.status();
   if (draining_) return absl::UnavailableError("polykvd is draining; no prefixes stored");
-  const std::string& key = *tenant;
-  const BlockPool& pool = blocks_;  // the lambda runs under the lock, inside StorePrefix
   return blocks_.StorePrefix(
-      key, space->key, token_ids, space->block_tokens, space->shape, first_block, count,
-      [&](uint64_t b, const Block& block) {
-        for (size_t i = 0; i < block.pages.size(); ++i) {
+      *tenant, space->key, token_ids, space->block_tokens, space->shape, first_block, count,
+      [&](uint64_t b, std::span<std::byte* const> addrs) {
+        for (size_t i = 0; i < addrs.size(); ++i) {
           const std::string_view src = pages[(b - first_block) * per_block + i];
-          std::memcpy(reinterpret_cast<void*>(pool.HostAddress(key, block.pages[i])),
-                      src.data(), src.size());
+          std::memcpy(addrs[i], src.data(), src.size());
         }
       });
 }
