@@ -29,7 +29,7 @@ Agents that wait (issue 42, scope 4b): in the `paced` modes every agent
 waits --pause-ms before each tool message, as for its tool (the worker
 prefills what it holds and says Idle: `polykv-worker run
 --pause-before-tools-ms`), the shipped default QoS, no sharing; all agents
-start together:
+start together, or agent i --stagger-s * i seconds after agent 0:
 
   paced          a pool that holds them all (--pool-mib): the answers the
                  other two are compared with, token for token
@@ -137,7 +137,7 @@ def committed_of(bins: live.Bins, socket: str, agent: str) -> int:
 
 def run_mode(mode: str, tasks: list[str], bins: live.Bins, model: str, pool_mib: int,
              out_dir: str, prompt_tokens: int, pause_ms: int = 0, small_pool_mib: int = 0,
-             reserve_retry_ms: int | None = None) -> dict:
+             reserve_retry_ms: int | None = None, stagger_s: float = 0) -> dict:
     extra = ("--offload-host-bytes", "1GiB", "--offload-idle-ms", "200") \
         if mode == "paced-offload" else ()
     if mode in ("paced-small", "paced-offload"):
@@ -173,7 +173,7 @@ def run_mode(mode: str, tasks: list[str], bins: live.Bins, model: str, pool_mib:
         with Sampler(bins, daemon.socket) as sampler:
             start(0)
             # The others start once agent 0 holds the shared system prompt
-            # (paced agents share nothing: all start together).
+            # (paced agents share nothing: together, or staggered).
             while mode not in PACED and committed_of(bins, daemon.socket, agents[0]) < prompt_tokens:
                 if procs[0][1].poll() is not None:
                     break
@@ -183,6 +183,8 @@ def run_mode(mode: str, tasks: list[str], bins: live.Bins, model: str, pool_mib:
                 log(f"{mode}: agent 0 committed the system prompt after {prompt_seconds:.0f} s; "
                     f"starting {len(tasks) - 1} more")
             for i in range(1, len(tasks)):
+                if stagger_s:  # agent i starts i * stagger_s after agent 0
+                    time.sleep(max(0.0, t0 + i * stagger_s - time.monotonic()))
                 start(i)
             for _, p, _ in procs:
                 p.wait()
@@ -217,7 +219,8 @@ def run_mode(mode: str, tasks: list[str], bins: live.Bins, model: str, pool_mib:
                 "peak_prefix_bytes": sampler.peak_prefix,
                 "peak_offloaded_bytes": sampler.peak_offloaded,
                 "peak_offloaded_sessions": sampler.peak_offloaded_sessions,
-                "pool_bytes": pool_mib << 20,
+                "pool_bytes": pool_mib << 20, "pause_ms": pause_ms, "stagger_s": stagger_s,
+                "reserve_retry_ms": reserve_retry_ms,
                 # Agent 0, alone, prefilling and committing the shared prompt.
                 "prompt_seconds": round(prompt_seconds, 2), "prompt_tokens": prompt_tokens,
                 "sessions_served": len(records) - len(failed), "records": records}
@@ -298,6 +301,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reserve-retry-ms", type=int, default=None,
                     help="workers' --reserve-retry-ms: how long one waits for room (default: "
                          "the worker's, 30000)")
+    ap.add_argument("--stagger-s", type=float, default=0,
+                    help="paced modes: agent i starts i * S seconds after agent 0 (default 0: "
+                         "together)")
     ap.add_argument("--static-tokens", type=int, default=8192,
                     help="tokens of the static f16 baseline's cache per agent (default 8192)")
     ap.add_argument("--seed", type=int, default=1, help="gen.py seed (default 1)")
@@ -329,7 +335,8 @@ def main(argv=None) -> int:
         log(f"{mode}: running")
         res = results[mode] = run_mode(mode, tasks, bins, args.model, args.pool_mib, args.out,
                                        prompt_tokens, args.pause_ms, args.small_pool_mib,
-                                       args.reserve_retry_ms)
+                                       args.reserve_retry_ms,
+                                       args.stagger_s if mode in PACED else 0)
         with tempfile.NamedTemporaryFile("w", dir=args.out, delete=False) as f:
             json.dump(res, f, indent=1)
         os.replace(f.name, path)
