@@ -20,65 +20,23 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
+
+from polykvd_process import Polykvd
+
+def daemon(bin_dir, tmp, name, extra):
+    """Checks its accounting on each scrape; a dead worker's lease ends in 1 s."""
+    return Polykvd(bin_dir, tmp, name, ["--check-invariants-on-scrape", "--lease-ms", "1000"] +
+                   extra, metrics=True)
+
 
 MESSAGES = ["Write a Python function that returns the square of a number.",
             "Now make it work for a list of numbers.",
             "Add a docstring to it."]
 WORKER = ["--max-new-tokens", "24", "--threads", "1"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Daemon:
-    def __init__(self, bin_dir, tmp, name, extra):
-        self.socket = os.path.join(tmp, f"{name}.sock")
-        self.log_path = os.path.join(tmp, f"{name}.log")
-        self.port = free_port()
-        argv = [os.path.join(bin_dir, "polykvd"), "--socket", self.socket,
-                "--metrics-address", f"127.0.0.1:{self.port}", "--check-invariants-on-scrape",
-                "--pool-bytes", "256MiB", "--lease-ms", "1000"] + extra
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=self.log)
-        self.ctl = [os.path.join(bin_dir, "polykvctl"), "--socket", self.socket]
-        for _ in range(100):
-            if os.path.exists(self.socket) and "listening" in open(self.log_path).read():
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"{name} did not start: {open(self.log_path).read()}")
-
-    def sessions(self):
-        out = subprocess.run(self.ctl + ["sessions", "--json"], check=True,
-                             capture_output=True, text=True).stdout
-        d = json.loads(out)
-        return d if isinstance(d, list) else d.get("sessions", [])
-
-    def stats(self):
-        out = subprocess.run(self.ctl + ["status", "--json"], check=True,
-                             capture_output=True, text=True).stdout
-        return json.loads(out)
-
-    def metric(self, name):
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics",
-                                      timeout=10).read().decode()
-        for line in text.splitlines():
-            if line.split(" ")[0] == name:
-                return float(line.split(" ")[-1])
-        raise AssertionError(f"no {name} in /metrics")
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-        self.log.close()
 
 
 class Chat:
@@ -149,12 +107,12 @@ def main(bin_dir):
     tmp = tempfile.mkdtemp(prefix="polykv-offload-")
     daemons = []
     try:
-        ref = Daemon(bin_dir, tmp, "ref", [])
+        ref = daemon(bin_dir, tmp, "ref", [])
         daemons.append(ref)
         want = converse(bin_dir, ref)
         check(len(want.strip()) > 0, "the reference conversation answered")
 
-        host = Daemon(bin_dir, tmp, "host", ["--offload-host-bytes", "64MiB"])
+        host = daemon(bin_dir, tmp, "host", ["--offload-host-bytes", "64MiB"])
         daemons.append(host)
         got = converse(bin_dir, host, offload_by_ctl(host, "host"))
         check(got == want, "offloaded to host memory twice: the same conversation")
@@ -164,7 +122,7 @@ def main(bin_dir):
         check("offloaded 2, restored 2" in status, "polykvctl status: the offload line")
 
         disk_dir = os.path.join(tmp, "offload")
-        disk = Daemon(bin_dir, tmp, "disk", ["--offload-dir", disk_dir,
+        disk = daemon(bin_dir, tmp, "disk", ["--offload-dir", disk_dir,
                                              "--offload-disk-bytes", "256MiB"])
         daemons.append(disk)
         got = converse(bin_dir, disk, offload_by_ctl(disk, "disk"))
@@ -186,7 +144,7 @@ def main(bin_dir):
               "the pool holds nothing")
         check(disk.metric("polykv_pool_invariants_ok") == 1, "the accounting holds after it")
 
-        timer = Daemon(bin_dir, tmp, "timer", ["--offload-host-bytes", "64MiB",
+        timer = daemon(bin_dir, tmp, "timer", ["--offload-host-bytes", "64MiB",
                                                "--offload-idle-ms", "100"])
         daemons.append(timer)
 

@@ -18,11 +18,12 @@ conversation goes on at A, again token for token.
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+from polykvd_process import Polykvd, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tests/fixtures/worker/scripts/coder.jsonl")
@@ -32,46 +33,17 @@ COMPACTING = ["--policy", "h2o", "--budget-tokens", "48", "--block-tokens", "16"
               "--budget-fraction", "0"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Daemon:
-    def __init__(self, bin_dir, tmp, name, pki, cert, listen):
-        self.socket = os.path.join(tmp, f"{name}.sock")
-        self.log_path = os.path.join(tmp, f"{name}.log")
-        self.port = free_port() if listen else None
-        argv = [os.path.join(bin_dir, "polykvd"), "--socket", self.socket,
-                "--metrics-address", "off", "--pool-bytes", "256MiB",
-                "--peer-cert", os.path.join(pki, f"{cert}.pem"),
-                "--peer-key", os.path.join(pki, f"{cert}.key"),
-                "--peer-ca", os.path.join(pki, "ca.pem")]
-        if listen:
-            argv += ["--peer-address", f"127.0.0.1:{self.port}"]
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=self.log)
-        self.ctl = [os.path.join(bin_dir, "polykvctl"), "--socket", self.socket]
-        for _ in range(100):
-            if os.path.exists(self.socket) and "listening" in open(self.log_path).read():
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"{name} did not start: {open(self.log_path).read()}")
-
-    def sessions(self):
-        out = subprocess.run(self.ctl + ["sessions", "--json"], check=True,
-                             capture_output=True, text=True).stdout
-        d = json.loads(out)
-        return d if isinstance(d, list) else d.get("sessions", [])
-
-    def qos(self, agent, args):
-        subprocess.run(self.ctl + ["qos", "set", agent] + args, check=True, capture_output=True)
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-        self.log.close()
+def daemon(bin_dir, tmp, name, pki, cert, listen):
+    """With a peer certificate; `listen`: the peer listener on a free port."""
+    args = ["--peer-cert", os.path.join(pki, f"{cert}.pem"),
+            "--peer-key", os.path.join(pki, f"{cert}.key"),
+            "--peer-ca", os.path.join(pki, "ca.pem")]
+    port = free_port() if listen else None
+    if listen:
+        args += ["--peer-address", f"127.0.0.1:{port}"]
+    d = Polykvd(bin_dir, tmp, name, args)
+    d.port = port
+    return d
 
 
 def texts(lines):
@@ -121,11 +93,11 @@ def main(bin_dir):
                            check=True, capture_output=True)
     daemons = []
     try:
-        a = Daemon(bin_dir, tmp, "a", pki, "a", listen=False)
+        a = daemon(bin_dir, tmp, "a", pki, "a", listen=False)
         daemons.append(a)
-        b = Daemon(bin_dir, tmp, "b", pki, "b", listen=True)
+        b = daemon(bin_dir, tmp, "b", pki, "b", listen=True)
         daemons.append(b)
-        c = Daemon(bin_dir, tmp, "c", rogue, "c", listen=True)
+        c = daemon(bin_dir, tmp, "c", rogue, "c", listen=True)
         daemons.append(c)
 
         for qos, name in ((None, "shipped default QoS"), (COMPACTING, "a compacting QoS")):
