@@ -151,7 +151,10 @@ std::vector<Block> BlockPool::FindPrefix(const std::string& tenant, const std::s
   auto it = tenants_.find(tenant);
   if (it == tenants_.end()) return out;
   PrefixIndex& index = it->second->prefix;
-  PrefixId parent = index.Root(space);
+  // A connector's lookup in a space nothing was stored in adds nothing.
+  const std::optional<PrefixId> root = index.FindRoot(space);
+  if (!root) return out;
+  PrefixId parent = *root;
   const uint64_t n = std::min<uint64_t>(tokens.size() / block_tokens, max_blocks);
   for (uint64_t i = 0; i < n; ++i) {
     auto found = index.Find(parent, tokens.subspan(i * block_tokens, block_tokens));
@@ -168,6 +171,14 @@ absl::StatusOr<uint64_t> BlockPool::StorePrefix(
     const std::string& tenant, const std::string& space, std::span<const int32_t> tokens,
     uint32_t block_tokens, const BlockShape& shape, uint64_t first, uint64_t count,
     const std::function<void(uint64_t, std::span<std::byte* const>)>& fill) {
+  if (first > 0) {  // refused before anything (a tenant, a root) is added
+    auto it = tenants_.find(tenant);
+    if (it == tenants_.end() || !it->second->prefix.FindRoot(space)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "block 0 of this prefix is not stored (first_block ", first,
+          "): store its blocks in order, from block 0"));
+    }
+  }
   auto& tp = tenants_[tenant];
   if (!tp) tp = std::make_unique<Tenant>(tenant, PageAllocatorOptions{options_.superblock_bytes});
   Tenant& t = *tp;

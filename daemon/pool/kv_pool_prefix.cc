@@ -216,8 +216,12 @@ absl::StatusOr<uint64_t> KvPool::StorePrefix(const PrefixSpaceRequest& r,
         " pages (K and V of each layer) is stored, at least one"));
   }
   const uint64_t count = pages.size() / per_block;
-  if (first_block > kMaxPrefixTokens ||
-      (first_block + count) * space->block_tokens > token_ids.size()) {
+  if (first_block > kMaxPrefixTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("first_block ", first_block, ": past any prefix (", kMaxPrefixTokens,
+                     " token ids at most)"));
+  }
+  if ((first_block + count) * space->block_tokens > token_ids.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "blocks ", first_block, "..", first_block + count - 1, " of ", space->block_tokens,
         " tokens need ", (first_block + count) * space->block_tokens, " token ids; got ",

@@ -12,6 +12,12 @@ PrefixId PrefixIndex::Root(const std::string& space) {
   return it->second;
 }
 
+std::optional<PrefixId> PrefixIndex::FindRoot(const std::string& space) const {
+  auto it = roots_.find(space);
+  if (it == roots_.end()) return std::nullopt;
+  return it->second;
+}
+
 std::optional<PrefixId> PrefixIndex::Find(PrefixId parent, std::span<const int32_t> tokens) const {
   auto it = by_key_.find(Key{parent, {tokens.begin(), tokens.end()}});
   if (it == by_key_.end()) return std::nullopt;

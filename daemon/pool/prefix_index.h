@@ -55,6 +55,8 @@ class PrefixIndex {
   // The root of a space (model, formats, block size): the parent of its
   // first blocks. Never an entry of its own.
   PrefixId Root(const std::string& space);
+  // The root of a space that has one (a lookup adds none).
+  std::optional<PrefixId> FindRoot(const std::string& space) const;
   // The linked entry under `parent` holding exactly `tokens`.
   std::optional<PrefixId> Find(PrefixId parent, std::span<const int32_t> tokens) const;
   // A new entry, referenced once (by the table it came from).
