@@ -2,6 +2,8 @@
 // enum values and return INVALID_ARGUMENT naming the field.
 #pragma once
 
+#include <span>
+
 #include "absl/status/statusor.h"
 #include "daemon/pool/types.h"
 #include "polykv/v1/admin.pb.h"
@@ -12,6 +14,10 @@ namespace polykv::daemon {
 
 absl::StatusOr<OpenRequest> FromProto(const v1::OpenSessionRequest& r, const PeerCreds& peer);
 absl::StatusOr<ModelProfile> FromProto(const v1::ModelProfile& p);
+// A request's token ids, as the pool takes them (no copy).
+inline std::span<const int32_t> TokenIds(const google::protobuf::RepeatedField<int32_t>& ids) {
+  return {ids.data(), static_cast<size_t>(ids.size())};
+}
 absl::StatusOr<PrefixSpaceRequest> FromProto(const v1::PrefixSpace& s, const PeerCreds& peer);
 // `where` names the slot in the error.
 absl::StatusOr<policies::SlotMeta> FromProto(const v1::SlotMeta& m, absl::string_view where);

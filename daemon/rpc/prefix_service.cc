@@ -10,10 +10,6 @@
 namespace polykv::daemon {
 namespace {
 
-std::span<const int32_t> TokenIds(const google::protobuf::RepeatedField<int32_t>& ids) {
-  return {ids.data(), static_cast<size_t>(ids.size())};
-}
-
 std::vector<std::string_view> Pages(
     const google::protobuf::RepeatedPtrField<std::string>& pages) {
   return {pages.begin(), pages.end()};

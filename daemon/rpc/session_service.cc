@@ -11,10 +11,6 @@
 namespace polykv::daemon {
 namespace {
 
-std::span<const int32_t> TokenIds(const google::protobuf::RepeatedField<int32_t>& ids) {
-  return {ids.data(), static_cast<size_t>(ids.size())};
-}
-
 // A line about a session of `uid` (opened, closed, refused): a burst per
 // period for each uid and kind, then counted (one worker opening and closing
 // in a loop wrote 1.3 MB/s of log).
