@@ -104,7 +104,7 @@ PagedKvStore::PagedKvStore(const PagedKvStoreOptions& options, std::unique_ptr<P
       page_shape_{source_->block_tokens(), options.shape.num_kv_heads, options.shape.head_dim},
       row_(int64_t{options.shape.num_kv_heads} * options.shape.head_dim) {
   tables_.resize(options.shape.num_layers);
-  first_block_.assign(options.shape.num_layers, 0);
+  holes_.assign(options.shape.num_layers, Hole{});
   k_residual_.assign(options.shape.num_layers,
                      std::vector<float>(static_cast<size_t>(page_shape_.block_tokens * row_)));
   v_residual_ = k_residual_;
@@ -141,11 +141,16 @@ absl::Status PagedKvStore::WriteRecentRows(int layer, int64_t block, int first_r
 
 const kernels::BlockEntry* PagedKvStore::AttendTable(int layer, int64_t num_blocks) {
   const std::vector<kernels::BlockEntry>& table = tables_[layer];
+  const Hole hole = holes_[layer];
   const int64_t first = std::max(recent_from_, num_blocks - recent_blocks_);
-  if (recent_blocks_ == 0 || first >= num_blocks) return table.data();
-  attend_table_.assign(table.begin(), table.begin() + num_blocks);
-  for (int64_t b = first; b < num_blocks; ++b) {
-    kernels::BlockEntry& e = attend_table_[b];
+  const bool recent = recent_blocks_ > 0 && first < num_blocks;
+  if (!recent && hole.start == 0) return table.data() + hole.blocks;
+  attend_table_.assign(table.begin(), table.begin() + hole.start);
+  attend_table_.insert(attend_table_.end(), table.begin() + hole.start + hole.blocks,
+                       table.begin() + num_blocks);
+  for (int64_t b = recent ? first : num_blocks; b < num_blocks; ++b) {
+    if (b < hole.start + hole.blocks) continue;  // the window is the newest blocks
+    kernels::BlockEntry& e = attend_table_[b - hole.blocks];
     e.k_offset = reinterpret_cast<uintptr_t>(RecentPage(layer, b, KvKind::kKey));
     e.v_offset = reinterpret_cast<uintptr_t>(RecentPage(layer, b, KvKind::kValue));
     e.k_format = e.v_format = PageFormat::kF16;
@@ -227,30 +232,37 @@ absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
   if (table.num_tokens > static_cast<int64_t>(table.blocks.size()) * bt) {
     return absl::InternalError("page source published more tokens than its blocks hold");
   }
-  // A layer may start at a later block (its leading pages absent): its slots
-  // are the newest ones. From its first block on it has every page, the last
-  // block (the one being filled) included.
+  // A layer may hold none of a run of blocks (its hole, after the blocks of
+  // a shared prefix): its other slots are the newest ones. After its hole it
+  // has every page, the last block (the one being filled) included.
   const int64_t nb = static_cast<int64_t>(table.blocks.size());
   const int64_t tail = table.num_tokens > 0 ? (table.num_tokens - 1) / bt : 0;
-  std::vector<int64_t> first(static_cast<size_t>(layers), 0);
+  std::vector<Hole> holes(static_cast<size_t>(layers));
   for (int l = 0; l < layers; ++l) {
-    int64_t& f = first[static_cast<size_t>(l)];
-    while (f < nb && table.blocks[f].k_pages[l] == nullptr) ++f;
-    for (int64_t b = f; b < nb; ++b) {
-      if (table.blocks[b].k_pages[l] == nullptr || table.blocks[b].v_pages[l] == nullptr) {
+    auto present = [&](int64_t b) { return table.blocks[b].k_pages[l] != nullptr; };
+    int64_t start = 0;
+    while (start < nb && present(start)) ++start;
+    int64_t end = start;
+    while (end < nb && !present(end)) ++end;
+    for (int64_t b = 0; b < nb; ++b) {
+      const bool held = b < start || b >= end;
+      if ((table.blocks[b].k_pages[l] != nullptr) != held ||
+          (table.blocks[b].v_pages[l] != nullptr) != held) {
         return absl::InternalError(absl::StrCat("page source published layer ", l,
                                                 " without its pages in block ", b,
-                                                " (a layer's blocks must be its newest)"));
+                                                " (a layer holds none of one run of blocks)"));
       }
     }
-    if (f < nb && f > tail) {
-      return absl::InternalError(
-          absl::StrCat("page source published layer ", l, " starting at block ", f, " of ",
-                       table.num_tokens, " slots: every layer holds the block being filled"));
-    }
-    if (f == nb && nb > 0) {
+    if (start == 0 && end == nb && nb > 0) {
       return absl::InternalError(absl::StrCat("page source published no pages of layer ", l));
     }
+    if (end > start && end > tail) {
+      return absl::InternalError(
+          absl::StrCat("page source published layer ", l, " without blocks ", start, " to ",
+                       end - 1, " of ", table.num_tokens,
+                       " slots: every layer holds the block being filled"));
+    }
+    if (end > start) holes[static_cast<size_t>(l)] = Hole{start, end - start};
   }
   // The same slots: its committed ones, and the pages hold the rest the
   // store wrote since (a move copies whole pages).
@@ -264,7 +276,7 @@ absl::Status PagedKvStore::AdoptTable(const PagedTable& table) {
   sharing_ = false;
   written_ids_ = {};
   for (auto& t : tables_) t.clear();
-  first_block_ = std::move(first);
+  holes_ = std::move(holes);
   AddBlocks(table.blocks);
   epoch_ = table.epoch;
   // New pages only: what the store holds of the slots (their f32 rows,
@@ -537,17 +549,18 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
   kernels::PagedKvView view;
   view.shape = page_shape_;
   view.base = nullptr;  // Entries hold absolute addresses.
-  // A layer whose oldest blocks were compacted away attends from its first.
-  const int64_t skip = first_block_[layer], skipped = skip * bt;
+  // A layer whose hole was compacted away attends to the blocks around it.
+  const Hole hole = holes_[layer];
+  const int64_t skipped = hole.blocks * bt, before = hole.start * bt;
   const int64_t held = total - skipped;
   const int num_blocks = static_cast<int>((total + bt - 1) / bt);
-  view.num_blocks = static_cast<int>(num_blocks - skip);
-  view.blocks = AttendTable(layer, num_blocks) + skip;
+  view.num_blocks = static_cast<int>(num_blocks - hole.blocks);
+  view.blocks = AttendTable(layer, num_blocks);
   view.num_tokens = static_cast<int>(held);
   kernels::AttentionParams params;
   params.num_q_heads = num_heads;
   // [total] when set
-  params.slot_bias = slot_bias_.empty() ? nullptr : slot_bias_.data() + skipped;
+  params.slot_bias = HeldBias(before, skipped);
   // KVzip's score: the most any single reconstruction query paid a slot, so
   // that slots every query glances at (delimiters, sink-like tokens) do not
   // outrank the ones a query copies from.
@@ -572,21 +585,33 @@ absl::Status PagedKvStore::Attend(int layer, int num_heads, const float* q, floa
     return absl::OkStatus();
   }
   // A probe's attention scores the slots it began with.
-  float* acc = (!probing_          ? mass_.data()
-                : probe_per_layer_ ? probe_mass_.data() + static_cast<size_t>(layer) * probe_base_
-                                   : probe_mass_.data()) +
-               skipped;
-  const int64_t upto = (probing_ ? probe_base_ : total) - skipped;
+  float* acc = !probing_          ? mass_.data()
+               : probe_per_layer_ ? probe_mass_.data() + static_cast<size_t>(layer) * probe_base_
+                                  : probe_mass_.data();
+  const int64_t upto = (probing_ ? probe_base_ : total) - skipped;  // held slots
   for (int g = 0; g < kvh; ++g) {
     const float* hm = head_mass_.data() + static_cast<size_t>(g) * held;
-    if (most) {
-      for (int64_t s = 0; s < upto; ++s) acc[s] = std::max(acc[s], hm[s]);
-    } else {
-      for (int64_t s = 0; s < upto; ++s) acc[s] += hm[s];
+    // The held slots before the hole, then those after it.
+    for (auto [from, to, at] : {std::tuple{int64_t{0}, std::min(before, upto), int64_t{0}},
+                                std::tuple{before, upto, skipped}}) {
+      float* a = acc + at;
+      if (most) {
+        for (int64_t s = from; s < to; ++s) a[s] = std::max(a[s], hm[s]);
+      } else {
+        for (int64_t s = from; s < to; ++s) a[s] += hm[s];
+      }
     }
   }
   CountSignal(SteadySeconds() - t0, /*tags=*/false);
   return absl::OkStatus();
+}
+
+const float* PagedKvStore::HeldBias(int64_t before, int64_t skipped) {
+  if (slot_bias_.empty()) return nullptr;
+  if (before == 0 || skipped == 0) return slot_bias_.data() + skipped;
+  held_bias_.assign(slot_bias_.begin(), slot_bias_.begin() + before);
+  held_bias_.insert(held_bias_.end(), slot_bias_.begin() + before + skipped, slot_bias_.end());
+  return held_bias_.data();
 }
 
 void PagedKvStore::AddEntropy(int layer, int num_kv_heads, int64_t held, int group) {

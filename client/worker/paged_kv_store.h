@@ -293,9 +293,12 @@ class PagedKvStore : public KvStore {
   void InitRecentWindow();
   uint8_t* RecentPage(int layer, int64_t block, kernels::KvKind kind);
   absl::Status WriteRecentRows(int layer, int64_t block, int first_row, int rows);
-  // tables_[layer] for attention over `num_blocks`: the window's blocks
-  // point at their f16 copies.
+  // tables_[layer] for attention over `num_blocks`, without the layer's
+  // hole: the window's blocks point at their f16 copies.
   const kernels::BlockEntry* AttendTable(int layer, int64_t num_blocks);
+  // slot_bias_ of the held slots of a layer that holds `before` slots, then
+  // none of the next `skipped`; null without a bias.
+  const float* HeldBias(int64_t before, int64_t skipped);
   absl::Status CommitAndSync();
   // Adds `seconds` of tagging (`tags`) or attention-mass work to the current
   // phase; nothing inside a probe, which is timed whole.
@@ -308,10 +311,14 @@ class PagedKvStore : public KvStore {
   const int64_t row_;  // num_kv_heads * head_dim
 
   std::vector<std::vector<kernels::BlockEntry>> tables_;  // [layer][block]
-  // [layer] the first block the layer has pages in (0 but where the daemon
-  // compacted layers to different lengths): the layer holds the slots from
-  // first_block_ x block_tokens on; its entries before are empty.
-  std::vector<int64_t> first_block_;
+  // [layer] the run of blocks the layer has no pages in (none but where the
+  // daemon compacted layers to different lengths: the blocks after a shared
+  // prefix and before the layer's newer slots); its entries there are empty.
+  struct Hole {
+    int64_t start = 0, blocks = 0;
+  };
+  std::vector<Hole> holes_;
+  std::vector<float> held_bias_;  // Scratch of Attend: slot_bias_ without a hole.
   // f32 rows of the block being filled: [layer] -> [block_tokens][row].
   std::vector<std::vector<float>> k_residual_, v_residual_;
   int64_t residual_block_ = 0;  // Block index the residual rows belong to.

@@ -180,7 +180,7 @@ class PoolPageSource : public PageSource {
     for (size_t l = 0; l < layers; ++l) {
       const Page& k = b.pages[2 * l];
       const Page& v = b.pages[2 * l + 1];
-      // A layer with a budget of its own holds none of the oldest blocks
+      // A layer with a budget of its own holds none of one run of blocks
       // (the store checks that its pages then run to the last block).
       if (k.size_bytes == 0 && v.size_bytes == 0) continue;
       if (k.addr == nullptr || v.addr == nullptr) {

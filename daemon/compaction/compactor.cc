@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <span>
 
 #include "absl/strings/str_cat.h"
@@ -81,8 +82,15 @@ absl::StatusOr<std::vector<CompactionGroups>> DecidePerLayer(
       view, policies::Budget::TotalTokens(static_cast<int64_t>(in.target_tokens) * L));
   if (!budgets.ok()) return budgets.status();
   std::vector<int64_t> sizes;
-  for (const auto& r : records) sizes.push_back(static_cast<int64_t>(r.size()));
-  auto aligned = AlignLayerBudgets(*budgets, sizes, in.shape.block_tokens);
+  int64_t pinned = std::numeric_limits<int64_t>::max();  // leading slots pinned in every layer
+  for (const auto& r : records) {
+    sizes.push_back(static_cast<int64_t>(r.size()));
+    int64_t p = 0;
+    while (p < int64_t(r.size()) && r[size_t(p)].meta.pinned) ++p;
+    pinned = std::min(pinned, p);
+  }
+  auto aligned = AlignLayerBudgets(*budgets, sizes, in.shape.block_tokens,
+                                   records.empty() ? 0 : pinned);
   if (!aligned.ok()) return aligned.status();
   auto plan =
       policy.Decide(view, policies::Budget{policies::Budget::Unit::kTokens, *aligned, 0, in.cold});
@@ -102,16 +110,16 @@ absl::StatusOr<std::vector<CompactionGroups>> DecidePerLayer(
 
 absl::StatusOr<std::vector<int64_t>> AlignLayerBudgets(const std::vector<int64_t>& budgets,
                                                        const std::vector<int64_t>& sizes,
-                                                       int block_tokens) {
+                                                       int block_tokens, int64_t pinned) {
   const int64_t T = std::max(block_tokens, 1);
   std::vector<int64_t> b(budgets.size());
   for (size_t l = 0; l < b.size(); ++l) b[l] = std::clamp<int64_t>(budgets[l], 0, sizes[l]);
   const int64_t top = b.empty() ? 0 : *std::max_element(b.begin(), b.end());
   std::vector<int64_t> out(b.size());
   for (size_t l = 0; l < b.size(); ++l) {
-    // The nearest count in top's class mod T, at least a block (or all the
-    // layer has, or top), at most what the layer holds.
-    const int64_t low = std::max<int64_t>(1, std::min({sizes[l], T, top}));
+    // The nearest count in top's class mod T, at least a block past the
+    // pinned slots (or all the layer has, or top), at most what it holds.
+    const int64_t low = std::max<int64_t>(1, std::min({sizes[l], pinned + T, top}));
     int64_t c = top - (top - b[l] + T / 2) / T * T;
     while (c > sizes[l]) c -= T;
     while (c < low) c += T;
@@ -148,23 +156,32 @@ absl::StatusOr<CompactionPlan> PlanCompaction(
     }
   }
   const size_t L = records.size();
-  std::vector<uint64_t> src_offsets = in.layer_offsets;
-  src_offsets.resize(L, 0);
+  std::vector<LayerHole> src = in.layer_holes;
+  src.resize(L);
   const bool per_layer = L > 1 && policy.SelectsPerLayer();
-  if (auto st = CheckLayerOffsets(policy, src_offsets); !st.ok()) return st;
+  if (auto st = CheckLayerHoles(policy, src); !st.ok()) return st;
   const int bt = in.shape.block_tokens;
-  for (uint64_t o : src_offsets) {
-    if (o % uint64_t(bt) != 0 || o >= std::max<size_t>(slots.size(), 1)) {
-      return absl::InternalError(absl::StrCat("layer offset ", o, " for ", slots.size(),
-                                              " slots of blocks of ", bt));
+  for (const LayerHole& h : src) {
+    if (h.start % uint64_t(bt) != 0 || h.length % uint64_t(bt) != 0 ||
+        (!h.empty() && h.end() >= std::max<size_t>(slots.size(), 1))) {
+      return absl::InternalError(absl::StrCat("layer hole [", h.start, ", ", h.end(), ") in ",
+                                              slots.size(), " slots of blocks of ", bt));
     }
   }
   CompactionPlan out;
   std::vector<CompactionGroups> layers;  // [L], layer-local slot indices
   if (per_layer) {
+    std::vector<std::vector<SlotRecord>> gathered(L);  // layers with a hole inside
     std::vector<std::span<const SlotRecord>> held;
     for (size_t l = 0; l < L; ++l) {
-      held.push_back(std::span<const SlotRecord>(records[l]).subspan(src_offsets[l]));
+      const std::span<const SlotRecord> all(records[l]);
+      if (src[l].start == 0) {
+        held.push_back(all.subspan(src[l].length));
+        continue;
+      }
+      gathered[l].assign(all.begin(), all.begin() + std::ptrdiff_t(src[l].start));
+      gathered[l].insert(gathered[l].end(), all.begin() + std::ptrdiff_t(src[l].end()), all.end());
+      held.push_back(gathered[l]);
     }
     auto g = DecidePerLayer(policy, held, in);
     if (!g.ok()) return g.status();
@@ -192,11 +209,31 @@ absl::StatusOr<CompactionPlan> PlanCompaction(
     }
   }
   out.changes = true;
+  // The table slot of layer l's source slot `local` (its member index).
+  auto source_slot = [&](size_t l, int64_t local) {
+    return int64_t(src[l].TableSlot(uint64_t(local)));
+  };
 
-  // Right-aligned output: the layer keeping the most holds every output slot;
-  // the others start whole blocks later (AlignLayerBudgets saw to it).
-  int num_out = 0;
-  for (const CompactionGroups& g : layers) num_out = std::max(num_out, int(g.num_out()));
+  // The leading whole output blocks every layer keeps in place: plain copies
+  // of the same source slots (a shared prefix, pinned in every layer, stays
+  // in its shared blocks). After them each layer's hole; its other slots are
+  // aligned to the end, where new tokens follow in every layer alike
+  // (AlignLayerBudgets made the counts differ by whole blocks).
+  int num_out = 0, fewest = std::numeric_limits<int>::max(), in_place = fewest;
+  for (size_t l = 0; l < L; ++l) {
+    const CompactionGroups& g = layers[l];
+    num_out = std::max(num_out, int(g.num_out()));
+    fewest = std::min(fewest, int(g.num_out()));
+    int o = 0;
+    while (o < std::min(in_place, int(g.num_out())) &&
+           g.group_offsets[o + 1] - g.group_offsets[o] == 1 &&
+           source_slot(l, g.members[g.group_offsets[o]]) == o) {
+      ++o;
+    }
+    in_place = std::min(in_place, o);
+  }
+  // Every layer holds the block being filled: a hole never reaches the end.
+  in_place = L > 1 ? std::min(in_place, fewest - 1) / bt * bt : 0;
   out.num_out = static_cast<uint64_t>(num_out);
   for (size_t l = 0; l < L; ++l) {
     const int skip = num_out - int(layers[l].num_out());
@@ -205,17 +242,22 @@ absl::StatusOr<CompactionPlan> PlanCompaction(
           "layer ", l, " keeps ", layers[l].num_out(), " slots and another ", num_out,
           ": a session's layers must differ by whole blocks of ", bt));
     }
-    out.layer_offsets.push_back(static_cast<uint64_t>(skip));
+    out.layer_holes.push_back(skip == 0 ? LayerHole{}
+                                        : LayerHole{uint64_t(in_place), uint64_t(skip)});
   }
   const size_t out_blocks = (static_cast<size_t>(num_out) + bt - 1) / bt;
-  auto first_block = [&](size_t l) { return out.layer_offsets[l] / uint64_t(bt); };
+  auto holds = [&](size_t l, size_t j) { return out.layer_holes[l].holds(j * bt); };
+  // Layer l's index of output block j (which it holds).
+  auto local_block = [&](size_t l, size_t j) {
+    return out.layer_holes[l].LocalSlot(j * bt) / uint64_t(bt);
+  };
   // One shape per output block: the median format over the layers it holds.
   for (size_t j = 0; j < out_blocks; ++j) {
     std::vector<kernels::PageFormat> k, v;
     for (size_t l = 0; l < L; ++l) {
-      if (j < first_block(l)) continue;
-      k.push_back(layers[l].block_k_formats[j - first_block(l)]);
-      v.push_back(layers[l].block_v_formats[j - first_block(l)]);
+      if (!holds(l, j)) continue;
+      k.push_back(layers[l].block_k_formats[local_block(l, j)]);
+      v.push_back(layers[l].block_v_formats[local_block(l, j)]);
     }
     out.block_k_formats.push_back(MedianFormat(k));
     out.block_v_formats.push_back(MedianFormat(v));
@@ -223,15 +265,24 @@ absl::StatusOr<CompactionPlan> PlanCompaction(
   ApplyStorageRules(in, out.num_out, out.block_k_formats, out.block_v_formats);
   for (size_t l = 0; l < L; ++l) {
     CompactionGroups& g = layers[l];
-    const auto from = static_cast<std::ptrdiff_t>(first_block(l));
-    g.block_k_formats.assign(out.block_k_formats.begin() + from, out.block_k_formats.end());
-    g.block_v_formats.assign(out.block_v_formats.begin() + from, out.block_v_formats.end());
+    const LayerHole& hole = out.layer_holes[l];
+    g.block_k_formats.clear();
+    g.block_v_formats.clear();
+    for (size_t j = 0; j < out_blocks; ++j) {
+      if (!holds(l, j)) continue;
+      g.block_k_formats.push_back(out.block_k_formats[j]);
+      g.block_v_formats.push_back(out.block_v_formats[j]);
+    }
     // Room for the tokens committed until the next compaction (at +10%), so
     // that Commit, under the pool lock, appends without reallocating.
     auto& r = out.records.emplace_back();
     r.reserve(out.num_out + out.num_out / 8 + 64);
-    r.assign(out.layer_offsets[l], Absent());
-    r.insert(r.end(), g.slots.begin(), g.slots.end());
+    const auto before = g.slots.begin() + std::ptrdiff_t(std::min<uint64_t>(hole.start,
+                                                                            g.slots.size()));
+    r.assign(g.slots.begin(), hole.empty() ? g.slots.end() : before);
+    if (hole.empty()) continue;
+    r.insert(r.end(), hole.length, Absent());
+    r.insert(r.end(), before, g.slots.end());
   }
 
   // An output block whose every slot, in every layer it holds, is a plain
@@ -245,22 +296,21 @@ absl::StatusOr<CompactionPlan> PlanCompaction(
     const int first = static_cast<int>(j) * bt;
     const int last = std::min(num_out, first + bt);
     size_t l0 = 0;  // a layer holding block j (the fullest holds them all)
-    while (first_block(l0) > j) ++l0;
+    while (!holds(l0, j)) ++l0;
     const CompactionGroups& g0 = layers[l0];
-    const int64_t m0 = int64_t(src_offsets[l0]) +
-                       g0.members[g0.group_offsets[first - int(out.layer_offsets[l0])]];
+    const int64_t m0 = source_slot(
+        l0, g0.members[g0.group_offsets[out.layer_holes[l0].LocalSlot(uint64_t(first))]]);
     const size_t sb = static_cast<size_t>(m0 / bt);
     bool same = m0 % bt == 0 && out.block_k_formats[j] == in.formats.key(sb) &&
                 out.block_v_formats[j] == in.formats.value(sb);
     for (size_t l = 0; l < L && same; ++l) {
-      const bool holds = j >= first_block(l);
-      same = holds == (sb * bt >= src_offsets[l]);
+      const bool held = holds(l, j);
+      same = held == src[l].holds(sb * bt);
       const CompactionGroups& g = layers[l];
-      const int base = static_cast<int>(out.layer_offsets[l]);
-      for (int o = first; holds && o < last && same; ++o) {
-        const int local = o - base;
+      for (int o = first; held && o < last && same; ++o) {
+        const auto local = out.layer_holes[l].LocalSlot(uint64_t(o));
         same = g.group_offsets[local + 1] - g.group_offsets[local] == 1 &&
-               int64_t(src_offsets[l]) + g.members[g.group_offsets[local]] == m0 + (o - first);
+               source_slot(l, g.members[g.group_offsets[local]]) == m0 + (o - first);
       }
     }
     if (same) {
@@ -268,11 +318,11 @@ absl::StatusOr<CompactionPlan> PlanCompaction(
       continue;
     }
     for (size_t l = 0; l < L; ++l) {
-      if (j < first_block(l)) continue;
+      if (!holds(l, j)) continue;
       const CompactionGroups& g = layers[l];
       CompactionGroups& c = copies[l];
-      const int base = static_cast<int>(out.layer_offsets[l]);
-      for (int o = first - base; o < last - base; ++o) {
+      const auto from = out.layer_holes[l].LocalSlot(uint64_t(first));
+      for (auto o = from; o < from + uint64_t(last - first); ++o) {
         for (int k = g.group_offsets[o]; k < g.group_offsets[o + 1]; ++k) {
           c.members.push_back(g.members[k]);
           c.weights.push_back(g.weights[k]);
@@ -291,10 +341,10 @@ absl::StatusOr<CompactionPlan> PlanCompaction(
   return out;
 }
 
-absl::Status CheckLayerOffsets(const policies::Policy& policy,
-                               const std::vector<uint64_t>& offsets) {
-  const bool late = std::any_of(offsets.begin(), offsets.end(), [](uint64_t o) { return o > 0; });
-  if (late && !policy.SelectsPerLayer()) {
+absl::Status CheckLayerHoles(const policies::Policy& policy, const std::vector<LayerHole>& holes) {
+  const bool apart =
+      std::any_of(holes.begin(), holes.end(), [](const LayerHole& h) { return !h.empty(); });
+  if (apart && !policy.SelectsPerLayer()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "policy '", policy.spec(), "' decides once for all layers, but this session's layers "
         "keep budgets of their own (a select=layer policy compacted it): only a select=layer "

@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/compaction/executor.h"
+#include "daemon/compaction/layer_hole.h"
 #include "kernels/page_format.h"
 #include "kernels/page_layout.h"
 #include "policies/policy.h"
@@ -60,9 +61,9 @@ struct CompactionInputs {
   // Tokens per layer to compact down to (on average over layers, for a
   // policy whose layers keep budgets of their own).
   uint64_t target_tokens = 0;
-  // [layer] the first slot each layer holds (LayerOffsets; multiples of
-  // block_tokens); empty: every layer holds every slot.
-  std::vector<uint64_t> layer_offsets;
+  // [layer] the slots each layer does not hold (LayerHoles); empty: every
+  // layer holds every slot.
+  std::vector<LayerHole> layer_holes;
   // Key summaries (ReadKeySummaries) for policies that ReadsKeys(): [slots *
   // key_dim]; key_dim 0 = none.
   int key_dim = 0;
@@ -79,20 +80,20 @@ struct CompactionInputs {
 struct CompactionPlan {
   bool changes = false;      // false: the policy keeps everything; nothing to do
   uint64_t num_out = 0;      // output slots: the committed count after
-  // [record lists] the first output slot each list's layers hold
-  // (multiples of block_tokens; the layer that keeps the most holds them
-  // all); a plan over one record list has one entry, 0, for every layer.
-  // Output block j has pages of layer l iff j x block_tokens >= its offset.
-  std::vector<uint64_t> layer_offsets;
+  // [record lists] the output slots each list's layers do not hold (the
+  // layer that keeps the most holds them all); a plan over one record list
+  // has one entry, empty, for every layer. Output block j has pages of layer
+  // l iff its hole holds j x block_tokens.
+  std::vector<LayerHole> layer_holes;
   // [output block] the formats of its pages (one shape per block).
   std::vector<kernels::PageFormat> block_k_formats, block_v_formats;
   // [record lists] the output slot records, [num_out] each
-  // (placeholders with position -1 below the layer's offset): the session's
+  // (placeholders with position -1 in the layer's hole): the session's
   // records after.
   std::vector<std::vector<SlotRecord>> records;
   // [record lists] each list's output groups, in its own slot indices
-  // (source slots from its offset on, output slots from its output offset
-  // on); one list: every layer runs groups[0].
+  // (the source and output slots it holds, LayerHole::LocalSlot); one
+  // list: every layer runs groups[0].
   std::vector<CompactionGroups> groups;
   // [output block]: the source block it reuses unchanged, or -1 (new pages).
   std::vector<int64_t> shared;
@@ -106,10 +107,13 @@ struct CompactionPlan {
 // records: the session's slot record lists (PolicyInputs::records), each
 // [committed tokens]: one for every layer, or one per layer. Over one per
 // layer, a policy that SelectsPerLayer decides over one view layer per
-// layer, layer l's from its offset on: the policy's LayerBudgets of layers x
+// layer, of the slots layer l holds: the policy's LayerBudgets of layers x
 // target tokens (uniform: the target each), aligned by AlignLayerBudgets.
 // Any other decides once, over records[0], and every list follows that plan
-// with its own records (FAILED_PRECONDITION when a layer starts late). The
+// with its own records (FAILED_PRECONDITION when a layer has a hole). The
+// leading whole blocks that every layer keeps in place (copies of the same
+// source slots: a pinned shared prefix) stay where they are; each layer's
+// hole follows them, its other slots aligned to the end of the table. The
 // output blocks' formats are one per block for the layers it holds (a
 // block's pages share a shape): the median of theirs by bits, ties to the
 // finer. An output block is shared only where every layer it holds has its
@@ -124,16 +128,17 @@ absl::StatusOr<CompactionPlan> PlanCompaction(const policies::Policy& policy,
 
 // Per-layer slot counts a right-aligned table can hold: the largest budget
 // (`top`) as it is, every other the nearest count that differs from top by
-// whole blocks, at least min(a block, the layer's size, top), at most its
-// size. sizes: [layer] the slots each holds now. FAILED_PRECONDITION when a
-// layer has no such count.
+// whole blocks, at least min(`pinned` + a block, the layer's size, top), at
+// most its size. sizes: [layer] the slots each holds now; pinned: its
+// leading slots pinned in every layer (a shared prefix, kept in place: a
+// layer keeping no more would hold its last block in a copy).
+// FAILED_PRECONDITION when a layer has no such count.
 absl::StatusOr<std::vector<int64_t>> AlignLayerBudgets(const std::vector<int64_t>& budgets,
                                                        const std::vector<int64_t>& sizes,
-                                                       int block_tokens);
+                                                       int block_tokens, int64_t pinned = 0);
 
 // FAILED_PRECONDITION unless `policy` can compact a session whose layers
-// start at `offsets` (late layers need a policy that SelectsPerLayer).
-absl::Status CheckLayerOffsets(const policies::Policy& policy,
-                               const std::vector<uint64_t>& offsets);
+// hold `holes` (layers with holes need a policy that SelectsPerLayer).
+absl::Status CheckLayerHoles(const policies::Policy& policy, const std::vector<LayerHole>& holes);
 
 }  // namespace polykv::daemon

@@ -65,15 +65,18 @@ BlockDesc DescribeBlock(uint64_t superblock_bytes, const Block& block, uint32_t 
   return b;
 }
 
-std::vector<uint64_t> LayerOffsets(const std::vector<Block>& table, uint32_t num_layers,
-                                   uint32_t block_tokens) {
-  std::vector<uint64_t> out(num_layers, 0);
+std::vector<LayerHole> LayerHoles(const std::vector<Block>& table, uint32_t num_layers,
+                                  uint32_t block_tokens) {
+  std::vector<LayerHole> out(num_layers);
   for (uint32_t l = 0; l < num_layers; ++l) {
+    auto absent = [&](size_t b) {
+      return 2 * l < table[b].pages.size() && table[b].pages[2 * l] == kNoPage;
+    };
     size_t b = 0;
-    while (b < table.size() && 2 * l < table[b].pages.size() && table[b].pages[2 * l] == kNoPage) {
-      ++b;
-    }
-    out[l] = b * block_tokens;
+    while (b < table.size() && !absent(b)) ++b;
+    size_t e = b;
+    while (e < table.size() && absent(e)) ++e;
+    if (e > b) out[l] = LayerHole{b * block_tokens, (e - b) * block_tokens};
   }
   return out;
 }

@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/memory/arena.h"
+#include "daemon/compaction/layer_hole.h"
 #include "daemon/memory/process_ref.h"
 #include "daemon/pool/block.h"
 #include "daemon/pool/page_allocator.h"
@@ -43,11 +44,11 @@ namespace polykv::daemon {
 
 using ArenaFactory = std::function<absl::StatusOr<std::unique_ptr<Arena>>(const ArenaOptions&)>;
 
-// [layer]: the first slot of a session's table held by each layer (its first
-// block with pages of the layer, times block_tokens): 0 unless the layers
+// [layer]: the slots of a session's table each layer does not hold (its
+// first run of blocks without pages of the layer): empty unless the layers
 // keep budgets of their own. `num_layers` entries.
-std::vector<uint64_t> LayerOffsets(const std::vector<Block>& table, uint32_t num_layers,
-                                   uint32_t block_tokens);
+std::vector<LayerHole> LayerHoles(const std::vector<Block>& table, uint32_t num_layers,
+                                  uint32_t block_tokens);
 
 // Whose blocks: every page handed out is charged to exactly one account.
 // Shared prefix blocks (prefix_index.h) are charged to their tenant's index

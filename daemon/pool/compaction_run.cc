@@ -29,7 +29,7 @@ size_t SourceBlocks(const Session& s) {
 
 absl::Status CompactionRun::Prepare(const Session& s, const QosRecord& qos,
                                     const BlockPool& blocks,
-                                    std::vector<uint64_t> layer_offsets) {
+                                    std::vector<LayerHole> layer_holes) {
   in_.shape = s.page_shape();
   in_.formats.fill_k = s.shape.key_format;
   in_.formats.fill_v = s.shape.value_format;
@@ -43,7 +43,7 @@ absl::Status CompactionRun::Prepare(const Session& s, const QosRecord& qos,
   in_.layer_scores = s.policy.layer_scores;
   in_.target_tokens = target_;
   in_.cold = cold_;
-  in_.layer_offsets = std::move(layer_offsets);
+  in_.layer_holes = std::move(layer_holes);
   // Merging policies cluster by key: their pages are read in Decide (they
   // stay allocated: the session is busy).
   if (!policy_.ReadsKeys()) return absl::OkStatus();
@@ -76,8 +76,8 @@ absl::StatusOr<bool> CompactionRun::Decide(const Session& s) {
 }
 
 bool CompactionRun::Holds(const Session& s, size_t j, uint32_t l) const {
-  const auto& o = plan_->layer_offsets;
-  return j * s.block_tokens >= o[o.size() == 1 ? 0 : l];
+  const auto& h = plan_->layer_holes;
+  return h[h.size() == 1 ? 0 : l].holds(j * s.block_tokens);
 }
 
 absl::StatusOr<std::vector<BlockShape>> CompactionRun::NewShapes(const Session& s) const {
@@ -110,10 +110,14 @@ absl::Status CompactionRun::Address(const Session& s, const BlockPool& blocks) {
   tables_.assign(layers, {});
   for (uint32_t l = 0; l < layers; ++l) {
     LayerTables& t = tables_[l];
-    for (size_t b = in_.layer_offsets[l] / s.block_tokens; b < SourceBlocks(s); ++b) {
-      t.src.push_back(EntryOf(blocks, s, s.tables.blocks[b], l, &device_));
+    // The slots the layer holds, as its groups number them.
+    const LayerHole hole = l < in_.layer_holes.size() ? in_.layer_holes[l] : LayerHole{};
+    for (size_t b = 0; b < SourceBlocks(s); ++b) {
+      if (hole.holds(b * s.block_tokens)) {
+        t.src.push_back(EntryOf(blocks, s, s.tables.blocks[b], l, &device_));
+      }
     }
-    t.num_src = num_src - static_cast<int>(in_.layer_offsets[l]);
+    t.num_src = num_src - static_cast<int>(hole.length);
     for (size_t j = 0, next = 0; j < plan.out_blocks(); ++j) {
       if (plan.shared[j] >= 0) continue;
       if (Holds(s, j, l)) t.dst.push_back(EntryOf(blocks, s, s.tables.staged[next], l, &device_));

@@ -4,7 +4,7 @@
 // was not closed meanwhile (docs/compaction.md). Two of its own, then the
 // staged run's (staged_run.h), which KvPool::RunStaged sequences:
 //
-//   Prepare     locked    inputs from the session: formats, layer offsets,
+//   Prepare     locked    inputs from the session: formats, layer holes,
 //                         the pages of keys a merging policy reads
 //   Decide      unlocked  the policy's plan over the session's slot records
 //   NewShapes   locked    shapes of the output blocks written anew
@@ -49,10 +49,10 @@ class CompactionRun final : public StagedRun {
 
   const std::string& policy_text() const { return policy_text_; }
 
-  // Locked. The plan's inputs, s's layer offsets (LayerOffsets) among
-  // them; UNIMPLEMENTED for keys in device arenas.
+  // Locked. The plan's inputs, s's layer holes (LayerHoles) among them;
+  // UNIMPLEMENTED for keys in device arenas.
   absl::Status Prepare(const Session& s, const QosRecord& qos, const BlockPool& blocks,
-                       std::vector<uint64_t> layer_offsets);
+                       std::vector<LayerHole> layer_holes);
   // Unlocked (s busy). Reads the keys Prepare located and plans; false when
   // the plan changes nothing (then the run is over).
   absl::StatusOr<bool> Decide(const Session& s);

@@ -445,16 +445,17 @@ absl::StatusOr<ReleaseResult> KvPool::Release(uint64_t session_id, absl::string_
                                                    " exceeds the reserve of ",
                                                    s.reserved_tokens(), " tokens"));
   }
-  const auto offsets = LayerOffsets(s.tables.blocks, s.profile.num_layers, s.block_tokens);
-  // A cut that leaves a layer no slot while others keep some would leave
-  // that layer a hole in the blocks new tokens fill; a cut to nothing leaves
-  // every layer empty alike.
-  if (const uint64_t late = *std::max_element(offsets.begin(), offsets.end());
-      late > 0 && keep_tokens > 0 && keep_tokens <= late) {
+  // A cut inside or before a layer's hole would leave that layer without the
+  // block new tokens fill; a cut to nothing leaves every layer empty alike.
+  uint64_t late = 0;  // the last hole's end
+  for (const LayerHole& h : LayerHoles(s.tables.blocks, s.profile.num_layers, s.block_tokens)) {
+    if (!h.empty()) late = std::max(late, h.end());
+  }
+  if (late > 0 && keep_tokens > 0 && keep_tokens <= late) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "keep_tokens ", keep_tokens, " would leave a layer without slots: the layers keep "
-        "budgets of their own and one holds only slots past ", late,
-        "; keep more than ", late, " tokens, or 0 to start over"));
+        "keep_tokens ", keep_tokens, " would leave a layer without the slots new tokens fill: "
+        "the layers keep budgets of their own and one holds no slot before ", late,
+        " but its leading shared ones; keep more than ", late, " tokens, or 0 to start over"));
   }
   const uint64_t keep_blocks = (keep_tokens + s.block_tokens - 1) / s.block_tokens;
   // The worker writes on from keep_tokens: never into a shared block.

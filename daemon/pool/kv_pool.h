@@ -362,9 +362,9 @@ class KvPool {
   // published at epoch + 1; the old tables become pending.
   // NOT_FOUND when the session was destroyed meanwhile (then `s` is gone).
   // REQUIRES: no pending tables, not busy.
-  // layer_offsets: s's (LayerOffsets).
+  // layer_holes: s's (LayerHoles).
   absl::Status Compact(Session& s, const QosRecord& qos, uint64_t target,
-                       std::vector<uint64_t> layer_offsets,
+                       std::vector<LayerHole> layer_holes,
                        std::optional<policies::ColdStep> cold = std::nullopt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At s's step boundary (Sync, when the worker holds the current tables

@@ -12,7 +12,7 @@ namespace polykv::daemon {
 
 absl::Status CheckLayerPresence(const Session& s) {
   const uint32_t L = s.profile.num_layers;
-  const auto offsets = LayerOffsets(s.tables.blocks, L, s.block_tokens);
+  const auto holes = LayerHoles(s.tables.blocks, L, s.block_tokens);
   for (uint32_t b = 0; b < s.tables.blocks.size(); ++b) {
     const Block& block = s.tables.blocks[b];
     if (block.pages.size() != 2 * size_t(L)) {
@@ -21,10 +21,10 @@ absl::Status CheckLayerPresence(const Session& s) {
     }
     uint32_t present = 0;
     for (uint32_t l = 0; l < L; ++l) {
-      const bool has = uint64_t(b) * s.block_tokens >= offsets[l];
+      const bool has = holes[l].holds(uint64_t(b) * s.block_tokens);
       if ((block.pages[2 * l] != kNoPage) != has || (block.pages[2 * l + 1] != kNoPage) != has ||
           block.shape.has_layer(l) != has) {
-        return absl::InternalError(absl::StrCat("layer ", l, " has a hole at block ", b));
+        return absl::InternalError(absl::StrCat("layer ", l, " has a second hole at block ", b));
       }
       present += has;
     }
@@ -33,9 +33,17 @@ absl::Status CheckLayerPresence(const Session& s) {
                                               " layers and holds ", present));
     }
   }
-  const bool late = std::any_of(offsets.begin(), offsets.end(), [](uint64_t o) { return o > 0; });
-  if (late && !s.policy.layers_apart()) {
-    return absl::InternalError("layers start late but share one slot record list");
+  for (uint32_t l = 0; l < L; ++l) {
+    if (!holes[l].empty() && holes[l].end() >= s.tables.committed_tokens) {
+      return absl::InternalError(absl::StrCat("layer ", l, " holds no slot after its hole at [",
+                                              holes[l].start, ", ", holes[l].end(), ") of ",
+                                              s.tables.committed_tokens));
+    }
+  }
+  const bool apart =
+      std::any_of(holes.begin(), holes.end(), [](const LayerHole& h) { return !h.empty(); });
+  if (apart && !s.policy.layers_apart()) {
+    return absl::InternalError("layers have holes but share one slot record list");
   }
   return absl::OkStatus();
 }

@@ -18,27 +18,25 @@ namespace {
 // What the compaction trigger counts as the session's size: the slots its
 // layers hold, on average (committed tokens unless layers keep budgets of
 // their own).
-uint64_t HeldTokens(const Session& s, const std::vector<uint64_t>& offsets) {
+uint64_t HeldTokens(const Session& s, const std::vector<LayerHole>& holes) {
+  const uint64_t n = s.tables.committed_tokens;
   uint64_t sum = 0;
-  for (uint64_t o : offsets) sum += s.tables.committed_tokens - std::min(o, s.tables.committed_tokens);
-  return offsets.empty() ? s.tables.committed_tokens : sum / offsets.size();
+  for (const LayerHole& h : holes) sum += n - std::min(h.length, n);
+  return holes.empty() ? n : sum / holes.size();
 }
 
 // Slots of the session's leading shared prefix blocks (prefix_index.h),
 // with their records pinned in every list: a compaction keeps them whole, so
 // the blocks stay shared by reference, and its budget counts the session's
 // other slots only (a shared block is the pool's once, whatever holds it).
-// 0 when a layer starts late: its layers keep budgets of their own, laid out
-// from the table's end, and a layer that keeps fewer slots holds the prefix
-// in other blocks (copies), so there is nothing shared to keep. Slots pinned
-// for an earlier compaction are unpinned then.
-uint64_t PinSharedPrefix(Session& s, const std::vector<uint64_t>& offsets) {
-  uint64_t slots = 0;
-  if (std::none_of(offsets.begin(), offsets.end(), [](uint64_t o) { return o != 0; })) {
-    size_t b = 0;
-    while (b < s.tables.blocks.size() && s.tables.blocks[b].prefix != 0) ++b;
-    slots = std::min<uint64_t>(b * s.block_tokens, s.tables.committed_tokens);
-  }
+// Every layer holds a shared block (the index's blocks have every layer's
+// pages), so a layer with a budget of its own keeps them too, in place: its
+// hole follows them (PlanCompaction). Slots pinned for an earlier compaction
+// whose blocks are shared no more are unpinned.
+uint64_t PinSharedPrefix(Session& s) {
+  size_t b = 0;
+  while (b < s.tables.blocks.size() && s.tables.blocks[b].prefix != 0) ++b;
+  const uint64_t slots = std::min<uint64_t>(b * s.block_tokens, s.tables.committed_tokens);
   // The prefix holds the session's first tokens: positions 0 .. n - 1,
   // wherever a layer's list holds them now.
   const auto pinned_before = static_cast<int64_t>(s.policy.prefix_pinned);
@@ -74,18 +72,17 @@ absl::Status KvPool::Relocate(Session& s) {
 
 absl::Status KvPool::CompactAtStepBoundary(Session& s) {
   if (s.policy.wants.per_layer) SplitLayerRecords(s);
-  std::vector<uint64_t> offsets =
-      LayerOffsets(s.tables.blocks, s.profile.num_layers, s.block_tokens);
+  std::vector<LayerHole> holes = LayerHoles(s.tables.blocks, s.profile.num_layers, s.block_tokens);
   const QosRecord& qos = admission_.For(s.agent_id());
   // A policy that ranks by importance has nothing to rank by until the
   // worker reports some (one that runs no probes never does): its
   // session is not evicted meanwhile.
   const bool can_rank =
       !s.policy.wants.has(policies::ScoreStream::kImportance) || s.policy.importance_reported;
-  const uint64_t shared = PinSharedPrefix(s, offsets);
+  const uint64_t shared = PinSharedPrefix(s);
   const uint64_t want = s.policy.want_tokens;
   TargetInputs in{.compacting_policy = qos.policy != "full" && can_rank,
-                  .committed_tokens = HeldTokens(s, offsets) - shared,
+                  .committed_tokens = HeldTokens(s, holes) - shared,
                   .block_tokens = s.block_tokens,
                   .budget_tokens = SessionBudget(qos.budget_tokens, qos.budget_fraction,
                                                  s.policy.next_position - shared),
@@ -104,7 +101,7 @@ absl::Status KvPool::CompactAtStepBoundary(Session& s) {
     s.policy.want_tokens = 0;
   } else if (target > 0) {
     // releases mu_ while it decides and copies
-    auto st = Compact(s, qos, target, std::move(offsets));
+    auto st = Compact(s, qos, target, std::move(holes));
     if (absl::IsNotFound(st)) return st;  // closed or evicted meanwhile
     if (!st.ok()) {
       // The session keeps its tables; the ladder and budget retry once
@@ -127,7 +124,7 @@ absl::Status KvPool::CompactAtStepBoundary(Session& s) {
     const uint64_t epoch = s.tables.epoch;
     const policies::ColdStep step =
         LadderColdStep(to, blocks, s.tables.committed_tokens, s.block_tokens);
-    auto st = Compact(s, qos, s.tables.committed_tokens, std::move(offsets), step);
+    auto st = Compact(s, qos, s.tables.committed_tokens, std::move(holes), step);
     if (absl::IsNotFound(st)) return st;
     if (!st.ok()) CompactionFailed(s, now, st);
     if (s.tables.epoch == epoch) s.policy.requant_idle_at = s.tables.committed_tokens;
@@ -136,12 +133,12 @@ absl::Status KvPool::CompactAtStepBoundary(Session& s) {
 }
 
 absl::Status KvPool::Compact(Session& s, const QosRecord& qos, uint64_t target,
-                             std::vector<uint64_t> layer_offsets,
+                             std::vector<LayerHole> layer_holes,
                              std::optional<policies::ColdStep> cold) {
   auto policy = policies_.Get(qos.policy);
   if (!policy.ok()) return policy.status();
   CompactionRun run(**policy, qos.policy, target, cold, options_.superblock_bytes);
-  if (auto st = run.Prepare(s, qos, blocks_, std::move(layer_offsets)); !st.ok()) return st;
+  if (auto st = run.Prepare(s, qos, blocks_, std::move(layer_holes)); !st.ok()) return st;
   // From here until the end the session cannot change (compaction_run.h).
   s.busy = true;
   mu_.Unlock();

@@ -85,9 +85,10 @@ struct Page {
 };
 
 // pages[2 * layer] holds keys, pages[2 * layer + 1] values. A layer that
-// keeps a budget of its own holds none of a session's oldest blocks: its
-// entries there are empty (size_bytes 0, addr nullptr), and a layer's pages,
-// once they start, go on to the last block (docs/compaction.md).
+// keeps a budget of its own holds none of one run of a session's blocks (its
+// hole: after the blocks of a shared prefix, which every layer holds): its
+// entries there are empty (size_bytes 0, addr nullptr), and after the hole
+// its pages go on to the last block (docs/compaction.md).
 struct Block {
   uint32_t block_index = 0;
   std::vector<Page> pages;

@@ -95,9 +95,10 @@ int pkv_release(pkv_session* session, uint64_t keep_tokens);
 size_t pkv_num_blocks(const pkv_session* session);
 /* Copies the pages of block `block` (2 * num_layers of them, K then V per
  * layer) into pages[0..capacity). A layer that keeps a budget of its own
- * (layers=importance) holds none of the session's oldest blocks: its two
- * entries there have size_bytes 0 and addr NULL, and its slot positions
- * there are -1 (pkv_layer_slot_info). */
+ * (layers=importance) holds none of one run of the session's blocks (its
+ * hole, after the blocks of a shared prefix): its two entries there have
+ * size_bytes 0 and addr NULL, and its slot positions there are -1
+ * (pkv_layer_slot_info). */
 int pkv_block_pages(const pkv_session* session, size_t block, pkv_page* pages, size_t capacity,
                     size_t* num_pages);
 

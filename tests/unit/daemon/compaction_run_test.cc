@@ -66,7 +66,7 @@ TEST_F(CompactionRunTest, EachPhaseLeavesTheSessionInItsStatedState) {
   const uint64_t bytes_before = s_.account.bytes;
 
   ASSERT_TRUE(run.Prepare(s_, QosRecord{}, pool_,
-                          LayerOffsets(s_.tables.blocks, kLayers, kBlock))
+                          LayerHoles(s_.tables.blocks, kLayers, kBlock))
                   .ok());
   auto changes = run.Decide(s_);
   ASSERT_TRUE(changes.ok()) << changes.status();

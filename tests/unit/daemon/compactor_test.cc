@@ -570,6 +570,9 @@ TEST(AlignLayerBudgetsTest, CountsDifferByWholeBlocks) {
   EXPECT_EQ(AlignLayerBudgets({64, 57}, {100, 100}, kBt).value(), (V{64, 64}));
   EXPECT_EQ(AlignLayerBudgets({10, 3}, {68, 68}, kBt).value(), (V{10, 10}));  // under a block
   EXPECT_EQ(AlignLayerBudgets({80, 20}, {68, 68}, kBt).value(), (V{68, 20}));  // capped first
+  // 32 slots pinned in every layer: a block past them at least.
+  EXPECT_EQ(AlignLayerBudgets({80, 20}, {100, 100}, kBt, 32).value(), (V{80, 48}));
+  EXPECT_EQ(AlignLayerBudgets({40, 20}, {100, 100}, kBt, 32).value(), (V{40, 40}));  // top
   // A layer of 8 slots cannot hold 100 - 16k of them.
   EXPECT_EQ(AlignLayerBudgets({100, 8}, {100, 8}, kBt).status().code(),
             absl::StatusCode::kFailedPrecondition);
@@ -591,7 +594,7 @@ TEST(PlanCompactionTest, ImportanceBudgetsRightAlignTheLayers) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   // 80 slots score 3 and layer 0's newest 16 score 2: 32, 48, 16.
   EXPECT_EQ(plan->num_out, 48u);
-  EXPECT_EQ(plan->layer_offsets, (std::vector<uint64_t>{16, 0, 32}));
+  EXPECT_EQ(plan->layer_holes, (std::vector<LayerHole>{{0, 16}, {}, {0, 32}}));
   ASSERT_EQ(plan->records.size(), 3u);
   for (const auto& r : plan->records) ASSERT_EQ(r.size(), 48u);
   std::vector<int64_t> want0(16, -1);
@@ -618,24 +621,91 @@ TEST(PlanCompactionTest, ImportanceBudgetsRightAlignTheLayers) {
     for (SlotRecord& s : r) s.score[ScoreStream::kImportance] = s.meta.position < 0 ? NAN : 0.1f;
   }
   CompactionInputs in = In(32);
-  in.layer_offsets = plan->layer_offsets;
+  in.layer_holes = plan->layer_holes;
   auto again = PlanCompaction(*kvzip, next, in);
   ASSERT_TRUE(again.ok()) << again.status();
   const std::vector<const CompactionGroups*> groups = {
       &again->groups[0], &again->groups[1], &again->groups[2]};
   for (size_t l = 0; l < 3; ++l) {
-    const int held = 64 - int(in.layer_offsets[l]);
+    const int held = 64 - int(in.layer_holes[l].length);
     for (int32_t m : groups[l]->members) EXPECT_LT(m, held) << "layer " << l;
-    EXPECT_EQ(again->num_out - again->layer_offsets[l], groups[l]->num_out());
-    EXPECT_EQ(again->layer_offsets[l] % kBt, 0u);
-    for (size_t i = 0; i < again->layer_offsets[l]; ++i) {
-      EXPECT_EQ(again->records[l][i].meta.position, -1);
+    const LayerHole& hole = again->layer_holes[l];
+    EXPECT_EQ(again->num_out - hole.length, groups[l]->num_out());
+    EXPECT_EQ(hole.start % kBt, 0u);
+    EXPECT_EQ(hole.length % kBt, 0u);
+    for (size_t i = 0; i < again->num_out; ++i) {
+      EXPECT_EQ(again->records[l][i].meta.position < 0, !hole.holds(i)) << l << " " << i;
     }
   }
   // A layer-uniform policy cannot compact layers that start apart.
   auto uniform = Policy("kvzip", {{"window.size", "16"}, {"sinks.count", "0"}});
   EXPECT_EQ(PlanCompaction(*uniform, next, in).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// Every layer of `plan` holds slots 0..15 (positions 0..15) in place, then
+// its hole (placeholders), then the rest up to position `newest` - 1.
+void ExpectPrefixInPlace(const CompactionPlan& plan, int64_t newest) {
+  ASSERT_EQ(plan.records.size(), plan.layer_holes.size());
+  for (size_t l = 0; l < plan.records.size(); ++l) {
+    const LayerHole& hole = plan.layer_holes[l];
+    const auto& r = plan.records[l];
+    ASSERT_EQ(r.size(), plan.num_out);
+    EXPECT_TRUE(hole.empty() || (hole.start == 16u && hole.length % kBt == 0)) << l;
+    EXPECT_LT(hole.end(), plan.num_out) << l;
+    for (size_t i = 0; i < r.size(); ++i) {
+      if (i < 16) EXPECT_EQ(r[i].meta.position, int64_t(i)) << l;
+      EXPECT_EQ(r[i].meta.position < 0, !hole.holds(i)) << l << " slot " << i;
+    }
+    EXPECT_EQ(r.back().meta.position, newest - 1) << l;
+  }
+}
+
+// A shared prefix (its slots pinned in every layer) stays in its blocks:
+// each layer's hole follows it, so the prefix block is reused in place, not
+// copied, and the next compaction, over those holes, keeps it there.
+TEST(PlanCompactionTest, APinnedPrefixStaysInPlaceBeforeTheLayersHoles) {
+  auto kvzip = Policy("kvzip", {{"select", "layer"}, {"layers", "importance"},
+                                {"window.size", "16"}, {"sinks.count", "0"}});
+  auto pin = [](std::vector<SlotRecord> s) {
+    for (int i = 0; i < kBt; ++i) s[i].meta.pinned = true;
+    return s;
+  };
+  // Besides the prefix and the window (64..79), layer 0 values 16..31 and
+  // layer 1 16..47: layers 0 and 2 keep fewer slots than layer 1.
+  const auto l0 = pin(Scored(80, 0, {16, 32}));
+  const std::vector<std::vector<SlotRecord>> upper = {pin(Scored(80, 0, {16, 48})),
+                                                      pin(Scored(80, 0, {0, 0}))};
+  auto plan = PlanCompaction(*kvzip, Layers(l0, upper), In(48));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ExpectPrefixInPlace(*plan, 80);
+  EXPECT_TRUE(plan->layer_holes[1].empty());
+  EXPECT_FALSE(plan->layer_holes[0].empty());
+  EXPECT_FALSE(plan->layer_holes[2].empty());
+  // Block 0 is the prefix in every layer: reused, not copied.
+  EXPECT_EQ(plan->shared[0], 0);
+  for (const CompactionGroups& c : plan->copy) {
+    for (int32_t m : c.members) EXPECT_GE(m, 16);
+  }
+
+  // 16 new slots; the next compaction reads each layer's held slots around
+  // its hole and keeps the prefix in place again.
+  std::vector<std::vector<SlotRecord>> next = plan->records;
+  for (auto& r : next) {
+    for (const SlotRecord& s : Slots(16, 80)) r.push_back(s);
+    for (SlotRecord& s : r) s.score[ScoreStream::kImportance] = s.meta.position < 0 ? NAN : 0.1f;
+  }
+  CompactionInputs in = In(32);
+  in.layer_holes = plan->layer_holes;
+  auto again = PlanCompaction(*kvzip, next, in);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ExpectPrefixInPlace(*again, 96);
+  EXPECT_EQ(again->shared[0], 0);
+  for (size_t l = 0; l < 3; ++l) {
+    for (int32_t m : again->groups[l].members) {
+      EXPECT_LT(m, 96 - int(in.layer_holes[l].length)) << "layer " << l;
+    }
+  }
 }
 
 }  // namespace

@@ -188,7 +188,7 @@ TEST(PagedKvStoreLayersTest, ALayerThatStartsLaterAttendsOnlyToItsNewestSlots) {
 
   Store apart = NewStore();  // layer 1 without block 0
   Step(apart.store.get(), context, q_context, 0);
-  apart.src->Publish({}, {0, 1});
+  apart.src->Publish({}, {{0, 0}, {0, 1}});
   const std::vector<float> apart_decode = Step(apart.store.get(), decode, q_decode, 100);
   ASSERT_EQ(apart.store->epoch(), 1u);
   const std::vector<float> apart_chunk = Step(apart.store.get(), chunk, q_chunk, 101);
@@ -216,12 +216,54 @@ TEST(PagedKvStoreLayersTest, ALayerThatStartsLaterAttendsOnlyToItsNewestSlots) {
   // Layer 1 without block 2, which holds the newest rows: refused.
   Store bad = NewStore();
   Step(bad.store.get(), context, q_context, 0);
-  bad.src->Publish({}, {0, 3});
+  bad.src->Publish({}, {{0, 0}, {0, 3}});
   const std::vector<StepToken> one = {{7, 100, 0, Role::kUser}};
   const absl::Status st = bad.store->BeginStep(one);
   EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
   EXPECT_NE(st.message().find("layer 1"), std::string_view::npos) << st;
   EXPECT_EQ(bad.store->epoch(), 0u);
+}
+
+// A layer may hold none of a run of blocks in the middle (its hole, after
+// the blocks of a shared prefix kept in place): it attends exactly as a
+// store holding only the slots around the hole, and its attention mass
+// lands on those slots.
+TEST(PagedKvStoreLayersTest, ALayerWithAHoleAttendsToTheSlotsAroundIt) {
+  std::mt19937 rng(Seed());
+  constexpr int kHeld = 40;  // blocks 0 and 1 full, 8 rows of block 2
+  const Rows context = RandomRows(kHeld, rng), decode = RandomRows(1, rng);
+  const Rows chunk = RandomRows(3, rng);
+  const std::vector<float> q_context = RandomQ(kHeld, rng), q_decode = RandomQ(1, rng);
+  const std::vector<float> q_chunk = RandomQ(3, rng);
+
+  Store apart = NewStore();  // both layers without block 1
+  Step(apart.store.get(), context, q_context, 0);
+  apart.src->Publish({}, {{1, 2}, {1, 2}});
+  const std::vector<float> apart_decode = Step(apart.store.get(), decode, q_decode, 100);
+  ASSERT_EQ(apart.store->epoch(), 1u);
+  const std::vector<float> apart_mass = apart.store->pending_attention_mass();
+  const std::vector<float> apart_chunk = Step(apart.store.get(), chunk, q_chunk, 101);
+
+  std::vector<int> around;  // slots 0..15 and 32..39
+  for (int s = 0; s < kHeld; ++s) {
+    if (s < kBlock || s >= 2 * kBlock) around.push_back(s);
+  }
+  Store few = NewStore();  // every layer holds those 24 alone
+  Step(few.store.get(), Pick(context, around), RandomQ(int(around.size()), rng), 0);
+  few.src->Publish({});
+  const std::vector<float> few_decode = Step(few.store.get(), decode, q_decode, 100);
+  const std::vector<float> few_mass = few.store->pending_attention_mass();
+  const std::vector<float> few_chunk = Step(few.store.get(), chunk, q_chunk, 101);
+
+  EXPECT_LE(RelL2(apart_decode, few_decode), 1e-6);
+  EXPECT_LE(RelL2(apart_chunk, few_chunk), 1e-6);
+  ASSERT_EQ(apart_mass.size(), size_t(kHeld + 1));
+  ASSERT_EQ(few_mass.size(), around.size() + 1);
+  for (size_t i = 0; i < around.size(); ++i) {
+    EXPECT_NEAR(apart_mass[size_t(around[i])], few_mass[i], 1e-5) << "slot " << around[i];
+  }
+  for (int s = kBlock; s < 2 * kBlock; ++s) EXPECT_EQ(apart_mass[size_t(s)], 0.0f) << s;
+  EXPECT_NEAR(apart_mass[kHeld], few_mass.back(), 1e-5);
 }
 
 }  // namespace

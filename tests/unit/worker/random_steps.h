@@ -111,8 +111,9 @@ class RepublishingSource : public PageSource {
     publish_ = false;
     PagedTable t{blocks_, committed_, ++epoch_};
     t.slot_counts = counts_;
-    for (size_t l = 0; l < starts_.size(); ++l) {
-      for (int b = 0; b < starts_[l] && b < static_cast<int>(t.blocks.size()); ++b) {
+    for (size_t l = 0; l < holes_.size(); ++l) {
+      const auto [from, to] = holes_[l];
+      for (int b = from; b < to && b < static_cast<int>(t.blocks.size()); ++b) {
         t.blocks[b].k_pages[l] = t.blocks[b].v_pages[l] = nullptr;
       }
     }
@@ -122,12 +123,12 @@ class RepublishingSource : public PageSource {
   int64_t bytes() const override { return inner_->bytes(); }
   std::string name() const override { return "republishing-" + inner_->name(); }
 
-  // Publishes `counts` at the next Sync; layer l without its pages in the
-  // first starts[l] blocks (what a daemon that compacted layers to different
-  // lengths would publish).
-  void Publish(std::vector<uint32_t> counts = {}, std::vector<int> starts = {}) {
+  // Publishes `counts` at the next Sync; layer l without its pages in
+  // blocks [holes[l].first, holes[l].second) (what a daemon that compacted
+  // layers to different lengths would publish).
+  void Publish(std::vector<uint32_t> counts = {}, std::vector<std::pair<int, int>> holes = {}) {
     counts_ = std::move(counts);
-    starts_ = std::move(starts);
+    holes_ = std::move(holes);
     publish_ = true;
   }
   // Every block reserved, in order; the slots committed.
@@ -139,7 +140,7 @@ class RepublishingSource : public PageSource {
   const WantedStreams wants_;
   std::vector<PagedBlock> blocks_;
   std::vector<uint32_t> counts_;
-  std::vector<int> starts_;
+  std::vector<std::pair<int, int>> holes_;
   int64_t committed_ = 0;
   uint64_t epoch_ = 0;
   bool publish_ = false;
