@@ -24,7 +24,8 @@
 # pages on the device against host pages (worker_paged_device_test, gpu);
 # the pool in device memory across processes — VMM fd export and import,
 # another process reading a worker's bytes, SIGKILL while mapped, compaction
-# and merge on the device, legacy IPC (gpu_pool_test, label gpu); the
+# and merge on the device, an idle agent's device pages offloaded to the
+# host tier and restored, legacy IPC (gpu_pool_test, label gpu); the
 # kernels bench's cuda section (decode per page format against dense f16 at
 # up to 32K tokens, dequantization against a device memcpy) with the issue's
 # goals: int4 paged decode >= 2x dense f16 at 32K, dequantization >= 0.7 of

@@ -3,36 +3,86 @@
 // into new pages (a RestoreRun, published at epoch + 1 like any move of its
 // pages). An idle worker touches no page until that Sync (client.h, Idle),
 // so neither step waits for it.
+#include <functional>
+#include <span>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/pool/kv_pool.h"
+#include "kernels/device.h"
 
 namespace polykv::daemon {
 namespace {
 
-// The host addresses of `blocks`' own pages, in the store's order (block by
-// block, K and V by layer). UNIMPLEMENTED for pages in device memory.
-template <typename Byte>
-absl::StatusOr<std::vector<std::span<Byte>>> OwnPageSpans(const BlockPool& pool,
-                                                          const std::string& tenant,
-                                                          const std::vector<Block>& blocks) {
-  std::vector<std::span<Byte>> out;
-  for (const Block& b : blocks) {
-    if (b.prefix != 0) continue;
-    for (size_t i = 0; i < b.pages.size(); ++i) {
-      if (b.pages[i] == kNoPage) continue;
-      const uint64_t addr = pool.HostAddress(tenant, b.pages[i]);
-      if (addr == 0) {
-        return absl::UnimplementedError(
-            "the session's pages are not in host memory (offloading CUDA pages is not built "
-            "yet)");
+// A session's own pages (not its shared blocks), in the store's order
+// (block by block, K and V by layer), in host or device memory. Device pages
+// travel through a host copy (`staging`): the store holds host bytes.
+class OwnPages {
+ public:
+  static absl::StatusOr<OwnPages> Locate(const BlockPool& pool, const std::string& tenant,
+                                         const std::vector<Block>& blocks) {
+    OwnPages out;
+    for (const Block& b : blocks) {
+      if (b.prefix != 0) continue;
+      for (size_t i = 0; i < b.pages.size(); ++i) {
+        if (b.pages[i] == kNoPage) continue;
+        int device = -1;
+        const uint64_t addr = pool.PageAddress(tenant, b.pages[i], &device);
+        if (addr == 0) return absl::InternalError("a page to offload has no memory to copy");
+        if (!out.pages_.empty() && device != out.device_) {
+          return absl::InternalError("a session's pages are on two devices");
+        }
+        out.device_ = device;
+        out.pages_.emplace_back(reinterpret_cast<std::byte*>(addr), b.shape.page_bytes(i));
+        out.bytes_ += b.shape.page_bytes(i);
       }
-      out.emplace_back(reinterpret_cast<Byte*>(addr), b.shape.page_bytes(i));
     }
+    return out;
   }
-  return out;
-}
+  uint64_t bytes() const { return bytes_; }
+
+  // The pages' bytes, readable on the host.
+  absl::StatusOr<std::vector<std::span<const std::byte>>> Read() {
+    if (device_ < 0) return std::vector<std::span<const std::byte>>(pages_.begin(), pages_.end());
+    if (auto st = kernels::SetDevice(device_); !st.ok()) return st;
+    staging_.resize(bytes_);
+    std::vector<std::span<const std::byte>> out;
+    size_t at = 0;
+    for (const auto& p : pages_) {
+      auto st = kernels::CopyToHost(staging_.data() + at, p.data(), p.size());
+      if (!st.ok()) return st;
+      out.emplace_back(staging_.data() + at, p.size());
+      at += p.size();
+    }
+    return out;
+  }
+  // Fills the pages with what `get` writes into host spans of their sizes.
+  absl::Status Write(
+      const std::function<absl::Status(std::span<const std::span<std::byte>>)>& get) {
+    if (device_ < 0) return get(pages_);
+    staging_.resize(bytes_);
+    std::vector<std::span<std::byte>> host;
+    size_t at = 0;
+    for (const auto& p : pages_) {
+      host.emplace_back(staging_.data() + at, p.size());
+      at += p.size();
+    }
+    if (auto st = get(host); !st.ok()) return st;
+    if (auto st = kernels::SetDevice(device_); !st.ok()) return st;
+    for (size_t i = 0; i < pages_.size(); ++i) {
+      auto st = kernels::CopyToDevice(pages_[i].data(), host[i].data(), host[i].size());
+      if (!st.ok()) return st;
+    }
+    return kernels::DeviceSynchronize();
+  }
+
+ private:
+  std::vector<std::span<std::byte>> pages_;
+  int device_ = -1;  // -1: host memory
+  uint64_t bytes_ = 0;
+  std::vector<std::byte> staging_;  // device pages' bytes on the host
+};
 
 // An offloaded session's own blocks written back into new pages: the same
 // shapes, the same bytes, the shared blocks it held in their places.
@@ -48,12 +98,16 @@ class RestoreRun : public StagedRun {
     return shapes;
   }
   absl::Status Address(const Session& s, const BlockPool& blocks) override {
-    auto spans = OwnPageSpans<std::byte>(blocks, s.tenant(), s.tables.staged);
-    if (!spans.ok()) return spans.status();
-    pages_ = *std::move(spans);
+    auto pages = OwnPages::Locate(blocks, s.tenant(), s.tables.staged);
+    if (!pages.ok()) return pages.status();
+    pages_ = *std::move(pages);
     return absl::OkStatus();
   }
-  absl::Status Copy(const Session& s) const override { return store_.Get(s.id, pages_); }
+  absl::Status Copy(const Session& s) const override {
+    return pages_.Write([&](std::span<const std::span<std::byte>> host) {
+      return store_.Get(s.id, host);
+    });
+  }
   std::vector<Block> Publish(Session& s) override {
     std::vector<Block> table = std::move(s.offloaded->blocks);
     size_t next = 0;
@@ -69,7 +123,7 @@ class RestoreRun : public StagedRun {
 
  private:
   OffloadStore& store_;
-  std::vector<std::span<std::byte>> pages_;
+  mutable OwnPages pages_;  // Copy stages device pages through its buffer
 };
 
 }  // namespace
@@ -121,14 +175,14 @@ uint32_t KvPool::OffloadIdle() {
 }
 
 absl::StatusOr<uint64_t> KvPool::OffloadLocked(Session& s) {
-  auto spans = OwnPageSpans<const std::byte>(blocks_, s.tenant(), s.tables.blocks);
-  if (!spans.ok()) return spans.status();
-  uint64_t bytes = 0;
-  for (const auto& p : *spans) bytes += p.size();
+  auto pages = OwnPages::Locate(blocks_, s.tenant(), s.tables.blocks);
+  if (!pages.ok()) return pages.status();
+  const uint64_t bytes = pages->bytes();
   s.busy = true;
   s.offloading = true;
   mu_.Unlock();
-  const absl::Status stored = options_.offload_store->Put(s.id, *spans);
+  auto read = pages->Read();
+  const absl::Status stored = read.ok() ? options_.offload_store->Put(s.id, *read) : read.status();
   mu_.Lock();
   s.offloading = false;
   if (s.doomed) {

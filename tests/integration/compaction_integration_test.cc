@@ -159,5 +159,38 @@ TEST(CompactionIntegrationTest, RequantizedPagesOfALowPriorityAgentHoldItsPatter
   EXPECT_EQ(daemon.Wait(), 0);
 }
 
+// An agent that goes idle between steps has its pages taken to the host
+// tier by the reaper and brought back by its next Sync: it reads every slot
+// of the restored pages against its pattern, and nothing is left behind.
+TEST(CompactionIntegrationTest, AnIdleAgentsPagesComeBackFromTheOffloadTierIntact) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "polykv-offload-", getpid());
+  mkdir(dir.c_str(), 0700);
+  const std::string socket = dir + "/d.sock";
+  // The reaper runs every lease / 4 (300 ms): an agent idle for 900 ms is
+  // offloaded once it has been idle 50 ms at a sweep.
+  Subprocess daemon({BinDir() + "/polykvd", "--socket", socket, "--metrics-address", "127.0.0.1:0",
+                     "--pool-bytes", "16MiB", "--arena-bytes", "4MiB", "--lease-ms", "1200",
+                     "--offload-host-bytes", "8MiB", "--offload-idle-ms", "50"});
+  auto admin = AdminClient::Connect(socket, 20000);
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  Subprocess agent({BinDir() + "/polykv-test-worker", "agent", "--socket", socket, "--tenant",
+                    "t", "--agent", "idler", "--tokens", "512", "--seed", "9", "--step", "32",
+                    "--idle-every", "4", "--idle-ms", "900"});
+  const std::string out = agent.ReadLine(120000);
+  EXPECT_EQ(agent.Wait(), 0) << out;
+  EXPECT_EQ(Field(out, "ok"), "true") << out;
+  EXPECT_EQ(Field(out, "idles"), "3") << out;
+  auto stats = (*admin)->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  const std::string& address = stats->metrics_address();
+  const std::string page = HttpGet(std::stoi(address.substr(address.rfind(':') + 1)), "/metrics");
+  EXPECT_GE(Sample(page, "polykv_offload_total{result=\"offloaded\"}"), 1) << page;
+  EXPECT_GE(Sample(page, "polykv_offload_total{result=\"restored\"}"), 1) << page;
+  EXPECT_EQ(Sample(page, "polykv_offload_total{result=\"lost\"}"), 0) << page;
+  EXPECT_EQ(stats->pool().used_bytes(), 0u) << "pages leaked";
+  daemon.Signal(SIGTERM);
+  EXPECT_EQ(daemon.Wait(), 0);
+}
+
 }  // namespace
 }  // namespace polykv

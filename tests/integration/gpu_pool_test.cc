@@ -5,7 +5,8 @@
 // with SIGKILL while it holds a mapping leaves the pool empty and exact; the
 // legacy IPC export still maps; the daemon compacts and merges a session's
 // pages in device memory with the CUDA kernels (QoS set through the Admin
-// API) and the worker finds every slot holding its position's values.
+// API) and the worker finds every slot holding its position's values; an
+// idle agent's device pages go to the offload tier and come back intact.
 // scripts/gpu-check.sh runs these on a GPU.
 #include <signal.h>
 
@@ -105,6 +106,30 @@ TEST_F(GpuPoolTest, TheDaemonCompactsAndMergesPagesInDeviceMemory) {
   }
   const std::string page = daemon_->Metrics();
   EXPECT_LE(Sample(page, "polykv_ladder_steps_total{step=\"compaction_failed\"}"), 0) << page;
+  EXPECT_EQ(WaitForPoolEmptyAndExact(*daemon_), "");
+}
+
+// An idle agent's device pages go to the host tier (through a host copy)
+// and come back into new device pages at its next Sync, every slot holding
+// its position's pattern.
+TEST_F(GpuPoolTest, AnIdleAgentsDevicePagesComeBackFromTheOffloadTier) {
+  options_.lease_ms = 1200;  // the reaper sweeps every 300 ms
+  options_.socket = MakeTempDir("polykv-gpu-offload") + "/d.sock";
+  options_.extra_args = {"--tier", "cuda", "--offload-host-bytes", "8MiB",
+                         "--offload-idle-ms", "50"};
+  auto d = DaemonProcess::Start(options_);
+  ASSERT_TRUE(d.ok()) << d.status();
+  daemon_ = *std::move(d);
+  Subprocess agent(TestWorker(options_.socket, "agent", "gpu-tenant", "idler", 512, 9,
+                              {"--step", "32", "--idle-every", "4", "--idle-ms", "900",
+                               "--device", "1"}));
+  const std::string out = agent.ReadLine(120000);
+  EXPECT_EQ(agent.Wait(), 0) << out;
+  EXPECT_EQ(Field(out, "ok"), "true") << out;
+  EXPECT_EQ(Field(out, "idles"), "3") << out;
+  const std::string page = daemon_->Metrics();
+  EXPECT_GE(Sample(page, "polykv_offload_total{result=\"restored\"}"), 1) << page;
+  EXPECT_EQ(Sample(page, "polykv_offload_total{result=\"lost\"}"), 0) << page;
   EXPECT_EQ(WaitForPoolEmptyAndExact(*daemon_), "");
 }
 

@@ -29,6 +29,10 @@
 //         slot holds the pattern of the position the daemon says it holds),
 //         Reserve (retrying pressure refusals), write, Commit, ReportSlots.
 //         Adds "epoch", "compactions", "max_committed", "refusals" to the line.
+//         With --idle-every J --idle-ms M it says Idle after every J-th step
+//         and waits M ms (a daemon with an offload tier may take its pages
+//         meanwhile; the next Sync brings them back, checked as above); adds
+//         "idles".
 //         With --barrier DIR --barrier-count N it opens its session, then
 //         waits until N agents have (files in DIR) before writing, so that
 //         all agents hold pages at once however slowly they start.
@@ -411,11 +415,13 @@ int RunAgent(const std::map<std::string, std::string>& f) {
   const uint64_t total = Num(f, "--tokens", 1024);
   const uint64_t step = Num(f, "--step", 16);
   const uint64_t budget = Num(f, "--budget", 0);
+  const uint64_t idle_every = Num(f, "--idle-every", 0), idle_ms = Num(f, "--idle-ms", 0);
   const int bt = static_cast<int>(s.info().block_tokens);
   std::vector<int64_t> positions;  // [committed] position held by each slot
   float lossy[2] = {0, 0};         // [kv] tolerance since a K / V page was stored lossily
   std::vector<polykv::Block> table;  // the tables this worker reads
-  uint64_t committed = 0, epoch = 0, compactions = 0, max_committed = 0, refusals = 0;
+  uint64_t committed = 0, epoch = 0, compactions = 0, max_committed = 0, refusals = 0, steps = 0;
+  uint64_t idles = 0;
   std::mt19937 rng(static_cast<uint32_t>(seed));
   HostPages writes;
   auto elem = [&](const polykv::Page& p, int t, int h, int d) -> absl::StatusOr<float*> {
@@ -426,7 +432,7 @@ int RunAgent(const std::map<std::string, std::string>& f) {
   auto stats = [&] {
     return absl::StrCat(",\"session_id\":", s.info().session_id, ",\"epoch\":", epoch,
                         ",\"compactions\":", compactions, ",\"max_committed\":", max_committed,
-                        ",\"refusals\":", refusals);
+                        ",\"refusals\":", refusals, ",\"idles\":", idles);
   };
   for (int64_t next_pos = 0; uint64_t(next_pos) < total;) {
     // Step boundary: adopt a newer table, then check every slot we may read.
@@ -525,6 +531,11 @@ int RunAgent(const std::map<std::string, std::string>& f) {
     committed += n;
     max_committed = std::max(max_committed, committed);
     next_pos += int64_t(n);
+    if (idle_every > 0 && ++steps % idle_every == 0 && uint64_t(next_pos) < total) {
+      if (auto st = s.Idle(); !st.ok()) return Report(st, stats());
+      ++idles;
+      usleep(static_cast<useconds_t>(idle_ms * 1000));
+    }
   }
   return Report(s.Close(), stats());
 }

@@ -169,17 +169,29 @@ TEST(PagedKvStoreCountsTest, BadCountsAreRefused) {
   }
 }
 
+// Three steps of the layer tests: a context of kHeld tokens, one decode
+// token, a chunk of 3.
+constexpr int kHeld = 40;  // blocks 0 and 1 full, 8 rows of block 2
+struct LayerSteps {
+  explicit LayerSteps(std::mt19937& rng)
+      : context(RandomRows(kHeld, rng)),
+        decode(RandomRows(1, rng)),
+        chunk(RandomRows(3, rng)),
+        q_context(RandomQ(kHeld, rng)),
+        q_decode(RandomQ(1, rng)),
+        q_chunk(RandomQ(3, rng)) {}
+  Rows context, decode, chunk;
+  std::vector<float> q_context, q_decode, q_chunk;
+};
+
 // A layer may start at a later block than the others (a table whose layers
 // hold different numbers of slots, the newest ones): it attends exactly as a
 // store holding only its slots, the other layers as before, and a table
 // where a layer lacks the block being filled is refused.
 TEST(PagedKvStoreLayersTest, ALayerThatStartsLaterAttendsOnlyToItsNewestSlots) {
   std::mt19937 rng(Seed());
-  constexpr int kHeld = 40;  // blocks 0 and 1 full, 8 rows of block 2
-  const Rows context = RandomRows(kHeld, rng), decode = RandomRows(1, rng);
-  const Rows chunk = RandomRows(3, rng);
-  const std::vector<float> q_context = RandomQ(kHeld, rng), q_decode = RandomQ(1, rng);
-  const std::vector<float> q_chunk = RandomQ(3, rng);
+  const LayerSteps steps(rng);
+  const auto& [context, decode, chunk, q_context, q_decode, q_chunk] = steps;
   const size_t per_token = size_t(kQHeads) * kHeadDim;
   auto layer_out = [&](const std::vector<float>& out, int layer, int n) {
     const auto* first = out.data() + layer * n * per_token;
@@ -230,11 +242,8 @@ TEST(PagedKvStoreLayersTest, ALayerThatStartsLaterAttendsOnlyToItsNewestSlots) {
 // lands on those slots.
 TEST(PagedKvStoreLayersTest, ALayerWithAHoleAttendsToTheSlotsAroundIt) {
   std::mt19937 rng(Seed());
-  constexpr int kHeld = 40;  // blocks 0 and 1 full, 8 rows of block 2
-  const Rows context = RandomRows(kHeld, rng), decode = RandomRows(1, rng);
-  const Rows chunk = RandomRows(3, rng);
-  const std::vector<float> q_context = RandomQ(kHeld, rng), q_decode = RandomQ(1, rng);
-  const std::vector<float> q_chunk = RandomQ(3, rng);
+  const LayerSteps steps(rng);
+  const auto& [context, decode, chunk, q_context, q_decode, q_chunk] = steps;
 
   Store apart = NewStore();  // both layers without block 1
   Step(apart.store.get(), context, q_context, 0);
