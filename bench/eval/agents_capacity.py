@@ -41,6 +41,9 @@ start together, or agent i --stagger-s * i seconds after agent 0:
 Attach speed: in `shared`, the attaching agents' attach_ms (the worker's turn
 JSON) against what prefilling those tokens cost agent 0 alone in the same run
 (its time to commit the shared prompt, probes included: the product path).
+--system-pad-tokens N lengthens every agent's system prompt by about N tokens
+of this repository's source (the same text for all), for a longer shared
+prefix.
 
 Writes OUT/<mode>.json per mode (--resume skips modes already written) and
 OUT/summary.json; prints the summary. Stdlib only (with bench/eval's live.py
@@ -68,6 +71,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.join(HERE, "workloads"))
 
 import live  # noqa: E402
+import offload_restore  # noqa: E402
 import score  # noqa: E402
 
 MODES = ("reference", "independent", "shared", "paced", "paced-small", "paced-offload")
@@ -84,6 +88,20 @@ def generate(tasks_dir: str, agents: int, seed: int) -> list[str]:
                     "--families", "multiagent", "--per-family", str(agents), "--split", "test",
                     "--seed", str(seed)], check=True, stdout=subprocess.DEVNULL)
     return live.list_tasks(tasks_dir)
+
+
+def pad_system_prompts(tasks: list[str], tokens: int) -> None:
+    """Appends about `tokens` tokens of source text to each task's first
+    (system) message, the same text for every task."""
+    pad = "\n\n# Repository source, for reference\n" + offload_restore.source_text(tokens)
+    for path in tasks:
+        with open(path) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        if lines[0].get("role") != "system" or pad in lines[0]["content"]:
+            continue
+        lines[0]["content"] += pad
+        with open(path, "w") as f:
+            f.writelines(json.dumps(line) + "\n" for line in lines)
 
 
 def ctl_json(bins: live.Bins, socket: str, *args: str) -> dict:
@@ -307,6 +325,8 @@ def main(argv=None) -> int:
     ap.add_argument("--static-tokens", type=int, default=8192,
                     help="tokens of the static f16 baseline's cache per agent (default 8192)")
     ap.add_argument("--seed", type=int, default=1, help="gen.py seed (default 1)")
+    ap.add_argument("--system-pad-tokens", type=int, default=0,
+                    help="lengthen every system prompt by about this many tokens (default 0)")
     ap.add_argument("--bin-dir", default=os.path.join(HERE, "..", "..", "build", "bin"))
     ap.add_argument("--resume", action="store_true", help="keep modes already in --out")
     args = ap.parse_args(argv)
@@ -319,6 +339,8 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     tasks_dir = os.path.join(args.out, "tasks")
     tasks = generate(tasks_dir, args.agents, args.seed)[: args.agents]
+    if args.system_pad_tokens > 0:
+        pad_system_prompts(tasks, args.system_pad_tokens)
     count = live.count_tokens(bins, args.model, tasks[0])
     geometry = count[0]
     # The shared system prompt: the position of the second message.

@@ -50,8 +50,8 @@ def log(msg: str) -> None:
     print(f"[offload-restore {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def long_message(tokens: int) -> str:
-    """Source text of about `tokens` tokens, on one line (chat reads lines)."""
+def source_text(tokens: int) -> str:
+    """Source text of this repository, about `tokens` tokens, on one line."""
     want = int(tokens * CHARS_PER_TOKEN)
     parts = []
     for path in sorted(glob.glob(os.path.join(ROOT, "daemon", "pool", "*.cc"))):
@@ -59,7 +59,12 @@ def long_message(tokens: int) -> str:
             parts.append(" ".join(f.read().split()))
         if sum(map(len, parts)) >= want:
             break
-    return "Summarize this code in one word: " + " ".join(parts)[:want]
+    return " ".join(parts)[:want]
+
+
+def long_message(tokens: int) -> str:
+    """A message of about `tokens` tokens, on one line (chat reads lines)."""
+    return "Summarize this code in one word: " + source_text(tokens)
 
 
 class Chat:
