@@ -56,8 +56,8 @@ U8Array PageArray(Session& s, nb::handle owner, size_t block, size_t page) {
   const Page& p = blocks[block].pages[page];
   if (p.addr == nullptr) {
     throw StatusError(absl::FailedPreconditionError(absl::StrCat(
-        "page (", block, ", ", page, ") is not mapped here (an empty entry of a layer that ",
-        "holds none of the oldest blocks, or a device arena)")));
+        "page (", block, ", ", page, ") is not mapped here (an empty entry, in the hole of a ",
+        "layer with a budget of its own, or a page in a device arena)")));
   }
   const size_t shape[1] = {p.size_bytes};
   return U8Array(static_cast<uint8_t*>(p.addr), 1, shape, owner);
