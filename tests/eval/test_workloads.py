@@ -241,6 +241,61 @@ class GeneratedSetTest(unittest.TestCase):
             self.assertTrue(1300 <= prefix_tokens <= 1500, prefix_tokens)
 
 
+class LongAgentTest(unittest.TestCase):
+    """The agent-length family: its own sizes, the detail in the first phase
+    only, hand-offs between the detail and the question."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="polykv-gen-long-")
+        cls.manifest = generate(cls.tmp, families="longagent", per_family=8, split="test")
+        cls.tasks = {e["task_id"]: (e, load(cls.tmp, e)) for e in cls.manifest}
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    def test_sizes_are_agent_length_whatever_the_short_range(self):
+        import longagent
+        sizes = [e["approx_tokens"] for e in self.manifest]
+        self.assertEqual(len(sizes), 8)
+        for n in sizes:
+            self.assertGreaterEqual(n, longagent.LONG_MIN_TOKENS * 0.95)
+            self.assertLessEqual(n, longagent.LONG_MAX_TOKENS)
+        self.assertGreater(max(sizes) - min(sizes), 2000)
+
+    def test_the_detail_is_only_before_the_first_hand_off(self):
+        for tid, (e, lines) in self.tasks.items():
+            ev = lines[-1]["eval"]
+            self.assertIn(ev["kind"], ("recall", "tools"), tid)
+            handoffs = [i for i, m in enumerate(lines) if m.get("intent") ==
+                        "user: hands the session over"]
+            self.assertEqual(len(handoffs), ev["handoffs"], tid)
+            self.assertGreaterEqual(len(handoffs), 2, tid)
+            hits = [i for i, m in enumerate(lines[:-2])
+                    if any(a.lower() in m["content"].lower() for a in ev["answers"] if a)]
+            self.assertTrue(hits, tid)
+            self.assertLess(max(hits), handoffs[0], tid)
+            after = sum(common.est_tokens(m["content"]) for m in lines[handoffs[0]:-1])
+            self.assertGreater(after, 3000, tid)
+
+    def test_reference_answers_score_as_success_and_files_are_deterministic(self):
+        for tid, (e, lines) in self.tasks.items():
+            ev = lines[-1]["eval"]
+            self.assertTrue(score.score(ev, ev["answers"][0])["success"], tid)
+            self.assertFalse(score.score(ev, lines[-1]["answer_prefix"] + " no idea")["success"])
+        again = os.path.join(self.tmp, "again")
+        generate(again, families="longagent", per_family=8, split="test")
+        for e in self.manifest:
+            self.assertTrue(same_bytes(self.tmp, again, e["file"]), e["file"])
+
+    def test_not_generated_unless_named(self):
+        m = generate(os.path.join(self.tmp, "default"), families=",".join(gen.DEFAULT_FAMILIES[:1]))
+        self.assertNotIn("longagent", {e["family"] for e in m})
+        self.assertNotIn("longagent", gen.DEFAULT_FAMILIES)
+        self.assertIn("longagent", gen.FAMILIES)
+
+
 class CliTest(unittest.TestCase):
     def test_help(self):
         with contextlib.redirect_stdout(io.StringIO()) as out, self.assertRaises(SystemExit) as cm:

@@ -128,6 +128,8 @@ class Task:
     # ("The order number of Alice Park is"): a small model then continues
     # with a copy instead of a paraphrase. Never contains the answer.
     answer_prefix: str = ""
+    # The window the task must fit (its tokens plus the reply).
+    cap_tokens: int = HARD_CAP_TOKENS
 
     @property
     def approx_tokens(self) -> int:
@@ -149,10 +151,10 @@ class Task:
         msgs = self.conv.messages
         if len(msgs) < 2 or msgs[-1]["role"] != "user":
             raise AssertionError(f"{self.task_id}: the last message must be the user question")
-        if self.approx_tokens + self.max_new_tokens > HARD_CAP_TOKENS:
+        if self.approx_tokens + self.max_new_tokens > self.cap_tokens:
             raise AssertionError(
                 f"{self.task_id}: {self.approx_tokens} + {self.max_new_tokens} tokens exceeds "
-                f"{HARD_CAP_TOKENS}")
+                f"{self.cap_tokens}")
         for a in self.eval.get("answers", []):
             if a and a.lower() in self.intent.lower():
                 raise AssertionError(f"{self.task_id}: the intent leaks the answer")

