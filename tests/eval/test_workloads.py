@@ -276,6 +276,8 @@ class LongAgentTest(unittest.TestCase):
                     if any(a.lower() in m["content"].lower() for a in ev["answers"] if a)]
             self.assertTrue(hits, tid)
             self.assertLess(max(hits), handoffs[0], tid)
+            if ev["kind"] == "tools":  # the agent's note repeats what it found
+                self.assertIn("assistant", {lines[i]["role"] for i in hits}, tid)
             after = sum(common.est_tokens(m["content"]) for m in lines[handoffs[0]:-1])
             self.assertGreater(after, 3000, tid)
 
