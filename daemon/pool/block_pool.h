@@ -31,8 +31,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/memory/arena.h"
 #include "daemon/compaction/layer_hole.h"
+#include "daemon/memory/arena.h"
 #include "daemon/memory/process_ref.h"
 #include "daemon/pool/block.h"
 #include "daemon/pool/page_allocator.h"

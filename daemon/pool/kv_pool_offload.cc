@@ -46,28 +46,18 @@ class OwnPages {
   absl::StatusOr<std::vector<std::span<const std::byte>>> Read() {
     if (device_ < 0) return std::vector<std::span<const std::byte>>(pages_.begin(), pages_.end());
     if (auto st = kernels::SetDevice(device_); !st.ok()) return st;
-    staging_.resize(bytes_);
-    std::vector<std::span<const std::byte>> out;
-    size_t at = 0;
-    for (const auto& p : pages_) {
-      auto st = kernels::CopyToHost(staging_.data() + at, p.data(), p.size());
+    const std::vector<std::span<std::byte>> host = Staging();
+    for (size_t i = 0; i < pages_.size(); ++i) {
+      auto st = kernels::CopyToHost(host[i].data(), pages_[i].data(), host[i].size());
       if (!st.ok()) return st;
-      out.emplace_back(staging_.data() + at, p.size());
-      at += p.size();
     }
-    return out;
+    return std::vector<std::span<const std::byte>>(host.begin(), host.end());
   }
   // Fills the pages with what `get` writes into host spans of their sizes.
   absl::Status Write(
       const std::function<absl::Status(std::span<const std::span<std::byte>>)>& get) {
     if (device_ < 0) return get(pages_);
-    staging_.resize(bytes_);
-    std::vector<std::span<std::byte>> host;
-    size_t at = 0;
-    for (const auto& p : pages_) {
-      host.emplace_back(staging_.data() + at, p.size());
-      at += p.size();
-    }
+    const std::vector<std::span<std::byte>> host = Staging();
     if (auto st = get(host); !st.ok()) return st;
     if (auto st = kernels::SetDevice(device_); !st.ok()) return st;
     for (size_t i = 0; i < pages_.size(); ++i) {
@@ -78,6 +68,18 @@ class OwnPages {
   }
 
  private:
+  // One host span per page, of its size, in staging_.
+  std::vector<std::span<std::byte>> Staging() {
+    staging_.resize(bytes_);
+    std::vector<std::span<std::byte>> host;
+    size_t at = 0;
+    for (const auto& p : pages_) {
+      host.emplace_back(staging_.data() + at, p.size());
+      at += p.size();
+    }
+    return host;
+  }
+
   std::vector<std::span<std::byte>> pages_;
   int device_ = -1;  // -1: host memory
   uint64_t bytes_ = 0;
