@@ -490,8 +490,12 @@ Json DriftSection(const Options& o) {
   const std::vector<int> checkpoints = {0, 1, 4, 16, 64};
   const int rounds = checkpoints.back(), T0 = kept + rounds * s.block_tokens;
   const size_t row = size_t(s.num_kv_heads) * s.head_dim;
+  // K int8 / V int4 is the shipped default; the f16 rows tell keys' drift from values'.
   const std::pair<PageFormat, PageFormat> formats[] = {{PageFormat::kInt4, PageFormat::kInt4},
-                                                       {PageFormat::kInt8, PageFormat::kInt4}};
+                                                       {PageFormat::kInt8, PageFormat::kInt4},
+                                                       {PageFormat::kInt8, PageFormat::kF16},
+                                                       {PageFormat::kInt4, PageFormat::kF16},
+                                                       {PageFormat::kF16, PageFormat::kInt4}};
   Json js = {{"shape", ShapeJson(s)},
              {"num_q_heads", Hq},
              {"tokens_after", kept},
