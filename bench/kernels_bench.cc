@@ -244,10 +244,44 @@ std::vector<float> PerTokenFakeQuant(const std::vector<float>& k, const PageShap
   return out;
 }
 
+// Per-token keys over standardized channels: each channel's mean subtracted
+// and the result divided by its largest |k - mean|, both fixed per (head,
+// channel) for the whole sequence (taken over the first kNormTokens tokens,
+// as a worker would know them after its first prefill chunk, in f16), then
+// quantized per token and mapped back. Params that travel with the token plus
+// one pair per channel and session: a key format compaction could move
+// without re-quantizing (docs/results/2026-12-07-key-drift).
+constexpr int kNormTokens = 128;
+std::vector<float> StandardizedPerTokenFakeQuant(const std::vector<float>& k, const PageShape& s,
+                                               int T, PageFormat f, int threads) {
+  const int H = s.num_kv_heads, D = s.head_dim;
+  const size_t row = size_t(H) * D;
+  const int nt = std::min(T, kNormTokens);
+  std::vector<float> mean(row, 0.0f), norm(row, 0.0f);
+  for (int t = 0; t < nt; ++t) {
+    for (size_t c = 0; c < row; ++c) mean[c] += k[t * row + c] / nt;
+  }
+  for (float& m : mean) m = kernels::F16ToF32(kernels::F32ToF16(m));
+  for (int t = 0; t < nt; ++t) {
+    for (size_t c = 0; c < row; ++c) {
+      norm[c] = std::max(norm[c], std::fabs(k[t * row + c] - mean[c]));
+    }
+  }
+  for (float& n : norm) n = n > 0.0f ? kernels::F16ToF32(kernels::F32ToF16(n)) : 1.0f;
+  std::vector<float> scaled(k.size());
+  for (size_t i = 0; i < k.size(); ++i) scaled[i] = (k[i] - mean[i % row]) / norm[i % row];
+  std::vector<float> out = PerTokenFakeQuant(scaled, s, T, f, threads);
+  const int full = T / s.block_tokens * s.block_tokens;
+  for (size_t i = 0; i < size_t(full) * row; ++i) out[i] = out[i] * norm[i % row] + mean[i % row];
+  for (size_t i = size_t(full) * row; i < k.size(); ++i) out[i] = k[i];
+  return out;
+}
+
 // Relative L2 error with V in f16 and K either in `f` (per channel, the page
-// format) or per-token fake-quantized with `f`: the KIVI question.
+// format), per-token fake-quantized with `f` (the KIVI question), or per token
+// over standardized channels.
 struct KeyAblation {
-  double per_channel = 0, per_token = 0;
+  double per_channel = 0, per_token = 0, per_token_standardized = 0;
 };
 
 void AddKeyAblation(const PageShape& s, const std::vector<float>& k, const std::vector<float>& v,
@@ -267,6 +301,12 @@ void AddKeyAblation(const PageShape& s, const std::vector<float>& k, const std::
                                         nullptr),
           "decode");
     (*acc)[int(f)].per_token += weight * RelL2(got, want);
+    const std::vector<float> kn = StandardizedPerTokenFakeQuant(k, s, T, f, threads);
+    const Paged pn = BuildPaged(s, kn, v, T, PageFormat::kF32, PageFormat::kF16, true, threads, rng);
+    Check(kernels::PagedDecodeAttention(exec, pn.view, AttentionParams{Hq}, q, got.data(), nullptr,
+                                        nullptr),
+          "decode");
+    (*acc)[int(f)].per_token_standardized += weight * RelL2(got, want);
   }
 }
 
@@ -274,9 +314,13 @@ Json AblationJson(const std::map<int, KeyAblation>& acc, const char* label) {
   Json j = Json::object();
   for (const auto& [f, a] : acc) {
     j[Name(PageFormat(f))] = {{"per_channel", RoundError(a.per_channel)},
-                              {"per_token", RoundError(a.per_token)}};
-    std::fprintf(stderr, "key layout (%s, V f16) K %-5s per-channel %.5f  per-token %.5f\n", label,
-                 Name(PageFormat(f)).c_str(), a.per_channel, a.per_token);
+                              {"per_token", RoundError(a.per_token)},
+                              {"per_token_standardized", RoundError(a.per_token_standardized)}};
+    std::fprintf(stderr,
+                 "key layout (%s, V f16) K %-5s per-channel %.5f  per-token %.5f  "
+                 "per-token standardized %.5f\n",
+                 label, Name(PageFormat(f)).c_str(), a.per_channel, a.per_token,
+                 a.per_token_standardized);
   }
   return j;
 }
