@@ -289,24 +289,20 @@ void AddKeyAblation(const PageShape& s, const std::vector<float>& k, const std::
                     std::mt19937& rng, std::map<int, KeyAblation>* acc, double weight) {
   const Exec exec{Backend::kCpu, threads};
   std::vector<float> got(want.size());
+  // The error of decode attention over keys `keys` stored in `kf`, V in f16.
+  const auto error = [&](const std::vector<float>& keys, PageFormat kf) {
+    const Paged p = BuildPaged(s, keys, v, T, kf, PageFormat::kF16, true, threads, rng);
+    Check(kernels::PagedDecodeAttention(exec, p.view, AttentionParams{Hq}, q, got.data(), nullptr,
+                                        nullptr),
+          "decode");
+    return weight * RelL2(got, want);
+  };
   for (PageFormat f : {PageFormat::kInt8, PageFormat::kInt4, PageFormat::kInt2}) {
-    const Paged pc = BuildPaged(s, k, v, T, f, PageFormat::kF16, true, threads, rng);
-    Check(kernels::PagedDecodeAttention(exec, pc.view, AttentionParams{Hq}, q, got.data(), nullptr,
-                                        nullptr),
-          "decode");
-    (*acc)[int(f)].per_channel += weight * RelL2(got, want);
-    const std::vector<float> kt = PerTokenFakeQuant(k, s, T, f, threads);
-    const Paged pt = BuildPaged(s, kt, v, T, PageFormat::kF32, PageFormat::kF16, true, threads, rng);
-    Check(kernels::PagedDecodeAttention(exec, pt.view, AttentionParams{Hq}, q, got.data(), nullptr,
-                                        nullptr),
-          "decode");
-    (*acc)[int(f)].per_token += weight * RelL2(got, want);
-    const std::vector<float> kn = StandardizedPerTokenFakeQuant(k, s, T, f, threads);
-    const Paged pn = BuildPaged(s, kn, v, T, PageFormat::kF32, PageFormat::kF16, true, threads, rng);
-    Check(kernels::PagedDecodeAttention(exec, pn.view, AttentionParams{Hq}, q, got.data(), nullptr,
-                                        nullptr),
-          "decode");
-    (*acc)[int(f)].per_token_standardized += weight * RelL2(got, want);
+    KeyAblation& a = (*acc)[int(f)];
+    a.per_channel += error(k, f);
+    a.per_token += error(PerTokenFakeQuant(k, s, T, f, threads), PageFormat::kF32);
+    a.per_token_standardized +=
+        error(StandardizedPerTokenFakeQuant(k, s, T, f, threads), PageFormat::kF32);
   }
 }
 
