@@ -21,16 +21,6 @@
 namespace polykv::kernels::cpu {
 namespace {
 
-// fp8-e4m3 code -> f32, shared by both instruction-set copies.
-const float* Fp8Lut() {
-  static const std::vector<float> lut = [] {
-    std::vector<float> t(256);
-    for (int i = 0; i < 256; ++i) t[i] = Fp8E4M3ToF32(uint8_t(i));
-    return t;
-  }();
-  return lut.data();
-}
-
 namespace baseline {
 #include "kernels/cpu/cpu_kernels.inc"
 }  // namespace baseline

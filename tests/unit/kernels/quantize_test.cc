@@ -250,6 +250,33 @@ TEST(WritePageRowsTest, AppendingRowsEqualsEncodingThemTogether) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Every fp8 code, keys and values, scaled by params of both signs of
+// exponent: the fast copies decode the reference's bits (NaN and -0 too).
+TEST(Fp8DecodeTest, EveryCodeDecodesToTheReferenceBits) {
+  const PageShape s{16, 1, 64};
+  const PageGeom g = GeomOf(s);
+  const PageFormat f = PageFormat::kFP8E4M3;
+  for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+    std::vector<uint8_t> page(PageBytes(f, kind, s));
+    for (size_t i = 0; i < g.Elems(); ++i) page[i] = uint8_t(i % 256);
+    uint16_t* params = reinterpret_cast<uint16_t*>(page.data() + g.DataBytes(f));
+    for (size_t p = 0; p < g.NumParams(f, kind); ++p) {
+      params[2 * p] = p % 2 ? 0x4100 : 0x2e66;  // 2.5, ~0.1
+      params[2 * p + 1] = 0;
+    }
+    std::vector<float> want(g.Elems()), got(g.Elems());
+    ASSERT_TRUE(DequantizePage(Exec{Backend::kReference}, s, kind, f, page.data(), 16, want.data())
+                    .ok());
+    for (bool baseline : {false, true}) {
+      cpu::ForceBaselineForTesting(baseline);
+      ASSERT_TRUE(DequantizePage(Exec{Backend::kCpu}, s, kind, f, page.data(), 16, got.data()).ok());
+      EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+          << (kind == KvKind::kKey ? "K" : "V") << " baseline=" << baseline;
+    }
+    cpu::ForceBaselineForTesting(false);
+  }
+}
+
 TEST(QuantizeValidationTest, RejectsBadArguments) {
   std::vector<float> src(16 * 64);
   std::vector<uint8_t> page(PageBytes(PageFormat::kInt4, KvKind::kValue, {16, 1, 64}));
