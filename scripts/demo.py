@@ -45,6 +45,7 @@ import score  # noqa: E402  (each task's own check)
 FAMILIES = {"recall": "team-a", "tools": "team-a", "coding": "team-b", "multiagent": "team-b"}
 SEED = 11
 MIB = 1 << 20
+RESERVE_RETRY_MS = 600_000  # an agent the full pool refuses waits this long (worker_cmd)
 
 
 def log(msg: str) -> None:
@@ -114,11 +115,15 @@ def make_tasks(out: str, per_family: int) -> list[dict]:
 
 def worker_cmd(bins: str, model: str, daemon: Daemon, task: str, tenant: str, agent: str):
     # The evaluation's live flags (bench/eval/live.py run_worker): the formats
-    # and page size are the agent's QoS, not the worker's choice.
+    # and page size are the agent's QoS, not the worker's choice. An agent the
+    # full pool refuses waits for the others to compact or finish; on a busy
+    # machine they take longer than the worker's default 30 s, so the demo
+    # waits up to RESERVE_RETRY_MS rather than fail an agent that would fit.
     return [os.path.join(bins, "polykv-worker"), "run", task, "--daemon", daemon.socket,
             "--tenant", tenant, "--agent", agent, "--block-tokens", "0",
             "--threads", "1", "--max-new-tokens", str(live.DEFAULT_MAX_NEW_TOKENS),
-            "--prefill-chunk", str(live.PREFILL_CHUNK), "--model", model, "--summary"]
+            "--prefill-chunk", str(live.PREFILL_CHUNK), "--model", model, "--summary",
+            "--reserve-retry-ms", str(RESERVE_RETRY_MS)]
 
 
 def mib(b: int) -> str:
