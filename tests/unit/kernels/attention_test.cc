@@ -297,13 +297,13 @@ TEST(PagedPrefillAttentionTest, ChunkIsCausalAndMatchesDecodeAndDense) {
 // reduces its own rows) and on three (slot ranges split where there are
 // fewer tiles than work items). Returns the CPU's mass.
 std::vector<float> ExpectPrefillMassFromDecodes(MassReduce reduce, int T, int num_new,
-                                                uint32_t seed) {
+                                                uint32_t seed, int bt = 16) {
   std::mt19937 rng(testing::TestSeed(seed));
-  const PageShape shape{16, 3, 64};
+  const PageShape shape{bt, 3, 64};
   const int Hq = 9;
   const Data d = MakeData(shape, Hq, T, num_new, true, rng);
-  const testing::PagedKv kv =
-      testing::BuildPaged(shape, d.k, d.v, T, FullPagesIn(PageFormat::kInt4, PageFormat::kInt8, T, 16));
+  const testing::PagedKv kv = testing::BuildPaged(
+      shape, d.k, d.v, T, FullPagesIn(PageFormat::kInt4, PageFormat::kInt8, T, bt));
   AttentionParams p{Hq};
   p.mass_reduce = reduce;
   const bool most = reduce == MassReduce::kMax;
@@ -321,7 +321,7 @@ std::vector<float> ExpectPrefillMassFromDecodes(MassReduce reduce, int T, int nu
   for (int i = 0; i < num_new; ++i) {
     PagedKvView view = kv.View();
     view.num_tokens = T - num_new + i + 1;
-    view.num_blocks = (view.num_tokens + 15) / 16;
+    view.num_blocks = (view.num_tokens + bt - 1) / bt;
     std::vector<float> o(Hq * 64), mass(3 * view.num_tokens), sum(3 * view.num_tokens);
     const float* qi = d.q.data() + size_t(i) * Hq * 64;
     EXPECT_TRUE(PagedDecodeAttention(Exec{Backend::kCpu}, view, p, qi, o.data(), nullptr,
@@ -355,6 +355,13 @@ TEST(PagedPrefillAttentionTest, MassIsTheSumOfEachQuerysDecodeMass) {
     for (int s = 0; s < T; ++s) sum += mass[size_t(h) * T + s];
     EXPECT_NEAR(sum, 3.0 * num_new, 1e-3) << "kv head " << h << ": group size x queries";
   }
+}
+
+// Pages of 24 tokens: a tile's 16-lane stores of numerators reach past its
+// page (into the next, which the same query writes after, or unseen slots).
+TEST(PagedPrefillAttentionTest, MassOnPagesOfNoWholeLaneGroups) {
+  ExpectPrefillMassFromDecodes(MassReduce::kMax, 24 * 4 + 5, 33, 79, 24);
+  ExpectPrefillMassFromDecodes(MassReduce::kSum, 24 * 4 + 5, 33, 80, 24);
 }
 
 TEST(PagedPrefillAttentionTest, MaxMassIsTheMostOfEachQuerysDecodeMass) {
