@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -277,16 +278,90 @@ std::vector<float> StandardizedPerTokenFakeQuant(const std::vector<float>& k, co
   return out;
 }
 
+// Product-quantized keys (PolyKV's design; [fidelity-2] scope 2): each head's
+// D channels cut into D/m subspaces of m channels, and per (head, subspace) a
+// codebook of 256 centroids in f16, trained by k-means on the first `train`
+// tokens and then fixed for the session: a key is one byte per m channels, 8/m
+// bits an element, and compaction could move it without re-encoding. Returns
+// every token's key as the codebook gives it back. The codebooks cost
+// 256 x 16 bits per channel and session: 4096 / T bits an element over T
+// tokens, on top of the codes.
+constexpr int kPqCentroids = 256;
+constexpr int kPqIterations = 12;
+std::vector<float> PqFakeQuant(const std::vector<float>& k, const PageShape& s, int T, int m,
+                               int train) {
+  const int H = s.num_kv_heads, D = s.head_dim;
+  const int n = std::min(T, train), kc = std::min(kPqCentroids, n);
+  std::vector<float> out(k.size());
+  std::vector<float> c(size_t(kc) * m), sum(size_t(kc) * m);
+  std::vector<int> count(kc), assign(n);
+  for (int h = 0; h < H; ++h) {
+    for (int sub = 0; sub < D / m; ++sub) {
+      const auto at = [&](int t) { return &k[(size_t(t) * H + h) * D + size_t(sub) * m]; };
+      const auto nearest = [&](const float* x) {
+        int best = 0;
+        float best_d = std::numeric_limits<float>::infinity();
+        for (int i = 0; i < kc; ++i) {
+          float d = 0;
+          for (int j = 0; j < m; ++j) d += (x[j] - c[i * m + j]) * (x[j] - c[i * m + j]);
+          if (d < best_d) best_d = d, best = i;
+        }
+        return best;
+      };
+      for (int i = 0; i < kc; ++i) std::copy_n(at(int(int64_t(i) * n / kc)), m, &c[i * m]);
+      for (int it = 0; it < kPqIterations; ++it) {
+        for (int t = 0; t < n; ++t) assign[t] = nearest(at(t));
+        std::fill(sum.begin(), sum.end(), 0.0f);
+        std::fill(count.begin(), count.end(), 0);
+        for (int t = 0; t < n; ++t) {
+          ++count[assign[t]];
+          for (int j = 0; j < m; ++j) sum[assign[t] * m + j] += at(t)[j];
+        }
+        for (int i = 0; i < kc; ++i) {  // an empty cluster keeps its centroid
+          for (int j = 0; j < m && count[i] > 0; ++j) c[i * m + j] = sum[i * m + j] / count[i];
+        }
+      }
+      for (float& x : c) x = kernels::F16ToF32(kernels::F32ToF16(x));
+      for (int t = 0; t < T; ++t) {
+        const int i = nearest(at(t));
+        std::copy_n(&c[i * m], m, &out[(size_t(t) * H + h) * D + size_t(sub) * m]);
+      }
+    }
+  }
+  return out;
+}
+
+// One layer's product-quantized keys at each int format's code bits (m = 8 /
+// bits channels a byte): codebooks from the first kPqTrainTokens tokens (what
+// a daemon could fit after a prompt), and from all tokens (an upper bound no
+// online codebook reaches: it has seen the keys it encodes).
+constexpr int kPqTrainTokens = 512;
+struct PqKeys {
+  std::vector<float> first, all;
+};
+std::map<int, PqKeys> PqKeysOf(const std::vector<float>& k, const PageShape& s, int T) {
+  std::map<int, PqKeys> pq;
+  for (PageFormat f : {PageFormat::kInt8, PageFormat::kInt4, PageFormat::kInt2}) {
+    const int m = 8 / kernels::BitsOf(f);
+    pq[int(f)] = {PqFakeQuant(k, s, T, m, kPqTrainTokens), PqFakeQuant(k, s, T, m, T)};
+  }
+  return pq;
+}
+
 // Relative L2 error with V in f16 and K either in `f` (per channel, the page
-// format), per-token fake-quantized with `f` (the KIVI question), or per token
-// over standardized channels.
+// format), per-token fake-quantized with `f` (the KIVI question), per token
+// over standardized channels, or product-quantized at f's code bits (when
+// given).
 struct KeyAblation {
   double per_channel = 0, per_token = 0, per_token_standardized = 0;
+  double pq_first = 0, pq_all = 0;
+  bool has_pq = false;
 };
 
 void AddKeyAblation(const PageShape& s, const std::vector<float>& k, const std::vector<float>& v,
                     int T, int Hq, const float* q, const std::vector<float>& want, int threads,
-                    std::mt19937& rng, std::map<int, KeyAblation>* acc, double weight) {
+                    std::mt19937& rng, std::map<int, KeyAblation>* acc, double weight,
+                    const std::map<int, PqKeys>* pq = nullptr) {
   const Exec exec{Backend::kCpu, threads};
   std::vector<float> got(want.size());
   // The error of decode attention over keys `keys` stored in `kf`, V in f16.
@@ -303,20 +378,34 @@ void AddKeyAblation(const PageShape& s, const std::vector<float>& k, const std::
     a.per_token += error(PerTokenFakeQuant(k, s, T, f, threads), PageFormat::kF32);
     a.per_token_standardized +=
         error(StandardizedPerTokenFakeQuant(k, s, T, f, threads), PageFormat::kF32);
+    if (pq) {
+      a.has_pq = true;
+      a.pq_first += error(pq->at(int(f)).first, PageFormat::kF32);
+      a.pq_all += error(pq->at(int(f)).all, PageFormat::kF32);
+    }
   }
 }
 
 Json AblationJson(const std::map<int, KeyAblation>& acc, const char* label) {
   Json j = Json::object();
   for (const auto& [f, a] : acc) {
-    j[Name(PageFormat(f))] = {{"per_channel", RoundError(a.per_channel)},
-                              {"per_token", RoundError(a.per_token)},
-                              {"per_token_standardized", RoundError(a.per_token_standardized)}};
+    Json& row = j[Name(PageFormat(f))];
+    row = {{"per_channel", RoundError(a.per_channel)},
+           {"per_token", RoundError(a.per_token)},
+           {"per_token_standardized", RoundError(a.per_token_standardized)}};
     std::fprintf(stderr,
                  "key layout (%s, V f16) K %-5s per-channel %.5f  per-token %.5f  "
-                 "per-token standardized %.5f\n",
+                 "per-token standardized %.5f",
                  label, Name(PageFormat(f)).c_str(), a.per_channel, a.per_token,
                  a.per_token_standardized);
+    if (a.has_pq) {
+      row["pq_channels_per_byte"] = 8 / kernels::BitsOf(PageFormat(f));
+      row["pq_codebook_first_tokens"] = RoundError(a.pq_first);
+      row["pq_codebook_all_tokens"] = RoundError(a.pq_all);
+      std::fprintf(stderr, "  pq (%d ch/byte) first %d tokens %.5f, all %.5f",
+                   8 / kernels::BitsOf(PageFormat(f)), kPqTrainTokens, a.pq_first, a.pq_all);
+    }
+    std::fprintf(stderr, "\n");
   }
   return j;
 }
@@ -796,6 +885,7 @@ Json RealFidelitySection(const Options& o) {
     const auto k = ReadF32(base + "_k.f32", size_t(T) * H * D);
     const auto v = ReadF32(base + "_v.f32", size_t(T) * H * D);
     const auto q = ReadF32(base + "_q.f32", size_t(nq) * Hq * D);
+    const std::map<int, PqKeys> pq = PqKeysOf(k, s, T);  // per token: every prefix's too
     for (int i = 0; i < nq; ++i) {
       const int len = T - nq + i + 1;
       const float* qi = q.data() + size_t(i) * Hq * D;
@@ -805,7 +895,7 @@ Json RealFidelitySection(const Options& o) {
                                           nullptr, nullptr),
             "decode f32");
       AddKeyAblation(s, k, v, len, Hq, qi, want, o.threads, rng, &ablation,
-                     1.0 / (double(layers.size()) * nq));
+                     1.0 / (double(layers.size()) * nq), &pq);
       for (PageFormat kf : kFidelityFormats) {
         for (PageFormat vf : kFidelityFormats) {
           const Paged p = BuildPaged(s, k, v, len, kf, vf, true, o.threads, rng);
