@@ -331,37 +331,108 @@ std::vector<float> PqFakeQuant(const std::vector<float>& k, const PageShape& s, 
   return out;
 }
 
-// One layer's product-quantized keys at each int format's code bits (m = 8 /
-// bits channels a byte): codebooks from the first kPqTrainTokens tokens (what
-// a daemon could fit after a prompt), and from all tokens (an upper bound no
-// online codebook reaches: it has seen the keys it encodes).
-constexpr int kPqTrainTokens = 512;
-struct PqKeys {
-  std::vector<float> first, all;
+// Keys before RoPE (when the dump has them) on the int formats' grids, then
+// rotated as the model does (k = kpre * cos + rotate_half(kpre) * sin):
+// per-channel params per 16-token page as the page formats keep them, or per
+// channel fixed for the session from the first kSessionGridTokens tokens
+// (clamped beyond) — a grid a key could keep wherever compaction moves it,
+// which after RoPE fails because slow channel pairs keep turning.
+constexpr int kSessionGridTokens = 512;
+struct Rope {
+  std::vector<float> cos, sin;  // [T][D]
 };
-std::map<int, PqKeys> PqKeysOf(const std::vector<float>& k, const PageShape& s, int T) {
-  std::map<int, PqKeys> pq;
-  for (PageFormat f : {PageFormat::kInt8, PageFormat::kInt4, PageFormat::kInt2}) {
-    const int m = 8 / kernels::BitsOf(f);
-    pq[int(f)] = {PqFakeQuant(k, s, T, m, kPqTrainTokens), PqFakeQuant(k, s, T, m, T)};
+std::vector<float> Rotate(const std::vector<float>& x, const PageShape& s, int T, const Rope& r) {
+  const int H = s.num_kv_heads, D = s.head_dim, half = D / 2;
+  std::vector<float> out(x.size());
+  for (int t = 0; t < T; ++t) {
+    const float* c = &r.cos[size_t(t) * D];
+    const float* sn = &r.sin[size_t(t) * D];
+    for (int h = 0; h < H; ++h) {
+      const float* a = &x[(size_t(t) * H + h) * D];
+      float* o = &out[(size_t(t) * H + h) * D];
+      for (int d = 0; d < D; ++d) {
+        o[d] = a[d] * c[d] + (d < half ? -a[d + half] : a[d - half]) * sn[d];
+      }
+    }
   }
-  return pq;
+  return out;
+}
+
+// Each (head, channel) on one grid for the session: f's asymmetric codes over
+// the range of the first `grid_tokens` tokens (params in f16, as a page's).
+std::vector<float> SessionGridFakeQuant(const std::vector<float>& k, const PageShape& s, int T,
+                                        PageFormat f, int grid_tokens) {
+  const size_t row = size_t(s.num_kv_heads) * s.head_dim;
+  const int n = std::min(T, grid_tokens), qmax = (1 << kernels::BitsOf(f)) - 1;
+  std::vector<float> lo(row, std::numeric_limits<float>::infinity()), hi(row, -lo[0]);
+  for (int t = 0; t < n; ++t) {
+    for (size_t c = 0; c < row; ++c) {
+      lo[c] = std::min(lo[c], k[t * row + c]);
+      hi[c] = std::max(hi[c], k[t * row + c]);
+    }
+  }
+  std::vector<float> out(k.size());
+  for (size_t c = 0; c < row; ++c) {
+    const float zero = kernels::F16ToF32(kernels::F32ToF16(lo[c]));
+    const float scale = kernels::F16ToF32(kernels::F32ToF16((hi[c] - zero) / qmax));
+    for (int t = 0; t < T; ++t) {
+      const float x = k[t * row + c];
+      const float code = std::clamp(std::nearbyint((x - zero) / scale), 0.0f, float(qmax));
+      out[t * row + c] = scale > 0 ? code * scale + zero : zero;
+    }
+  }
+  return out;
+}
+
+// One layer's keys in the real-K/V ablation's extra layouts, per int format:
+// product-quantized at its code bits (m = 8 / bits channels a byte) with
+// codebooks from the first kPqTrainTokens tokens (what a daemon could fit
+// after a prompt) and from all tokens (an upper bound no online codebook
+// reaches: it has seen the keys it encodes); post-RoPE keys on a session
+// grid; and, when the dump has the keys before RoPE, those on page and
+// session grids, rotated back.
+constexpr int kPqTrainTokens = 512;
+using KeyVariants = std::map<int, std::map<std::string, std::vector<float>>>;
+KeyVariants KeyVariantsOf(const std::vector<float>& k, const std::vector<float>* kpre,
+                          const Rope* rope, const PageShape& s, int T, int threads) {
+  KeyVariants out;
+  for (PageFormat f : {PageFormat::kInt8, PageFormat::kInt4, PageFormat::kInt2}) {
+    auto& v = out[int(f)];
+    const int m = 8 / kernels::BitsOf(f);
+    v["pq_codebook_first_tokens"] = PqFakeQuant(k, s, T, m, kPqTrainTokens);
+    v["pq_codebook_all_tokens"] = PqFakeQuant(k, s, T, m, T);
+    v["session_grid"] = SessionGridFakeQuant(k, s, T, f, kSessionGridTokens);
+    if (kpre && rope) {
+      // Page grids through the page codec: keys of full pages, the rest kept.
+      std::vector<float> paged = *kpre;
+      const int full = T / s.block_tokens;
+      Buffer pages = Alloc(kernels::PageBytes(f, KvKind::kKey, s) * std::max(full, 1));
+      const Exec exec{Backend::kCpu, threads};
+      Check(kernels::QuantizePages(exec, s, KvKind::kKey, f, kpre->data(), SourceType::kF32, full,
+                                   pages.get()),
+            "pre-RoPE quantize");
+      Check(kernels::DequantizePages(exec, s, KvKind::kKey, f, pages.get(), full, paged.data()),
+            "pre-RoPE dequantize");
+      v["pre_rope_page_grid"] = Rotate(paged, s, T, *rope);
+      v["pre_rope_session_grid"] =
+          Rotate(SessionGridFakeQuant(*kpre, s, T, f, kSessionGridTokens), s, T, *rope);
+    }
+  }
+  return out;
 }
 
 // Relative L2 error with V in f16 and K either in `f` (per channel, the page
 // format), per-token fake-quantized with `f` (the KIVI question), per token
-// over standardized channels, or product-quantized at f's code bits (when
-// given).
+// over standardized channels, or in the named extra layouts (when given).
 struct KeyAblation {
   double per_channel = 0, per_token = 0, per_token_standardized = 0;
-  double pq_first = 0, pq_all = 0;
-  bool has_pq = false;
+  std::map<std::string, double> extra;
 };
 
 void AddKeyAblation(const PageShape& s, const std::vector<float>& k, const std::vector<float>& v,
                     int T, int Hq, const float* q, const std::vector<float>& want, int threads,
                     std::mt19937& rng, std::map<int, KeyAblation>* acc, double weight,
-                    const std::map<int, PqKeys>* pq = nullptr) {
+                    const KeyVariants* variants = nullptr) {
   const Exec exec{Backend::kCpu, threads};
   std::vector<float> got(want.size());
   // The error of decode attention over keys `keys` stored in `kf`, V in f16.
@@ -378,10 +449,10 @@ void AddKeyAblation(const PageShape& s, const std::vector<float>& k, const std::
     a.per_token += error(PerTokenFakeQuant(k, s, T, f, threads), PageFormat::kF32);
     a.per_token_standardized +=
         error(StandardizedPerTokenFakeQuant(k, s, T, f, threads), PageFormat::kF32);
-    if (pq) {
-      a.has_pq = true;
-      a.pq_first += error(pq->at(int(f)).first, PageFormat::kF32);
-      a.pq_all += error(pq->at(int(f)).all, PageFormat::kF32);
+    if (variants) {
+      for (const auto& [name, keys] : variants->at(int(f))) {
+        a.extra[name] += error(keys, PageFormat::kF32);
+      }
     }
   }
 }
@@ -395,17 +466,13 @@ Json AblationJson(const std::map<int, KeyAblation>& acc, const char* label) {
            {"per_token_standardized", RoundError(a.per_token_standardized)}};
     std::fprintf(stderr,
                  "key layout (%s, V f16) K %-5s per-channel %.5f  per-token %.5f  "
-                 "per-token standardized %.5f",
+                 "per-token standardized %.5f\n",
                  label, Name(PageFormat(f)).c_str(), a.per_channel, a.per_token,
                  a.per_token_standardized);
-    if (a.has_pq) {
-      row["pq_channels_per_byte"] = 8 / kernels::BitsOf(PageFormat(f));
-      row["pq_codebook_first_tokens"] = RoundError(a.pq_first);
-      row["pq_codebook_all_tokens"] = RoundError(a.pq_all);
-      std::fprintf(stderr, "  pq (%d ch/byte) first %d tokens %.5f, all %.5f",
-                   8 / kernels::BitsOf(PageFormat(f)), kPqTrainTokens, a.pq_first, a.pq_all);
+    for (const auto& [name, e] : a.extra) {
+      row[name] = RoundError(e);
+      std::fprintf(stderr, "    %-26s %.5f\n", name.c_str(), e);
     }
-    std::fprintf(stderr, "\n");
   }
   return j;
 }
@@ -859,6 +926,23 @@ std::vector<float> ReadF32(const std::string& path, size_t n) {
   return v;
 }
 
+// The dump's pre-RoPE keys, rotated, must be its keys: else the pre-RoPE
+// columns would measure a wrong rotation.
+void CheckRotation(const std::vector<float>& k, const std::vector<float>& kpre, const PageShape& s,
+                   int T, const Rope& rope, const std::string& base) {
+  const std::vector<float> r = Rotate(kpre, s, T, rope);
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < k.size(); ++i) {
+    diff = std::max(diff, double(std::fabs(r[i] - k[i])));
+    scale = std::max(scale, double(std::fabs(k[i])));
+  }
+  if (diff > 1e-4 * scale) {
+    std::fprintf(stderr, "kernels bench: %s_kpre.f32 rotated differs from %s_k.f32 by %g\n",
+                 base.c_str(), base.c_str(), diff);
+    std::exit(1);
+  }
+}
+
 // The fidelity table on real keys/values/queries dumped by
 // kernels/tools/dump_real_kv.py: for each dumped layer and each of the last NQ
 // positions p, decode attention of p's query over slots [0, p] (full pages in
@@ -874,6 +958,13 @@ Json RealFidelitySection(const Options& o) {
   for (int l; std::fscanf(m, "%d", &l) == 1;) layers.push_back(l);
   std::fclose(m);
   const PageShape s{16, H, D};
+  // The rotation, when the dump has the keys before RoPE too.
+  std::unique_ptr<Rope> rope;
+  if (FILE* f = std::fopen((o.real_kv + "/rope_cos.f32").c_str(), "rb")) {
+    std::fclose(f);
+    rope = std::make_unique<Rope>(Rope{ReadF32(o.real_kv + "/rope_cos.f32", size_t(T) * D),
+                                       ReadF32(o.real_kv + "/rope_sin.f32", size_t(T) * D)});
+  }
   std::map<std::pair<int, int>, double> err;
   std::map<std::pair<int, int>, double> worst;
   std::map<int, KeyAblation> ablation;
@@ -885,7 +976,11 @@ Json RealFidelitySection(const Options& o) {
     const auto k = ReadF32(base + "_k.f32", size_t(T) * H * D);
     const auto v = ReadF32(base + "_v.f32", size_t(T) * H * D);
     const auto q = ReadF32(base + "_q.f32", size_t(nq) * Hq * D);
-    const std::map<int, PqKeys> pq = PqKeysOf(k, s, T);  // per token: every prefix's too
+    std::unique_ptr<std::vector<float>> kpre;
+    if (rope) kpre = std::make_unique<std::vector<float>>(ReadF32(base + "_kpre.f32", k.size()));
+    if (kpre) CheckRotation(k, *kpre, s, T, *rope, base);
+    // Per token, so every prefix's keys are these keys' first rows.
+    const KeyVariants variants = KeyVariantsOf(k, kpre.get(), rope.get(), s, T, o.threads);
     for (int i = 0; i < nq; ++i) {
       const int len = T - nq + i + 1;
       const float* qi = q.data() + size_t(i) * Hq * D;
@@ -895,7 +990,7 @@ Json RealFidelitySection(const Options& o) {
                                           nullptr, nullptr),
             "decode f32");
       AddKeyAblation(s, k, v, len, Hq, qi, want, o.threads, rng, &ablation,
-                     1.0 / (double(layers.size()) * nq), &pq);
+                     1.0 / (double(layers.size()) * nq), &variants);
       for (PageFormat kf : kFidelityFormats) {
         for (PageFormat vf : kFidelityFormats) {
           const Paged p = BuildPaged(s, k, v, len, kf, vf, true, o.threads, rng);

@@ -10,6 +10,9 @@ f32 files:
   DIR/layer<L>_k.f32      [T][H][D]
   DIR/layer<L>_v.f32      [T][H][D]
   DIR/layer<L>_q.f32      [NQ][HQ][D] (queries of positions T-NQ .. T-1)
+  DIR/layer<L>_kpre.f32   [T][H][D] the same keys before RoPE
+  DIR/rope_cos.f32, DIR/rope_sin.f32   [T][D] the rotation applied to them
+                          (k = kpre * cos + rotate_half(kpre) * sin)
 Needs torch, transformers, gguf (scripts/requirements-worker-fixtures.txt).
 Usage: dump_real_kv.py MODEL.gguf TEXT_FILE OUT_DIR [max_tokens]
 """
@@ -48,8 +51,11 @@ def main():
             q = module.q_proj(hs).view(shape).transpose(1, 2)
             k = module.k_proj(hs).view(shape).transpose(1, 2)
             v = module.v_proj(hs).view(shape).transpose(1, 2)
+            kpre = k
             q, k = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
-            captured[layer] = (q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1))
+            captured[layer] = (q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
+                               kpre[0].transpose(0, 1))
+            captured["rope"] = (cos[0], sin[0])
         return fn
 
     for L in layers:
@@ -58,12 +64,18 @@ def main():
         model(ids)
     with open(os.path.join(out_dir, "meta.txt"), "w") as m:
         m.write(f"{T} {h} {hq} {hd} {nq}\n" + " ".join(map(str, layers)) + "\n")
+
+    def write(x, name):
+        np.ascontiguousarray(x.numpy(), dtype="<f4").tofile(os.path.join(out_dir, name))
+
+    write(captured["rope"][0], "rope_cos.f32")
+    write(captured["rope"][1], "rope_sin.f32")
     for L in layers:
-        q, k, v = captured[L]  # [T][heads][D]
-        np.ascontiguousarray(k.numpy(), dtype="<f4").tofile(os.path.join(out_dir, f"layer{L}_k.f32"))
-        np.ascontiguousarray(v.numpy(), dtype="<f4").tofile(os.path.join(out_dir, f"layer{L}_v.f32"))
-        np.ascontiguousarray(q[T - nq:].numpy(), dtype="<f4").tofile(
-            os.path.join(out_dir, f"layer{L}_q.f32"))
+        q, k, v, kpre = captured[L]  # [T][heads][D]
+        write(kpre, f"layer{L}_kpre.f32")
+        write(k, f"layer{L}_k.f32")
+        write(v, f"layer{L}_v.f32")
+        write(q[T - nq:], f"layer{L}_q.f32")
     print(f"wrote {out_dir}: T={T} H={h} HQ={hq} D={hd} layers={layers}")
 
 
