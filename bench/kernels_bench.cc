@@ -14,6 +14,9 @@
 //   fidelity_real  the same table on real K/V/Q (--real-kv DIR, written by
 //               kernels/tools/dump_real_kv.py), plus per-channel vs per-token
 //               keys; null without --real-kv
+//   compaction_drift  attention error after N compactions against quantized
+//               once, synthetic keys; compaction_drift_real the same on the
+//               --real-kv dump (null without it)
 //   cuda        the CUDA backend: decode attention per format against dense
 //               f16, and dequantization against a device memcpy; null
 //               without a CUDA device (CudaSection)
@@ -680,11 +683,19 @@ Json FidelitySection(const Options& o) {
 // and compacts the rest (as an eviction at a fixed budget does); the decode
 // attention error of a random query vs f32 over the surviving slots is
 // compared with the same slots quantized once.
-Json DriftSection(const Options& o) {
-  const PageShape s{64, 2, 64};
-  const int Hq = 14, kept = o.quick ? 1024 : 2048, trials = o.quick ? 2 : 4;
-  const std::vector<int> checkpoints = {0, 1, 4, 16, 64};
-  const int rounds = checkpoints.back(), T0 = kept + rounds * s.block_tokens;
+// K, V ([T][H][D]) and one decode query ([Hq][D]) a drift trial starts from.
+struct DriftData {
+  std::vector<float> k, v, q;
+};
+
+// Compacts `rounds` times (each drops one page's worth of random slots and
+// re-encodes the rest into new pages), and at each checkpoint measures decode
+// attention over the first `kept` survivors against the same slots quantized
+// once, both against f32.
+Json DriftRun(const Options& o, const PageShape& s, int Hq, int kept,
+              const std::vector<int>& checkpoints, int trials,
+              const std::function<DriftData(int trial, std::mt19937& rng)>& data) {
+  const int rounds = checkpoints.back();
   const size_t row = size_t(s.num_kv_heads) * s.head_dim;
   // K int8 / V int4 is the shipped default; the f16 rows tell keys' drift from values'.
   const std::pair<PageFormat, PageFormat> formats[] = {{PageFormat::kInt4, PageFormat::kInt4},
@@ -706,9 +717,11 @@ Json DriftSection(const Options& o) {
     std::vector<double> after(checkpoints.size()), once(checkpoints.size());
     for (int trial = 0; trial < trials; ++trial) {
       std::mt19937 rng(200 + trial);
-      std::vector<float> k = Normal(size_t(T0) * row, rng), v = Normal(size_t(T0) * row, rng);
-      const std::vector<float> q = Normal(size_t(Hq) * s.head_dim, rng, 2.0f);
-      AddOutlierChannels(k, T0, s.num_kv_heads, s.head_dim, rng);
+      const DriftData d = data(trial, rng);
+      const std::vector<float>& k = d.k;
+      const std::vector<float>& v = d.v;
+      const std::vector<float>& q = d.q;
+      const int T0 = int(k.size() / row);
       Paged cur = BuildPaged(s, k, v, T0, kf, vf, true, o.threads, rng);
       std::vector<int> alive(T0);  // original row of each current slot
       std::iota(alive.begin(), alive.end(), 0);
@@ -791,6 +804,21 @@ Json DriftSection(const Options& o) {
     js[name] = {{"after", a}, {"once", b}, {"ratio", r}};
   }
   return js;
+}
+
+// The drift on synthetic keys with outlier channels (Qwen2.5-0.5B's page shape).
+Json DriftSection(const Options& o) {
+  const PageShape s{64, 2, 64};
+  const int Hq = 14, kept = o.quick ? 1024 : 2048, trials = o.quick ? 2 : 4;
+  const std::vector<int> checkpoints = {0, 1, 4, 16, 64};
+  const int T0 = kept + checkpoints.back() * s.block_tokens;
+  const size_t row = size_t(s.num_kv_heads) * s.head_dim;
+  return DriftRun(o, s, Hq, kept, checkpoints, trials, [&](int, std::mt19937& rng) {
+    DriftData d{Normal(size_t(T0) * row, rng), Normal(size_t(T0) * row, rng),
+                Normal(size_t(Hq) * s.head_dim, rng, 2.0f)};
+    AddOutlierChannels(d.k, T0, s.num_kv_heads, s.head_dim, rng);
+    return d;
+  });
 }
 
 // A device buffer, or the bench stops with the error.
@@ -947,16 +975,54 @@ void CheckRotation(const std::vector<float>& k, const std::vector<float>& kpre, 
 // kernels/tools/dump_real_kv.py: for each dumped layer and each of the last NQ
 // positions p, decode attention of p's query over slots [0, p] (full pages in
 // the tested formats, the partial last page f16), relative L2 error vs f32.
-Json RealFidelitySection(const Options& o) {
-  FILE* m = std::fopen((o.real_kv + "/meta.txt").c_str(), "r");
+// What dump_real_kv.py wrote: its meta.txt.
+struct RealDump {
   int T = 0, H = 0, Hq = 0, D = 0, nq = 0;
-  if (!m || std::fscanf(m, "%d %d %d %d %d", &T, &H, &Hq, &D, &nq) != 5) {
+  std::vector<int> layers;
+};
+RealDump ReadRealDump(const Options& o) {
+  RealDump r;
+  FILE* m = std::fopen((o.real_kv + "/meta.txt").c_str(), "r");
+  if (!m || std::fscanf(m, "%d %d %d %d %d", &r.T, &r.H, &r.Hq, &r.D, &r.nq) != 5) {
     std::fprintf(stderr, "kernels bench: bad %s/meta.txt\n", o.real_kv.c_str());
     std::exit(1);
   }
-  std::vector<int> layers;
-  for (int l; std::fscanf(m, "%d", &l) == 1;) layers.push_back(l);
+  for (int l; std::fscanf(m, "%d", &l) == 1;) r.layers.push_back(l);
   std::fclose(m);
+  return r;
+}
+
+// The drift on the dump's real keys and values: one trial per dumped layer
+// and query (its own random drops), half the tokens kept after 16
+// compactions of 64-token pages (the shipped default's page size).
+Json RealDriftSection(const Options& o) {
+  const RealDump r = ReadRealDump(o);
+  const PageShape s{64, r.H, r.D};
+  const std::vector<int> checkpoints = {0, 1, 4, 16};
+  const int kept = r.T - checkpoints.back() * s.block_tokens;
+  if (kept < s.block_tokens) {
+    std::fprintf(stderr, "kernels bench: real drift needs more than %d tokens\n",
+                 checkpoints.back() * s.block_tokens + s.block_tokens);
+    std::exit(1);
+  }
+  Json js = DriftRun(o, s, r.Hq, kept / s.block_tokens * s.block_tokens, checkpoints,
+                     int(r.layers.size()) * r.nq, [&](int trial, std::mt19937&) {
+    const std::string base = o.real_kv + "/layer" + std::to_string(r.layers[trial / r.nq]);
+    const size_t n = size_t(r.T) * r.H * r.D, qn = size_t(r.Hq) * r.D;
+    const std::vector<float> q = ReadF32(base + "_q.f32", r.nq * qn);
+    const auto qi = q.begin() + (trial % r.nq) * qn;
+    return DriftData{ReadF32(base + "_k.f32", n), ReadF32(base + "_v.f32", n),
+                     std::vector<float>(qi, qi + qn)};
+  });
+  js["source"] = o.real_kv;
+  js["layers"] = r.layers;
+  return js;
+}
+
+Json RealFidelitySection(const Options& o) {
+  const RealDump dump = ReadRealDump(o);
+  const int T = dump.T, H = dump.H, Hq = dump.Hq, D = dump.D, nq = dump.nq;
+  const std::vector<int>& layers = dump.layers;
   const PageShape s{16, H, D};
   // The rotation, when the dump has the keys before RoPE too.
   std::unique_ptr<Rope> rope;
@@ -1080,7 +1146,10 @@ int Main(int argc, char** argv) {
     js["fidelity"] = FidelitySection(o);
     js["fidelity_real"] = o.real_kv.empty() ? Json(nullptr) : RealFidelitySection(o);
   }
-  if (o.Runs("drift")) js["compaction_drift"] = DriftSection(o);
+  if (o.Runs("drift")) {
+    js["compaction_drift"] = DriftSection(o);
+    js["compaction_drift_real"] = o.real_kv.empty() ? Json(nullptr) : RealDriftSection(o);
+  }
   if (o.Runs("cuda")) js["cuda"] = CudaSection(o);
   if (o.json) {
     PrintJson(js);
