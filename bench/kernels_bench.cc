@@ -992,6 +992,22 @@ RealDump ReadRealDump(const Options& o) {
   return r;
 }
 
+// One dumped layer: keys and values [T][H][D], the last nq queries
+// [nq][Hq][D]; base names its files.
+struct RealLayer {
+  std::string base;
+  std::vector<float> k, v, q;
+};
+RealLayer ReadRealLayer(const Options& o, const RealDump& r, int layer) {
+  RealLayer l;
+  l.base = o.real_kv + "/layer" + std::to_string(layer);
+  const size_t n = size_t(r.T) * r.H * r.D;
+  l.k = ReadF32(l.base + "_k.f32", n);
+  l.v = ReadF32(l.base + "_v.f32", n);
+  l.q = ReadF32(l.base + "_q.f32", size_t(r.nq) * r.Hq * r.D);
+  return l;
+}
+
 // The drift on the dump's real keys and values: one trial per dumped layer
 // and query (its own random drops), half the tokens kept after 16
 // compactions of 64-token pages (the shipped default's page size).
@@ -1005,14 +1021,13 @@ Json RealDriftSection(const Options& o) {
                  checkpoints.back() * s.block_tokens + s.block_tokens);
     std::exit(1);
   }
+  std::vector<RealLayer> layers;  // read once: every format runs every trial
+  for (int layer : r.layers) layers.push_back(ReadRealLayer(o, r, layer));
   Json js = DriftRun(o, s, r.Hq, kept / s.block_tokens * s.block_tokens, checkpoints,
                      int(r.layers.size()) * r.nq, [&](int trial, std::mt19937&) {
-    const std::string base = o.real_kv + "/layer" + std::to_string(r.layers[trial / r.nq]);
-    const size_t n = size_t(r.T) * r.H * r.D, qn = size_t(r.Hq) * r.D;
-    const std::vector<float> q = ReadF32(base + "_q.f32", r.nq * qn);
-    const auto qi = q.begin() + (trial % r.nq) * qn;
-    return DriftData{ReadF32(base + "_k.f32", n), ReadF32(base + "_v.f32", n),
-                     std::vector<float>(qi, qi + qn)};
+    const RealLayer& l = layers[trial / r.nq];
+    const auto qi = l.q.begin() + size_t(trial % r.nq) * r.Hq * r.D;
+    return DriftData{l.k, l.v, std::vector<float>(qi, qi + size_t(r.Hq) * r.D)};
   });
   js["source"] = o.real_kv;
   js["layers"] = r.layers;
@@ -1038,10 +1053,11 @@ Json RealFidelitySection(const Options& o) {
   std::mt19937 rng(3);
   const Exec exec{Backend::kCpu, o.threads};
   for (int layer : layers) {
-    const std::string base = o.real_kv + "/layer" + std::to_string(layer);
-    const auto k = ReadF32(base + "_k.f32", size_t(T) * H * D);
-    const auto v = ReadF32(base + "_v.f32", size_t(T) * H * D);
-    const auto q = ReadF32(base + "_q.f32", size_t(nq) * Hq * D);
+    const RealLayer l = ReadRealLayer(o, dump, layer);
+    const std::string& base = l.base;
+    const std::vector<float>& k = l.k;
+    const std::vector<float>& v = l.v;
+    const std::vector<float>& q = l.q;
     std::unique_ptr<std::vector<float>> kpre;
     if (rope) kpre = std::make_unique<std::vector<float>>(ReadF32(base + "_kpre.f32", k.size()));
     if (kpre) CheckRotation(k, *kpre, s, T, *rope, base);
