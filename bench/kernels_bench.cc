@@ -42,6 +42,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/device.h"
 #include "kernels/ops.h"
+#include "kernels/page_codec.h"
 #include "kernels/page_format.h"
 
 namespace polykv::bench {
@@ -361,27 +362,28 @@ std::vector<float> Rotate(const std::vector<float>& x, const PageShape& s, int T
   return out;
 }
 
-// Each (head, channel) on one grid for the session: f's asymmetric codes over
-// the range of the first `grid_tokens` tokens (params in f16, as a page's).
+// Each (head, channel) on one grid for the session: f's codes and params as a
+// page's (the page codec's), over the range of the first `grid_tokens`
+// tokens; later values beyond it clamp.
 std::vector<float> SessionGridFakeQuant(const std::vector<float>& k, const PageShape& s, int T,
                                         PageFormat f, int grid_tokens) {
   const size_t row = size_t(s.num_kv_heads) * s.head_dim;
-  const int n = std::min(T, grid_tokens), qmax = (1 << kernels::BitsOf(f)) - 1;
-  std::vector<float> lo(row, std::numeric_limits<float>::infinity()), hi(row, -lo[0]);
+  const int n = std::min(T, grid_tokens);
+  std::vector<float> lo(row, kernels::kPosInf), hi(row, -kernels::kPosInf);
   for (int t = 0; t < n; ++t) {
     for (size_t c = 0; c < row; ++c) {
-      lo[c] = std::min(lo[c], k[t * row + c]);
-      hi[c] = std::max(hi[c], k[t * row + c]);
+      lo[c] = kernels::MinSkipNan(lo[c], k[t * row + c]);
+      hi[c] = kernels::MaxSkipNan(hi[c], k[t * row + c]);
     }
   }
   std::vector<float> out(k.size());
   for (size_t c = 0; c < row; ++c) {
-    const float zero = kernels::F16ToF32(kernels::F32ToF16(lo[c]));
-    const float scale = kernels::F16ToF32(kernels::F32ToF16((hi[c] - zero) / qmax));
+    uint16_t scale16, zero16;
+    kernels::IntParams(lo[c], hi[c], kernels::QMax(f), &scale16, &zero16);
+    const float scale = kernels::F16ToF32(scale16), zero = kernels::F16ToF32(zero16);
     for (int t = 0; t < T; ++t) {
-      const float x = k[t * row + c];
-      const float code = std::clamp(std::nearbyint((x - zero) / scale), 0.0f, float(qmax));
-      out[t * row + c] = scale > 0 ? code * scale + zero : zero;
+      const uint32_t code = kernels::EncodeScaled(f, k[t * row + c], scale, zero);
+      out[t * row + c] = kernels::DecodeScaled(f, code, scale, zero);
     }
   }
   return out;
