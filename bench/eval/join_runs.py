@@ -16,10 +16,12 @@ its label is the folder's name unless given as LABEL=FOLDER. DST must not
 exist; nothing is written when a run is refused.
 """
 import argparse
-import gzip
 import json
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import live  # noqa: E402
 
 # Settings of a run's meta.json the report reads; runs that disagree on one
 # cannot be reported as one.
@@ -32,11 +34,13 @@ def fail(msg: str):
 
 
 def read_run(folder: str) -> tuple[list[dict], dict]:
-    for name, opener in (("scored.jsonl", open), ("scored.jsonl.gz", gzip.open)):
+    for name in ("scored.jsonl", "scored.jsonl.gz"):
         path = os.path.join(folder, name)
         if os.path.exists(path):
-            with opener(path, "rt", encoding="utf-8") as f:
-                records = [json.loads(line) for line in f if line.strip()]
+            try:
+                records = list(live.read_records(path, "join_runs.py joins live runs").values())
+            except live.LiveError as e:
+                fail(str(e))
             break
     else:
         fail(f"{folder}: no scored.jsonl or scored.jsonl.gz (run score.py, or eval.py)")
@@ -56,10 +60,7 @@ def join(runs: list[tuple[str, str]], dst: str) -> tuple[list[dict], dict]:
         recs, meta = read_run(folder)
         if not recs:
             fail(f"{folder}: no records")
-        for r in recs:
-            if "task" not in r:
-                fail(f"{folder}: a record has no task id")
-            records.append(dict(r, task=f"{label}/{r['task']}"))
+        records += [dict(r, task=f"{label}/{r['task']}") for r in recs]
         metas.append((label, folder, meta))
     first = metas[0][2]
     for key in SHARED_META:

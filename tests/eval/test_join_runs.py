@@ -26,7 +26,7 @@ CONFIGS = {"full@1/f16": None, "kvzip@0.5/K8V4": 0.9}
 
 def write_run(folder: str, seed: int, sha: str = "abc", gz: bool = False) -> list[dict]:
     os.makedirs(folder)
-    records = make_records(CONFIGS, num_tasks=12, seed=seed)
+    records = [dict(r, mode="live") for r in make_records(CONFIGS, num_tasks=12, seed=seed)]
     opener, name = (gzip.open, "scored.jsonl.gz") if gz else (open, "scored.jsonl")
     with opener(os.path.join(folder, name), "wt", encoding="utf-8") as f:
         for r in records:
