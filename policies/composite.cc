@@ -73,6 +73,9 @@ constexpr ParamDef kParams[] = {
     {"anchors.system", "1", "anchors", "protect the system prompt (tier above unprotected)"},
     {"anchors.first_user", "1", "anchors", "protect the first user instruction"},
     {"h2o.weight", "1", "h2o", "weight of the decayed attention score"},
+  {"h2o.decay", "1", "h2o",
+   "per committed token, held attention mass x this (0 < decay <= 1; the study's 0.99); "
+   "1 = summed, undecayed"},
     {"snapkv.weight", "1", "snapkv", "weight of the observation-window score"},
     {"snapkv.kernel", "7", "snapkv", "max-pool width over neighbouring slots (SnapKV)"},
     {"structural.weight", "1", "structural", "weight of the CodeComp score"},
@@ -127,6 +130,7 @@ struct Config {
   Mode mode = Mode::kSelective;
   LayerAllocator layers = LayerAllocator::kUniform;
   double skew = 0.5, trigger = 1.1, merge_share = 0.3, merge_span = 4;
+  double attention_decay = 1.0;  // h2o.decay; 1 without an h2o component
   int64_t pool = 0;
   bool fill = true, merge_bias = true;
   bool per_layer = false;  // select=layer
@@ -319,6 +323,13 @@ absl::StatusOr<Config> Resolve(std::string_view spec, const PolicyParams& overri
     return absl::InvalidArgumentError(
         absl::StrCat("trigger must be a finite ratio >= 1, got ", cfg.values["trigger"]));
   }
+  if (cfg.values.contains("h2o.decay")) {
+    cfg.attention_decay = cfg.num("h2o.decay");
+    if (!(cfg.attention_decay > 0.0 && cfg.attention_decay <= 1.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("h2o.decay must be in (0, 1], got ", cfg.values["h2o.decay"]));
+    }
+  }
   ResolveTyped(cfg);
   std::vector<std::string> kv;
   for (const auto& [k, v] : cfg.values) kv.push_back(absl::StrCat(k, "=", v));
@@ -493,6 +504,7 @@ class CompositePolicy final : public Policy {
   }
 
   double Trigger() const override { return cfg_.trigger; }
+  double AttentionDecay() const override { return cfg_.attention_decay; }
   bool NeedsCompaction(const SessionView& view, const Budget& budget) const override {
     if (cfg_.full) return false;
     auto b = LayerBudgets(view, budget);

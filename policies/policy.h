@@ -79,6 +79,11 @@ class Policy {
   // select=layer). Such a policy ranks by nothing but per-layer importance,
   // positions and structure (no attention stream a worker sums over layers).
   virtual bool SelectsPerLayer() const { return false; }
+  // How the attention stream's held mass ages (parameter h2o.decay, H2O with
+  // decay as the compaction study has it): per token committed, what is held
+  // is multiplied by this, so attention paid long ago counts less than
+  // attention paid now. 1: a plain sum (the undecayed H2O score).
+  virtual double AttentionDecay() const { return 1.0; }
   // Its layer allocator (parameter layers=): how a total budget is split over
   // layers. A caller that keeps one slot list for all layers (the daemon)
   // says where that makes the policy act layer-uniform (PolicyNote).

@@ -207,6 +207,12 @@ struct ScoreValues {
 struct WantedStreams {
   StreamSet streams;
   bool per_layer = false;
+  // Policy::AttentionDecay: per token, what the attention stream holds ages
+  // by this factor. A worker applies it to the mass it has not reported yet
+  // (each step ages what came before it), the daemon to what it holds (at
+  // each report, by the tokens committed since the last), so the two
+  // together hold the decayed H2O score whatever the report interval.
+  float attention_decay = 1.f;
   bool has(ScoreStream s) const { return streams.has(s); }
   bool operator==(const WantedStreams&) const = default;
 };

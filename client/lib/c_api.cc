@@ -145,6 +145,9 @@ int pkv_wants(const pkv_session* s, uint32_t stream) {
 int pkv_wants_per_layer(const pkv_session* s) {
   return s && s->impl->info().wants.per_layer ? 1 : 0;
 }
+float pkv_attention_decay(const pkv_session* s) {
+  return s ? s->impl->info().wants.attention_decay : 1.f;
+}
 
 int pkv_reserve(pkv_session* s, uint64_t n) {
   if (!s) return Report(absl::InvalidArgumentError("null session"));

@@ -37,6 +37,9 @@ WantedStreams WantedFromWire(const Response& resp) {
     if (const auto stream = policies::FromWireValue(s)) w.streams.add(*stream);
   }
   w.per_layer = resp.wants_per_layer();
+  // 0 is unset: a daemon that does not decay.
+  const float decay = resp.attention_decay();
+  w.attention_decay = decay > 0.f && decay <= 1.f ? decay : 1.f;
   return w;
 }
 

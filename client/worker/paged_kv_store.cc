@@ -459,11 +459,22 @@ absl::Status PagedKvStore::BeginStep(std::span<const StepToken> tokens) {
     if (!probing_) RETURN_IF_ERROR_(CommitAndSync());
   }
   const int64_t need = num_slots_ + static_cast<int64_t>(tokens.size());
+  if (!probing_) AgePendingMass(tokens.size());
   step_meta_.assign(tokens.begin(), tokens.end());
   next_layer_ = 0;
   mass_.resize(need, 0.0f);
   if (!slot_bias_.empty()) slot_bias_.resize(need, 0.0f);  // New tokens count 1.
   return absl::OkStatus();
+}
+
+void PagedKvStore::AgePendingMass(size_t tokens) {
+  const WantedStreams wants = source_->wants();
+  if (!wants.has(ScoreStream::kAttention) || wants.attention_decay >= 1.f) return;
+  const double t0 = SteadySeconds();
+  const auto factor =
+      static_cast<float>(std::pow(double{wants.attention_decay}, static_cast<double>(tokens)));
+  for (int64_t s = 0; s < num_slots_; ++s) mass_[static_cast<size_t>(s)] *= factor;
+  CountSignal(SteadySeconds() - t0, /*tags=*/false);
 }
 
 absl::Status PagedKvStore::EncodeBlock(int layer, int64_t block, int rows) {

@@ -360,6 +360,10 @@ class PagedKvStore : public KvStore {
   // gets no bias at all, the unmerged path).
   std::vector<float> slot_bias_;
   std::vector<float> head_mass_;  // Scratch: [num_kv_heads][slots].
+  // A step of `tokens` begins: the mass not yet reported ages by the
+  // policy's decay per token (WantedStreams::attention_decay), so what the
+  // daemon folds in is the decayed H2O sum since the last report.
+  void AgePendingMass(size_t tokens);
   // Adds the entropy of the decode step's attention in head_mass_ (held
   // slots per KV head, `group` query heads each) to `layer`'s sum.
   void AddEntropy(int layer, int num_kv_heads, int64_t held, int group);

@@ -33,7 +33,7 @@ absl::StatusOr<const policies::Policy*> PolicyRegistry::Get(const std::string& t
 policies::WantedStreams PolicyRegistry::Streams(const std::string& text) {
   auto p = Get(text);
   if (!p.ok()) return {};
-  return {(*p)->Reads(), (*p)->SelectsPerLayer()};
+  return {(*p)->Reads(), (*p)->SelectsPerLayer(), static_cast<float>((*p)->AttentionDecay())};
 }
 
 size_t PolicyRegistry::size() const {

@@ -125,6 +125,7 @@ absl::StatusOr<MoveSource> KvPool::ParkForMove(uint64_t session_id, absl::Durati
   m.layer_scores = s.policy.layer_scores;
   m.log_count_bias = s.policy.log_count_bias;
   m.next_position = s.policy.next_position;
+  m.attention_aged_at = s.policy.attention_aged_at;
   m.current_turn = s.policy.current_turn;
   m.importance_reported = s.policy.importance_reported;
   m.reports = s.policy.reports;
@@ -245,6 +246,7 @@ absl::StatusOr<ImportTarget> KvPool::BeginImport(const MovedSession& m) {
   s.policy.layer_scores = m.layer_scores;
   s.policy.log_count_bias = m.log_count_bias;
   s.policy.next_position = m.next_position;
+  s.policy.attention_aged_at = m.attention_aged_at;
   s.policy.current_turn = m.current_turn;
   s.policy.importance_reported = m.importance_reported;
   s.policy.reports = m.reports;

@@ -148,6 +148,7 @@ absl::StatusOr<AttachPrefixResult> KvPool::AttachPrefix(uint64_t session_id,
   s.tables.committed_tokens = s.reserved_tokens();
   s.policy.records = std::move(got.records);
   s.policy.next_position = static_cast<int64_t>(s.tables.committed_tokens);
+  s.policy.attention_aged_at = s.policy.next_position;
   out.attached_tokens = s.tables.committed_tokens;
   out.reserve.reserved_tokens = s.reserved_tokens();
   out.reserve.session_bytes = s.account.bytes + s.account.shared_bytes;

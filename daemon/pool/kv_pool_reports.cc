@@ -36,6 +36,19 @@ absl::StatusOr<uint64_t> SlotsCovered(const ScoreValues& v, uint64_t layers) {
   return v.values.size() / layers;
 }
 
+// Ages the attention mass every record holds to `s`'s next position: per
+// token committed since it was last aged, x the policy's decay (H2O with
+// decay), before a report's mass, itself aged by the worker, adds to it.
+void AgeAttention(PolicyInputs& p) {
+  const int64_t tokens = p.next_position - p.attention_aged_at;
+  p.attention_aged_at = p.next_position;
+  if (p.wants.attention_decay >= 1.f || tokens <= 0) return;
+  const auto factor = static_cast<float>(std::pow(double{p.wants.attention_decay}, tokens));
+  for (auto& list : p.records) {
+    for (SlotRecord& r : list) r.score[ScoreStream::kAttention] *= factor;
+  }
+}
+
 // Folds `values` ([n], of slots from `first`) into `records` by `stream`'s rule.
 void Fold(ScoreStream stream, const float* values, uint64_t n, uint64_t first,
           std::vector<SlotRecord>& records) {
@@ -109,6 +122,7 @@ absl::Status KvPool::ReportSlots(uint64_t session_id, absl::string_view token,
   });
   if (any_per_layer && s.policy.wants.per_layer) SplitLayerRecords(s);
   s.policy.importance_reported |= seen.has(ScoreStream::kImportance);
+  if (seen.has(ScoreStream::kAttention)) AgeAttention(s.policy);
   for (auto& list : s.policy.records) {
     for (size_t i = 0; i < r.slots.size(); ++i) {
       // Assigns the SlotMeta part only: the position stays the daemon's.

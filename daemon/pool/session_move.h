@@ -49,6 +49,7 @@ struct MovedSession {
   std::vector<policies::LayerScores> layer_scores;
   bool log_count_bias = true;
   int64_t next_position = 0;
+  int64_t attention_aged_at = 0;
   int32_t current_turn = 0;
   bool importance_reported = false;
   uint64_t reports = 0;

@@ -71,6 +71,10 @@ struct PolicyInputs {
   // records keep their true counts for the next plan.
   bool log_count_bias = true;
   int64_t next_position = 0;      // logical position of the next committed token
+  // next_position when the held attention mass was last aged (at an
+  // attention report): the next report ages it by wants.attention_decay to
+  // the power of the tokens committed since.
+  int64_t attention_aged_at = 0;
   int32_t current_turn = 0;
   uint64_t want_tokens = 0;       // compaction target asked by the ladder; 0 = none
   uint64_t want_requant_blocks = 0;  // blocks the ladder asks to requantize; 0 = none

@@ -43,6 +43,7 @@ void SetWanted(const policies::WantedStreams& in, Response* out) {
     if (in.has(s)) out->add_wanted_streams(static_cast<v1::ScoreStream>(policies::WireValue(s)));
   }
   out->set_wants_per_layer(in.per_layer);
+  out->set_attention_decay(in.attention_decay);
 }
 v1::PageFormat FormatToProto(PageFormat f);
 // nullopt: PAGE_FORMAT_UNSPECIFIED.

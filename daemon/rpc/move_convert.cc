@@ -119,6 +119,7 @@ absl::StatusOr<MovedSession> FromProto(const v1::MovedSession& m) {
   }
   o.log_count_bias = m.log_count_bias();
   o.next_position = m.next_position();
+  o.attention_aged_at = m.attention_aged_at();
   if (m.current_turn() > uint32_t{INT32_MAX}) {
     return absl::InvalidArgumentError("current_turn out of range");
   }
@@ -162,6 +163,7 @@ void ToProto(const MovedSession& in, v1::MovedSession* out) {
   if (!in.layer_scores.empty()) ScoresToProto<true>(in.layer_scores, out->mutable_layer_scores());
   out->set_log_count_bias(in.log_count_bias);
   out->set_next_position(in.next_position);
+  out->set_attention_aged_at(in.attention_aged_at);
   out->set_current_turn(static_cast<uint32_t>(in.current_turn));
   out->set_importance_reported(in.importance_reported);
   out->set_reports(in.reports);

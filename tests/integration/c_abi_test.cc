@@ -400,6 +400,23 @@ TEST_F(CAbiTest, KvzipAsksForImportanceAndKeepsWhatItReports) {
       {"c-kvzip", "kvzip{window.size=4}", PKV_STREAM_IMPORTANCE});
 }
 
+// h2o.decay crosses the wire (OpenSession's reply) to the worker, which ages
+// the mass it has not reported by it; a policy without it sums.
+TEST_F(CAbiTest, TheAttentionDecayOfTheAgentsPolicyReachesTheWorker) {
+  for (auto [agent, policy, decay] : {std::tuple{"c-decay", "h2o{h2o.decay=0.95}", 0.95f},
+                                      std::tuple{"c-sum", "h2o", 1.f}}) {
+    ASSERT_NO_FATAL_FAILURE(SetQos(agent, policy));
+    pkv_client* client = nullptr;
+    pkv_session* session = nullptr;
+    ASSERT_NO_FATAL_FAILURE(Open(agent, &client, &session));
+    EXPECT_EQ(pkv_wants(session, PKV_STREAM_ATTENTION), 1) << policy;
+    EXPECT_FLOAT_EQ(pkv_attention_decay(session), decay) << policy;
+    EXPECT_EQ(pkv_session_close(session), 0) << pkv_last_error();
+    pkv_client_free(client);
+  }
+  EXPECT_FLOAT_EQ(pkv_attention_decay(nullptr), 1.f);
+}
+
 TEST_F(CAbiTest, SnapkvAsksForItsObservationWindowAndKeepsWhatItReports) {
   ExpectTheStreamDecidesCompaction(
       {"c-snapkv", "snapkv{window.size=4,snapkv.kernel=1}", PKV_STREAM_OBSERVATION});

@@ -156,6 +156,7 @@ def test_admin_qos_stats_sessions_and_evict(daemon):
         s = client.open_session("qos-a", PROFILE, tenant="t-qos")
         assert s.info.key_format == "int8"  # the QoS's format, as the daemon granted it
         assert (s.info.wanted_streams, s.info.wants_per_layer) == ({"attention"}, False)  # h2o
+        assert s.info.attention_decay == 1.0  # h2o.decay unset: summed
         s.reserve(32)
         stats = admin.stats()
         assert stats.num_sessions == 1 and stats.pool.used_bytes > 0

@@ -88,6 +88,10 @@ int pkv_wants(const pkv_session* session, uint32_t stream);
 /* 1 when slot streams are wanted per layer (the policy keeps each layer's
  * slots apart), as of the last pkv_sync. */
 int pkv_wants_per_layer(const pkv_session* session);
+/* Per token a step writes, the factor the attention mass not yet reported
+ * ages by (the policy's h2o.decay, as of the last pkv_sync): 1 = sum it
+ * undecayed. 1 for a null session. */
+float pkv_attention_decay(const pkv_session* session);
 /* Reserves pages for num_tokens more tokens. */
 int pkv_reserve(pkv_session* session, uint64_t num_tokens);
 int pkv_commit(pkv_session* session, uint64_t committed_tokens);

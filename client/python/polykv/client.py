@@ -75,6 +75,9 @@ class SessionInfo:
     wanted_streams: frozenset
     #: Report slot streams per layer (the policy keeps each layer's slots apart).
     wants_per_layer: bool
+    #: Per token a step writes, multiply the attention mass not yet reported
+    #: by this (the policy's ``h2o.decay``; 1.0: sum it undecayed).
+    attention_decay: float
 
     @classmethod
     def _from(cls, d: dict) -> "SessionInfo":

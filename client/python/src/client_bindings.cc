@@ -43,6 +43,7 @@ nb::dict InfoDict(const SessionInfo& i) {
   }
   d["wanted_streams"] = wanted;
   d["wants_per_layer"] = i.wants.per_layer;
+  d["attention_decay"] = i.wants.attention_decay;
   return d;
 }
 

@@ -164,6 +164,44 @@ TEST_F(CompactionTest, H2oKeepsReportedHeavyHittersAndPinnedSlots) {
   Check();
 }
 
+// H2O with decay (h2o.decay): at each attention report the daemon ages what
+// it holds by decay^(tokens committed since the last report), so slots 0..19,
+// heavy 20 tokens ago (1.0 each), rank below slots 20..39, attended now (0.5
+// each) -- undecayed, the other way round. Either way the window keeps the
+// newest and as many slots go to the heaviest.
+TEST_F(CompactionTest, DecayedH2oAgesHeldMassByTheTokensCommittedSinceTheLastReport) {
+  std::vector<int> heavy;  // slots kept of the heavier half, per policy
+  for (const char* policy : {"h2o", "h2o{h2o.decay=0.9}"}) {
+    const bool decayed = std::string_view(policy) != "h2o";
+    SetQos("a", policy, 32);
+    Sess s = Open("a");
+    EXPECT_FLOAT_EQ(s.wants.attention_decay, decayed ? 0.9f : 1.f) << policy;
+    ASSERT_TRUE(Append(s, 40).ok());
+    ReportSlotsRequest first;
+    Values(first, ScoreStream::kAttention).assign(40, 0.f);
+    std::fill_n(Values(first, ScoreStream::kAttention).begin(), 20, 1.f);
+    ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, first).ok());
+    ASSERT_TRUE(Append(s, 20).ok());
+    ReportSlotsRequest now;
+    Values(now, ScoreStream::kAttention).assign(60, 0.f);
+    std::fill_n(Values(now, ScoreStream::kAttention).begin() + 20, 20, 0.5f);
+    ASSERT_TRUE(pool_->ReportSlots(s.id, s.token, peer_, now).ok());
+    ASSERT_TRUE(Sync(s).value());
+    ASSERT_EQ(s.committed, 28u) << policy;
+    int old_heavy = 0, new_heavy = 0;
+    for (int64_t p : s.positions) {
+      old_heavy += p < 20;
+      new_heavy += p >= 20 && p < 40;
+    }
+    EXPECT_EQ(decayed ? old_heavy : new_heavy, 0) << policy;
+    heavy.push_back(decayed ? new_heavy : old_heavy);
+    Check();
+    ASSERT_TRUE(pool_->Close(s.id, s.token, peer_).ok());
+  }
+  EXPECT_GT(heavy[0], 0);
+  EXPECT_EQ(heavy[1], heavy[0]);
+}
+
 // Requantization (issue 12, item 3): a policy's cold block gets new pages in
 // the coarser format, the tables say so per block, the session's bytes drop
 // by the difference, and the slots decode to their rows as that format

@@ -253,6 +253,8 @@ TEST_F(SessionMoveTest, TheTargetHoldsTheSameBytesAndStateAndTheWorkerIsForwarde
   EXPECT_EQ(after.tenant, before.tenant);
   EXPECT_EQ(after.committed_tokens, before.committed_tokens);
   EXPECT_EQ(after.next_position, before.next_position);
+  EXPECT_GT(before.attention_aged_at, 0);  // attention was reported before the move
+  EXPECT_EQ(after.attention_aged_at, before.attention_aged_at);
   EXPECT_EQ(after.current_turn, 3);
   EXPECT_EQ(after.current_turn, before.current_turn);
   EXPECT_EQ(after.reports, before.reports);

@@ -393,6 +393,21 @@ TEST(CompositeTest, TriggerIsTheParameter) {
   EXPECT_DOUBLE_EQ(Make("kvzip", {{"trigger", "1.02"}})->Trigger(), 1.02);
 }
 
+// The daemon and the worker age attention by it (the decayed H2O score): h2o
+// policies only, 1 (summed) unless set, in (0, 1].
+TEST(CompositeTest, AttentionDecayIsTheH2oParameter) {
+  EXPECT_DOUBLE_EQ(Make("h2o")->AttentionDecay(), 1.0);
+  EXPECT_DOUBLE_EQ(Make("hybrid", {{"h2o.decay", "0.99"}})->AttentionDecay(), 0.99);
+  EXPECT_DOUBLE_EQ(Make("kvzip")->AttentionDecay(), 1.0);
+  EXPECT_EQ(MakePolicy("kvzip", {{"h2o.decay", "0.9"}}).status().code(),
+            absl::StatusCode::kInvalidArgument);  // no h2o component
+  for (const char* bad : {"0", "-0.5", "1.01", "nan", "x"}) {
+    EXPECT_EQ(MakePolicy("h2o", {{"h2o.decay", bad}}).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
+
 TEST(CompositeTest, PolicyFromTextTakesBracedParameters) {
   auto p = MakePolicyFromText("h2o{cold.format=int4, cold.fraction=0.5}");
   ASSERT_TRUE(p.ok()) << p.status();

@@ -4,6 +4,7 @@
 // a source that asks for none. No timed assertions: only > 0 against == 0 and
 // call counts. No model: K, V and queries are random.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -27,10 +28,11 @@ KvShape Shape() { return KvShape{kLayers, kKvHeads, kHeadDim}; }
 
 // Heap pages behind a source that, when `signals`, wants attention and tags
 // every commit with a real SlotTagger (as the pool source does with
-// token_text); else it asks for neither, like the heap source.
+// token_text); else it asks for neither, like the heap source. `decay`: the
+// attention decay its policy asks for.
 class SignalSource : public PageSource {
  public:
-  explicit SignalSource(bool signals) : signals_(signals) {
+  explicit SignalSource(bool signals, float decay = 1.f) : signals_(signals), decay_(decay) {
     HeapPageSourceOptions o;
     o.shape = Shape();
     auto inner = NewHeapPageSource(o);
@@ -59,7 +61,7 @@ class SignalSource : public PageSource {
   }
   WantedStreams wants() const override {
     if (!signals_) return {};
-    return {{ScoreStream::kAttention, ScoreStream::kIntent}};
+    return {{ScoreStream::kAttention, ScoreStream::kIntent}, false, decay_};
   }
   double tag_seconds() const override { return tag_seconds_; }
   int64_t bytes() const override { return inner_->bytes(); }
@@ -70,6 +72,7 @@ class SignalSource : public PageSource {
 
  private:
   const bool signals_;
+  const float decay_;
   std::unique_ptr<PageSource> inner_;
   std::optional<SlotTagger> tagger_;
   double tag_seconds_ = 0;
@@ -184,6 +187,52 @@ TEST(PagedStoreSignalsTest, WithoutPrefillMassThePrefillChunksCountNoMass) {
   EXPECT_EQ(c.decode.tag_seconds, 0);  // Nothing committed since the first sync.
   EXPECT_EQ(c.prefill.calls, 0);
   EXPECT_EQ(c.prefill.seconds(), 0);
+}
+
+// A policy with h2o.decay: each step ages the mass not yet reported by
+// decay^(its tokens) before adding its own, so after steps of n_1..n_k tokens
+// with masses m_1..m_k the store holds sum_j m_j * decay^(n_{j+1} + ... + n_k)
+// -- the m_j read off an undecayed store fed the same steps.
+TEST(PagedStoreSignalsTest, PendingMassAgesByTheDecayPerTokenWritten) {
+  constexpr float kDecay = 0.8f;
+  std::vector<std::unique_ptr<PagedKvStore>> stores;
+  for (float decay : {1.f, kDecay}) {
+    PagedKvStoreOptions o;
+    o.shape = Shape();
+    o.report_every_steps = 0;  // Nothing reported: all of it stays pending.
+    o.exec.num_threads = 1;
+    auto store = PagedKvStore::Create(o, std::make_unique<SignalSource>(true, decay));
+    ASSERT_TRUE(store.ok()) << store.status();
+    stores.push_back(std::move(*store));
+  }
+  const std::vector<int> tokens = {kChunk, kChunk, 1, 1, 1, 5, 1};
+  std::vector<std::vector<float>> step_mass;  // m_j, per slot
+  std::vector<float> before;
+  for (auto& store : stores) {
+    std::mt19937 rng(Seed());
+    int32_t position = 0;
+    for (int n : tokens) {
+      Step(store.get(), n, &position, rng);
+      if (store != stores[0]) continue;
+      std::vector<float> m = store->pending_attention_mass();
+      for (size_t i = 0; i < before.size(); ++i) m[i] -= before[i];
+      before = store->pending_attention_mass();
+      step_mass.push_back(std::move(m));
+    }
+  }
+  const std::vector<float>& got = stores[1]->pending_attention_mass();
+  ASSERT_EQ(got.size(), before.size());
+  for (size_t slot = 0; slot < got.size(); ++slot) {
+    double want = 0, age = 1;
+    for (size_t j = tokens.size(); j-- > 0;) {
+      if (slot < step_mass[j].size()) want += step_mass[j][slot] * age;
+      age *= std::pow(double{kDecay}, tokens[j]);
+    }
+    EXPECT_NEAR(got[slot], want, 1e-4 * (1 + want)) << "slot " << slot;
+  }
+  // Undecayed, the oldest slots would have gathered the most; aged, the
+  // last steps' mass dominates.
+  EXPECT_LT(got[0], 0.5f * before[0]);
 }
 
 TEST(PagedStoreSignalsTest, SignalsOffCountExactlyZero) {
