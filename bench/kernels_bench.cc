@@ -17,6 +17,11 @@
 //   compaction_drift  attention error after N compactions against quantized
 //               once, synthetic keys; compaction_drift_real the same on the
 //               --real-kv dump (null without it)
+//   intdecode   an experiment (bench/int_decode_proto.h): decode over int4
+//               pages repacked for VNNI integer dot products, timed beside
+//               the product's f16 and int4 decode on 64-token pages, one
+//               thread, and its output compared with theirs; skipped
+//               without AVX-512 VNNI
 //   cuda        the CUDA backend: decode attention per format against dense
 //               f16, and dequantization against a device memcpy; null
 //               without a CUDA device (CudaSection)
@@ -38,6 +43,7 @@
 
 #include "bench/bench_json.h"
 #include "bench/bench_registry.h"
+#include "bench/int_decode_proto.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/device.h"
@@ -609,6 +615,74 @@ Json AttentionSection(const Options& o, int num_new) {
   return js;
 }
 
+// The VNNI-layout experiment against the product's decode on the same int4
+// pages (and on f16 and f32 pages of the same K/V), one thread.
+Json IntDecodeSection(const Options& o) {
+  if (!IntDecodeSupported()) return {{"skipped", "this CPU has no AVX-512 VNNI"}};
+  const PageShape s{IntDecodePages::kTokens, 8, IntDecodePages::kHeadDim};
+  const int Hq = 32;
+  const std::vector<int> lengths = o.quick ? std::vector<int>{1024} : std::vector<int>{4096, 16384};
+  Json js = {{"shape", ShapeJson(s)},
+             {"num_q_heads", Hq},
+             {"threads", 1},
+             {"error", "relative L2 of the output against the product's decode over f32 pages"},
+             {"by_tokens", Json::object()}};
+  std::mt19937 rng(3);
+  for (const int T : lengths) {
+    const size_t n = size_t(T) * s.num_kv_heads * s.head_dim;
+    const std::vector<float> k = Normal(n, rng), v = Normal(n, rng);
+    const std::vector<float> q = Normal(size_t(Hq) * s.head_dim, rng, 2.0f);
+    const Paged f32 = BuildPaged(s, k, v, T, PageFormat::kF32, PageFormat::kF32, true, 1, rng);
+    const Paged f16 = BuildPaged(s, k, v, T, PageFormat::kF16, PageFormat::kF16, true, 1, rng);
+    const Paged i4 = BuildPaged(s, k, v, T, PageFormat::kInt4, PageFormat::kInt4, true, 1, rng);
+    const IntDecodePages vnni =
+        RepackInt4(i4.k_arena.get(), kernels::PageBytes(PageFormat::kInt4, KvKind::kKey, s),
+                   i4.v_arena.get(), kernels::PageBytes(PageFormat::kInt4, KvKind::kValue, s),
+                   T / s.block_tokens, s.num_kv_heads);
+    const Exec exec{Backend::kCpu, 1};
+    // out[0] f32 pages, [1] f16, [2] int4, then the experiment's per mode.
+    const IntDecodeMode modes[] = {{7, ProbBits::k7},
+                                   {7, ProbBits::k14},
+                                   {14, ProbBits::k14},
+                                   {14, ProbBits::kFloat}};
+    const char* const mode_names[] = {"q7_p7", "q7_p14", "q14_p14", "q14_pf32"};
+    std::vector<std::vector<float>> out(3 + std::size(modes),
+                                        std::vector<float>(size_t(Hq) * s.head_dim));
+    std::vector<float> lse(Hq);
+    auto product = [&](const Paged& p, std::vector<float>& o) {
+      return [&] {
+        Check(kernels::PagedDecodeAttention(exec, p.view, AttentionParams{Hq}, q.data(), o.data(),
+                                            lse.data(), nullptr),
+              "decode");
+      };
+    };
+    std::vector<std::function<void()>> fns = {product(f16, out[1]), product(i4, out[2])};
+    for (size_t i = 0; i < std::size(modes); ++i) {
+      fns.push_back([&, i] { IntDecode(vnni, modes[i], Hq, q.data(), out[3 + i].data()); });
+    }
+    const std::vector<double> t = TimeInterleaved(fns, 5, 2.0);
+    product(f32, out[0])();
+    Json& at = js["by_tokens"][std::to_string(T)];
+    at["f16_ms"] = RoundTiming(t[0] * 1e3);
+    at["int4_ms"] = RoundTiming(t[1] * 1e3);
+    at["f16_over_int4"] = RoundTiming(t[0] / t[1]);
+    at["int4_error"] = RoundError(RelL2(out[2], out[0]));
+    std::fprintf(stderr, "intdecode T=%-6d f16 %.3f ms, int4 %.3f ms (%.2fx), error %.5f\n", T,
+                 t[0] * 1e3, t[1] * 1e3, t[0] / t[1], RelL2(out[2], out[0]));
+    for (size_t i = 0; i < std::size(modes); ++i) {
+      const std::string name = std::string("int4_vnni_") + mode_names[i];
+      at[name + "_ms"] = RoundTiming(t[2 + i] * 1e3);
+      at["f16_over_" + name] = RoundTiming(t[0] / t[2 + i]);
+      at[name + "_error"] = RoundError(RelL2(out[3 + i], out[0]));
+      at[name + "_vs_int4"] = RoundError(RelL2(out[3 + i], out[2]));
+      std::fprintf(stderr, "  %-18s %.3f ms (%.2fx f16), error %.5f, vs int4 %.5f\n",
+                   name.c_str(), t[2 + i] * 1e3, t[0] / t[2 + i], RelL2(out[3 + i], out[0]),
+                   RelL2(out[3 + i], out[2]));
+    }
+  }
+  return js;
+}
+
 // The K formats (rows) and V formats (columns) of the fidelity tables.
 constexpr PageFormat kFidelityFormats[] = {PageFormat::kF16, PageFormat::kFP8E4M3,
                                            PageFormat::kInt8, PageFormat::kInt4, PageFormat::kInt2};
@@ -1136,7 +1210,8 @@ int Main(int argc, char** argv) {
           "  --threads  CPU threads (0 = all)\n"
           "  --real-kv DIR  also the fidelity table on real K/V/Q dumped by\n"
           "                 kernels/tools/dump_real_kv.py\n"
-          "  --only SECTION one section: quantize, decode, prefill, fidelity, drift or cuda\n");
+          "  --only SECTION one section: quantize, decode, prefill, fidelity, drift, intdecode "
+          "or cuda\n");
       return 0;
     } else {
       std::fprintf(stderr, "kernels bench: unknown option %s\n", a.c_str());
@@ -1144,7 +1219,7 @@ int Main(int argc, char** argv) {
     }
   }
   if (!o.only.empty() && o.only != "quantize" && o.only != "decode" && o.only != "prefill" &&
-      o.only != "fidelity" && o.only != "drift" && o.only != "cuda") {
+      o.only != "fidelity" && o.only != "drift" && o.only != "intdecode" && o.only != "cuda") {
     std::fprintf(stderr, "kernels bench: unknown section %s (see --help)\n", o.only.c_str());
     return 2;
   }
@@ -1168,6 +1243,7 @@ int Main(int argc, char** argv) {
     js["compaction_drift"] = DriftSection(o);
     js["compaction_drift_real"] = o.real_kv.empty() ? Json(nullptr) : RealDriftSection(o);
   }
+  if (o.Runs("intdecode")) js["intdecode"] = IntDecodeSection(o);
   if (o.Runs("cuda")) js["cuda"] = CudaSection(o);
   if (o.json) {
     PrintJson(js);
