@@ -1,14 +1,15 @@
-// The VNNI layout, per page and KV head (T = 64 tokens, D = 128 channels):
+// The VNNI layout, per page and KV head (T = 64 tokens, D = 128 channels), in
+// runs of 64 bytes; int4 packs two sub-runs in a run (low and high nibbles),
+// int8 one, so a run spans S = 8 (int4) or 4 (int8) channels or tokens:
 //
-//   keys:   4 tiles of 16 tokens x 16 runs j of 64 bytes; byte 4*tt + k of run
-//           j holds channel 8j+k of token tt in its low nibble and channel
-//           8j+4+k in its high nibble. One vpdpbusd of a run's low (high)
-//           nibbles against 4 query bytes broadcast adds 4 channels' products
-//           to each of the tile's 16 tokens: no horizontal sums.
-//   values: 8 groups of 8 tokens x 8 runs of 16 channels; byte 4*cc + k of a
-//           run holds token k of the group in its low nibble and token 4+k in
-//           its high nibble, for channel 16*run + cc. One vpdpbusd against 4
-//           probability bytes adds 4 tokens to each of 16 channels.
+//   keys:   4 tiles of 16 tokens x D/S runs j; byte 4*tt + k of run j holds,
+//           in sub-run s, channel S*j + 4*s + k of token tt. One vpdpbusd of
+//           a sub-run against 4 query bytes broadcast adds 4 channels'
+//           products to each of the tile's 16 tokens: no horizontal sums.
+//   values: T/S groups of S tokens x 8 runs of 16 channels; byte 4*cc + k of
+//           a run holds, in sub-run s, token S*group + 4*s + k of channel
+//           16*run + cc. One vpdpbusd against 4 probability bytes adds 4
+//           tokens to each of 16 channels.
 //
 // Keys are quantized per channel (x = code * scale_c + zero_c), so
 // q . k = sum_c (q_c scale_c) code_c + sum_c q_c zero_c: the first sum runs on
@@ -33,9 +34,14 @@ using kernels::KvKind;
 using kernels::PageFormat;
 constexpr int kT = IntDecodePages::kTokens, kD = IntDecodePages::kHeadDim;
 constexpr int kGroups = kD / IntDecodePages::kGroup;
-constexpr size_t kCodeBytes = size_t(kT) * kD / 2;  // one head of one page
+// Bytes of codes of one head of one page.
+constexpr size_t CodeBytes(int bits) { return size_t(kT) * kD * bits / 8; }
 
-int Nibble(const uint8_t* page, size_t i) { return i % 2 == 0 ? page[i / 2] & 15 : page[i / 2] >> 4; }
+// Element i of an int4 or int8 page's data.
+int Code(const uint8_t* page, size_t i, int bits) {
+  if (bits == 8) return page[i];
+  return i % 2 == 0 ? page[i / 2] & 15 : page[i / 2] >> 4;
+}
 
 void Param(const uint8_t* page, size_t data_bytes, size_t index, float* scale, float* zero) {
   uint16_t s, z;
@@ -64,6 +70,15 @@ POLYKV_VNNI __m512 Exp(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
+// Sub-run s of a 64-byte run: the codes in bits [bits*s, bits*(s+1)) of
+// each byte.
+template <int kBits>
+POLYKV_VNNI __m512i SubRun(__m512i v, int s) {
+  if constexpr (kBits == 8) return v;
+  const __m512i low = _mm512_set1_epi8(15);
+  return s == 0 ? _mm512_and_si512(v, low) : _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+}
+
 // 16 floats rounded to int8 (they are within +-127) at `dst`.
 POLYKV_VNNI void StoreInt8(int8_t* dst, __m512 x) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(x)));
@@ -81,11 +96,12 @@ struct Head {
   float m = -std::numeric_limits<float>::infinity(), l = 0;
 };
 
-template <ProbBits kProbs, bool kFineQuery>
+template <int kBits, ProbBits kProbs, bool kFineQuery>
 POLYKV_VNNI void DecodeKvHead(const IntDecodePages& p, int h, const float* q, float* out) {
   constexpr int kG = 4;  // query heads per KV head
+  constexpr int kPer = 8 / kBits;    // codes per byte: sub-runs per run
+  constexpr int kSpan = 4 * kPer;    // channels (keys) or tokens (values) per run
   const float sm = 1.f / std::sqrt(float(kD));
-  const __m512i low = _mm512_set1_epi8(15);
   Head heads[kG];
   for (Head& x : heads) {
     for (__m512& v : x.o) v = _mm512_setzero_ps();
@@ -127,20 +143,20 @@ POLYKV_VNNI void DecodeKvHead(const IntDecodePages& p, int h, const float* q, fl
       zq[g] = _mm512_reduce_add_ps(zacc);
     }
     // Scores, 16 tokens at a time.
-    const uint8_t* kc = p.kcode.data() + base * kCodeBytes;
+    const uint8_t* kc = p.kcode.data() + base * CodeBytes(kBits);
     for (int tile = 0; tile < kT / 16; ++tile) {
       __m512i acc[kG], acc_lo[kG];
       for (int g = 0; g < kG; ++g) acc[g] = acc_lo[g] = _mm512_setzero_si512();
-      for (int j = 0; j < kD / 8; ++j) {
-        const __m512i v = _mm512_loadu_si512(kc + (tile * (kD / 8) + j) * 64);
-        const __m512i lo = _mm512_and_si512(v, low);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        for (int g = 0; g < kG; ++g) {
-          acc[g] = _mm512_dpbusd_epi32(acc[g], lo, Broadcast4(qi[g] + 8 * j));
-          acc[g] = _mm512_dpbusd_epi32(acc[g], hi, Broadcast4(qi[g] + 8 * j + 4));
-          if constexpr (kFineQuery) {
-            acc_lo[g] = _mm512_dpbusd_epi32(acc_lo[g], lo, Broadcast4(qlo[g] + 8 * j));
-            acc_lo[g] = _mm512_dpbusd_epi32(acc_lo[g], hi, Broadcast4(qlo[g] + 8 * j + 4));
+      for (int j = 0; j < kD / kSpan; ++j) {
+        const __m512i v = _mm512_loadu_si512(kc + (tile * (kD / kSpan) + j) * 64);
+        for (int sub = 0; sub < kPer; ++sub) {
+          const __m512i c = SubRun<kBits>(v, sub);
+          const int at = kSpan * j + 4 * sub;
+          for (int g = 0; g < kG; ++g) {
+            acc[g] = _mm512_dpbusd_epi32(acc[g], c, Broadcast4(qi[g] + at));
+            if constexpr (kFineQuery) {
+              acc_lo[g] = _mm512_dpbusd_epi32(acc_lo[g], c, Broadcast4(qlo[g] + at));
+            }
           }
         }
       }
@@ -200,19 +216,19 @@ POLYKV_VNNI void DecodeKvHead(const IntDecodePages& p, int h, const float* q, fl
       }
     }
     // Values, 16 channels at a time.
-    const uint8_t* vc = p.vcode.data() + base * kCodeBytes;
+    const uint8_t* vc = p.vcode.data() + base * CodeBytes(kBits);
     for (int run = 0; run < kD / 16; ++run) {
       const int gr = run * 16 / IntDecodePages::kGroup;
       if constexpr (kProbs == ProbBits::kFloat) {
         __m512 acc[kG];
         for (__m512& a : acc) a = _mm512_setzero_ps();
-        for (int tg = 0; tg < kT / 8; ++tg) {
+        for (int tg = 0; tg < kT / kSpan; ++tg) {
           const __m512i v = _mm512_loadu_si512(vc + (tg * (kD / 16) + run) * 64);
-          for (int k = 0; k < 8; ++k) {  // token tg*8 + k: byte k % 4, nibble k / 4
+          for (int k = 0; k < kSpan; ++k) {  // token kSpan*tg + k: byte k % 4, sub-run k / 4
             const __m512 code = _mm512_cvtepi32_ps(
-                _mm512_and_si512(_mm512_srli_epi32(v, 8 * (k % 4) + 4 * (k / 4)),
-                                 _mm512_set1_epi32(15)));
-            const int t = tg * 8 + (k % 4) + 4 * (k / 4);
+                _mm512_and_si512(_mm512_srli_epi32(v, 8 * (k % 4) + kBits * (k / 4)),
+                                 _mm512_set1_epi32((1 << kBits) - 1)));
+            const int t = tg * kSpan + (k % 4) + 4 * (k / 4);
             for (int g = 0; g < kG; ++g) {
               acc[g] = _mm512_fmadd_ps(code, _mm512_set1_ps(wf[g][gr][t]), acc[g]);
             }
@@ -226,16 +242,16 @@ POLYKV_VNNI void DecodeKvHead(const IntDecodePages& p, int h, const float* q, fl
       }
       __m512i acc[kG], acc_lo[kG];
       for (int g = 0; g < kG; ++g) acc[g] = acc_lo[g] = _mm512_setzero_si512();
-      for (int tg = 0; tg < kT / 8; ++tg) {
+      for (int tg = 0; tg < kT / kSpan; ++tg) {
         const __m512i v = _mm512_loadu_si512(vc + (tg * (kD / 16) + run) * 64);
-        const __m512i lo = _mm512_and_si512(v, low);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        for (int g = 0; g < kG; ++g) {
-          acc[g] = _mm512_dpbusd_epi32(acc[g], lo, Broadcast4(wi[g][gr] + 8 * tg));
-          acc[g] = _mm512_dpbusd_epi32(acc[g], hi, Broadcast4(wi[g][gr] + 8 * tg + 4));
-          if constexpr (kProbs == ProbBits::k14) {
-            acc_lo[g] = _mm512_dpbusd_epi32(acc_lo[g], lo, Broadcast4(wlo[g][gr] + 8 * tg));
-            acc_lo[g] = _mm512_dpbusd_epi32(acc_lo[g], hi, Broadcast4(wlo[g][gr] + 8 * tg + 4));
+        for (int sub = 0; sub < kPer; ++sub) {
+          const __m512i c = SubRun<kBits>(v, sub);
+          const int at = kSpan * tg + 4 * sub;
+          for (int g = 0; g < kG; ++g) {
+            acc[g] = _mm512_dpbusd_epi32(acc[g], c, Broadcast4(wi[g][gr] + at));
+            if constexpr (kProbs == ProbBits::k14) {
+              acc_lo[g] = _mm512_dpbusd_epi32(acc_lo[g], c, Broadcast4(wlo[g][gr] + at));
+            }
           }
         }
       }
@@ -259,16 +275,20 @@ POLYKV_VNNI void DecodeKvHead(const IntDecodePages& p, int h, const float* q, fl
 
 }  // namespace
 
-IntDecodePages RepackInt4(const uint8_t* k_pages, size_t k_page_bytes, const uint8_t* v_pages,
-                          size_t v_page_bytes, int num_pages, int num_kv_heads) {
+IntDecodePages RepackPages(PageFormat format, const uint8_t* k_pages, size_t k_page_bytes,
+                           const uint8_t* v_pages, size_t v_page_bytes, int num_pages,
+                           int num_kv_heads) {
+  const int bits = kernels::BitsOf(format);
+  const int per = 8 / bits, span = 4 * per;
   const kernels::PageGeom geom{kT, num_kv_heads, kD};
-  const size_t data_bytes = geom.DataBytes(PageFormat::kInt4);  // keys' and values'
+  const size_t data_bytes = geom.DataBytes(format);  // keys' and values'
   IntDecodePages p;
+  p.bits = bits;
   p.num_pages = num_pages;
   p.num_kv_heads = num_kv_heads;
   const size_t heads = size_t(num_pages) * num_kv_heads;
-  p.kcode.resize(heads * kCodeBytes);
-  p.vcode.resize(heads * kCodeBytes);
+  p.kcode.resize(heads * CodeBytes(bits));
+  p.vcode.resize(heads * CodeBytes(bits));
   p.kscale.resize(heads * kD);
   p.kzero.resize(heads * kD);
   p.vscale.resize(heads * kGroups * kT);
@@ -278,15 +298,17 @@ IntDecodePages RepackInt4(const uint8_t* k_pages, size_t k_page_bytes, const uin
     const uint8_t* vp = v_pages + pg * v_page_bytes;
     for (int h = 0; h < num_kv_heads; ++h) {
       const size_t base = size_t(pg) * num_kv_heads + h;
-      uint8_t* kc = p.kcode.data() + base * kCodeBytes;
+      uint8_t* kc = p.kcode.data() + base * CodeBytes(bits);
       for (int tile = 0; tile < kT / 16; ++tile) {
-        for (int j = 0; j < kD / 8; ++j) {
+        for (int j = 0; j < kD / span; ++j) {
           for (int tt = 0; tt < 16; ++tt) {
             for (int k = 0; k < 4; ++k) {
-              const int t = tile * 16 + tt;
-              kc[(tile * (kD / 8) + j) * 64 + tt * 4 + k] =
-                  uint8_t(Nibble(kp, geom.ElemIndex(t, h, 8 * j + k)) |
-                          Nibble(kp, geom.ElemIndex(t, h, 8 * j + 4 + k)) << 4);
+              int byte = 0;
+              for (int sub = 0; sub < per; ++sub) {
+                byte |= Code(kp, geom.ElemIndex(tile * 16 + tt, h, span * j + 4 * sub + k), bits)
+                        << (bits * sub);
+              }
+              kc[(tile * (kD / span) + j) * 64 + tt * 4 + k] = uint8_t(byte);
             }
           }
         }
@@ -295,15 +317,17 @@ IntDecodePages RepackInt4(const uint8_t* k_pages, size_t k_page_bytes, const uin
         Param(kp, data_bytes, geom.ParamIndex(KvKind::kKey, 0, h, d), &p.kscale[base * kD + d],
               &p.kzero[base * kD + d]);
       }
-      uint8_t* vc = p.vcode.data() + base * kCodeBytes;
-      for (int tg = 0; tg < kT / 8; ++tg) {
+      uint8_t* vc = p.vcode.data() + base * CodeBytes(bits);
+      for (int tg = 0; tg < kT / span; ++tg) {
         for (int run = 0; run < kD / 16; ++run) {
           for (int cc = 0; cc < 16; ++cc) {
             for (int k = 0; k < 4; ++k) {
-              const int d = run * 16 + cc;
-              vc[(tg * (kD / 16) + run) * 64 + cc * 4 + k] =
-                  uint8_t(Nibble(vp, geom.ElemIndex(tg * 8 + k, h, d)) |
-                          Nibble(vp, geom.ElemIndex(tg * 8 + 4 + k, h, d)) << 4);
+              int byte = 0;
+              for (int sub = 0; sub < per; ++sub) {
+                byte |= Code(vp, geom.ElemIndex(span * tg + 4 * sub + k, h, run * 16 + cc), bits)
+                        << (bits * sub);
+              }
+              vc[(tg * (kD / 16) + run) * 64 + cc * 4 + k] = uint8_t(byte);
             }
           }
         }
@@ -311,7 +335,8 @@ IntDecodePages RepackInt4(const uint8_t* k_pages, size_t k_page_bytes, const uin
       for (int gr = 0; gr < kGroups; ++gr) {
         for (int t = 0; t < kT; ++t) {
           const size_t at = (base * kGroups + gr) * kT + t;
-          Param(vp, data_bytes, geom.ParamIndex(KvKind::kValue, t, h, gr * IntDecodePages::kGroup), &p.vscale[at],
+          Param(vp, data_bytes,
+                geom.ParamIndex(KvKind::kValue, t, h, gr * IntDecodePages::kGroup), &p.vscale[at],
                 &p.vzero[at]);
         }
       }
@@ -328,12 +353,16 @@ bool IntDecodeSupported() {
 void IntDecode(const IntDecodePages& p, IntDecodeMode mode, int num_q_heads, const float* q,
                float* out) {
   using Fn = void (*)(const IntDecodePages&, int, const float*, float*);
-  constexpr Fn kFns[2][3] = {
-      {DecodeKvHead<ProbBits::k7, false>, DecodeKvHead<ProbBits::k14, false>,
-       DecodeKvHead<ProbBits::kFloat, false>},
-      {DecodeKvHead<ProbBits::k7, true>, DecodeKvHead<ProbBits::k14, true>,
-       DecodeKvHead<ProbBits::kFloat, true>}};
-  const Fn fn = kFns[mode.query_bits == 14][static_cast<int>(mode.probs)];
+  constexpr Fn kFns[2][2][3] = {
+      {{DecodeKvHead<4, ProbBits::k7, false>, DecodeKvHead<4, ProbBits::k14, false>,
+        DecodeKvHead<4, ProbBits::kFloat, false>},
+       {DecodeKvHead<4, ProbBits::k7, true>, DecodeKvHead<4, ProbBits::k14, true>,
+        DecodeKvHead<4, ProbBits::kFloat, true>}},
+      {{DecodeKvHead<8, ProbBits::k7, false>, DecodeKvHead<8, ProbBits::k14, false>,
+        DecodeKvHead<8, ProbBits::kFloat, false>},
+       {DecodeKvHead<8, ProbBits::k7, true>, DecodeKvHead<8, ProbBits::k14, true>,
+        DecodeKvHead<8, ProbBits::kFloat, true>}}};
+  const Fn fn = kFns[p.bits == 8][mode.query_bits == 14][static_cast<int>(mode.probs)];
   for (int h = 0; h < p.num_kv_heads; ++h) {
     const size_t at = size_t(h) * (num_q_heads / p.num_kv_heads) * kD;
     fn(p, h, q + at, out + at);

@@ -1,40 +1,45 @@
 // An experiment for issue 44, not a product kernel: decode attention over
-// int4 K/V pages whose codes are repacked so that AVX-512 VNNI's vpdpbusd
+// int4 or int8 K/V pages whose codes are repacked so that AVX-512 VNNI's vpdpbusd
 // reduces 4 codes per lane against an int8 operand -- 4 channels of 16 tokens
 // for the scores (q . k), 4 tokens of 16 channels for the values (p . v) --
 // instead of converting every code to f32 first. It answers one question
 // before the page layout changes: how fast is decode when the page format is
 // laid out for integer dot products, and what does quantizing the query
 // (per page, int8) and the probabilities (per page and value group, 7 bits)
-// add to the int4 format's own error.
+// add to the format's own error.
 //
-// The codes and (scale, zero) params are the product's int4 pages', repacked;
-// `polykv-bench kernels --only intdecode` times the product's f16 and int4
-// decode beside this on the same data and compares the outputs.
+// The codes and (scale, zero) params are the product's pages', repacked;
+// `polykv-bench kernels --only intdecode` times the product's f16, int8 and
+// int4 decode beside this on the same data and compares the outputs.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "kernels/page_format.h"
+
 namespace polykv::bench {
 
-// int4 K/V of num_pages pages of kTokens tokens, num_kv_heads heads of
-// kHeadDim channels, in the VNNI layout (see int_decode_proto.cc).
+// int4 or int8 K/V of num_pages pages of kTokens tokens, num_kv_heads heads
+// of kHeadDim channels, in the VNNI layout (see int_decode_proto.cc).
 struct IntDecodePages {
   static constexpr int kTokens = 64, kHeadDim = 128, kGroup = 32;
+  int bits = 4;  // 4 or 8
   int num_pages = 0;
   int num_kv_heads = 0;
-  std::vector<uint8_t> kcode;        // [page][head][4 tiles][16 j][64 bytes]
+  std::vector<uint8_t> kcode;        // [page][head][4 tiles][runs][64 bytes]
   std::vector<float> kscale, kzero;  // [page][head][kHeadDim]
-  std::vector<uint8_t> vcode;        // [page][head][8 token groups][8 channel runs][64 bytes]
-  std::vector<float> vscale, vzero;  // [page][head][kTokens][kHeadDim / kGroup]
+  std::vector<uint8_t> vcode;        // [page][head][token groups][8 channel runs][64 bytes]
+  std::vector<float> vscale, vzero;  // [page][head][kHeadDim / kGroup][kTokens]
 };
 
-// From the product's int4 pages (kernels::PageShape{64, num_kv_heads, 128}),
-// page i of the keys at k_pages + i * k_page_bytes, the values likewise.
-IntDecodePages RepackInt4(const uint8_t* k_pages, size_t k_page_bytes, const uint8_t* v_pages,
-                          size_t v_page_bytes, int num_pages, int num_kv_heads);
+// From the product's pages in `format` (int4 or int8; kernels::PageShape{64,
+// num_kv_heads, 128}), page i of the keys at k_pages + i * k_page_bytes, the
+// values likewise.
+IntDecodePages RepackPages(kernels::PageFormat format, const uint8_t* k_pages,
+                           size_t k_page_bytes, const uint8_t* v_pages, size_t v_page_bytes,
+                           int num_pages, int num_kv_heads);
 
 // How the value pass weighs each token's codes: its probability times the
 // token's value scale, rounded per page, query head and value group to 7 bits

@@ -615,13 +615,19 @@ Json AttentionSection(const Options& o, int num_new) {
   return js;
 }
 
-// The VNNI-layout experiment against the product's decode on the same int4
-// pages (and on f16 and f32 pages of the same K/V), one thread.
+// The VNNI-layout experiment against the product's decode on the same int8
+// and int4 pages (and on f16 and f32 pages of the same K/V), one thread.
 Json IntDecodeSection(const Options& o) {
   if (!IntDecodeSupported()) return {{"skipped", "this CPU has no AVX-512 VNNI"}};
   const PageShape s{IntDecodePages::kTokens, 8, IntDecodePages::kHeadDim};
   const int Hq = 32;
   const std::vector<int> lengths = o.quick ? std::vector<int>{1024} : std::vector<int>{4096, 16384};
+  const PageFormat formats[] = {PageFormat::kInt8, PageFormat::kInt4};
+  const IntDecodeMode modes[] = {{7, ProbBits::k7},
+                                 {7, ProbBits::k14},
+                                 {14, ProbBits::k14},
+                                 {14, ProbBits::kFloat}};
+  const char* const mode_names[] = {"q7_p7", "q7_p14", "q14_p14", "q14_pf32"};
   Json js = {{"shape", ShapeJson(s)},
              {"num_q_heads", Hq},
              {"threads", 1},
@@ -632,52 +638,66 @@ Json IntDecodeSection(const Options& o) {
     const size_t n = size_t(T) * s.num_kv_heads * s.head_dim;
     const std::vector<float> k = Normal(n, rng), v = Normal(n, rng);
     const std::vector<float> q = Normal(size_t(Hq) * s.head_dim, rng, 2.0f);
-    const Paged f32 = BuildPaged(s, k, v, T, PageFormat::kF32, PageFormat::kF32, true, 1, rng);
-    const Paged f16 = BuildPaged(s, k, v, T, PageFormat::kF16, PageFormat::kF16, true, 1, rng);
-    const Paged i4 = BuildPaged(s, k, v, T, PageFormat::kInt4, PageFormat::kInt4, true, 1, rng);
-    const IntDecodePages vnni =
-        RepackInt4(i4.k_arena.get(), kernels::PageBytes(PageFormat::kInt4, KvKind::kKey, s),
-                   i4.v_arena.get(), kernels::PageBytes(PageFormat::kInt4, KvKind::kValue, s),
-                   T / s.block_tokens, s.num_kv_heads);
     const Exec exec{Backend::kCpu, 1};
-    // out[0] f32 pages, [1] f16, [2] int4, then the experiment's per mode.
-    const IntDecodeMode modes[] = {{7, ProbBits::k7},
-                                   {7, ProbBits::k14},
-                                   {14, ProbBits::k14},
-                                   {14, ProbBits::kFloat}};
-    const char* const mode_names[] = {"q7_p7", "q7_p14", "q14_p14", "q14_pf32"};
-    std::vector<std::vector<float>> out(3 + std::size(modes),
-                                        std::vector<float>(size_t(Hq) * s.head_dim));
+    const size_t out_size = size_t(Hq) * s.head_dim;
     std::vector<float> lse(Hq);
-    auto product = [&](const Paged& p, std::vector<float>& o) {
+    // Product decode over `p` into `o`.
+    auto product = [&](const Paged& p, std::vector<float>& o) -> std::function<void()> {
       return [&] {
         Check(kernels::PagedDecodeAttention(exec, p.view, AttentionParams{Hq}, q.data(), o.data(),
                                             lse.data(), nullptr),
               "decode");
       };
     };
-    std::vector<std::function<void()>> fns = {product(f16, out[1]), product(i4, out[2])};
-    for (size_t i = 0; i < std::size(modes); ++i) {
-      fns.push_back([&, i] { IntDecode(vnni, modes[i], Hq, q.data(), out[3 + i].data()); });
+    std::vector<Paged> paged;  // f32, f16, then each of formats
+    std::vector<IntDecodePages> vnni;
+    paged.push_back(BuildPaged(s, k, v, T, PageFormat::kF32, PageFormat::kF32, true, 1, rng));
+    paged.push_back(BuildPaged(s, k, v, T, PageFormat::kF16, PageFormat::kF16, true, 1, rng));
+    for (PageFormat f : formats) {
+      paged.push_back(BuildPaged(s, k, v, T, f, f, true, 1, rng));
+      vnni.push_back(RepackPages(f, paged.back().k_arena.get(),
+                                 kernels::PageBytes(f, KvKind::kKey, s), paged.back().v_arena.get(),
+                                 kernels::PageBytes(f, KvKind::kValue, s), T / s.block_tokens,
+                                 s.num_kv_heads));
     }
-    const std::vector<double> t = TimeInterleaved(fns, 5, 2.0);
-    product(f32, out[0])();
+    // outs: one per product run (paged order), then per (format, mode).
+    std::vector<std::vector<float>> outs(paged.size() + vnni.size() * std::size(modes),
+                                         std::vector<float>(out_size));
+    std::vector<std::function<void()>> fns;
+    for (size_t i = 1; i < paged.size(); ++i) fns.push_back(product(paged[i], outs[i]));
+    for (size_t f = 0; f < vnni.size(); ++f) {
+      for (size_t m = 0; m < std::size(modes); ++m) {
+        std::vector<float>& o = outs[paged.size() + f * std::size(modes) + m];
+        fns.push_back([&, f, m] { IntDecode(vnni[f], modes[m], Hq, q.data(), o.data()); });
+      }
+    }
+    const std::vector<double> t = TimeInterleaved(fns, 5, 2.0);  // t[i]: fns[i]
+    product(paged[0], outs[0])();
+    const std::vector<float>& want = outs[0];
     Json& at = js["by_tokens"][std::to_string(T)];
     at["f16_ms"] = RoundTiming(t[0] * 1e3);
-    at["int4_ms"] = RoundTiming(t[1] * 1e3);
-    at["f16_over_int4"] = RoundTiming(t[0] / t[1]);
-    at["int4_error"] = RoundError(RelL2(out[2], out[0]));
-    std::fprintf(stderr, "intdecode T=%-6d f16 %.3f ms, int4 %.3f ms (%.2fx), error %.5f\n", T,
-                 t[0] * 1e3, t[1] * 1e3, t[0] / t[1], RelL2(out[2], out[0]));
-    for (size_t i = 0; i < std::size(modes); ++i) {
-      const std::string name = std::string("int4_vnni_") + mode_names[i];
-      at[name + "_ms"] = RoundTiming(t[2 + i] * 1e3);
-      at["f16_over_" + name] = RoundTiming(t[0] / t[2 + i]);
-      at[name + "_error"] = RoundError(RelL2(out[3 + i], out[0]));
-      at[name + "_vs_int4"] = RoundError(RelL2(out[3 + i], out[2]));
-      std::fprintf(stderr, "  %-18s %.3f ms (%.2fx f16), error %.5f, vs int4 %.5f\n",
-                   name.c_str(), t[2 + i] * 1e3, t[0] / t[2 + i], RelL2(out[3 + i], out[0]),
-                   RelL2(out[3 + i], out[2]));
+    std::fprintf(stderr, "intdecode T=%-6d f16 %.3f ms\n", T, t[0] * 1e3);
+    for (size_t f = 0; f < std::size(formats); ++f) {
+      const std::string fname = Name(formats[f]);
+      const double tp = t[1 + f];
+      const std::vector<float>& got = outs[2 + f];
+      at[fname + "_ms"] = RoundTiming(tp * 1e3);
+      at["f16_over_" + fname] = RoundTiming(t[0] / tp);
+      at[fname + "_error"] = RoundError(RelL2(got, want));
+      std::fprintf(stderr, "  %-19s %.3f ms (%.2fx f16), error %.5f\n", fname.c_str(), tp * 1e3,
+                   t[0] / tp, RelL2(got, want));
+      for (size_t m = 0; m < std::size(modes); ++m) {
+        const std::string name = fname + "_vnni_" + mode_names[m];
+        const size_t i = paged.size() + f * std::size(modes) + m;
+        const double tv = t[i - 1];
+        at[name + "_ms"] = RoundTiming(tv * 1e3);
+        at["f16_over_" + name] = RoundTiming(t[0] / tv);
+        at[name + "_error"] = RoundError(RelL2(outs[i], want));
+        at[name + "_vs_" + fname] = RoundError(RelL2(outs[i], got));
+        std::fprintf(stderr, "  %-19s %.3f ms (%.2fx f16), error %.5f, vs %s %.5f\n",
+                     name.c_str(), tv * 1e3, t[0] / tv, RelL2(outs[i], want), fname.c_str(),
+                     RelL2(outs[i], got));
+      }
     }
   }
   return js;
