@@ -43,12 +43,10 @@ int Code(const uint8_t* page, size_t i, int bits) {
   return i % 2 == 0 ? page[i / 2] & 15 : page[i / 2] >> 4;
 }
 
-void Param(const uint8_t* page, size_t data_bytes, size_t index, float* scale, float* zero) {
-  uint16_t s, z;
-  std::memcpy(&s, page + data_bytes + 4 * index, 2);
-  std::memcpy(&z, page + data_bytes + 4 * index + 2, 2);
-  *scale = kernels::F16ToF32(s);
-  *zero = kernels::F16ToF32(z);
+void Param(const uint8_t* page, size_t data_bytes, size_t index, uint16_t* scale,
+           uint16_t* zero) {
+  std::memcpy(scale, page + data_bytes + 4 * index, 2);
+  std::memcpy(zero, page + data_bytes + 4 * index + 2, 2);
 }
 
 #define POLYKV_VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni,fma")))
@@ -77,6 +75,18 @@ POLYKV_VNNI __m512i SubRun(__m512i v, int s) {
   if constexpr (kBits == 8) return v;
   const __m512i low = _mm512_set1_epi8(15);
   return s == 0 ? _mm512_and_si512(v, low) : _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+}
+
+POLYKV_VNNI __m512 LoadF16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// Asks for `bytes` from `p` on in cache (the next page's run of this head:
+// pages interleave heads, so the hardware prefetcher loses the stream).
+void Prefetch(const void* p, size_t bytes) {
+  for (size_t i = 0; i < bytes; i += 64) {
+    _mm_prefetch(static_cast<const char*>(p) + i, _MM_HINT_T0);
+  }
 }
 
 // 16 floats rounded to int8 (they are within +-127) at `dst`.
@@ -113,17 +123,22 @@ POLYKV_VNNI void DecodeKvHead(const IntDecodePages& p, int h, const float* q, fl
   float sq[kG], zq[kG], sw[kG][kGroups], zs[kG][kGroups];
   for (int pg = 0; pg < p.num_pages; ++pg) {
     const size_t base = size_t(pg) * p.num_kv_heads + h;
-    const float* ks = p.kscale.data() + base * kD;
-    const float* kz = p.kzero.data() + base * kD;
+    const uint16_t* ks = p.kscale.data() + base * kD;
+    const uint16_t* kz = p.kzero.data() + base * kD;
+    const size_t next = base + (pg + 1 < p.num_pages ? p.num_kv_heads : 0);
+    Prefetch(p.kscale.data() + next * kD, kD * 2);
+    Prefetch(p.kzero.data() + next * kD, kD * 2);
+    Prefetch(p.vscale.data() + next * kGroups * kT, kGroups * kT * 2);
+    Prefetch(p.vzero.data() + next * kGroups * kT, kGroups * kT * 2);
     // The query folded with the page's key scales, as int8.
     for (int g = 0; g < kG; ++g) {
       const float* qq = q + size_t(g) * kD;
       __m512 qs[kD / 16], amax = _mm512_setzero_ps(), zacc = _mm512_setzero_ps();
       for (int c = 0; c < kD / 16; ++c) {
         const __m512 qv = _mm512_loadu_ps(qq + 16 * c);
-        qs[c] = _mm512_mul_ps(qv, _mm512_loadu_ps(ks + 16 * c));
+        qs[c] = _mm512_mul_ps(qv, LoadF16(ks + 16 * c));
         amax = _mm512_max_ps(amax, _mm512_abs_ps(qs[c]));
-        zacc = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kz + 16 * c), zacc);
+        zacc = _mm512_fmadd_ps(qv, LoadF16(kz + 16 * c), zacc);
       }
       const float mx = _mm512_reduce_max_ps(amax);
       sq[g] = mx > 0 ? mx / (kFineQuery ? 8191.f : 127.f) : 1.f;
@@ -144,6 +159,7 @@ POLYKV_VNNI void DecodeKvHead(const IntDecodePages& p, int h, const float* q, fl
     }
     // Scores, 16 tokens at a time.
     const uint8_t* kc = p.kcode.data() + base * CodeBytes(kBits);
+    Prefetch(p.kcode.data() + next * CodeBytes(kBits), CodeBytes(kBits));
     for (int tile = 0; tile < kT / 16; ++tile) {
       __m512i acc[kG], acc_lo[kG];
       for (int g = 0; g < kG; ++g) acc[g] = acc_lo[g] = _mm512_setzero_si512();
@@ -168,8 +184,8 @@ POLYKV_VNNI void DecodeKvHead(const IntDecodePages& p, int h, const float* q, fl
       }
     }
     // Online softmax; the probabilities folded with the value scales.
-    const float* vs = p.vscale.data() + base * kGroups * kT;
-    const float* vz = p.vzero.data() + base * kGroups * kT;
+    const uint16_t* vs = p.vscale.data() + base * kGroups * kT;
+    const uint16_t* vz = p.vzero.data() + base * kGroups * kT;
     for (int g = 0; g < kG; ++g) {
       Head& x = heads[g];
       __m512 mv = _mm512_load_ps(s[g]);
@@ -187,9 +203,9 @@ POLYKV_VNNI void DecodeKvHead(const IntDecodePages& p, int h, const float* q, fl
       for (int gr = 0; gr < kGroups; ++gr) {
         __m512 w[kT / 16], amax = _mm512_setzero_ps(), zacc = _mm512_setzero_ps();
         for (int t = 0; t < kT / 16; ++t) {
-          w[t] = _mm512_mul_ps(pv[t], _mm512_loadu_ps(vs + gr * kT + 16 * t));
+          w[t] = _mm512_mul_ps(pv[t], LoadF16(vs + gr * kT + 16 * t));
           amax = _mm512_max_ps(amax, _mm512_abs_ps(w[t]));
-          zacc = _mm512_fmadd_ps(pv[t], _mm512_loadu_ps(vz + gr * kT + 16 * t), zacc);
+          zacc = _mm512_fmadd_ps(pv[t], LoadF16(vz + gr * kT + 16 * t), zacc);
         }
         zs[g][gr] = _mm512_reduce_add_ps(zacc);
         if constexpr (kProbs == ProbBits::kFloat) {
@@ -217,6 +233,7 @@ POLYKV_VNNI void DecodeKvHead(const IntDecodePages& p, int h, const float* q, fl
     }
     // Values, 16 channels at a time.
     const uint8_t* vc = p.vcode.data() + base * CodeBytes(kBits);
+    Prefetch(p.vcode.data() + next * CodeBytes(kBits), CodeBytes(kBits));
     for (int run = 0; run < kD / 16; ++run) {
       const int gr = run * 16 / IntDecodePages::kGroup;
       if constexpr (kProbs == ProbBits::kFloat) {

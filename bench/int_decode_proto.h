@@ -29,9 +29,10 @@ struct IntDecodePages {
   int num_pages = 0;
   int num_kv_heads = 0;
   std::vector<uint8_t> kcode;        // [page][head][4 tiles][runs][64 bytes]
-  std::vector<float> kscale, kzero;  // [page][head][kHeadDim]
+  // The (scale, zero) params in f16, as the pages hold them.
+  std::vector<uint16_t> kscale, kzero;  // [page][head][kHeadDim]
   std::vector<uint8_t> vcode;        // [page][head][token groups][8 channel runs][64 bytes]
-  std::vector<float> vscale, vzero;  // [page][head][kHeadDim / kGroup][kTokens]
+  std::vector<uint16_t> vscale, vzero;  // [page][head][kHeadDim / kGroup][kTokens]
 };
 
 // From the product's pages in `format` (int4 or int8; kernels::PageShape{64,
