@@ -21,6 +21,8 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -32,10 +34,9 @@ namespace {
 
 using kernels::KvKind;
 using kernels::PageFormat;
-constexpr int kT = IntDecodePages::kTokens, kD = IntDecodePages::kHeadDim;
-constexpr int kGroups = kD / IntDecodePages::kGroup;
+constexpr int kT = IntDecodePages::kTokens;
 // Bytes of codes of one head of one page.
-constexpr size_t CodeBytes(int bits) { return size_t(kT) * kD * bits / 8; }
+constexpr size_t CodeBytes(int bits, int head_dim) { return size_t(kT) * head_dim * bits / 8; }
 
 // Element i of an int4 or int8 page's data.
 int Code(const uint8_t* page, size_t i, int bits) {
@@ -101,19 +102,21 @@ POLYKV_VNNI __m512i Broadcast4(const int8_t* p) {
 }
 
 // Online softmax state and output of one query head.
+template <int kD>
 struct Head {
   __m512 o[kD / 16];
   float m = -std::numeric_limits<float>::infinity(), l = 0;
 };
 
-template <int kBits, ProbBits kProbs, bool kFineQuery>
+// kD channels a head, kG query heads per KV head.
+template <int kD, int kG, int kBits, ProbBits kProbs, bool kFineQuery>
 POLYKV_VNNI void DecodeKvHead(const IntDecodePages& p, int h, const float* q, float* out) {
-  constexpr int kG = 4;  // query heads per KV head
+  constexpr int kGroups = kD / IntDecodePages::kGroup;
   constexpr int kPer = 8 / kBits;    // codes per byte: sub-runs per run
   constexpr int kSpan = 4 * kPer;    // channels (keys) or tokens (values) per run
   const float sm = 1.f / std::sqrt(float(kD));
-  Head heads[kG];
-  for (Head& x : heads) {
+  Head<kD> heads[kG];
+  for (Head<kD>& x : heads) {
     for (__m512& v : x.o) v = _mm512_setzero_ps();
   }
   alignas(64) int8_t qi[kG][kD], qlo[kG][kD];  // 7 bits, or 14's high half and low
@@ -158,8 +161,8 @@ POLYKV_VNNI void DecodeKvHead(const IntDecodePages& p, int h, const float* q, fl
       zq[g] = _mm512_reduce_add_ps(zacc);
     }
     // Scores, 16 tokens at a time.
-    const uint8_t* kc = p.kcode.data() + base * CodeBytes(kBits);
-    Prefetch(p.kcode.data() + next * CodeBytes(kBits), CodeBytes(kBits));
+    const uint8_t* kc = p.kcode.data() + base * CodeBytes(kBits, kD);
+    Prefetch(p.kcode.data() + next * CodeBytes(kBits, kD), CodeBytes(kBits, kD));
     for (int tile = 0; tile < kT / 16; ++tile) {
       __m512i acc[kG], acc_lo[kG];
       for (int g = 0; g < kG; ++g) acc[g] = acc_lo[g] = _mm512_setzero_si512();
@@ -187,7 +190,7 @@ POLYKV_VNNI void DecodeKvHead(const IntDecodePages& p, int h, const float* q, fl
     const uint16_t* vs = p.vscale.data() + base * kGroups * kT;
     const uint16_t* vz = p.vzero.data() + base * kGroups * kT;
     for (int g = 0; g < kG; ++g) {
-      Head& x = heads[g];
+      Head<kD>& x = heads[g];
       __m512 mv = _mm512_load_ps(s[g]);
       for (int t = 1; t < kT / 16; ++t) mv = _mm512_max_ps(mv, _mm512_load_ps(s[g] + 16 * t));
       const float mn = std::max(x.m, _mm512_reduce_max_ps(mv));
@@ -232,8 +235,8 @@ POLYKV_VNNI void DecodeKvHead(const IntDecodePages& p, int h, const float* q, fl
       }
     }
     // Values, 16 channels at a time.
-    const uint8_t* vc = p.vcode.data() + base * CodeBytes(kBits);
-    Prefetch(p.vcode.data() + next * CodeBytes(kBits), CodeBytes(kBits));
+    const uint8_t* vc = p.vcode.data() + base * CodeBytes(kBits, kD);
+    Prefetch(p.vcode.data() + next * CodeBytes(kBits, kD), CodeBytes(kBits, kD));
     for (int run = 0; run < kD / 16; ++run) {
       const int gr = run * 16 / IntDecodePages::kGroup;
       if constexpr (kProbs == ProbBits::kFloat) {
@@ -294,7 +297,8 @@ POLYKV_VNNI void DecodeKvHead(const IntDecodePages& p, int h, const float* q, fl
 
 IntDecodePages RepackPages(PageFormat format, const uint8_t* k_pages, size_t k_page_bytes,
                            const uint8_t* v_pages, size_t v_page_bytes, int num_pages,
-                           int num_kv_heads) {
+                           int num_kv_heads, int head_dim) {
+  const int kD = head_dim, kGroups = head_dim / IntDecodePages::kGroup;
   const int bits = kernels::BitsOf(format);
   const int per = 8 / bits, span = 4 * per;
   const kernels::PageGeom geom{kT, num_kv_heads, kD};
@@ -303,9 +307,10 @@ IntDecodePages RepackPages(PageFormat format, const uint8_t* k_pages, size_t k_p
   p.bits = bits;
   p.num_pages = num_pages;
   p.num_kv_heads = num_kv_heads;
+  p.head_dim = head_dim;
   const size_t heads = size_t(num_pages) * num_kv_heads;
-  p.kcode.resize(heads * CodeBytes(bits));
-  p.vcode.resize(heads * CodeBytes(bits));
+  p.kcode.resize(heads * CodeBytes(bits, kD));
+  p.vcode.resize(heads * CodeBytes(bits, kD));
   p.kscale.resize(heads * kD);
   p.kzero.resize(heads * kD);
   p.vscale.resize(heads * kGroups * kT);
@@ -315,7 +320,7 @@ IntDecodePages RepackPages(PageFormat format, const uint8_t* k_pages, size_t k_p
     const uint8_t* vp = v_pages + pg * v_page_bytes;
     for (int h = 0; h < num_kv_heads; ++h) {
       const size_t base = size_t(pg) * num_kv_heads + h;
-      uint8_t* kc = p.kcode.data() + base * CodeBytes(bits);
+      uint8_t* kc = p.kcode.data() + base * CodeBytes(bits, kD);
       for (int tile = 0; tile < kT / 16; ++tile) {
         for (int j = 0; j < kD / span; ++j) {
           for (int tt = 0; tt < 16; ++tt) {
@@ -334,7 +339,7 @@ IntDecodePages RepackPages(PageFormat format, const uint8_t* k_pages, size_t k_p
         Param(kp, data_bytes, geom.ParamIndex(KvKind::kKey, 0, h, d), &p.kscale[base * kD + d],
               &p.kzero[base * kD + d]);
       }
-      uint8_t* vc = p.vcode.data() + base * CodeBytes(bits);
+      uint8_t* vc = p.vcode.data() + base * CodeBytes(bits, kD);
       for (int tg = 0; tg < kT / span; ++tg) {
         for (int run = 0; run < kD / 16; ++run) {
           for (int cc = 0; cc < 16; ++cc) {
@@ -370,18 +375,26 @@ bool IntDecodeSupported() {
 void IntDecode(const IntDecodePages& p, IntDecodeMode mode, int num_q_heads, const float* q,
                float* out) {
   using Fn = void (*)(const IntDecodePages&, int, const float*, float*);
-  constexpr Fn kFns[2][2][3] = {
-      {{DecodeKvHead<4, ProbBits::k7, false>, DecodeKvHead<4, ProbBits::k14, false>,
-        DecodeKvHead<4, ProbBits::kFloat, false>},
-       {DecodeKvHead<4, ProbBits::k7, true>, DecodeKvHead<4, ProbBits::k14, true>,
-        DecodeKvHead<4, ProbBits::kFloat, true>}},
-      {{DecodeKvHead<8, ProbBits::k7, false>, DecodeKvHead<8, ProbBits::k14, false>,
-        DecodeKvHead<8, ProbBits::kFloat, false>},
-       {DecodeKvHead<8, ProbBits::k7, true>, DecodeKvHead<8, ProbBits::k14, true>,
-        DecodeKvHead<8, ProbBits::kFloat, true>}}};
-  const Fn fn = kFns[p.bits == 8][mode.query_bits == 14][static_cast<int>(mode.probs)];
+  // [shape: 128 x 4, 64 x 7][bits 4, 8][query bits 7, 14][ProbBits]
+  static constexpr Fn kFns[2][2][2][3] = {
+#define POLYKV_MODES(D, G, B)                                                       \
+  {{DecodeKvHead<D, G, B, ProbBits::k7, false>, DecodeKvHead<D, G, B, ProbBits::k14, false>, \
+    DecodeKvHead<D, G, B, ProbBits::kFloat, false>},                                \
+   {DecodeKvHead<D, G, B, ProbBits::k7, true>, DecodeKvHead<D, G, B, ProbBits::k14, true>,   \
+    DecodeKvHead<D, G, B, ProbBits::kFloat, true>}}
+      {POLYKV_MODES(128, 4, 4), POLYKV_MODES(128, 4, 8)},
+      {POLYKV_MODES(64, 7, 4), POLYKV_MODES(64, 7, 8)}};
+#undef POLYKV_MODES
+  const int group = num_q_heads / p.num_kv_heads;
+  const int shape = p.head_dim == 128 && group == 4 ? 0 : p.head_dim == 64 && group == 7 ? 1 : -1;
+  if (shape < 0) {
+    std::fprintf(stderr, "intdecode: head_dim %d with %d query heads a KV head is not built\n",
+                 p.head_dim, group);
+    std::abort();
+  }
+  const Fn fn = kFns[shape][p.bits == 8][mode.query_bits == 14][static_cast<int>(mode.probs)];
   for (int h = 0; h < p.num_kv_heads; ++h) {
-    const size_t at = size_t(h) * (num_q_heads / p.num_kv_heads) * kD;
+    const size_t at = size_t(h) * group * p.head_dim;
     fn(p, h, q + at, out + at);
   }
 }

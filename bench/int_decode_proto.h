@@ -22,25 +22,26 @@
 namespace polykv::bench {
 
 // int4 or int8 K/V of num_pages pages of kTokens tokens, num_kv_heads heads
-// of kHeadDim channels, in the VNNI layout (see int_decode_proto.cc).
+// of head_dim channels, in the VNNI layout (see int_decode_proto.cc).
 struct IntDecodePages {
-  static constexpr int kTokens = 64, kHeadDim = 128, kGroup = 32;
-  int bits = 4;  // 4 or 8
+  static constexpr int kTokens = 64, kGroup = 32;
+  int bits = 4;         // 4 or 8
+  int head_dim = 128;   // 128 (4 query heads a KV head) or 64 (7: Qwen2.5-Coder-0.5B)
   int num_pages = 0;
   int num_kv_heads = 0;
   std::vector<uint8_t> kcode;        // [page][head][4 tiles][runs][64 bytes]
   // The (scale, zero) params in f16, as the pages hold them.
-  std::vector<uint16_t> kscale, kzero;  // [page][head][kHeadDim]
+  std::vector<uint16_t> kscale, kzero;  // [page][head][head_dim]
   std::vector<uint8_t> vcode;        // [page][head][token groups][8 channel runs][64 bytes]
-  std::vector<uint16_t> vscale, vzero;  // [page][head][kHeadDim / kGroup][kTokens]
+  std::vector<uint16_t> vscale, vzero;  // [page][head][head_dim / kGroup][kTokens]
 };
 
 // From the product's pages in `format` (int4 or int8; kernels::PageShape{64,
-// num_kv_heads, 128}), page i of the keys at k_pages + i * k_page_bytes, the
-// values likewise.
+// num_kv_heads, head_dim}), page i of the keys at k_pages + i * k_page_bytes,
+// the values likewise.
 IntDecodePages RepackPages(kernels::PageFormat format, const uint8_t* k_pages,
                            size_t k_page_bytes, const uint8_t* v_pages, size_t v_page_bytes,
-                           int num_pages, int num_kv_heads);
+                           int num_pages, int num_kv_heads, int head_dim);
 
 // How the value pass weighs each token's codes: its probability times the
 // token's value scale, rounded per page, query head and value group to 7 bits
@@ -58,10 +59,10 @@ struct IntDecodeMode {
 // Whether this CPU runs the prototype (AVX-512 F/BW and VNNI).
 bool IntDecodeSupported();
 
-// One decode step on one thread: q [num_q_heads][128] -> out
-// [num_q_heads][128], softmax scale 1/sqrt(128), query head i on KV head
-// i / (num_q_heads / num_kv_heads). REQUIRES: IntDecodeSupported(), and
-// num_q_heads = 4 x num_kv_heads.
+// One decode step on one thread: q [num_q_heads][head_dim] -> out
+// [num_q_heads][head_dim], softmax scale 1/sqrt(head_dim), query head i on KV
+// head i / (num_q_heads / num_kv_heads). REQUIRES: IntDecodeSupported(), and
+// head_dim 128 with 4 query heads a KV head or 64 with 7 (else it aborts).
 void IntDecode(const IntDecodePages& p, IntDecodeMode mode, int num_q_heads, const float* q,
                float* out);
 

@@ -17,11 +17,12 @@
 //   compaction_drift  attention error after N compactions against quantized
 //               once, synthetic keys; compaction_drift_real the same on the
 //               --real-kv dump (null without it)
-//   intdecode   an experiment (bench/int_decode_proto.h): decode over int4
-//               pages repacked for VNNI integer dot products, timed beside
-//               the product's f16 and int4 decode on 64-token pages, one
-//               thread, and its output compared with theirs; skipped
-//               without AVX-512 VNNI
+//   intdecode   an experiment (bench/int_decode_proto.h): decode over int8
+//               and int4 pages repacked for VNNI integer dot products, timed
+//               beside the product's f16/int8/int4 decode on 64-token pages,
+//               one thread, and its output compared with theirs; skipped
+//               without AVX-512 VNNI. intdecode_real: its error on the
+//               --real-kv dump (null without it)
 //   cuda        the CUDA backend: decode attention per format against dense
 //               f16, and dequantization against a device memcpy; null
 //               without a CUDA device (CudaSection)
@@ -619,7 +620,7 @@ Json AttentionSection(const Options& o, int num_new) {
 // and int4 pages (and on f16 and f32 pages of the same K/V), one thread.
 Json IntDecodeSection(const Options& o) {
   if (!IntDecodeSupported()) return {{"skipped", "this CPU has no AVX-512 VNNI"}};
-  const PageShape s{IntDecodePages::kTokens, 8, IntDecodePages::kHeadDim};
+  const PageShape s{IntDecodePages::kTokens, 8, 128};
   const int Hq = 32;
   const std::vector<int> lengths = o.quick ? std::vector<int>{1024} : std::vector<int>{4096, 16384};
   const PageFormat formats[] = {PageFormat::kInt8, PageFormat::kInt4};
@@ -658,7 +659,7 @@ Json IntDecodeSection(const Options& o) {
       vnni.push_back(RepackPages(f, paged.back().k_arena.get(),
                                  kernels::PageBytes(f, KvKind::kKey, s), paged.back().v_arena.get(),
                                  kernels::PageBytes(f, KvKind::kValue, s), T / s.block_tokens,
-                                 s.num_kv_heads));
+                                 s.num_kv_heads, s.head_dim));
     }
     // outs: one per product run (paged order), then per (format, mode).
     std::vector<std::vector<float>> outs(paged.size() + vnni.size() * std::size(modes),
@@ -1130,6 +1131,63 @@ Json RealDriftSection(const Options& o) {
   return js;
 }
 
+// The VNNI experiment's error on the dump's real K/V and queries (outlier
+// key channels widen a page's query range): per layer and query, the first
+// whole 64-token pages of the context, against the product's decode over f32
+// pages and over the very pages the experiment repacked. No timing.
+Json RealIntDecodeSection(const Options& o) {
+  const RealDump dump = ReadRealDump(o);
+  if (!IntDecodeSupported()) return {{"skipped", "this CPU has no AVX-512 VNNI"}};
+  const PageShape s{IntDecodePages::kTokens, dump.H, dump.D};
+  const int len = dump.T / s.block_tokens * s.block_tokens;
+  const PageFormat formats[] = {PageFormat::kInt8, PageFormat::kInt4};
+  const IntDecodeMode modes[] = {{7, ProbBits::k14}, {14, ProbBits::k14}};
+  const char* const mode_names[] = {"q7_p14", "q14_p14"};
+  std::map<std::string, double> err;
+  const double weight = 1.0 / (double(dump.layers.size()) * dump.nq);
+  std::mt19937 rng(3);
+  const Exec exec{Backend::kCpu, o.threads};
+  const size_t out_size = size_t(dump.Hq) * dump.D;
+  for (int layer : dump.layers) {
+    const RealLayer l = ReadRealLayer(o, dump, layer);
+    const Paged f32 = BuildPaged(s, l.k, l.v, len, PageFormat::kF32, PageFormat::kF32, true,
+                                 o.threads, rng);
+    for (int i = 0; i < dump.nq; ++i) {
+      const float* qi = l.q.data() + size_t(i) * out_size;
+      std::vector<float> want(out_size), got(out_size), vnni(out_size);
+      Check(kernels::PagedDecodeAttention(exec, f32.view, AttentionParams{dump.Hq}, qi,
+                                          want.data(), nullptr, nullptr),
+            "decode f32");
+      for (PageFormat f : formats) {
+        const Paged p = BuildPaged(s, l.k, l.v, len, f, f, true, o.threads, rng);
+        Check(kernels::PagedDecodeAttention(exec, p.view, AttentionParams{dump.Hq}, qi,
+                                            got.data(), nullptr, nullptr),
+              "decode");
+        err[Name(f) + "_error"] += weight * RelL2(got, want);
+        const IntDecodePages packed =
+            RepackPages(f, p.k_arena.get(), kernels::PageBytes(f, KvKind::kKey, s),
+                        p.v_arena.get(), kernels::PageBytes(f, KvKind::kValue, s),
+                        len / s.block_tokens, s.num_kv_heads, s.head_dim);
+        for (size_t m = 0; m < std::size(modes); ++m) {
+          IntDecode(packed, modes[m], dump.Hq, qi, vnni.data());
+          const std::string name = Name(f) + "_vnni_" + mode_names[m];
+          err[name + "_error"] += weight * RelL2(vnni, want);
+          err[name + "_vs_" + Name(f)] += weight * RelL2(vnni, got);
+        }
+      }
+    }
+  }
+  Json js = {{"source", o.real_kv}, {"layers", dump.layers}, {"tokens", len},
+             {"queries_per_layer", dump.nq}};
+  std::fprintf(stderr, "intdecode on %s (%d tokens, mean over %zu layers x %d queries):\n",
+               o.real_kv.c_str(), len, dump.layers.size(), dump.nq);
+  for (const auto& [name, e] : err) {
+    js[name] = RoundError(e);
+    std::fprintf(stderr, "  %-28s %.5f\n", name.c_str(), e);
+  }
+  return js;
+}
+
 Json RealFidelitySection(const Options& o) {
   const RealDump dump = ReadRealDump(o);
   const int T = dump.T, H = dump.H, Hq = dump.Hq, D = dump.D, nq = dump.nq;
@@ -1263,7 +1321,10 @@ int Main(int argc, char** argv) {
     js["compaction_drift"] = DriftSection(o);
     js["compaction_drift_real"] = o.real_kv.empty() ? Json(nullptr) : RealDriftSection(o);
   }
-  if (o.Runs("intdecode")) js["intdecode"] = IntDecodeSection(o);
+  if (o.Runs("intdecode")) {
+    js["intdecode"] = IntDecodeSection(o);
+    js["intdecode_real"] = o.real_kv.empty() ? Json(nullptr) : RealIntDecodeSection(o);
+  }
   if (o.Runs("cuda")) js["cuda"] = CudaSection(o);
   if (o.json) {
     PrintJson(js);
