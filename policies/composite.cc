@@ -73,9 +73,9 @@ constexpr ParamDef kParams[] = {
     {"anchors.system", "1", "anchors", "protect the system prompt (tier above unprotected)"},
     {"anchors.first_user", "1", "anchors", "protect the first user instruction"},
     {"h2o.weight", "1", "h2o", "weight of the decayed attention score"},
-  {"h2o.decay", "1", "h2o",
-   "per committed token, held attention mass x this (0 < decay <= 1; the study's 0.99); "
-   "1 = summed, undecayed"},
+    {"h2o.decay", "1", "h2o",
+     "per committed token, held attention mass x this (0 < decay <= 1; the study's 0.99); "
+     "1 = summed, undecayed"},
     {"snapkv.weight", "1", "snapkv", "weight of the observation-window score"},
     {"snapkv.kernel", "7", "snapkv", "max-pool width over neighbouring slots (SnapKV)"},
     {"structural.weight", "1", "structural", "weight of the CodeComp score"},

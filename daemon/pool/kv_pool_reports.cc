@@ -36,7 +36,7 @@ absl::StatusOr<uint64_t> SlotsCovered(const ScoreValues& v, uint64_t layers) {
   return v.values.size() / layers;
 }
 
-// Ages the attention mass every record holds to `s`'s next position: per
+// Ages the attention mass every record holds to the session's next position: per
 // token committed since it was last aged, x the policy's decay (H2O with
 // decay), before a report's mass, itself aged by the worker, adds to it.
 void AgeAttention(PolicyInputs& p) {
