@@ -180,7 +180,9 @@ POLYKV_VNNI void DecodeKvHead(const IntDecodePages& p, int h, const float* q, fl
         }
       }
       for (int g = 0; g < kG; ++g) {
-        if constexpr (kFineQuery) acc[g] = _mm512_add_epi32(_mm512_slli_epi32(acc[g], 7), acc_lo[g]);
+        if constexpr (kFineQuery) {
+          acc[g] = _mm512_add_epi32(_mm512_slli_epi32(acc[g], 7), acc_lo[g]);
+        }
         _mm512_store_ps(s[g] + 16 * tile,
                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[g]), _mm512_set1_ps(sq[g] * sm),
                                         _mm512_set1_ps(zq[g] * sm)));
