@@ -1,4 +1,4 @@
-// The VNNI layout, per page and KV head (T = 64 tokens, D = 128 channels), in
+// The VNNI layout, per page and KV head (T = 64 tokens, D = 128 or 64), in
 // runs of 64 bytes; int4 packs two sub-runs in a run (low and high nibbles),
 // int8 one, so a run spans S = 8 (int4) or 4 (int8) channels or tokens:
 //
@@ -13,9 +13,11 @@
 //
 // Keys are quantized per channel (x = code * scale_c + zero_c), so
 // q . k = sum_c (q_c scale_c) code_c + sum_c q_c zero_c: the first sum runs on
-// int8 q_c scale_c (one scale per page, query head); values per token and 32
-// channels, so p . v = sum_t (p_t scale_t) code_t + sum_t p_t zero_t: the
-// first on 7-bit p_t scale_t (one scale per page, query head, value group).
+// q_c scale_c rounded to 7 or 14 bits and a sign (one scale per page and query
+// head); values per token and 32 channels, so p . v = sum_t (p_t scale_t)
+// code_t + sum_t p_t zero_t: the first on p_t scale_t rounded to 7 or 14 bits
+// (one scale per page, query head and value group). 14 bits go as two 7-bit
+// halves, one vpdpbusd each, recombined as hi * 128 + lo in the accumulator.
 #include "bench/int_decode_proto.h"
 
 #include <immintrin.h>
@@ -26,7 +28,6 @@
 #include <cstring>
 #include <limits>
 
-#include "kernels/numeric.h"
 #include "kernels/page_layout.h"
 
 namespace polykv::bench {
