@@ -28,6 +28,7 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/page_codec.h"
 #include "kernels/page_layout.h"
 
 namespace polykv::bench {
@@ -39,16 +40,13 @@ constexpr int kT = IntDecodePages::kTokens;
 // Bytes of codes of one head of one page.
 constexpr size_t CodeBytes(int bits, int head_dim) { return size_t(kT) * head_dim * bits / 8; }
 
-// Element i of an int4 or int8 page's data.
-int Code(const uint8_t* page, size_t i, int bits) {
-  if (bits == 8) return page[i];
-  return i % 2 == 0 ? page[i / 2] & 15 : page[i / 2] >> 4;
-}
-
-void Param(const uint8_t* page, size_t data_bytes, size_t index, uint16_t* scale,
-           uint16_t* zero) {
-  std::memcpy(scale, page + data_bytes + 4 * index, 2);
-  std::memcpy(zero, page + data_bytes + 4 * index + 2, 2);
+// The raw f16 (scale, zero) pair `index` of a page (the codec's params, not
+// converted: the experiment reads them as the pages hold them).
+void Param(const uint8_t* page, const kernels::PageGeom& g, PageFormat f, size_t index,
+           uint16_t* scale, uint16_t* zero) {
+  const uint16_t* pair = kernels::ParamsPtr(page, g, f) + 2 * index;
+  *scale = pair[0];
+  *zero = pair[1];
 }
 
 #define POLYKV_VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni,fma")))
@@ -305,7 +303,6 @@ IntDecodePages RepackPages(PageFormat format, const uint8_t* k_pages, size_t k_p
   const int bits = kernels::BitsOf(format);
   const int per = 8 / bits, span = 4 * per;
   const kernels::PageGeom geom{kT, num_kv_heads, kD};
-  const size_t data_bytes = geom.DataBytes(format);  // keys' and values'
   IntDecodePages p;
   p.bits = bits;
   p.num_pages = num_pages;
@@ -330,7 +327,8 @@ IntDecodePages RepackPages(PageFormat format, const uint8_t* k_pages, size_t k_p
             for (int k = 0; k < 4; ++k) {
               int byte = 0;
               for (int sub = 0; sub < per; ++sub) {
-                byte |= Code(kp, geom.ElemIndex(tile * 16 + tt, h, span * j + 4 * sub + k), bits)
+                byte |= kernels::LoadCode(
+                            kp, format, geom.ElemIndex(tile * 16 + tt, h, span * j + 4 * sub + k))
                         << (bits * sub);
               }
               kc[(tile * (kD / span) + j) * 64 + tt * 4 + k] = uint8_t(byte);
@@ -339,7 +337,7 @@ IntDecodePages RepackPages(PageFormat format, const uint8_t* k_pages, size_t k_p
         }
       }
       for (int d = 0; d < kD; ++d) {
-        Param(kp, data_bytes, geom.ParamIndex(KvKind::kKey, 0, h, d), &p.kscale[base * kD + d],
+        Param(kp, geom, format, geom.ParamIndex(KvKind::kKey, 0, h, d), &p.kscale[base * kD + d],
               &p.kzero[base * kD + d]);
       }
       uint8_t* vc = p.vcode.data() + base * CodeBytes(bits, kD);
@@ -349,7 +347,8 @@ IntDecodePages RepackPages(PageFormat format, const uint8_t* k_pages, size_t k_p
             for (int k = 0; k < 4; ++k) {
               int byte = 0;
               for (int sub = 0; sub < per; ++sub) {
-                byte |= Code(vp, geom.ElemIndex(span * tg + 4 * sub + k, h, run * 16 + cc), bits)
+                byte |= kernels::LoadCode(
+                            vp, format, geom.ElemIndex(span * tg + 4 * sub + k, h, run * 16 + cc))
                         << (bits * sub);
               }
               vc[(tg * (kD / 16) + run) * 64 + cc * 4 + k] = uint8_t(byte);
@@ -360,7 +359,7 @@ IntDecodePages RepackPages(PageFormat format, const uint8_t* k_pages, size_t k_p
       for (int gr = 0; gr < kGroups; ++gr) {
         for (int t = 0; t < kT; ++t) {
           const size_t at = (base * kGroups + gr) * kT + t;
-          Param(vp, data_bytes,
+          Param(vp, geom, format,
                 geom.ParamIndex(KvKind::kValue, t, h, gr * IntDecodePages::kGroup), &p.vscale[at],
                 &p.vzero[at]);
         }

@@ -616,6 +616,14 @@ Json AttentionSection(const Options& o, int num_new) {
   return js;
 }
 
+// The experiment's repacking of `p`'s pages (format f, full pages of `s`
+// holding `tokens`).
+IntDecodePages Repack(const Paged& p, PageFormat f, const PageShape& s, int tokens) {
+  return RepackPages(f, p.k_arena.get(), kernels::PageBytes(f, KvKind::kKey, s), p.v_arena.get(),
+                     kernels::PageBytes(f, KvKind::kValue, s), tokens / s.block_tokens,
+                     s.num_kv_heads, s.head_dim);
+}
+
 // The VNNI-layout experiment against the product's decode on the same int8
 // and int4 pages (and on f16 and f32 pages of the same K/V), one thread.
 Json IntDecodeSection(const Options& o) {
@@ -656,10 +664,7 @@ Json IntDecodeSection(const Options& o) {
     paged.push_back(BuildPaged(s, k, v, T, PageFormat::kF16, PageFormat::kF16, true, 1, rng));
     for (PageFormat f : formats) {
       paged.push_back(BuildPaged(s, k, v, T, f, f, true, 1, rng));
-      vnni.push_back(RepackPages(f, paged.back().k_arena.get(),
-                                 kernels::PageBytes(f, KvKind::kKey, s), paged.back().v_arena.get(),
-                                 kernels::PageBytes(f, KvKind::kValue, s), T / s.block_tokens,
-                                 s.num_kv_heads, s.head_dim));
+      vnni.push_back(Repack(paged.back(), f, s, T));
     }
     // outs: one per product run (paged order), then per (format, mode).
     std::vector<std::vector<float>> outs(paged.size() + vnni.size() * std::size(modes),
@@ -1152,24 +1157,27 @@ Json RealIntDecodeSection(const Options& o) {
     const RealLayer l = ReadRealLayer(o, dump, layer);
     const Paged f32 = BuildPaged(s, l.k, l.v, len, PageFormat::kF32, PageFormat::kF32, true,
                                  o.threads, rng);
+    // Each format's pages and their repacking, built once for the layer's queries.
+    std::vector<Paged> paged;
+    std::vector<IntDecodePages> packed;
+    for (PageFormat f : formats) {
+      paged.push_back(BuildPaged(s, l.k, l.v, len, f, f, true, o.threads, rng));
+      packed.push_back(Repack(paged.back(), f, s, len));
+    }
     for (int i = 0; i < dump.nq; ++i) {
       const float* qi = l.q.data() + size_t(i) * out_size;
       std::vector<float> want(out_size), got(out_size), vnni(out_size);
       Check(kernels::PagedDecodeAttention(exec, f32.view, AttentionParams{dump.Hq}, qi,
                                           want.data(), nullptr, nullptr),
             "decode f32");
-      for (PageFormat f : formats) {
-        const Paged p = BuildPaged(s, l.k, l.v, len, f, f, true, o.threads, rng);
-        Check(kernels::PagedDecodeAttention(exec, p.view, AttentionParams{dump.Hq}, qi,
+      for (size_t fi = 0; fi < std::size(formats); ++fi) {
+        const PageFormat f = formats[fi];
+        Check(kernels::PagedDecodeAttention(exec, paged[fi].view, AttentionParams{dump.Hq}, qi,
                                             got.data(), nullptr, nullptr),
               "decode");
         err[Name(f) + "_error"] += weight * RelL2(got, want);
-        const IntDecodePages packed =
-            RepackPages(f, p.k_arena.get(), kernels::PageBytes(f, KvKind::kKey, s),
-                        p.v_arena.get(), kernels::PageBytes(f, KvKind::kValue, s),
-                        len / s.block_tokens, s.num_kv_heads, s.head_dim);
         for (size_t m = 0; m < std::size(modes); ++m) {
-          IntDecode(packed, modes[m], dump.Hq, qi, vnni.data());
+          IntDecode(packed[fi], modes[m], dump.Hq, qi, vnni.data());
           const std::string name = Name(f) + "_vnni_" + mode_names[m];
           err[name + "_error"] += weight * RelL2(vnni, want);
           err[name + "_vs_" + Name(f)] += weight * RelL2(vnni, got);
